@@ -1,0 +1,11 @@
+//! Deltafin: runs language models whose weights are larger than RAM by reading them from
+//! disk as they are needed. See `DESIGN.md` in the steering repository for the map.
+
+pub mod cli;
+pub mod engine;
+pub mod kernels;
+pub mod models;
+pub mod quant;
+pub mod source;
+pub mod store;
+pub mod tokenizer;

@@ -1,0 +1,1 @@
+//! Weight storage: aligned buffers, direct I/O reads and the layer streamer.
