@@ -27,7 +27,12 @@ impl<'a> Matrix<'a> {
                 data.len()
             ));
         }
-        Ok(Self { ty, rows, cols, data })
+        Ok(Self {
+            ty,
+            rows,
+            cols,
+            data,
+        })
     }
 
     /// Bytes of one encoded row.
