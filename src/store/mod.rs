@@ -1,1 +1,10 @@
-//! Weight storage: aligned buffers, direct I/O reads and the layer streamer.
+//! Weight storage: aligned buffers, direct I/O reads, resident units and the streamer that
+//! reads the rest ahead of compute.
+
+pub mod aligned;
+pub mod direct;
+pub mod streamer;
+
+pub use aligned::{AlignedBuf, IO_ALIGN};
+pub use direct::DirectFile;
+pub use streamer::{load_resident, IoStats, ReadRange, Streamer, Unit, UnitBytes};
