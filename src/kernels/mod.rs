@@ -1,6 +1,8 @@
 //! CPU math: matrix × vector and matrix × matrix over encoded weights, multi-threaded by
 //! output rows so the thread count never changes a result.
 
+pub mod ops;
+
 use crate::quant::{self, GgmlType};
 
 /// A row-major weight matrix of `rows` × `cols` elements in its stored encoding

@@ -4,7 +4,9 @@
 pub mod aligned;
 pub mod direct;
 pub mod streamer;
+pub mod weights;
 
 pub use aligned::{AlignedBuf, IO_ALIGN};
 pub use direct::DirectFile;
 pub use streamer::{load_resident, IoStats, ReadRange, Streamer, Unit, UnitBytes};
+pub use weights::WeightStore;

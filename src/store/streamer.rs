@@ -140,6 +140,7 @@ pub struct Streamer {
     filled: Receiver<io::Result<UnitBytes>>,
     free: SyncSender<AlignedBuf>,
     pending: usize,
+    slots: usize,
     stats: Arc<IoStats>,
     slot_bytes: usize,
     thread: Option<JoinHandle<()>>,
@@ -181,6 +182,7 @@ impl Streamer {
             filled: filled_rx,
             free: free_tx,
             pending: 0,
+            slots,
             stats,
             slot_bytes,
             thread: Some(thread),
@@ -190,6 +192,11 @@ impl Streamer {
     /// Bytes of each ring buffer.
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
+    }
+
+    /// Number of ring buffers.
+    pub fn slots(&self) -> usize {
+        self.slots
     }
 
     /// Queues `unit` to be read after the units already queued.

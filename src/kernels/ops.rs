@@ -1,0 +1,118 @@
+//! Element-wise and per-row operations of transformer blocks: RMSNorm, RoPE, GELU, softmax.
+//! Scalar, deterministic and independent of thread count; the heavy work is in the matrix
+//! kernels.
+
+/// RMSNorm of one row: `out[i] = x[i] / sqrt(mean(x²) + eps) * w[i]` (Zhang & Sennrich 2019).
+/// The mean is accumulated in f64. `x`, `w` and `out` have the same length.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    debug_assert!(x.len() == w.len() && x.len() == out.len());
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let scale = (1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt()) as f32;
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * scale * g;
+    }
+}
+
+/// In-place RMSNorm of one row (see [`rms_norm`]).
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    debug_assert_eq!(x.len(), w.len());
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let scale = 1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt();
+    for (o, &g) in x.iter_mut().zip(w) {
+        *o = *o * scale * g;
+    }
+}
+
+/// Inverse frequencies of rotary embeddings (Su et al. 2021, RoFormer): for a head of
+/// `head_dim` dimensions rotated in full, `inv_freq[i] = freq_scale / base^(2i / head_dim)`
+/// for `i < head_dim / 2`. `freq_scale` is 1 without scaling and `1 / factor` for linear
+/// position interpolation.
+pub fn rope_inv_freq(head_dim: usize, base: f32, freq_scale: f32) -> Vec<f32> {
+    (0..head_dim / 2)
+        .map(|i| ((freq_scale as f64) / (base as f64).powf(2.0 * i as f64 / head_dim as f64)) as f32)
+        .collect()
+}
+
+/// Applies rotary embeddings in the "NeoX" layout (dimension `i` pairs with `i + d/2`, as
+/// Hugging Face `rotate_half` and llama.cpp `LLAMA_ROPE_TYPE_NEOX` do) to one head `x` of
+/// `2 * inv_freq.len()` values at position `pos`. Angles are computed in f64.
+pub fn rope_neox(x: &mut [f32], pos: usize, inv_freq: &[f32]) {
+    let half = inv_freq.len();
+    debug_assert_eq!(x.len(), 2 * half);
+    for (i, &f) in inv_freq.iter().enumerate() {
+        let theta = pos as f64 * f as f64;
+        let (s, c) = (theta.sin() as f32, theta.cos() as f32);
+        let (a, b) = (x[i], x[i + half]);
+        x[i] = a * c - b * s;
+        x[i + half] = a * s + b * c;
+    }
+}
+
+/// GELU with the tanh approximation (Hendrycks & Gimpel 2016):
+/// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// In-place softmax over `x` (max-subtracted for stability; the sum is accumulated in f64).
+pub fn softmax_inplace(x: &mut [f32]) {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Soft-capping `cap * tanh(x / cap)` (Gemma 2 attention and final logits).
+#[inline]
+pub fn softcap(x: f32, cap: f32) -> f32 {
+    cap * (x / cap).tanh()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let x = [3.0f32, 4.0];
+        let mut o = [0f32; 2];
+        rms_norm(&x, &[1.0, 2.0], 0.0, &mut o);
+        // rms = sqrt((9+16)/2) = 3.5355339
+        assert!((o[0] - 0.848_528_1).abs() < 1e-6 && (o[1] - 2.262_741_7).abs() < 1e-6, "{o:?}");
+        let mut y = x;
+        rms_norm_inplace(&mut y, &[1.0, 2.0], 0.0);
+        assert_eq!(y, o);
+    }
+
+    #[test]
+    fn rope_rotates_pairs_and_keeps_norm() {
+        let inv = rope_inv_freq(4, 10000.0, 1.0);
+        assert_eq!(inv, vec![1.0, 0.01]);
+        let mut x = [1.0f32, 0.0, 0.0, 1.0];
+        rope_neox(&mut x, 1, &inv);
+        // pair (0,2) rotates by 1 rad, pair (1,3) by 0.01 rad
+        assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[2] - 1f32.sin()).abs() < 1e-6);
+        assert!((x[1] + 0.01f32.sin()).abs() < 1e-6 && (x[3] - 0.01f32.cos()).abs() < 1e-6);
+        let mut z = [0.5f32, -1.0, 2.0, 0.25];
+        rope_neox(&mut z, 0, &inv);
+        assert_eq!(z, [0.5, -1.0, 2.0, 0.25]);
+    }
+
+    #[test]
+    fn gelu_and_softmax_values() {
+        assert_eq!(gelu_tanh(0.0), 0.0);
+        assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-5);
+        assert!((gelu_tanh(-3.0) + 0.003_637_4).abs() < 1e-6);
+        let mut s = [1.0f32, 2.0, 3.0];
+        softmax_inplace(&mut s);
+        assert!((s[0] - 0.090_030_57).abs() < 1e-7 && (s[2] - 0.665_240_9).abs() < 1e-7, "{s:?}");
+    }
+}
