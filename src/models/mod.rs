@@ -1,1 +1,86 @@
-//! models
+//! Model architectures: one file per family, each turning a checkpoint's tensor index into a
+//! forward pass over weights held by a [`WeightStore`].
+
+pub mod gemma3;
+pub mod meta;
+
+use crate::engine::KvCache;
+use crate::source::gguf::GgufModel;
+use crate::store::WeightStore;
+
+/// How to load a model's weights.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Bytes of RAM for resident weights, KV cache, activations and I/O buffers together;
+    /// `None` keeps every weight resident.
+    pub ram_budget: Option<u64>,
+    /// KV cache capacity in tokens.
+    pub n_ctx: usize,
+    /// Largest number of tokens one forward pass takes (prompt batch size).
+    pub n_batch: usize,
+    /// Use `O_DIRECT` reads where the filesystem allows them.
+    pub direct_io: bool,
+}
+
+/// Which positions' logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's (`vocab` floats).
+    Last,
+    /// Every token's (`n × vocab` floats, token-major).
+    All,
+}
+
+/// What `deltafin run --stats` and `inspect` report about placement.
+#[derive(Clone, Debug, Default)]
+pub struct Placement {
+    /// Bytes of weights kept in RAM.
+    pub resident_bytes: usize,
+    /// Bytes of weights read from disk on every forward pass.
+    pub streamed_bytes: usize,
+    /// Bytes of stream buffers.
+    pub stream_buffer_bytes: usize,
+    /// Bytes of KV cache.
+    pub kv_bytes: usize,
+    /// Bytes reserved for activations.
+    pub scratch_bytes: usize,
+    /// Units kept resident / total units, as text (e.g. `"12/18 layers, head streamed"`).
+    pub summary: String,
+}
+
+/// A loaded model: the forward pass of one architecture.
+pub trait Model: Send {
+    /// Vocabulary size (rows of the LM head).
+    fn vocab_size(&self) -> usize;
+    /// Longest context the model was trained for, in tokens.
+    fn context_length(&self) -> usize;
+    /// A KV cache with room for `n_ctx` tokens.
+    fn new_cache(&self, n_ctx: usize) -> KvCache;
+    /// Runs `tokens` (positions `cache.len ..`) through the model, appends them to the cache and
+    /// returns logits (see [`Logits`]).
+    ///
+    /// Errors: a streamed weight could not be read (the message names the file), or the cache
+    /// is full.
+    fn forward(&self, store: &mut WeightStore, cache: &mut KvCache, tokens: &[u32], logits: Logits) -> anyhow::Result<Vec<f32>>;
+    /// Where the weights live.
+    fn placement(&self) -> &Placement;
+}
+
+/// Loads the model described by a GGUF file set, choosing the architecture from
+/// `general.architecture`.
+///
+/// Errors: unknown architecture, missing or malformed tensors or metadata (the message names
+/// the key or tensor), a budget too small to run at all, or an unreadable file.
+pub fn load_gguf(gguf: &GgufModel, opts: &LoadOptions) -> anyhow::Result<(Box<dyn Model>, WeightStore)> {
+    let arch = meta::get_str(gguf, "general.architecture")?;
+    match arch {
+        "gemma3" => {
+            let (m, s) = gemma3::Gemma3::load(gguf, opts)?;
+            Ok((Box::new(m), s))
+        }
+        other => anyhow::bail!(
+            "{}: architecture '{other}' is not supported (supported: gemma3)",
+            gguf.files[0].display()
+        ),
+    }
+}

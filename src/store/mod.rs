@@ -3,6 +3,7 @@
 
 pub mod aligned;
 pub mod direct;
+pub mod plan;
 pub mod streamer;
 pub mod weights;
 

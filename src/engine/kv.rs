@@ -1,0 +1,40 @@
+//! The KV cache: keys and values of every past position, per layer, in f32.
+
+/// Keys and values for `n_ctx` positions of `n_layers` layers, each position holding
+/// `kv_dim = n_kv_heads × head_dim` floats for K and for V. Memory:
+/// `n_layers × n_ctx × kv_dim × 2 × 4` bytes, allocated once.
+pub struct KvCache {
+    /// Per layer, `n_ctx × kv_dim` keys (position-major).
+    pub k: Vec<Vec<f32>>,
+    /// Per layer, `n_ctx × kv_dim` values (position-major).
+    pub v: Vec<Vec<f32>>,
+    /// Capacity in positions.
+    pub n_ctx: usize,
+    /// Floats per position per layer for K (and for V).
+    pub kv_dim: usize,
+    /// Positions filled so far.
+    pub len: usize,
+}
+
+impl KvCache {
+    /// Allocates a cache of `n_ctx` positions.
+    pub fn new(n_layers: usize, n_ctx: usize, kv_dim: usize) -> Self {
+        Self {
+            k: (0..n_layers).map(|_| vec![0.0; n_ctx * kv_dim]).collect(),
+            v: (0..n_layers).map(|_| vec![0.0; n_ctx * kv_dim]).collect(),
+            n_ctx,
+            kv_dim,
+            len: 0,
+        }
+    }
+
+    /// Bytes a cache of these dimensions holds.
+    pub fn bytes_for(n_layers: usize, n_ctx: usize, kv_dim: usize) -> usize {
+        n_layers * n_ctx * kv_dim * 2 * 4
+    }
+
+    /// Forgets every position (keeps the allocation).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}

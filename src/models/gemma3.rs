@@ -1,0 +1,704 @@
+//! Gemma 3 (text), as Hugging Face `transformers` (`models/gemma3/modeling_gemma3.py`) and
+//! llama.cpp (`LLM_ARCH_GEMMA3`) define it: embeddings scaled by √hidden_size, RMSNorm before
+//! and after attention and the feed-forward block, grouped-query attention with per-head q/k
+//! RMSNorm, NeoX-style RoPE with one base for sliding-window layers and another for global
+//! layers, GeGLU with tanh GELU, LM head tied to the embeddings.
+//!
+//! GGUF stores Gemma's norm weights with the `1 +` of `Gemma3RMSNorm` already added by
+//! llama.cpp's converter, so here every norm is a plain RMSNorm with the stored weight.
+
+use std::collections::HashMap;
+
+use anyhow::{anyhow, bail, Context, Result};
+use rayon::prelude::*;
+
+use super::meta;
+use super::{LoadOptions, Logits, Model, Placement};
+use crate::engine::KvCache;
+use crate::kernels::ops::{gelu_tanh, rms_norm, rms_norm_inplace, rope_inv_freq, rope_neox, softcap, softmax_inplace};
+use crate::kernels::{matmul, matvec, Matrix};
+use crate::quant::{dequantize_row, GgmlType};
+use crate::source::gguf::{GgufModel, TensorInfo};
+use crate::store::plan::{choose_resident, Candidate};
+use crate::store::{DirectFile, ReadRange, Unit, UnitBytes, WeightStore};
+
+/// Stream buffers used when any weight is streamed (double buffering: one being computed on,
+/// one being read).
+const STREAM_SLOTS: usize = 2;
+
+/// Hyper-parameters, named as in the Hugging Face `Gemma3TextConfig`; read from the GGUF keys
+/// `gemma3.*` (llama.cpp's names in comments).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// `embedding_length`
+    pub hidden_size: usize,
+    /// `feed_forward_length`
+    pub intermediate_size: usize,
+    /// `block_count`
+    pub num_hidden_layers: usize,
+    /// `attention.head_count`
+    pub num_attention_heads: usize,
+    /// `attention.head_count_kv`
+    pub num_key_value_heads: usize,
+    /// `attention.key_length` (equal to `attention.value_length`)
+    pub head_dim: usize,
+    /// `attention.layer_norm_rms_epsilon`
+    pub rms_norm_eps: f32,
+    /// `rope.freq_base`: RoPE base of the global-attention layers.
+    pub rope_theta: f32,
+    /// `rope.freq_base_swa` when present, else 10000 (Gemma 3's `rope_local_base_freq`).
+    pub rope_local_base_freq: f32,
+    /// Linear RoPE scaling factor of the global layers (`rope.scaling.factor` with type linear).
+    pub rope_scaling_factor: Option<f32>,
+    /// `attention.sliding_window`, in tokens.
+    pub sliding_window: usize,
+    /// Per layer: whether it uses sliding-window attention. From
+    /// `attention.sliding_window_pattern` (a period `n`: every `n`-th layer is global; or one
+    /// bool per layer) and otherwise Gemma 3's period of 6.
+    pub sliding_layers: Vec<bool>,
+    /// Attention scores are scaled by `query_pre_attn_scalar^-½`. Not in GGUF: `head_dim`,
+    /// except Gemma 3 27B (62 layers) which uses `hidden_size / num_attention_heads`, as in its
+    /// Hugging Face config and llama.cpp.
+    pub query_pre_attn_scalar: f32,
+    /// `final_logit_softcapping` when present.
+    pub final_logit_softcapping: Option<f32>,
+    /// `attn_logit_softcapping` when present.
+    pub attn_logit_softcapping: Option<f32>,
+    /// `context_length`
+    pub max_position_embeddings: usize,
+    /// Rows of `token_embd.weight`.
+    pub vocab_size: usize,
+}
+
+impl Config {
+    /// Reads the configuration from GGUF metadata. Errors name the missing or invalid key.
+    pub fn from_gguf(g: &GgufModel) -> Result<Self> {
+        let a = "gemma3";
+        let k = |s: &str| format!("{a}.{s}");
+        const DIM_MAX: u64 = 1 << 20;
+        let num_hidden_layers = meta::get_usize(g, &k("block_count"), 4096)?;
+        let hidden_size = meta::get_usize(g, &k("embedding_length"), DIM_MAX)?;
+        let num_attention_heads = meta::get_usize(g, &k("attention.head_count"), 4096)?;
+        let num_key_value_heads = meta::get_usize(g, &k("attention.head_count_kv"), 4096)?;
+        let head_dim = meta::get_usize(g, &k("attention.key_length"), 8192)?;
+        let v_len = meta::opt_u64(g, &k("attention.value_length"))?.unwrap_or(head_dim as u64);
+        if v_len != head_dim as u64 {
+            bail!("{a}.attention.value_length {v_len} differs from key_length {head_dim}: not supported");
+        }
+        if num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
+            bail!("{a}.attention.head_count {num_attention_heads} is not a multiple of head_count_kv {num_key_value_heads}");
+        }
+        if head_dim % 2 != 0 || head_dim == 0 {
+            bail!("{a}.attention.key_length {head_dim} must be even for RoPE");
+        }
+        let sliding_layers = match g.metadata.get(&k("attention.sliding_window_pattern")) {
+            Some(crate::source::gguf::Value::Array(v)) => {
+                let flags: Option<Vec<bool>> = v
+                    .iter()
+                    .map(|x| match x {
+                        crate::source::gguf::Value::Bool(b) => Some(*b),
+                        _ => None,
+                    })
+                    .collect();
+                let flags = flags.ok_or_else(|| anyhow!("{a}.attention.sliding_window_pattern: expected an array of bools"))?;
+                if flags.len() != num_hidden_layers {
+                    bail!("{a}.attention.sliding_window_pattern has {} entries for {num_hidden_layers} layers", flags.len());
+                }
+                flags
+            }
+            _ => {
+                let period = meta::opt_u64(g, &k("attention.sliding_window_pattern"))?.unwrap_or(6).max(1) as usize;
+                (0..num_hidden_layers).map(|i| (i + 1) % period != 0).collect()
+            }
+        };
+        let rope_scaling_factor = match g.metadata.get(&k("rope.scaling.type")) {
+            Some(crate::source::gguf::Value::String(t)) if t == "linear" => meta::opt_f32(g, &k("rope.scaling.factor"))?,
+            Some(crate::source::gguf::Value::String(t)) if t == "none" => None,
+            Some(v) => bail!("{a}.rope.scaling.type {v:?} is not supported (only linear)"),
+            None => None,
+        };
+        let query_pre_attn_scalar = if num_hidden_layers == 62 {
+            (hidden_size / num_attention_heads) as f32
+        } else {
+            head_dim as f32
+        };
+        let embd = g
+            .tensors
+            .iter()
+            .find(|t| t.name == "token_embd.weight")
+            .ok_or_else(|| anyhow!("{}: tensor 'token_embd.weight' is missing", g.files[0].display()))?;
+        Ok(Self {
+            hidden_size,
+            intermediate_size: meta::get_usize(g, &k("feed_forward_length"), DIM_MAX)?,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            rms_norm_eps: meta::opt_f32(g, &k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
+            rope_theta: meta::opt_f32(g, &k("rope.freq_base"))?.unwrap_or(1_000_000.0),
+            rope_local_base_freq: meta::opt_f32(g, &k("rope.freq_base_swa"))?.unwrap_or(10_000.0),
+            rope_scaling_factor,
+            sliding_window: meta::opt_u64(g, &k("attention.sliding_window"))?.unwrap_or(u64::MAX).min(usize::MAX as u64) as usize,
+            sliding_layers,
+            query_pre_attn_scalar,
+            final_logit_softcapping: meta::opt_f32(g, &k("final_logit_softcapping"))?,
+            attn_logit_softcapping: meta::opt_f32(g, &k("attn_logit_softcapping"))?,
+            max_position_embeddings: meta::get_usize(g, &k("context_length"), 1 << 24)?,
+            vocab_size: embd.shape.get(1).copied().unwrap_or(0) as usize,
+        })
+    }
+
+    fn q_dim(&self) -> usize {
+        self.num_attention_heads * self.head_dim
+    }
+
+    fn kv_dim(&self) -> usize {
+        self.num_key_value_heads * self.head_dim
+    }
+
+    /// Activation bytes of a forward pass over `n` tokens returning logits for `m` of them.
+    fn scratch_bytes(&self, n: usize, m: usize, n_ctx: usize) -> usize {
+        let per_tok = 4 * self.hidden_size + 2 * self.q_dim() + 2 * self.kv_dim() + 2 * self.intermediate_size;
+        4 * (n * per_tok + m * self.vocab_size + rayon::current_num_threads() * n_ctx)
+    }
+}
+
+/// Where a matrix lives inside its unit.
+#[derive(Clone, Copy, Debug)]
+struct MatRef {
+    piece: usize,
+    offset: usize,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    bytes: usize,
+}
+
+impl MatRef {
+    fn view<'a>(&self, u: &'a UnitBytes) -> Matrix<'a> {
+        Matrix { ty: self.ty, rows: self.rows, cols: self.cols, data: &u.piece(self.piece)[self.offset..self.offset + self.bytes] }
+    }
+}
+
+struct LayerMats {
+    q: MatRef,
+    k: MatRef,
+    v: MatRef,
+    o: MatRef,
+    gate: MatRef,
+    up: MatRef,
+    down: MatRef,
+}
+
+struct LayerNorms {
+    attn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    post_attn: Vec<f32>,
+    ffn: Vec<f32>,
+    post_ffw: Vec<f32>,
+}
+
+/// How the LM head is held.
+enum Head {
+    /// One resident unit holding the whole matrix.
+    Resident { unit: usize, mat: MatRef },
+    /// Streamed in chunks of rows: (unit, first row, matrix of the chunk).
+    Chunks(Vec<(usize, usize, MatRef)>),
+}
+
+/// How embedding rows are found.
+enum Embedding {
+    /// In a resident unit.
+    Resident { unit: usize, mat: MatRef },
+    /// Read row by row from the file when needed.
+    Streamed(TensorInfo),
+}
+
+/// A loaded Gemma 3 model.
+pub struct Gemma3 {
+    pub config: Config,
+    layers: Vec<(usize, LayerMats)>,
+    norms: Vec<LayerNorms>,
+    output_norm: Vec<f32>,
+    embedding: Embedding,
+    head: Head,
+    inv_freq_global: Vec<f32>,
+    inv_freq_local: Vec<f32>,
+    placement: Placement,
+}
+
+/// Looks up tensors by name and checks their type and shape.
+struct Tensors<'a> {
+    g: &'a GgufModel,
+    by_name: HashMap<&'a str, &'a TensorInfo>,
+}
+
+impl<'a> Tensors<'a> {
+    fn new(g: &'a GgufModel) -> Self {
+        Self { g, by_name: g.tensors.iter().map(|t| (t.name.as_str(), t)).collect() }
+    }
+
+    fn get(&self, name: &str, shape: &[usize]) -> Result<&'a TensorInfo> {
+        let t = self
+            .by_name
+            .get(name)
+            .copied()
+            .ok_or_else(|| anyhow!("{}: tensor '{name}' is missing", self.g.files[0].display()))?;
+        let got: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+        if got != shape {
+            bail!("{}: tensor '{name}' has shape {got:?}, expected {shape:?}", self.g.files[0].display());
+        }
+        if !t.ty.has_kernels() {
+            bail!("{}: tensor '{name}' has type {} which Deltafin cannot compute yet", self.g.files[0].display(), t.ty);
+        }
+        Ok(t)
+    }
+}
+
+/// Groups tensors into read ranges (merging byte-adjacent ones in the same file) and returns
+/// the unit plus each tensor's (piece, offset) in it.
+fn unit_of(tensors: &[&TensorInfo]) -> (Unit, Vec<(usize, usize)>) {
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by_key(|&i| (tensors[i].file, tensors[i].offset));
+    let mut ranges: Vec<ReadRange> = Vec::new();
+    let mut place = vec![(0usize, 0usize); tensors.len()];
+    for i in order {
+        let t = tensors[i];
+        // merge when the gap to the previous range is small (alignment padding)
+        match ranges.last_mut() {
+            Some(r) if r.file == t.file && t.offset >= r.offset + r.len as u64 && t.offset - (r.offset + r.len as u64) <= 4096 => {
+                let off = (t.offset - r.offset) as usize;
+                r.len = off + t.n_bytes as usize;
+                place[i] = (ranges.len() - 1, off);
+            }
+            _ => {
+                ranges.push(ReadRange { file: t.file, offset: t.offset, len: t.n_bytes as usize });
+                place[i] = (ranges.len() - 1, 0);
+            }
+        }
+    }
+    (Unit { ranges }, place)
+}
+
+fn mat(t: &TensorInfo, place: (usize, usize)) -> MatRef {
+    MatRef {
+        piece: place.0,
+        offset: place.1,
+        ty: t.ty,
+        rows: t.shape[1..].iter().product::<u64>() as usize,
+        cols: t.shape[0] as usize,
+        bytes: t.n_bytes as usize,
+    }
+}
+
+/// Reads a small tensor (a norm weight) into f32.
+fn read_vector(files: &[DirectFile], t: &TensorInfo) -> Result<Vec<f32>> {
+    let unit = Unit { ranges: vec![ReadRange { file: t.file, offset: t.offset, len: t.n_bytes as usize }] };
+    let stats = crate::store::IoStats::default();
+    let b = crate::store::load_resident(files, &unit, &stats).with_context(|| format!("reading tensor '{}'", t.name))?;
+    let n = t.shape.iter().product::<u64>() as usize;
+    let mut out = vec![0f32; n];
+    dequantize_row(t.ty, b.piece(0), &mut out);
+    Ok(out)
+}
+
+impl Gemma3 {
+    /// Loads a Gemma 3 GGUF under `opts` (see [`LoadOptions`]): validates every tensor's
+    /// presence, shape and type, plans which units stay resident under the RAM budget, reads
+    /// those, and starts the streamer for the rest.
+    ///
+    /// Errors: a missing or mis-shaped tensor or metadata key (named), a budget too small for
+    /// the KV cache and stream buffers, or an unreadable file.
+    pub fn load(g: &GgufModel, opts: &LoadOptions) -> Result<(Self, WeightStore)> {
+        let c = Config::from_gguf(g)?;
+        let ts = Tensors::new(g);
+        let (d, ff, qd, kvd, hd) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim(), c.head_dim);
+        let embd = ts.get("token_embd.weight", &[d, c.vocab_size])?;
+        let head_t = match ts.by_name.get("output.weight") {
+            Some(_) => ts.get("output.weight", &[d, c.vocab_size])?,
+            None => embd,
+        };
+        let tied = std::ptr::eq(head_t, embd);
+        let files: Vec<DirectFile> = g
+            .files
+            .iter()
+            .map(|p| DirectFile::open(p, opts.direct_io).with_context(|| format!("opening {}", p.display())))
+            .collect::<Result<_>>()?;
+        let vec_of = |name: &str, n: usize| -> Result<Vec<f32>> { read_vector(&files, ts.get(name, &[n])?) };
+        let output_norm = vec_of("output_norm.weight", d)?;
+
+        let mut units: Vec<Unit> = Vec::new();
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut norms = Vec::with_capacity(c.num_hidden_layers);
+        for l in 0..c.num_hidden_layers {
+            let n = |s: &str| format!("blk.{l}.{s}.weight");
+            let list = [
+                ts.get(&n("attn_q"), &[d, qd])?,
+                ts.get(&n("attn_k"), &[d, kvd])?,
+                ts.get(&n("attn_v"), &[d, kvd])?,
+                ts.get(&n("attn_output"), &[qd, d])?,
+                ts.get(&n("ffn_gate"), &[d, ff])?,
+                ts.get(&n("ffn_up"), &[d, ff])?,
+                ts.get(&n("ffn_down"), &[ff, d])?,
+            ];
+            let (unit, place) = unit_of(&list);
+            let m: Vec<MatRef> = list.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
+            layers.push((
+                units.len(),
+                LayerMats { q: m[0], k: m[1], v: m[2], o: m[3], gate: m[4], up: m[5], down: m[6] },
+            ));
+            units.push(unit);
+            norms.push(LayerNorms {
+                attn: vec_of(&n("attn_norm"), d)?,
+                q: vec_of(&n("attn_q_norm"), hd)?,
+                k: vec_of(&n("attn_k_norm"), hd)?,
+                post_attn: vec_of(&n("post_attention_norm"), d)?,
+                ffn: vec_of(&n("ffn_norm"), d)?,
+                post_ffw: vec_of(&n("post_ffw_norm"), d)?,
+            });
+        }
+        let n_layer_units = units.len();
+        let layer_max = units.iter().map(|u| u.buffer_bytes()).max().unwrap_or(0);
+
+        // --- budget -------------------------------------------------------------------------
+        let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
+        let kv_bytes = KvCache::bytes_for(c.num_hidden_layers, n_ctx, kvd);
+        let scratch_bytes = c.scratch_bytes(opts.n_batch.max(1), 1, n_ctx);
+        let norms_bytes = 4 * (d * (4 * c.num_hidden_layers + 1) + 2 * hd * c.num_hidden_layers);
+        let head_unit = unit_of(&[head_t]).0;
+        let embd_unit = unit_of(&[embd]).0;
+        let mut cands = vec![Candidate { name: "LM head".into(), bytes: head_unit.buffer_bytes() }];
+        if !tied {
+            cands.push(Candidate { name: "embeddings".into(), bytes: embd_unit.buffer_bytes() });
+        }
+        for (l, u) in units.iter().enumerate() {
+            cands.push(Candidate { name: format!("layer {l}"), bytes: u.buffer_bytes() });
+        }
+        let total: usize = cands.iter().map(|c| c.bytes).sum();
+        let fixed = kv_bytes + scratch_bytes + norms_bytes;
+        let (resident_flags, stream_buf) = match opts.ram_budget {
+            None => (vec![true; cands.len()], 0),
+            Some(b) => {
+                let b = b as usize;
+                if fixed + total <= b {
+                    (vec![true; cands.len()], 0)
+                } else {
+                    // chunked head rows must fit a slot of the largest layer's size
+                    let slot = layer_max.max(crate::store::IO_ALIGN * 4);
+                    let stream_buf = STREAM_SLOTS * slot;
+                    if fixed + stream_buf > b {
+                        bail!(
+                            "--ram-budget {} is too small: the KV cache for {n_ctx} tokens ({:.1} MiB), activations ({:.1} MiB) and stream buffers ({:.1} MiB) need at least {:.1} MiB",
+                            b,
+                            kv_bytes as f64 / 1048576.0,
+                            (scratch_bytes + norms_bytes) as f64 / 1048576.0,
+                            stream_buf as f64 / 1048576.0,
+                            (fixed + stream_buf) as f64 / 1048576.0
+                        );
+                    }
+                    (choose_resident(&cands, b - fixed - stream_buf).0, stream_buf)
+                }
+            }
+        };
+        let head_resident = resident_flags[0];
+        let embd_resident = if tied { head_resident } else { resident_flags[1] };
+        let layer_flags = &resident_flags[cands.len() - n_layer_units..];
+
+        let mut resident: Vec<bool> = layer_flags.to_vec();
+        let head = if head_resident {
+            let id = units.len();
+            units.push(head_unit);
+            resident.push(true);
+            Head::Resident { unit: id, mat: mat(head_t, (0, 0)) }
+        } else {
+            let slot = layer_max.max(crate::store::IO_ALIGN * 4);
+            let row_bytes = head_t.ty.row_bytes(d).expect("validated row size");
+            let rows_per = ((slot - crate::store::IO_ALIGN * 2) / row_bytes).max(1);
+            let mut chunks = Vec::new();
+            let mut r0 = 0;
+            while r0 < c.vocab_size {
+                let rows = rows_per.min(c.vocab_size - r0);
+                let off = head_t.offset + (r0 * row_bytes) as u64;
+                units.push(Unit { ranges: vec![ReadRange { file: head_t.file, offset: off, len: rows * row_bytes }] });
+                resident.push(false);
+                chunks.push((
+                    units.len() - 1,
+                    r0,
+                    MatRef { piece: 0, offset: 0, ty: head_t.ty, rows, cols: d, bytes: rows * row_bytes },
+                ));
+                r0 += rows;
+            }
+            Head::Chunks(chunks)
+        };
+        let embedding = if embd_resident {
+            match (&head, tied) {
+                (Head::Resident { unit, mat }, true) => Embedding::Resident { unit: *unit, mat: *mat },
+                _ => {
+                    units.push(embd_unit);
+                    resident.push(true);
+                    Embedding::Resident { unit: units.len() - 1, mat: mat(embd, (0, 0)) }
+                }
+            }
+        } else {
+            Embedding::Streamed(embd.clone())
+        };
+        let streamed_bytes: usize = units.iter().zip(&resident).filter(|(_, r)| !**r).map(|(u, _)| u.payload_bytes()).sum();
+        let resident_layers = layer_flags.iter().filter(|r| **r).count();
+        let store = WeightStore::open(&g.files, units, &resident, STREAM_SLOTS, stream_buf / STREAM_SLOTS, opts.direct_io)?;
+        let placement = Placement {
+            resident_bytes: store.resident_bytes(),
+            streamed_bytes,
+            stream_buffer_bytes: store.stream_buffer_bytes(),
+            kv_bytes,
+            scratch_bytes: scratch_bytes + norms_bytes,
+            summary: format!(
+                "{resident_layers}/{} layers resident, LM head {}{}",
+                c.num_hidden_layers,
+                if head_resident { "resident" } else { "streamed" },
+                if tied { " (tied to embeddings)" } else { "" }
+            ),
+        };
+        let scale = c.rope_scaling_factor.map_or(1.0, |f| 1.0 / f);
+        Ok((
+            Self {
+                inv_freq_global: rope_inv_freq(hd, c.rope_theta, scale),
+                inv_freq_local: rope_inv_freq(hd, c.rope_local_base_freq, 1.0),
+                config: c,
+                layers,
+                norms,
+                output_norm,
+                embedding,
+                head,
+                placement,
+            },
+            store,
+        ))
+    }
+
+    /// Writes the scaled embeddings of `tokens` into `x` (`n × hidden_size`).
+    fn embed(&self, store: &mut WeightStore, tokens: &[u32], x: &mut [f32]) -> Result<()> {
+        let d = self.config.hidden_size;
+        let scale = (d as f32).sqrt();
+        for (t, &tok) in tokens.iter().enumerate() {
+            let row = &mut x[t * d..(t + 1) * d];
+            match &self.embedding {
+                Embedding::Resident { unit, mat } => {
+                    store.with_unit(*unit, |u| dequantize_row(mat.ty, mat.view(u).row(tok as usize), row))?;
+                }
+                Embedding::Streamed(t) => {
+                    let _ = t;
+                    store.with_adhoc(|u| dequantize_row(self.embd_ty(), u.piece(0), row))?;
+                }
+            }
+            row.iter_mut().for_each(|v| *v *= scale);
+        }
+        Ok(())
+    }
+
+    fn embd_ty(&self) -> GgmlType {
+        match &self.embedding {
+            Embedding::Resident { mat, .. } => mat.ty,
+            Embedding::Streamed(t) => t.ty,
+        }
+    }
+
+    /// One decoder layer over `n` tokens at positions `pos0..pos0+n`, updating `x` in place.
+    fn layer(&self, l: usize, w: &LayerMats, u: &UnitBytes, cache: &mut KvCache, pos0: usize, x: &mut [f32]) {
+        let c = &self.config;
+        let (d, hd, nh, nkv, ff) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let n = x.len() / d;
+        let nrm = &self.norms[l];
+        let eps = c.rms_norm_eps;
+        let sliding = c.sliding_layers[l];
+        let inv_freq = if sliding { &self.inv_freq_local } else { &self.inv_freq_global };
+
+        let mut xn = vec![0f32; n * d];
+        for t in 0..n {
+            rms_norm(&x[t * d..(t + 1) * d], &nrm.attn, eps, &mut xn[t * d..(t + 1) * d]);
+        }
+        let mut q = vec![0f32; n * qd];
+        let mut k = vec![0f32; n * kvd];
+        let mut v = vec![0f32; n * kvd];
+        mm(&w.q.view(u), &xn, n, &mut q);
+        mm(&w.k.view(u), &xn, n, &mut k);
+        mm(&w.v.view(u), &xn, n, &mut v);
+        let qscale = 1.0 / c.query_pre_attn_scalar.sqrt();
+        for t in 0..n {
+            for h in q[t * qd..(t + 1) * qd].chunks_mut(hd) {
+                rms_norm_inplace(h, &nrm.q, eps);
+                rope_neox(h, pos0 + t, inv_freq);
+                h.iter_mut().for_each(|v| *v *= qscale);
+            }
+            for h in k[t * kvd..(t + 1) * kvd].chunks_mut(hd) {
+                rms_norm_inplace(h, &nrm.k, eps);
+                rope_neox(h, pos0 + t, inv_freq);
+            }
+        }
+        cache.k[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&k);
+        cache.v[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&v);
+
+        // attention: one task per (token, head)
+        let kc = &cache.k[l];
+        let vc = &cache.v[l];
+        let group = nh / nkv;
+        let window = c.sliding_window;
+        let cap = c.attn_logit_softcapping;
+        let mut att = vec![0f32; n * qd];
+        att.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
+            let (t, h) = (i / nh, i % nh);
+            let p = pos0 + t;
+            let lo = if sliding { (p + 1).saturating_sub(window) } else { 0 };
+            let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+            let kvh = h / group;
+            let mut s: Vec<f32> = (lo..=p)
+                .map(|j| {
+                    let kj = &kc[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
+                    let dot = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>();
+                    cap.map_or(dot, |cp| softcap(dot, cp))
+                })
+                .collect();
+            softmax_inplace(&mut s);
+            out.iter_mut().for_each(|o| *o = 0.0);
+            for (j, &wgt) in (lo..=p).zip(&s) {
+                let vj = &vc[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
+                for (o, &vv) in out.iter_mut().zip(vj) {
+                    *o += wgt * vv;
+                }
+            }
+        });
+        let mut o = vec![0f32; n * d];
+        mm(&w.o.view(u), &att, n, &mut o);
+        for t in 0..n {
+            let row = &mut o[t * d..(t + 1) * d];
+            rms_norm_inplace(row, &nrm.post_attn, eps);
+            x[t * d..(t + 1) * d].iter_mut().zip(row.iter()).for_each(|(a, b)| *a += b);
+        }
+
+        // feed-forward (GeGLU)
+        for t in 0..n {
+            rms_norm(&x[t * d..(t + 1) * d], &nrm.ffn, eps, &mut xn[t * d..(t + 1) * d]);
+        }
+        let mut g = vec![0f32; n * ff];
+        let mut up = vec![0f32; n * ff];
+        mm(&w.gate.view(u), &xn, n, &mut g);
+        mm(&w.up.view(u), &xn, n, &mut up);
+        g.iter_mut().zip(&up).for_each(|(a, b)| *a = gelu_tanh(*a) * b);
+        mm(&w.down.view(u), &g, n, &mut o);
+        for t in 0..n {
+            let row = &mut o[t * d..(t + 1) * d];
+            rms_norm_inplace(row, &nrm.post_ffw, eps);
+            x[t * d..(t + 1) * d].iter_mut().zip(row.iter()).for_each(|(a, b)| *a += b);
+        }
+    }
+}
+
+/// `y = X Wᵀ` for `n` rows, through matvec for a single row.
+fn mm(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    if n == 1 {
+        matvec(w, x, y)
+    } else {
+        matmul(w, x, n, y)
+    }
+}
+
+impl Model for Gemma3 {
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn context_length(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    fn new_cache(&self, n_ctx: usize) -> KvCache {
+        KvCache::new(self.config.num_hidden_layers, n_ctx.min(self.config.max_position_embeddings), self.config.kv_dim())
+    }
+
+    fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    fn forward(&self, store: &mut WeightStore, cache: &mut KvCache, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let n = tokens.len();
+        let pos0 = cache.len;
+        if n == 0 {
+            bail!("forward pass over zero tokens");
+        }
+        if pos0 + n > cache.n_ctx {
+            bail!("context full: {} + {n} tokens exceed the KV cache of {} tokens (raise --ctx-size)", pos0, cache.n_ctx);
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            bail!("token id {bad} is outside the vocabulary of {} tokens", c.vocab_size);
+        }
+        // announce every streamed read of this pass, in order
+        if let Embedding::Streamed(t) = &self.embedding {
+            let rb = t.ty.row_bytes(c.hidden_size).expect("validated row size");
+            for &tok in tokens {
+                store.plan_adhoc(Unit {
+                    ranges: vec![ReadRange { file: t.file, offset: t.offset + (tok as usize * rb) as u64, len: rb }],
+                });
+            }
+        }
+        store.plan(self.layers.iter().map(|(u, _)| *u));
+        if let Head::Chunks(ch) = &self.head {
+            store.plan(ch.iter().map(|(u, _, _)| *u));
+        }
+        let r = self.forward_planned(store, cache, tokens, logits);
+        if r.is_err() {
+            store.reset();
+        } else {
+            cache.len = pos0 + n;
+        }
+        r
+    }
+}
+
+impl Gemma3 {
+    fn forward_planned(&self, store: &mut WeightStore, cache: &mut KvCache, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let (n, d, vocab) = (tokens.len(), c.hidden_size, c.vocab_size);
+        let pos0 = cache.len;
+        let mut x = vec![0f32; n * d];
+        self.embed(store, tokens, &mut x)?;
+        for (l, (unit, w)) in self.layers.iter().enumerate() {
+            store.with_unit(*unit, |u| self.layer(l, w, u, cache, pos0, &mut x))?;
+        }
+        let rows: Vec<usize> = match logits {
+            Logits::Last => vec![n - 1],
+            Logits::All => (0..n).collect(),
+        };
+        let m = rows.len();
+        let mut h = vec![0f32; m * d];
+        for (i, &t) in rows.iter().enumerate() {
+            rms_norm(&x[t * d..(t + 1) * d], &self.output_norm, c.rms_norm_eps, &mut h[i * d..(i + 1) * d]);
+        }
+        let mut out = vec![0f32; m * vocab];
+        match &self.head {
+            Head::Resident { unit, mat } => store.with_unit(*unit, |u| mm(&mat.view(u), &h, m, &mut out))?,
+            Head::Chunks(chunks) => {
+                let mut tmp = Vec::new();
+                for (unit, r0, mr) in chunks {
+                    store.with_unit(*unit, |u| {
+                        let w = mr.view(u);
+                        if m == 1 {
+                            matvec(&w, &h, &mut out[*r0..*r0 + mr.rows]);
+                        } else {
+                            tmp.resize(m * mr.rows, 0.0);
+                            matmul(&w, &h, m, &mut tmp);
+                            for i in 0..m {
+                                out[i * vocab + r0..i * vocab + r0 + mr.rows].copy_from_slice(&tmp[i * mr.rows..(i + 1) * mr.rows]);
+                            }
+                        }
+                    })?;
+                }
+            }
+        }
+        if let Some(cap) = c.final_logit_softcapping {
+            out.iter_mut().for_each(|v| *v = softcap(*v, cap));
+        }
+        Ok(out)
+    }
+}
