@@ -2,6 +2,8 @@
 
 pub mod kv;
 pub mod sampler;
+pub mod session;
 
 pub use kv::KvCache;
 pub use sampler::{Sampler, SamplerConfig};
+pub use session::{Finish, GenStats, GenerateOptions, Session};
