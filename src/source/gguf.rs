@@ -182,6 +182,40 @@ impl Value {
     }
 }
 
+/// Short human form for messages: numbers as written, strings quoted, arrays as
+/// `[a, b, c, ... (N items)]` showing at most 8 items.
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Value::U8(v) => write!(f, "{v}"),
+            Value::I8(v) => write!(f, "{v}"),
+            Value::U16(v) => write!(f, "{v}"),
+            Value::I16(v) => write!(f, "{v}"),
+            Value::U32(v) => write!(f, "{v}"),
+            Value::I32(v) => write!(f, "{v}"),
+            Value::U64(v) => write!(f, "{v}"),
+            Value::I64(v) => write!(f, "{v}"),
+            Value::F32(v) => write!(f, "{v}"),
+            Value::F64(v) => write!(f, "{v}"),
+            Value::Bool(v) => write!(f, "{v}"),
+            Value::String(s) => write!(f, "{s:?}"),
+            Value::Array(a) => {
+                f.write_str("[")?;
+                for (i, e) in a.iter().take(8).enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{e}")?;
+                }
+                if a.len() > 8 {
+                    write!(f, ", ... ({} items)", a.len())?;
+                }
+                f.write_str("]")
+            }
+        }
+    }
+}
+
 impl TensorInfo {
     /// Number of elements (product of `shape`; 1 for a 0-dimensional tensor). Saturates
     /// instead of overflowing for hand-made infos; infos from a file never overflow.
@@ -324,7 +358,7 @@ impl GgufModel {
                 return Err(GgufError::Format {
                     file: display_name(&model.files[0]),
                     msg: format!(
-                        "metadata key 'split.tensors.count' is {v:?} but the parts hold {} tensors",
+                        "metadata key 'split.tensors.count' is {v} but the parts hold {} tensors",
                         model.tensors.len()
                     ),
                 });
@@ -415,14 +449,14 @@ fn check_split_keys(
     if let Some(v) = part.metadata.get("split.count") {
         if v.as_u64() != Some(count as u64) {
             return Err(bad(format!(
-                "metadata key 'split.count' is {v:?} but the model has {count} part(s)"
+                "metadata key 'split.count' is {v} but the model has {count} part(s)"
             )));
         }
     }
     if let Some(v) = part.metadata.get("split.no") {
         if v.as_u64() != Some(index as u64) {
             return Err(bad(format!(
-                "metadata key 'split.no' is {v:?} but this is part {} (split.no {index})",
+                "metadata key 'split.no' is {v} but this is part {} (split.no {index})",
                 index + 1
             )));
         }
