@@ -180,3 +180,6 @@ pub fn matmul_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32
         (0..tasks).into_par_iter().for_each(|i| run(i * per));
     }
 }
+
+#[cfg(test)]
+mod tests;

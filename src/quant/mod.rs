@@ -151,7 +151,7 @@ impl std::fmt::Display for GgmlType {
 
 mod scalar;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
