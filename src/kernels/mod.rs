@@ -3,7 +3,9 @@
 
 pub mod ops;
 
-use crate::quant::{self, GgmlType};
+use crate::quant::{self, GgmlType, SimdLevel};
+use rayon::prelude::*;
+use std::cell::RefCell;
 
 /// A row-major weight matrix of `rows` × `cols` elements in its stored encoding
 /// (GGML order: `cols` is `ne[0]`, the contiguous dimension). `data.len()` is
@@ -49,17 +51,137 @@ impl<'a> Matrix<'a> {
     }
 }
 
+/// Weight bytes a parallel task should cover at least, so small matrices run on one thread.
+const MIN_TASK_BYTES: usize = 64 * 1024;
+
+/// Rows per parallel task for a matrix of `rows` rows of `row_bytes` bytes: about four
+/// tasks per pool thread, never fewer than `MIN_TASK_BYTES` of weights per task. Only the
+/// split changes with the thread count; each output is computed the same way regardless.
+fn rows_per_task(rows: usize, row_bytes: usize) -> usize {
+    let min_rows = MIN_TASK_BYTES.div_ceil(row_bytes.max(1));
+    let by_threads = rows.div_ceil(rayon::current_num_threads() * 4);
+    by_threads.max(min_rows).max(1)
+}
+
+fn check_shapes(w: &Matrix, x: &[f32], n: usize, y: &[f32]) {
+    assert_eq!(
+        w.ty.row_bytes(w.cols).map(|rb| rb * w.rows),
+        Some(w.data.len()),
+        "{} matrix {}x{} has {} bytes",
+        w.ty,
+        w.rows,
+        w.cols,
+        w.data.len()
+    );
+    assert_eq!(
+        x.len(),
+        n * w.cols,
+        "x has {} elements, want {n}x{}",
+        x.len(),
+        w.cols
+    );
+    assert_eq!(
+        y.len(),
+        n * w.rows,
+        "y has {} elements, want {n}x{}",
+        y.len(),
+        w.rows
+    );
+}
+
 /// `y = W x`: `x` has `w.cols` elements, `y` has `w.rows`. Each `y[r]` equals
-/// `quant::dot_row(w.ty, w.row(r), x)` exactly.
+/// `quant::dot_row(w.ty, w.row(r), x)` exactly. Runs on the current rayon pool, split by
+/// output rows. Panics on shape mismatches or a type without kernels.
 pub fn matvec(w: &Matrix, x: &[f32], y: &mut [f32]) {
-    let _ = (w, x, y, quant::dot_row);
-    todo!("matvec")
+    matvec_at(SimdLevel::detect(), w, x, y)
+}
+
+/// [`matvec`] at a forced SIMD level (tests, benches); equals `quant::dot_row_at(level, ..)`
+/// per row. Panics if the level is unavailable.
+pub fn matvec_at(level: SimdLevel, w: &Matrix, x: &[f32], y: &mut [f32]) {
+    check_shapes(w, x, 1, y);
+    let (dot, _, _) = quant::row_kernels(level, w.ty);
+    let rb = w.ty.row_bytes(w.cols).unwrap_or(0);
+    let per = rows_per_task(w.rows, rb);
+    let run = |first: usize, ys: &mut [f32]| {
+        for (j, yv) in ys.iter_mut().enumerate() {
+            let r = first + j;
+            *yv = dot(&w.data[r * rb..(r + 1) * rb], x);
+        }
+    };
+    if per >= w.rows {
+        run(0, y);
+    } else {
+        y.par_chunks_mut(per)
+            .enumerate()
+            .for_each(|(i, ys)| run(i * per, ys));
+    }
+}
+
+/// Raw output pointer shared by row tasks that write disjoint elements.
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint indices (distinct rows `r`), and the pointer outlives them
+// (`matmul_at` borrows `y` mutably until every task has finished).
+unsafe impl Sync for OutPtr {}
+impl OutPtr {
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+thread_local! {
+    /// Per-thread dequantized weight row for `matmul` (grows to the widest row seen).
+    static ROW_SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `Y = X Wᵀ` for a batch: `x` is `n × w.cols` (row-major), `y` is `n × w.rows`. Each
 /// `y[t * w.rows + r]` equals `quant::dot_row(w.ty, w.row(r), &x[t * w.cols..][..w.cols])` exactly,
-/// so a prompt batch gives the same numbers as token-by-token decode.
+/// so a prompt batch gives the same numbers as token-by-token decode. Each weight row is
+/// dequantized once into a per-thread scratch row and dotted with all `n` tokens by
+/// `quant::dot_f32`, whose accumulation order equals the fused `dot_row`'s.
 pub fn matmul(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
-    let _ = (w, x, n, y);
-    todo!("matmul")
+    matmul_at(SimdLevel::detect(), w, x, n, y)
 }
+
+/// [`matmul`] at a forced SIMD level. Panics if the level is unavailable.
+pub fn matmul_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    if n == 1 {
+        return matvec_at(level, w, x, y);
+    }
+    check_shapes(w, x, n, y);
+    if n == 0 || w.rows == 0 {
+        return;
+    }
+    let (_, deq, dotf) = quant::row_kernels(level, w.ty);
+    let (rows, cols) = (w.rows, w.cols);
+    let rb = w.ty.row_bytes(cols).unwrap_or(0);
+    let per = rows_per_task(rows, rb);
+    let out = OutPtr(y.as_mut_ptr());
+    let run = |first: usize| {
+        ROW_SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.len() < cols {
+                s.resize(cols, 0.0);
+            }
+            let wrow = &mut s[..cols];
+            for r in first..(first + per).min(rows) {
+                deq(&w.data[r * rb..(r + 1) * rb], wrow);
+                for t in 0..n {
+                    let v = dotf(wrow, &x[t * cols..(t + 1) * cols]);
+                    // SAFETY: `t * rows + r < n * rows == y.len()` (checked), and row `r`
+                    // belongs to this task only.
+                    unsafe { *out.get().add(t * rows + r) = v };
+                }
+            }
+        })
+    };
+    let tasks = rows.div_ceil(per);
+    if tasks == 1 {
+        run(0);
+    } else {
+        (0..tasks).into_par_iter().for_each(|i| run(i * per));
+    }
+}
+
+#[cfg(test)]
+mod tests;

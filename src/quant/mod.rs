@@ -149,18 +149,240 @@ impl std::fmt::Display for GgmlType {
     }
 }
 
+mod scalar;
+#[cfg(test)]
+pub(crate) mod tests;
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx2;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx512;
+
+use std::sync::OnceLock;
+
+/// Elements per accumulation round. Every level accumulates whole rounds into fixed lanes
+/// (so each quant block, 32 or 256 elements, starts at lane 0) and sums the last
+/// `len % ROUND` elements of a float row in order, after the lane reduction.
+pub(crate) const ROUND: usize = 32;
+
+/// A CPU instruction-set level for the kernels. Each level fixes its own accumulation order,
+/// so results may differ between levels in the last bits, never between calls or threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SimdLevel {
+    /// Portable Rust: 8 accumulators, no fused multiply-add.
+    Scalar,
+    /// aarch64 NEON: 8 × 4-lane fma accumulators (blocks decoded by the scalar decoders).
+    Neon,
+    /// x86-64 AVX2 + FMA + F16C: 4 × 8-lane fma accumulators.
+    Avx2,
+    /// x86-64 AVX-512F (+ AVX2, FMA, F16C): 2 × 16-lane fma accumulators.
+    Avx512,
+}
+
+impl SimdLevel {
+    /// The best level this CPU supports, detected once and cached.
+    pub fn detect() -> SimdLevel {
+        static BEST: OnceLock<SimdLevel> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            Self::available()
+                .into_iter()
+                .max()
+                .unwrap_or(SimdLevel::Scalar)
+        })
+    }
+
+    /// Every level this CPU can run (always includes `Scalar`), lowest first.
+    pub fn available() -> Vec<SimdLevel> {
+        let mut v = vec![SimdLevel::Scalar];
+        #[cfg(target_arch = "aarch64")]
+        v.push(SimdLevel::Neon);
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            if avx2 {
+                v.push(SimdLevel::Avx2);
+                if is_x86_feature_detected!("avx512f") {
+                    v.push(SimdLevel::Avx512);
+                }
+            }
+        }
+        v
+    }
+
+    /// Whether this CPU can run the level.
+    pub fn is_available(self) -> bool {
+        static AVAIL: OnceLock<Vec<SimdLevel>> = OnceLock::new();
+        AVAIL.get_or_init(Self::available).contains(&self)
+    }
+}
+
+/// Dot product of one encoded row (bytes) with f32 activations of the same length.
+pub(crate) type DotFn = fn(&[u8], &[f32]) -> f32;
+/// Dequantizes one encoded row (bytes) into f32 elements.
+pub(crate) type DeqFn = fn(&[u8], &mut [f32]);
+/// Dot product of two f32 vectors in a level's accumulation order.
+pub(crate) type F32DotFn = fn(&[f32], &[f32]) -> f32;
+
+/// One level's kernels, indexed by [`slot`].
+pub(crate) struct LevelKernels {
+    pub dot: [DotFn; 8],
+    pub deq: [DeqFn; 8],
+    pub dot_f32: F32DotFn,
+}
+
+/// Table index of a type with kernels: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K.
+pub(crate) fn slot(ty: GgmlType) -> Option<usize> {
+    Some(match ty {
+        GgmlType::F32 => 0,
+        GgmlType::F16 => 1,
+        GgmlType::BF16 => 2,
+        GgmlType::Q8_0 => 3,
+        GgmlType::Q4_0 => 4,
+        GgmlType::Q5_0 => 5,
+        GgmlType::Q4_K => 6,
+        GgmlType::Q6_K => 7,
+        _ => return None,
+    })
+}
+
+/// The scalar decoders, by [`slot`].
+pub(crate) const SCALAR_DECODE: [DeqFn; 8] = [
+    scalar::decode_f32,
+    scalar::decode_f16,
+    scalar::decode_bf16,
+    scalar::decode_q8_0,
+    scalar::decode_q4_0,
+    scalar::decode_q5_0,
+    scalar::decode_q4_k,
+    scalar::decode_q6_k,
+];
+
+/// The types with kernels, by [`slot`].
+pub(crate) const SLOT_TYPES: [GgmlType; 8] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
+macro_rules! scalar_fns {
+    ($($dot:ident, $deq:ident = $slot:expr);*) => {
+        $(fn $dot(row: &[u8], x: &[f32]) -> f32 {
+            let ty = SLOT_TYPES[$slot];
+            scalar::dot_decoded::<scalar::Scalar8>(
+                row, x, ty.block_bytes(), ty.block_elems(), SCALAR_DECODE[$slot],
+            )
+        }
+        fn $deq(src: &[u8], dst: &mut [f32]) {
+            let ty = SLOT_TYPES[$slot];
+            check_len(src.len(), dst.len(), ty.block_bytes(), ty.block_elems());
+            SCALAR_DECODE[$slot](src, dst)
+        })*
+    };
+}
+scalar_fns!(sd0, sq0 = 0; sd1, sq1 = 1; sd2, sq2 = 2; sd3, sq3 = 3; sd4, sq4 = 4;
+    sd5, sq5 = 5; sd6, sq6 = 6; sd7, sq7 = 7);
+
+/// Scalar-level dequantization with length checks (also used by the NEON level, whose
+/// decoders are the scalar ones).
+pub(crate) const SCALAR_DEQ: [DeqFn; 8] = [sq0, sq1, sq2, sq3, sq4, sq5, sq6, sq7];
+
+static SCALAR: LevelKernels = LevelKernels {
+    dot: [sd0, sd1, sd2, sd3, sd4, sd5, sd6, sd7],
+    deq: SCALAR_DEQ,
+    dot_f32: scalar::dot_f32::<scalar::Scalar8>,
+};
+
+/// The kernels of `level`. Panics when this CPU cannot run it (the tables of SIMD levels
+/// are only handed out after runtime detection, which is what makes calling them sound).
+pub(crate) fn level_kernels(level: SimdLevel) -> &'static LevelKernels {
+    assert!(
+        level.is_available(),
+        "SIMD level {level:?} is not available on this CPU"
+    );
+    match level {
+        SimdLevel::Scalar => &SCALAR,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => &x86_avx2::KERNELS,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 => &x86_avx512::KERNELS,
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::Neon => &neon::KERNELS,
+        #[allow(unreachable_patterns)]
+        _ => unreachable!("level checked available"),
+    }
+}
+
+/// The kernels of the detected level, resolved once.
+fn best_kernels() -> &'static LevelKernels {
+    static BEST: OnceLock<&'static LevelKernels> = OnceLock::new();
+    BEST.get_or_init(|| level_kernels(SimdLevel::detect()))
+}
+
+/// The (dot, dequantize, f32 dot) kernels for `ty` at `level`, for callers that apply one
+/// type to many rows. Panics if `ty` has no kernels or the level is unavailable.
+pub(crate) fn row_kernels(level: SimdLevel, ty: GgmlType) -> (DotFn, DeqFn, F32DotFn) {
+    let k = if level == SimdLevel::detect() {
+        best_kernels()
+    } else {
+        level_kernels(level)
+    };
+    let s = slot(ty).unwrap_or_else(|| panic!("no kernels for {ty}"));
+    (k.dot[s], k.deq[s], k.dot_f32)
+}
+
 /// Dequantizes one row: `src` holds `dst.len()` elements encoded as `ty`
-/// (`src.len() == ty.row_bytes(dst.len())`). Panics on a length mismatch or a type without
-/// kernels (`has_kernels`); loaders validate both before any compute.
+/// (`src.len() == ty.row_bytes(dst.len())`), layouts per GGML `ggml-common.h`. The values
+/// equal GGML's `dequantize_row_*` (and `gguf.quants.dequantize`) bit for bit, at every level.
+/// Panics on a length mismatch or a type without kernels (`has_kernels`); loaders validate
+/// both before any compute.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
-    let _ = (ty, src, dst);
-    todo!("quant kernels")
+    dequantize_row_at(SimdLevel::detect(), ty, src, dst)
+}
+
+/// [`dequantize_row`] at a forced level (tests, benches). Panics if `level` is unavailable.
+pub fn dequantize_row_at(level: SimdLevel, ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    (row_kernels(level, ty).1)(src, dst)
 }
 
 /// Dot product of one encoded row (`row`, `x.len()` elements of `ty`) with f32 activations `x`.
 /// Panics on a length mismatch or a type without kernels. The result depends only on the
-/// inputs, never on the thread that runs it.
+/// inputs (and the CPU's level), never on the thread that runs it. It equals
+/// `dot_f32(&w, x)` exactly, where `w` is the row dequantized by [`dequantize_row`].
 pub fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
-    let _ = (ty, row, x);
-    todo!("quant kernels")
+    dot_row_at(SimdLevel::detect(), ty, row, x)
+}
+
+/// [`dot_row`] at a forced level. Panics if `level` is unavailable.
+pub fn dot_row_at(level: SimdLevel, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    (row_kernels(level, ty).0)(row, x)
+}
+
+/// Dot product of two f32 vectors (same length, else panic) in the detected level's
+/// accumulation order: `dot_f32(&dequantized_row, x) == dot_row(ty, row, x)` bit for bit.
+pub fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+    dot_f32_at(SimdLevel::detect(), w, x)
+}
+
+/// [`dot_f32`] at a forced level. Panics if `level` is unavailable.
+pub fn dot_f32_at(level: SimdLevel, w: &[f32], x: &[f32]) -> f32 {
+    (row_kernels(level, GgmlType::F32).2)(w, x)
+}
+
+/// Panics unless `bytes` encodes exactly `elems` elements in blocks of `be` elements and
+/// `bb` bytes.
+#[inline]
+pub(crate) fn check_len(bytes: usize, elems: usize, bb: usize, be: usize) {
+    assert!(
+        elems % be == 0 && bytes == elems / be * bb,
+        "row length mismatch: {bytes} bytes for {elems} elements"
+    );
 }

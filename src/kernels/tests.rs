@@ -1,0 +1,97 @@
+//! The matvec/matmul contract: every output equals `dot_row` of its row, bit for bit, at
+//! every SIMD level and for every thread count.
+
+use super::*;
+use crate::quant::tests::{random_row, Rng};
+use crate::quant::SLOT_TYPES;
+
+/// Columns per type: odd block counts, and a tail after whole 32-element rounds for floats.
+fn cols_for(ty: GgmlType) -> usize {
+    match ty.block_elems() {
+        1 => 515,
+        32 => 17 * 32,
+        _ => 3 * 256,
+    }
+}
+
+fn case(ty: GgmlType, rows: usize, n: usize, seed: u64) -> (Vec<u8>, usize, Vec<f32>) {
+    let cols = cols_for(ty);
+    let mut rng = Rng::new(seed);
+    let mut data = Vec::new();
+    for _ in 0..rows {
+        data.extend(random_row(ty, cols / ty.block_elems(), &mut rng));
+    }
+    let x = (0..n * cols).map(|_| rng.unit()).collect();
+    (data, cols, x)
+}
+
+#[test]
+fn matvec_and_matmul_equal_dot_row_bit_for_bit() {
+    let (rows, n) = (301, 5);
+    for level in SimdLevel::available() {
+        for (i, &ty) in SLOT_TYPES.iter().enumerate() {
+            let (data, cols, x) = case(ty, rows, n, 7 + i as u64);
+            let w = Matrix::new(ty, rows, cols, &data).unwrap();
+            let mut yv = vec![0f32; rows];
+            matvec_at(level, &w, &x[..cols], &mut yv);
+            let mut ym = vec![0f32; n * rows];
+            matmul_at(level, &w, &x, n, &mut ym);
+            for r in 0..rows {
+                for t in 0..n {
+                    let want = quant::dot_row_at(level, ty, w.row(r), &x[t * cols..][..cols]);
+                    assert_eq!(
+                        ym[t * rows + r].to_bits(),
+                        want.to_bits(),
+                        "{ty} {level:?} r{r} t{t}"
+                    );
+                    if t == 0 {
+                        assert_eq!(yv[r].to_bits(), want.to_bits(), "{ty} {level:?} r{r}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn results_do_not_depend_on_thread_count() {
+    let ty = GgmlType::Q4_K;
+    let (rows, n) = (1001, 3);
+    let (data, cols, x) = case(ty, rows, n, 99);
+    let w = Matrix::new(ty, rows, cols, &data).unwrap();
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let mut yv = vec![0f32; rows];
+            matvec(&w, &x[..cols], &mut yv);
+            let mut ym = vec![0f32; n * rows];
+            matmul(&w, &x, n, &mut ym);
+            (yv, ym)
+        })
+    };
+    let (v1, m1) = run(1);
+    let (v3, m3) = run(3);
+    assert!(v1.iter().zip(&v3).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(m1.iter().zip(&m3).all(|(a, b)| a.to_bits() == b.to_bits()));
+    // Token 0 of the batch is the single-token matvec.
+    assert!(v1
+        .iter()
+        .zip(&m1[..rows])
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(v1.iter().any(|&v| v != 0.0));
+}
+
+#[test]
+fn shape_mismatch_panics_with_message() {
+    let data = vec![0u8; 2 * 34];
+    let w = Matrix::new(GgmlType::Q8_0, 2, 32, &data).unwrap();
+    let r = std::panic::catch_unwind(|| matvec(&w, &[0.0; 31], &mut [0.0; 2]));
+    let msg = *r.unwrap_err().downcast::<String>().unwrap();
+    assert_eq!(
+        msg,
+        "assertion `left == right` failed: x has 31 elements, want 1x32\n  left: 31\n right: 32"
+    );
+}

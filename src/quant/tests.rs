@@ -1,0 +1,205 @@
+//! Tests of the quant kernels: the `gguf`-generated fixture (exact), every SIMD level against
+//! the scalar reference (proptest), and the matvec/matmul bit-exactness contract.
+
+use super::*;
+use proptest::prelude::*;
+
+/// Deterministic test data (splitmix64).
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    pub(crate) fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// A random row of `ty` with `blocks` blocks: random bytes, finite f16 scales (including
+/// tiny ones), finite float elements.
+pub(crate) fn random_row(ty: GgmlType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
+    let bb = ty.block_bytes();
+    let mut v: Vec<u8> = (0..blocks * bb).map(|_| rng.next_u64() as u8).collect();
+    let f16 = |rng: &mut Rng| {
+        let mag = [1e-6f32, 1e-3, 0.01, 0.5, 3.0][(rng.next_u64() % 5) as usize];
+        half::f16::from_f32(rng.unit() * mag).to_le_bytes()
+    };
+    let scales: &[usize] = match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
+        GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[],
+    };
+    for b in 0..blocks {
+        let blk = &mut v[b * bb..(b + 1) * bb];
+        match ty {
+            GgmlType::F32 => blk.copy_from_slice(&(rng.unit() * 4.0).to_le_bytes()),
+            GgmlType::F16 => blk.copy_from_slice(&f16(rng)),
+            GgmlType::BF16 => {
+                let bits = (rng.unit() * 4.0).to_bits() >> 16;
+                blk.copy_from_slice(&(bits as u16).to_le_bytes());
+            }
+            _ => {
+                for &o in scales {
+                    blk[o..o + 2].copy_from_slice(&f16(rng));
+                }
+            }
+        }
+    }
+    v
+}
+
+fn random_x(n: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.unit() * 2.0).collect()
+}
+
+/// Parses `tools/reference/quant_fixture.py` output: (type, bytes, expected values).
+fn parse_fixture(data: &[u8]) -> Vec<(GgmlType, Vec<u8>, Vec<f32>)> {
+    let u32_at = |o: usize| u32::from_le_bytes(data[o..o + 4].try_into().unwrap()) as usize;
+    assert_eq!(&data[..4], b"DFQF");
+    let count = u32_at(4);
+    let mut o = 8;
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let ty = GgmlType::from_u32(u32_at(o) as u32).expect("known type");
+        let (n, nb) = (u32_at(o + 4), u32_at(o + 8));
+        o += 12;
+        let bytes = data[o..o + nb].to_vec();
+        o += nb;
+        let exp = data[o..o + 4 * n]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        o += 4 * n;
+        out.push((ty, bytes, exp));
+    }
+    assert_eq!(o, data.len(), "trailing bytes in fixture");
+    out
+}
+
+fn check_fixture(data: &[u8]) -> usize {
+    let recs = parse_fixture(data);
+    for level in SimdLevel::available() {
+        for (ty, bytes, exp) in &recs {
+            let mut got = vec![0f32; exp.len()];
+            dequantize_row_at(level, *ty, bytes, &mut got);
+            for (i, (g, e)) in got.iter().zip(exp).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    e.to_bits(),
+                    "{ty} {level:?} element {i}: {g} vs {e}"
+                );
+            }
+        }
+    }
+    recs.len()
+}
+
+#[test]
+fn fixture_matches_gguf_python_exactly() {
+    let data = include_bytes!("testdata/quant_fixture.bin");
+    let recs = parse_fixture(data);
+    let count = |ty| recs.iter().filter(|r| r.0 == ty).count();
+    // 1 random record per type, plus 2 real-tensor records for the types in gemma.gguf.
+    for ty in SLOT_TYPES {
+        let real = matches!(
+            ty,
+            GgmlType::F32 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K
+        );
+        assert_eq!(count(ty), 1 + 2 * real as usize, "{ty}");
+    }
+    // A spot value decoded by hand: Q8_0 element 5 is d * q[5].
+    let q8 = recs.iter().find(|r| r.0 == GgmlType::Q8_0).unwrap();
+    let d = half::f16::from_le_bytes([q8.1[0], q8.1[1]]).to_f32();
+    assert_eq!(q8.2[5], d * (q8.1[7] as i8 as f32));
+    assert_eq!(check_fixture(data), 18);
+}
+
+/// Whole real tensors: run `tools/reference/quant_fixture.py --full GGUF FILE` and then
+/// `DELTAFIN_QUANT_FULL=FILE cargo test --lib quant -- --ignored`.
+#[test]
+#[ignore = "needs DELTAFIN_QUANT_FULL from tools/reference/quant_fixture.py --full"]
+fn full_tensors_match_gguf_python_exactly() {
+    let path = std::env::var("DELTAFIN_QUANT_FULL").expect("DELTAFIN_QUANT_FULL");
+    let data = std::fs::read(path).unwrap();
+    assert!(check_fixture(&data) >= 4);
+}
+
+/// Exact f64 dot of the scalar dequantization, and `sum |w_i x_i|`.
+fn reference(ty: GgmlType, row: &[u8], x: &[f32]) -> (f64, f64) {
+    let mut w = vec![0f32; x.len()];
+    dequantize_row_at(SimdLevel::Scalar, ty, row, &mut w);
+    let dot = w.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
+    let mag = w
+        .iter()
+        .zip(x)
+        .map(|(&a, &b)| (a as f64 * b as f64).abs())
+        .sum();
+    (dot, mag)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn every_level_matches_scalar_reference(slot in 0usize..8, blocks in 1usize..6, seed: u64) {
+        let ty = SLOT_TYPES[slot];
+        let mut rng = Rng::new(seed);
+        // Odd block counts; float rows get lengths that leave a tail after whole rounds.
+        let blocks = if ty.block_elems() == 1 { 32 * blocks + 2 * blocks + 1 } else { 2 * blocks - 1 };
+        let n = blocks * ty.block_elems();
+        let row = random_row(ty, blocks, &mut rng);
+        let x = random_x(n, &mut rng);
+        let (exact, mag) = reference(ty, &row, &x);
+        let mut scalar_w = vec![0f32; n];
+        dequantize_row_at(SimdLevel::Scalar, ty, &row, &mut scalar_w);
+        for level in SimdLevel::available() {
+            let got = dot_row_at(level, ty, &row, &x) as f64;
+            prop_assert!((got - exact).abs() <= 1e-5 * mag + 1e-30,
+                "{ty} {level:?}: {got} vs {exact} (sum |wx| {mag})");
+            let mut w = vec![0f32; n];
+            dequantize_row_at(level, ty, &row, &mut w);
+            for i in 0..n {
+                prop_assert_eq!(w[i].to_bits(), scalar_w[i].to_bits(), "{} {:?} element {}", ty, level, i);
+            }
+            // The f32 dot over the dequantized row is the fused dot, bit for bit.
+            prop_assert_eq!(dot_f32_at(level, &w, &x).to_bits(), (got as f32).to_bits());
+        }
+    }
+}
+
+#[test]
+fn length_mismatch_panics_with_message() {
+    let r = std::panic::catch_unwind(|| dot_row(GgmlType::Q8_0, &[0u8; 34], &[0f32; 64]));
+    let msg = *r.unwrap_err().downcast::<String>().unwrap();
+    assert_eq!(msg, "row length mismatch: 34 bytes for 64 elements");
+}
+
+#[test]
+fn known_q4_0_dot() {
+    // d = 0.5, nibbles: byte j = (j % 16) | (15 - j % 16) << 4.
+    let mut row = half::f16::from_f32(0.5).to_le_bytes().to_vec();
+    row.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let x: Vec<f32> = (0..32).map(|i| i as f32).collect();
+    // w[j] = 0.5 (j - 8), w[j + 16] = 0.5 (7 - j), j < 16.
+    let want: f32 = (0..16)
+        .map(|j| 0.5 * (j as f32 - 8.0) * j as f32 + 0.5 * (7.0 - j as f32) * (j + 16) as f32)
+        .sum();
+    assert_eq!(want, -124.0);
+    for level in SimdLevel::available() {
+        assert_eq!(
+            dot_row_at(level, GgmlType::Q4_0, &row, &x),
+            -124.0,
+            "{level:?}"
+        );
+    }
+}

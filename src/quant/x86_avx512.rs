@@ -1,0 +1,305 @@
+//! AVX-512F kernels (with FMA and F16C). Accumulation: element `32k + j` of a row goes to
+//! accumulator `j / 16`, lane `j % 16` (fused multiply-add); the reduction is
+//! `acc0 + acc1`, then halves 256 → 128 → 64 → 32 bits. Blocks are decoded in registers
+//! with the same roundings as the scalar decoders, so dequantization is exact and
+//! `dot_f32(dequantized, x)` equals the fused dot bit for bit.
+
+use super::scalar::q4k_scales;
+use super::{LevelKernels, ROUND};
+use std::arch::x86_64::*;
+
+type Acc = [__m512; 2];
+
+/// Either stores the 32 decoded values at `dst` (`STORE`) or accumulates them against `x`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn emit<const STORE: bool>(
+    w0: __m512,
+    w1: __m512,
+    x: *const f32,
+    dst: *mut f32,
+    acc: &mut Acc,
+) {
+    if STORE {
+        _mm512_storeu_ps(dst, w0);
+        _mm512_storeu_ps(dst.add(16), w1);
+    } else {
+        acc[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), acc[0]);
+        acc[1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x.add(16)), acc[1]);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn finish(acc: &Acc) -> f32 {
+    let v = _mm512_add_ps(acc[0], acc[1]);
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let s = _mm256_add_ps(lo, hi);
+    let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+/// The IEEE half at `p` as f32 (exact, F16C).
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn f16s(p: *const u8) -> f32 {
+    let bits = (p as *const u16).read_unaligned().to_le();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn load16(p: *const u8) -> __m128i {
+    _mm_loadu_si128(p as *const __m128i)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn u8x16_to_i32(v: __m128i) -> __m512i {
+    _mm512_cvtepu8_epi32(v)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn scaled(d: __m512, q: __m512i) -> __m512 {
+    _mm512_mul_ps(d, _mm512_cvtepi32_ps(q))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn blk_f32<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+    let w0 = _mm512_loadu_ps(p as *const f32);
+    let w1 = _mm512_loadu_ps(p.add(64) as *const f32);
+    emit::<S>(w0, w1, x, dst, acc);
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn blk_f16<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+    let w0 = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
+    let w1 = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32) as *const __m256i));
+    emit::<S>(w0, w1, x, dst, acc);
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn blk_bf16<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+    let h0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+    let h1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.add(32) as *const __m256i));
+    let w0 = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h0));
+    let w1 = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h1));
+    emit::<S>(w0, w1, x, dst, acc);
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn blk_q8_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+    let d = _mm512_set1_ps(f16s(p));
+    let q0 = _mm512_cvtepi8_epi32(load16(p.add(2)));
+    let q1 = _mm512_cvtepi8_epi32(load16(p.add(18)));
+    emit::<S>(scaled(d, q0), scaled(d, q1), x, dst, acc);
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn blk_q4_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+    let d = _mm512_set1_ps(f16s(p));
+    let qs = load16(p.add(2));
+    let m = _mm_set1_epi8(15);
+    let eight = _mm512_set1_epi32(8);
+    let lo = _mm512_sub_epi32(u8x16_to_i32(_mm_and_si128(qs, m)), eight);
+    let hi = _mm512_sub_epi32(
+        u8x16_to_i32(_mm_and_si128(_mm_srli_epi16::<4>(qs), m)),
+        eight,
+    );
+    emit::<S>(scaled(d, lo), scaled(d, hi), x, dst, acc);
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn blk_q5_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+    let d = _mm512_set1_ps(f16s(p));
+    let qh = (p.add(2) as *const u32).read_unaligned().to_le();
+    let qs = load16(p.add(6));
+    let m = _mm_set1_epi8(15);
+    let b4 = _mm512_set1_epi32(16);
+    let lo = u8x16_to_i32(_mm_and_si128(qs, m));
+    let hi = u8x16_to_i32(_mm_and_si128(_mm_srli_epi16::<4>(qs), m));
+    let lo = _mm512_sub_epi32(_mm512_mask_or_epi32(lo, qh as u16, lo, b4), b4);
+    let hi = _mm512_sub_epi32(_mm512_mask_or_epi32(hi, (qh >> 16) as u16, hi, b4), b4);
+    emit::<S>(scaled(d, lo), scaled(d, hi), x, dst, acc);
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn blk_q4_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+    let d = f16s(p);
+    let dmin = f16s(p.add(2));
+    let (sc, mn) = q4k_scales(std::slice::from_raw_parts(p.add(4), 12));
+    let m = _mm_set1_epi8(15);
+    for g in 0..4 {
+        let a0 = load16(p.add(16 + 32 * g));
+        let a1 = load16(p.add(32 + 32 * g));
+        for h in 0..2 {
+            let r = 2 * g + h;
+            let d1 = _mm512_set1_ps(d * sc[r] as f32);
+            let m1 = _mm512_set1_ps(dmin * mn[r] as f32);
+            let (n0, n1) = if h == 0 {
+                (_mm_and_si128(a0, m), _mm_and_si128(a1, m))
+            } else {
+                (
+                    _mm_and_si128(_mm_srli_epi16::<4>(a0), m),
+                    _mm_and_si128(_mm_srli_epi16::<4>(a1), m),
+                )
+            };
+            let w0 = _mm512_sub_ps(scaled(d1, u8x16_to_i32(n0)), m1);
+            let w1 = _mm512_sub_ps(scaled(d1, u8x16_to_i32(n1)), m1);
+            emit::<S>(
+                w0,
+                w1,
+                x.wrapping_add(32 * r),
+                dst.wrapping_add(32 * r),
+                acc,
+            );
+        }
+    }
+}
+
+/// 16 Q6_K values (before the -32 offset) of chunk `c` of a half.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn q6_chunk(ql: *const u8, qh: *const u8, c: usize) -> __m512i {
+    let l = u8x16_to_i32(load16(ql.add(16 * (c & 3))));
+    let h = u8x16_to_i32(load16(qh.add(16 * (c & 1))));
+    let l = _mm512_srl_epi32(l, _mm_cvtsi32_si128(4 * (c >> 2) as i32));
+    let h = _mm512_srl_epi32(h, _mm_cvtsi32_si128(2 * (c >> 1) as i32));
+    let l = _mm512_and_si512(l, _mm512_set1_epi32(15));
+    let h = _mm512_and_si512(h, _mm512_set1_epi32(3));
+    _mm512_or_si512(l, _mm512_slli_epi32::<4>(h))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn blk_q6_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+    let d = f16s(p.add(208));
+    let off = _mm512_set1_epi32(32);
+    for h in 0..2 {
+        let ql = p.add(64 * h);
+        let qh = p.add(128 + 32 * h);
+        for c in (0..8).step_by(2) {
+            let s0 = *p.add(192 + 8 * h + c) as i8;
+            let s1 = *p.add(193 + 8 * h + c) as i8;
+            let q0 = _mm512_sub_epi32(q6_chunk(ql, qh, c), off);
+            let q1 = _mm512_sub_epi32(q6_chunk(ql, qh, c + 1), off);
+            let w0 = scaled(_mm512_set1_ps(d * s0 as f32), q0);
+            let w1 = scaled(_mm512_set1_ps(d * s1 as f32), q1);
+            let e = 128 * h + 16 * c;
+            emit::<S>(w0, w1, x.wrapping_add(e), dst.wrapping_add(e), acc);
+        }
+    }
+}
+
+macro_rules! kernels {
+    ($dot:ident, $deq:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
+        /// Fused dot (safe wrapper; only reachable through the detected-level table).
+        fn $dot(row: &[u8], x: &[f32]) -> f32 {
+            #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+            unsafe fn inner(row: &[u8], x: &[f32]) -> f32 {
+                let mut acc = [_mm512_setzero_ps(); 2];
+                let (bb, be) = if $be == 1 {
+                    ($esz * ROUND, ROUND)
+                } else {
+                    ($bb, $be)
+                };
+                let nb = x.len() / be;
+                let (p, xp) = (row.as_ptr(), x.as_ptr());
+                for b in 0..nb {
+                    $blk::<false>(
+                        p.add(b * bb),
+                        xp.add(b * be),
+                        std::ptr::null_mut(),
+                        &mut acc,
+                    );
+                }
+                let mut tail = 0f32;
+                let mut w = [0f32; ROUND];
+                let done = nb * be;
+                if done < x.len() {
+                    let t: fn(&[u8], &mut [f32]) = $tail;
+                    t(&row[done * $esz..], &mut w[..x.len() - done]);
+                    for (k, &xv) in x[done..].iter().enumerate() {
+                        tail += w[k] * xv;
+                    }
+                }
+                finish(&acc) + tail
+            }
+            super::check_len(row.len(), x.len(), $bb, $be);
+            // SAFETY: the table holding this function is handed out only after runtime
+            // detection of avx512f/avx2/fma/f16c; all reads stay inside `row` and `x`
+            // (lengths checked above).
+            unsafe { inner(row, x) }
+        }
+
+        /// Dequantization (safe wrapper; only reachable through the detected-level table).
+        fn $deq(src: &[u8], dst: &mut [f32]) {
+            #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+            unsafe fn inner(src: &[u8], dst: &mut [f32]) {
+                let mut acc = [_mm512_setzero_ps(); 2];
+                let (bb, be) = if $be == 1 {
+                    ($esz * ROUND, ROUND)
+                } else {
+                    ($bb, $be)
+                };
+                let nb = dst.len() / be;
+                let (p, dp) = (src.as_ptr(), dst.as_mut_ptr());
+                for b in 0..nb {
+                    $blk::<true>(p.add(b * bb), std::ptr::null(), dp.add(b * be), &mut acc);
+                }
+                let done = nb * be;
+                if done < dst.len() {
+                    let t: fn(&[u8], &mut [f32]) = $tail;
+                    t(&src[done * $esz..], &mut dst[done..]);
+                }
+            }
+            super::check_len(src.len(), dst.len(), $bb, $be);
+            // SAFETY: as for the dot above.
+            unsafe { inner(src, dst) }
+        }
+    };
+}
+
+use super::scalar::{decode_bf16, decode_f16, decode_f32};
+fn no_tail(_: &[u8], _: &mut [f32]) {
+    unreachable!("quant rows have no tail")
+}
+
+kernels!(dot_f32row, deq_f32, blk_f32, 4, 1, 4, decode_f32);
+kernels!(dot_f16, deq_f16, blk_f16, 2, 1, 2, decode_f16);
+kernels!(dot_bf16, deq_bf16, blk_bf16, 2, 1, 2, decode_bf16);
+kernels!(dot_q8_0, deq_q8_0, blk_q8_0, 34, 32, 0, no_tail);
+kernels!(dot_q4_0, deq_q4_0, blk_q4_0, 18, 32, 0, no_tail);
+kernels!(dot_q5_0, deq_q5_0, blk_q5_0, 22, 32, 0, no_tail);
+kernels!(dot_q4_k, deq_q4_k, blk_q4_k, 144, 256, 0, no_tail);
+kernels!(dot_q6_k, deq_q6_k, blk_q6_k, 210, 256, 0, no_tail);
+
+/// f32 · f32 in this level's order (F32 rows are the same computation).
+fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+    assert_eq!(w.len(), x.len(), "vector length mismatch");
+    // SAFETY: reinterpreting initialized f32s as bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(w.as_ptr() as *const u8, w.len() * 4) };
+    dot_f32row(bytes, x)
+}
+
+/// The AVX-512 table. Only returned by `level_kernels` after detection.
+pub(crate) static KERNELS: LevelKernels = LevelKernels {
+    dot: [
+        dot_f32row, dot_f16, dot_bf16, dot_q8_0, dot_q4_0, dot_q5_0, dot_q4_k, dot_q6_k,
+    ],
+    deq: [
+        deq_f32, deq_f16, deq_bf16, deq_q8_0, deq_q4_0, deq_q5_0, deq_q4_k, deq_q6_k,
+    ],
+    dot_f32,
+};
