@@ -110,7 +110,12 @@ impl Tokenizer {
 
         let pieces = (0..n).map(|i| vocab.spm_piece(i)).collect();
         let specials = partition::SpecialMatcher::new(&vocab);
-        Ok(Tokenizer { vocab, bpe: tk, pieces, specials })
+        Ok(Tokenizer {
+            vocab,
+            bpe: tk,
+            pieces,
+            specials,
+        })
     }
 
     /// Number of tokens in the vocabulary (ids are `0..vocab_size`).
@@ -148,7 +153,11 @@ impl Tokenizer {
     /// Looks a token up by its stored text.
     pub fn token_id(&self, text: &str) -> Option<u32> {
         // Rarely used; a linear scan keeps the tokenizer free of a second map.
-        self.vocab.texts.iter().rposition(|t| t == text).map(|i| i as u32)
+        self.vocab
+            .texts
+            .iter()
+            .rposition(|t| t == text)
+            .map(|i| i as u32)
     }
 
     /// Bytes of one token as llama.cpp's `llama_token_to_piece(lstrip = 0)` gives them: control
@@ -173,7 +182,11 @@ impl Tokenizer {
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.vocab.add_bos {
-            out.push(self.vocab.bos.context("add_bos_token is set but there is no BOS id")?);
+            out.push(
+                self.vocab
+                    .bos
+                    .context("add_bos_token is set but there is no BOS id")?,
+            );
         }
         let mut prev_special = true;
         for frag in self.specials.partition(text, parse_special) {
@@ -195,7 +208,11 @@ impl Tokenizer {
             }
         }
         if add_special && self.vocab.add_eos {
-            out.push(self.vocab.eos.context("add_eos_token is set but there is no EOS id")?);
+            out.push(
+                self.vocab
+                    .eos
+                    .context("add_eos_token is set but there is no EOS id")?,
+            );
         }
         Ok(out)
     }
@@ -207,7 +224,11 @@ impl Tokenizer {
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
         let mut d = StreamDecoder::new(self, skip_special);
         let mut ids = ids;
-        if skip_special && self.vocab.add_eos && ids.last().is_some() && ids.last() == self.vocab.eos.as_ref() {
+        if skip_special
+            && self.vocab.add_eos
+            && ids.last().is_some()
+            && ids.last() == self.vocab.eos.as_ref()
+        {
             ids = &ids[..ids.len() - 1];
         }
         let mut s = String::new();

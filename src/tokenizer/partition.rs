@@ -29,7 +29,8 @@ impl SpecialMatcher {
     pub fn new(vocab: &Vocab) -> SpecialMatcher {
         let mut ids: Vec<u32> = (0..vocab.texts.len() as u32)
             .filter(|&i| {
-                vocab.attrs[i as usize].is_special_cacheable() && !vocab.texts[i as usize].is_empty()
+                vocab.attrs[i as usize].is_special_cacheable()
+                    && !vocab.texts[i as usize].is_empty()
             })
             .collect();
         // Longest first; equal lengths by id (llama.cpp's sort leaves their order unspecified).
@@ -43,7 +44,9 @@ impl SpecialMatcher {
             let t = vocab.texts[id as usize].as_bytes();
             let parse_only = vocab.attrs[id as usize].needs_parse_special();
             // A duplicate text keeps its first (highest-priority) entry.
-            by_text.entry(t.to_vec()).or_insert((id, prio as u32, parse_only));
+            by_text
+                .entry(t.to_vec())
+                .or_insert((id, prio as u32, parse_only));
             let l: &mut Vec<usize> = &mut lengths[t[0] as usize];
             if !l.contains(&t.len()) {
                 l.push(t.len());

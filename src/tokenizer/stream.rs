@@ -24,7 +24,12 @@ pub struct StreamDecoder<'t> {
 impl<'t> StreamDecoder<'t> {
     /// A decoder for one generation. `skip_special` as in [`Tokenizer::decode`].
     pub fn new(tok: &'t Tokenizer, skip_special: bool) -> StreamDecoder<'t> {
-        StreamDecoder { tok, skip_special, n_seen: 0, pending: Vec::new() }
+        StreamDecoder {
+            tok,
+            skip_special,
+            n_seen: 0,
+            pending: Vec::new(),
+        }
     }
 
     /// Adds one id; returns the text it completes (possibly empty).

@@ -169,7 +169,10 @@ impl Vocab {
             None => vec![0.0; n],
             Some(a) => {
                 if a.len() != n {
-                    bail!("tokenizer.ggml.scores has {} entries, tokens has {n}", a.len());
+                    bail!(
+                        "tokenizer.ggml.scores has {} entries, tokens has {n}",
+                        a.len()
+                    );
                 }
                 a.iter()
                     .enumerate()
@@ -185,7 +188,10 @@ impl Vocab {
             None => vec![TYPE_NORMAL; n],
             Some(a) => {
                 if a.len() != n {
-                    bail!("tokenizer.ggml.token_type has {} entries, tokens has {n}", a.len());
+                    bail!(
+                        "tokenizer.ggml.token_type has {} entries, tokens has {n}",
+                        a.len()
+                    );
                 }
                 a.iter()
                     .enumerate()
@@ -199,7 +205,10 @@ impl Vocab {
         };
         let mut attrs: Vec<Attr> = types
             .iter()
-            .map(|&ty| Attr { ty, control: ty == TYPE_CONTROL })
+            .map(|&ty| Attr {
+                ty,
+                control: ty == TYPE_CONTROL,
+            })
             .collect();
 
         let bos = opt_id(meta, "tokenizer.ggml.bos_token_id", n)?;
