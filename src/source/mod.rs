@@ -2,3 +2,6 @@
 //! type, shape) plus metadata. Nothing here computes.
 
 pub mod gguf;
+mod gguf_meta;
+mod gguf_parse;
+pub mod gguf_writer;
