@@ -2,3 +2,4 @@
 //! type, shape) plus metadata. Nothing here computes.
 
 pub mod gguf;
+pub mod pull;
