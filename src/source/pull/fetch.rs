@@ -174,11 +174,17 @@ impl<'a> Fetcher<'a> {
         let dest = dir.join(&info.filename);
         let tmp = partial_path(&dest);
         let host = info.url.split('/').nth(2).unwrap_or("?");
+        let scheme = info
+            .url
+            .split(':')
+            .next()
+            .unwrap_or("?")
+            .to_ascii_uppercase();
         self.say(&format!(
-            "{package} {version}: downloading {} over HTTPS from {host}{}",
+            "{package} {version}: downloading {} over {scheme} from {host}{}",
             info.filename,
             info.size
-                .map(|s| format!(" ({:.1} MB)", s as f64 / 1e6))
+                .map(|s| format!(" ({s} bytes)"))
                 .unwrap_or_default()
         ));
         let result = self.download(&info, &tmp, package);
