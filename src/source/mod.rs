@@ -1,7 +1,9 @@
 //! Reading checkpoints: GGUF files (also split) into a tensor index (name → file, byte range,
-//! type, shape) plus metadata. Nothing here computes.
+//! type, shape) plus metadata, and fetching known models into the model cache. Nothing here
+//! computes.
 
 pub mod gguf;
 mod gguf_meta;
 mod gguf_parse;
 pub mod gguf_writer;
+pub mod pull;
