@@ -2,7 +2,9 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod inspect;
 pub mod pull;
+pub mod run;
 
 /// Deltafin: run language models larger than RAM by streaming weights from disk.
 #[derive(Parser, Debug)]
@@ -16,6 +18,10 @@ pub struct Cli {
 pub enum Command {
     /// Fetch a known model into the model cache ($DELTAFIN_HOME, default ~/.cache/deltafin).
     Pull(pull::PullArgs),
+    /// Generate text from a model, streaming weights that do not fit the RAM budget.
+    Run(run::RunArgs),
+    /// Print a model's architecture, tensors and byte totals.
+    Inspect(inspect::InspectArgs),
 }
 
 /// Parses the command line, runs the command and maps errors to exit code 1.
@@ -23,6 +29,8 @@ pub fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Pull(a) => pull::run(a),
+        Command::Run(a) => run::run(a),
+        Command::Inspect(a) => inspect::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

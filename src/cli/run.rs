@@ -1,0 +1,250 @@
+//! `deltafin run`: generate text from a model, streaming weights under a RAM budget.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+use crate::engine::{Finish, GenStats, GenerateOptions, Sampler, SamplerConfig, Session};
+use crate::models::{load_gguf, LoadOptions, Placement};
+use crate::source::gguf::GgufModel;
+use crate::store::plan::parse_size;
+use crate::tokenizer::chat::{ChatTemplate, Message};
+use crate::tokenizer::stream::StreamDecoder;
+use crate::tokenizer::Tokenizer;
+
+/// Arguments of `deltafin run`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Model: a .gguf file (the first part of a split model) or a folder holding one model.
+    /// Default: the demo model (Gemma 3 270M Q4_K_M), fetched on first use.
+    #[arg(short, long)]
+    pub model: Option<PathBuf>,
+    /// Prompt text; read from standard input when absent.
+    #[arg(short, long)]
+    pub prompt: Option<String>,
+    /// Treat the prompt as a user message and render the model's chat template around it.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for --chat.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Maximum number of tokens to generate.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Top-k filter (0: off).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p (nucleus) filter (1: off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p filter (0: off).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens the repetition penalty looks back over.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Seed of the sampler's random numbers (default: from the clock; printed with --stats).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this text appears (repeatable); it is not printed.
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// RAM for resident weights, KV cache, activations and I/O buffers together, e.g. 64M or
+    /// 2G; weights that do not fit are read from disk on every forward pass. Default: all
+    /// weights resident.
+    #[arg(long, value_parser = parse_size)]
+    pub ram_budget: Option<u64>,
+    /// KV cache size in tokens (default: prompt + max tokens, capped by the model's context).
+    #[arg(short = 'c', long)]
+    pub ctx_size: Option<usize>,
+    /// Largest number of prompt tokens in one forward pass.
+    #[arg(short = 'b', long, default_value_t = 512)]
+    pub batch_size: usize,
+    /// Worker threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Read weights through the page cache instead of O_DIRECT.
+    #[arg(long)]
+    pub no_direct_io: bool,
+    /// Print statistics to standard error when done.
+    #[arg(long)]
+    pub stats: bool,
+    /// Write the statistics as JSON to this file.
+    #[arg(long)]
+    pub stats_json: Option<PathBuf>,
+}
+
+/// Opens the model at `path`, or the demo model when `None` (fetching it if absent).
+pub fn open_model(path: Option<&PathBuf>) -> Result<GgufModel> {
+    let p = match path {
+        Some(p) => p.clone(),
+        None => crate::source::pull::pull(
+            crate::source::pull::DEMO_MODEL,
+            &crate::source::pull::home_dir(),
+            &crate::source::pull::PullOptions::default(),
+        )?,
+    };
+    Ok(GgufModel::open_model_path(&p)?)
+}
+
+/// Sets the size of the global thread pool once.
+pub fn init_threads(threads: Option<usize>) {
+    if let Some(n) = threads {
+        let _ = rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global();
+    }
+}
+
+/// Runs `deltafin run`.
+pub fn run(a: RunArgs) -> Result<()> {
+    init_threads(a.threads);
+    let gguf = open_model(a.model.as_ref())?;
+    let tok = Tokenizer::from_gguf(&gguf)?;
+    let prompt = match &a.prompt {
+        Some(p) => p.clone(),
+        None => {
+            if std::io::stdin().is_terminal() {
+                bail!("no prompt: pass --prompt TEXT or pipe the prompt on standard input");
+            }
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).context("reading the prompt from standard input")?;
+            s
+        }
+    };
+    let ids = if a.chat {
+        let tmpl = ChatTemplate::from_gguf_metadata(&gguf.metadata)?;
+        let mut msgs = Vec::new();
+        if let Some(s) = &a.system {
+            msgs.push(Message::new("system", s.clone()));
+        }
+        msgs.push(Message::new("user", prompt.clone()));
+        let text = tmpl.render(&msgs, true)?;
+        tok.encode(&text, false, true)?
+    } else {
+        tok.encode(&prompt, true, false)?
+    };
+    if ids.is_empty() {
+        bail!("the prompt is empty");
+    }
+    let n_ctx = a.ctx_size.unwrap_or(ids.len() + a.max_tokens);
+    if n_ctx < ids.len() + 1 {
+        bail!("--ctx-size {n_ctx} is smaller than the prompt ({} tokens) plus one", ids.len());
+    }
+    let opts = LoadOptions {
+        ram_budget: a.ram_budget,
+        n_ctx,
+        n_batch: a.batch_size.min(ids.len()).max(1),
+        direct_io: !a.no_direct_io,
+    };
+    let (model, store) = load_gguf(&gguf, &opts)?;
+    let n_ctx = n_ctx.min(model.context_length());
+    let placement = model.placement().clone();
+    drop(gguf);
+    let mut session = Session::new(model, store, n_ctx, opts.n_batch);
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    });
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repeat_penalty: a.repeat_penalty,
+        repeat_last_n: a.repeat_last_n,
+        seed,
+    });
+    let mut dec = StreamDecoder::new(&tok, true);
+    let is_eog = |t: u32| tok.is_eog(t);
+    let gen_opts = GenerateOptions { max_tokens: a.max_tokens, stop: &a.stop, is_eog: &is_eog };
+    let mut stdout = std::io::stdout().lock();
+    if !a.chat {
+        let _ = write!(stdout, "{prompt}");
+        let _ = stdout.flush();
+    }
+    let mut emit = |s: &str| {
+        let _ = write!(stdout, "{s}");
+        let _ = stdout.flush();
+    };
+    let (_, finish, stats) = session.generate(&ids, &mut sampler, &gen_opts, &mut |t| dec.push(t), &mut emit)?;
+    emit(&dec.finish());
+    let _ = writeln!(stdout);
+    drop(stdout);
+    if a.stats {
+        eprint!("{}", stats_table(&stats, &placement, &finish, seed));
+    }
+    if let Some(p) = &a.stats_json {
+        std::fs::write(p, stats_json(&stats, &placement, &finish, seed).to_string())
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+fn mib(b: f64) -> String {
+    format!("{:.1} MiB", b / 1048576.0)
+}
+
+/// The `--stats` text.
+pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64) -> String {
+    let wait_share = if s.ttft_s + s.decode_s > 0.0 { 100.0 * s.io_wait_s / (s.ttft_s + s.decode_s) } else { 0.0 };
+    format!(
+        "\n--- stats ---\n\
+         prompt tokens        {}\n\
+         generated tokens     {} ({:?})\n\
+         time to first token  {:.3} s\n\
+         decode               {:.2} tok/s\n\
+         disk read / token    {} (decode), {} (prefill total)\n\
+         reads issued         {}\n\
+         I/O wait             {:.3} s ({wait_share:.0}% of run)\n\
+         placement            {}\n\
+         resident weights     {}, streamed per pass {}, stream buffers {}, KV cache {}, activations {}\n\
+         peak RSS             {}\n\
+         seed                 {seed}\n",
+        s.prompt_tokens,
+        s.generated_tokens,
+        finish,
+        s.ttft_s,
+        s.decode_tok_s(),
+        mib(s.decode_bytes_per_token()),
+        mib(s.prefill_bytes as f64),
+        s.reads,
+        s.io_wait_s,
+        p.summary,
+        mib(p.resident_bytes as f64),
+        mib(p.streamed_bytes as f64),
+        mib(p.stream_buffer_bytes as f64),
+        mib(p.kv_bytes as f64),
+        mib(p.scratch_bytes as f64),
+        mib(s.peak_rss as f64),
+    )
+}
+
+/// The `--stats-json` object.
+pub fn stats_json(s: &GenStats, p: &Placement, finish: &Finish, seed: u64) -> serde_json::Value {
+    serde_json::json!({
+        "prompt_tokens": s.prompt_tokens,
+        "generated_tokens": s.generated_tokens,
+        "finish": format!("{finish:?}"),
+        "ttft_s": s.ttft_s,
+        "decode_s": s.decode_s,
+        "decode_tok_s": s.decode_tok_s(),
+        "decode_bytes_per_token": s.decode_bytes_per_token(),
+        "prefill_bytes": s.prefill_bytes,
+        "decode_bytes": s.decode_bytes,
+        "reads": s.reads,
+        "io_wait_s": s.io_wait_s,
+        "peak_rss_bytes": s.peak_rss,
+        "placement": p.summary,
+        "resident_bytes": p.resident_bytes,
+        "streamed_bytes_per_pass": p.streamed_bytes,
+        "stream_buffer_bytes": p.stream_buffer_bytes,
+        "kv_bytes": p.kv_bytes,
+        "scratch_bytes": p.scratch_bytes,
+        "seed": seed,
+    })
+}
