@@ -408,7 +408,7 @@ fn open_model_path_accepts_a_file_or_a_folder_with_one_model() {
     std::fs::write(dir.path().join("README.md"), "not a model").unwrap();
     assert_eq!(
         GgufModel::open_model_path(dir.path()).unwrap().files,
-        [p.clone()]
+        std::slice::from_ref(&p)
     );
     assert_eq!(GgufModel::open_model_path(&p).unwrap().tensors.len(), 5);
 
