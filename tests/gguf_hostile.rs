@@ -422,6 +422,13 @@ fn tensor_infos_are_checked() {
             "tensor 'a': shape [18446744073709551615] has more than 2^63 - 1 elements".into(),
         ),
         (
+            // Zero elements, but the row count alone overflows.
+            tensors_file(&[("a", &[0, 1 << 40, 1 << 40], f32_id, 0)], 4),
+            "tensor 'a': shape [0, 1099511627776, 1099511627776] has more than 2^63 - 1 \
+             elements"
+                .into(),
+        ),
+        (
             // 2^62 F32 elements fit in i64 but not their 2^64 bytes.
             tensors_file(&[("a", &[1 << 31, 1 << 31], f32_id, 0)], 4),
             "tensor 'a': byte size of shape [2147483648, 2147483648] overflows".into(),

@@ -431,18 +431,19 @@ fn read_tensor_info<R: Read>(c: &mut Cursor<R>, name: String, ctx: &str) -> Resu
     };
     let offset = c.u64(ctx)?;
 
-    // Element count must fit in i64 (GGML counts elements in int64_t).
-    let n_elements = shape
+    // Element count must fit in i64 (GGML counts elements in int64_t). Zero dimensions count
+    // as 1 here so that the row count (product of shape[1..]) is bounded too.
+    let bounded = shape
         .iter()
-        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d.max(1)))
         .filter(|&n| n <= i64::MAX as u64);
-    if n_elements.is_none() || shape.iter().any(|&d| d > i64::MAX as u64) {
+    if bounded.is_none() {
         return Err(c.err(format!(
             "{ctx}: shape {shape:?} has more than 2^63 - 1 elements"
         )));
     }
     let cols = shape.first().copied().unwrap_or(1);
-    let rows: u64 = shape.iter().skip(1).product(); // bounded by n_elements above
+    let rows: u64 = shape.iter().skip(1).product(); // ≤ `bounded`, cannot overflow
     let block = ggml_ty.block_elems() as u64;
     if cols % block != 0 {
         return Err(c.err(format!(
