@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use deltafin::quant::GgmlType;
 use deltafin::source::gguf::{GgufModel, Value};
 use deltafin::source::gguf_writer::GgufWriter;
+use proptest::prelude::*;
 
 fn s(x: &str) -> Value {
     Value::String(x.to_string())
@@ -408,7 +409,7 @@ fn open_model_path_accepts_a_file_or_a_folder_with_one_model() {
     std::fs::write(dir.path().join("README.md"), "not a model").unwrap();
     assert_eq!(
         GgufModel::open_model_path(dir.path()).unwrap().files,
-        [p.clone()]
+        std::slice::from_ref(&p)
     );
     assert_eq!(GgufModel::open_model_path(&p).unwrap().tensors.len(), 5);
 
@@ -468,4 +469,80 @@ fn writer_output_is_stable() {
     want.resize(want.len().next_multiple_of(32), 0);
     want.extend_from_slice(&1.0f32.to_le_bytes());
     assert_eq!(b, want);
+}
+
+/// Any value of one GGUF type `t` (0..=12 minus 9, the array type).
+fn scalar(t: u8) -> BoxedStrategy<Value> {
+    match t {
+        0 => any::<u8>().prop_map(Value::U8).boxed(),
+        1 => any::<i8>().prop_map(Value::I8).boxed(),
+        2 => any::<u16>().prop_map(Value::U16).boxed(),
+        3 => any::<i16>().prop_map(Value::I16).boxed(),
+        4 => any::<u32>().prop_map(Value::U32).boxed(),
+        5 => any::<i32>().prop_map(Value::I32).boxed(),
+        6 => prop::num::f32::NORMAL.prop_map(Value::F32).boxed(),
+        7 => any::<bool>().prop_map(Value::Bool).boxed(),
+        8 => ".{0,12}".prop_map(Value::String).boxed(),
+        10 => any::<u64>().prop_map(Value::U64).boxed(),
+        11 => any::<i64>().prop_map(Value::I64).boxed(),
+        _ => prop::num::f64::NORMAL.prop_map(Value::F64).boxed(),
+    }
+}
+
+/// Values whose arrays hold one element type each (as GGUF requires), nested up to 3 deep.
+fn value() -> impl Strategy<Value = Value> {
+    let leaf =
+        prop::sample::select(vec![0u8, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12]).prop_flat_map(scalar);
+    leaf.prop_recursive(3, 64, 6, |inner| {
+        // One element shape per array: repeat a prototype's type by generating from it.
+        (inner, 0usize..5).prop_flat_map(|(proto, n)| {
+            let t = proto.type_name();
+            let elem: BoxedStrategy<Value> = match proto {
+                Value::Array(_) => Just(proto.clone()).boxed(),
+                _ => scalar(type_code(t)),
+            };
+            prop::collection::vec(elem, n).prop_map(Value::Array)
+        })
+    })
+}
+
+fn type_code(name: &str) -> u8 {
+    match name {
+        "u8" => 0,
+        "i8" => 1,
+        "u16" => 2,
+        "i16" => 3,
+        "u32" => 4,
+        "i32" => 5,
+        "f32" => 6,
+        "bool" => 7,
+        "string" => 8,
+        "u64" => 10,
+        "i64" => 11,
+        _ => 12,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Random metadata written by the writer reads back equal, in v2 and v3.
+    #[test]
+    fn random_metadata_round_trips(values in prop::collection::vec(value(), 0..6),
+                                   v3 in any::<bool>()) {
+        let mut w = GgufWriter::new();
+        w.version(if v3 { 3 } else { 2 });
+        let mut expected = BTreeMap::new();
+        for (i, v) in values.into_iter().enumerate() {
+            w.add(format!("k.{i}"), v.clone());
+            expected.insert(format!("k.{i}"), v);
+        }
+        w.add_f32_tensor("t", &[1], &[9.0]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.gguf");
+        w.write(&path).unwrap();
+        let m = GgufModel::open(&path).unwrap();
+        prop_assert_eq!(m.metadata, expected);
+        prop_assert_eq!(m.tensors.len(), 1);
+    }
 }

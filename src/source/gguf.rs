@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use super::gguf_parse::{self, ParsedFile};
 use crate::quant::GgmlType;
 
-/// One metadata value. Arrays may nest.
+/// One metadata value, one variant per GGUF value type. Arrays may nest (each array holds
+/// one element type; the reader limits nesting to 8 levels).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     U8(u8),
@@ -67,16 +68,29 @@ pub enum GgufError {
     /// The file (or folder) could not be opened or read.
     #[error("{path}: {source}")]
     Io {
+        /// The path as given (or the file name when reading a header fails midway).
         path: String,
         #[source]
         source: std::io::Error,
     },
     /// The file content is malformed, hostile or inconsistent; `msg` names the field.
     #[error("{file}: {msg}")]
-    Format { file: String, msg: String },
+    Format {
+        /// File name (last path component).
+        file: String,
+        /// What is wrong, starting with the field, key or tensor.
+        msg: String,
+    },
     /// A part of a split model is not on disk.
     #[error("split part {part} of {count} is missing: {path} does not exist")]
-    MissingPart { path: String, part: u32, count: u32 },
+    MissingPart {
+        /// Full path of the absent part.
+        path: String,
+        /// 1-based part number.
+        part: u32,
+        /// Number of parts in the set.
+        count: u32,
+    },
     /// A required metadata key is absent.
     #[error("{file}: metadata key '{key}' is missing")]
     MissingKey { file: String, key: String },

@@ -32,6 +32,11 @@ const MIN_TENSOR_INFO_BYTES: u64 = 24;
 const MIN_KV_BYTES: u64 = 13;
 /// Largest initial capacity given to a vector whose length comes from the file.
 const MAX_PREALLOC: usize = 4096;
+/// Most memory (bytes, estimated as `size_of` of each value or tensor info plus its heap
+/// bytes) the metadata and tensor infos of one file may take. Real headers take far less
+/// (Gemma 3, 262144-token vocabulary: about 30 MB); the limit stops a file whose "header" is
+/// a long run of tiny values from growing memory many times beyond the file size.
+pub const MAX_HEADER_MEMORY: u64 = 1 << 30;
 
 /// Everything read from one file of a model.
 #[derive(Debug)]
@@ -101,6 +106,8 @@ struct Cursor<R> {
     pos: u64,
     len: u64,
     file: String,
+    /// Bytes of [`MAX_HEADER_MEMORY`] not yet used.
+    budget: u64,
 }
 
 type Result<T> = std::result::Result<T, GgufError>;
@@ -171,6 +178,7 @@ impl<R: Read> Cursor<R> {
                 )));
             }
         }
+        self.charge(n, ctx)?;
         // `n` fits in the file, so it fits in memory addressing on 64-bit targets; the buffer
         // grows only as bytes arrive.
         let mut buf = Vec::with_capacity((n as usize).min(1 << 16));
@@ -192,7 +200,21 @@ impl<R: Read> Cursor<R> {
     }
 
     /// Reads one metadata value of type `t`; `depth` counts enclosing arrays.
+    /// Takes `n` bytes from the memory budget.
+    fn charge(&mut self, n: u64, ctx: &str) -> Result<()> {
+        match self.budget.checked_sub(n) {
+            Some(b) => {
+                self.budget = b;
+                Ok(())
+            }
+            None => Err(self.err(format!(
+                "{ctx}: the header would take more than {MAX_HEADER_MEMORY} bytes of memory"
+            ))),
+        }
+    }
+
     fn value(&mut self, t: u32, ctx: &str, depth: usize) -> Result<Value> {
+        self.charge(std::mem::size_of::<Value>() as u64, ctx)?;
         Ok(match t {
             U8 => Value::U8(self.u8(ctx)?),
             I8 => Value::I8(self.u8(ctx)? as i8),
@@ -247,11 +269,17 @@ impl<R: Read> Cursor<R> {
 /// Errors: [`GgufError::Format`] naming the field or tensor for any malformed or
 /// inconsistent content; [`GgufError::Io`] when reading fails.
 pub fn parse<R: Read>(r: R, len: u64, file: &str) -> Result<ParsedFile> {
+    parse_with_budget(r, len, file, MAX_HEADER_MEMORY)
+}
+
+/// [`parse`] with a memory budget other than [`MAX_HEADER_MEMORY`] (for tests).
+fn parse_with_budget<R: Read>(r: R, len: u64, file: &str, budget: u64) -> Result<ParsedFile> {
     let mut c = Cursor {
         r,
         pos: 0,
         len,
         file: file.to_string(),
+        budget,
     };
     if len < 4 {
         return Err(c.err(format!(
@@ -261,7 +289,8 @@ pub fn parse<R: Read>(r: R, len: u64, file: &str) -> Result<ParsedFile> {
     let magic: [u8; 4] = c.array("magic")?;
     if &magic != b"GGUF" {
         return Err(c.err(format!(
-            "not a GGUF file (magic {magic:02x?} instead of \"GGUF\")"
+            "not a GGUF file (magic \"{}\" instead of \"GGUF\")",
+            magic.escape_ascii()
         )));
     }
     let version = c.u32("header version")?;
@@ -339,6 +368,7 @@ pub fn parse<R: Read>(r: R, len: u64, file: &str) -> Result<ParsedFile> {
             Some(MAX_TENSOR_NAME_BYTES),
         )?;
         let ctx = format!("tensor '{name}'");
+        c.charge(std::mem::size_of::<TensorInfo>() as u64 + 32, &ctx)?;
         let info = read_tensor_info(&mut c, name, &ctx)?;
         if !names.insert(info.name.clone()) {
             return Err(c.err(format!("{ctx} appears more than once")));
@@ -401,18 +431,19 @@ fn read_tensor_info<R: Read>(c: &mut Cursor<R>, name: String, ctx: &str) -> Resu
     };
     let offset = c.u64(ctx)?;
 
-    // Element count must fit in i64 (GGML counts elements in int64_t).
-    let n_elements = shape
+    // Element count must fit in i64 (GGML counts elements in int64_t). Zero dimensions count
+    // as 1 here so that the row count (product of shape[1..]) is bounded too.
+    let bounded = shape
         .iter()
-        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d.max(1)))
         .filter(|&n| n <= i64::MAX as u64);
-    if n_elements.is_none() || shape.iter().any(|&d| d > i64::MAX as u64) {
+    if bounded.is_none() {
         return Err(c.err(format!(
             "{ctx}: shape {shape:?} has more than 2^63 - 1 elements"
         )));
     }
     let cols = shape.first().copied().unwrap_or(1);
-    let rows: u64 = shape.iter().skip(1).product(); // bounded by n_elements above
+    let rows: u64 = shape.iter().skip(1).product(); // ≤ `bounded`, cannot overflow
     let block = ggml_ty.block_elems() as u64;
     if cols % block != 0 {
         return Err(c.err(format!(
@@ -449,4 +480,78 @@ fn check_overlaps<R: Read>(c: &Cursor<R>, tensors: &[TensorInfo]) -> Result<()> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(n_tensors: u64, n_kv: u64) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&n_tensors.to_le_bytes());
+        b.extend_from_slice(&n_kv.to_le_bytes());
+        b
+    }
+
+    fn parse_bytes(b: &[u8], budget: u64) -> Result<ParsedFile> {
+        parse_with_budget(b, b.len() as u64, "m.gguf", budget)
+    }
+
+    #[test]
+    fn memory_budget_bounds_metadata_values() {
+        // Key "k": an array of 1000 u8 values (1012 file bytes, 33000 bytes in memory).
+        let mut b = header(0, 1);
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.push(b'k');
+        b.extend_from_slice(&ARRAY.to_le_bytes());
+        b.extend_from_slice(&U8.to_le_bytes());
+        b.extend_from_slice(&1000u64.to_le_bytes());
+        b.extend(std::iter::repeat_n(5u8, 1000));
+        let vsize = std::mem::size_of::<Value>() as u64;
+        // Charged: the key (1 byte), the array value and its 1000 elements.
+        let p = parse_bytes(&b, 1001 * vsize + 1).unwrap();
+        assert_eq!(p.metadata["k"].as_array().unwrap().len(), 1000);
+        assert_eq!(p.metadata["k"].as_array().unwrap()[999], Value::U8(5));
+        let e = parse_bytes(&b, 1001 * vsize).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "m.gguf: metadata key 'k': the header would take more than \
+                 {MAX_HEADER_MEMORY} bytes of memory"
+            )
+        );
+    }
+
+    #[test]
+    fn memory_budget_bounds_strings_and_tensor_infos() {
+        let mut b = header(0, 1);
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.push(b'k');
+        b.extend_from_slice(&STRING.to_le_bytes());
+        b.extend_from_slice(&100u64.to_le_bytes());
+        b.extend(std::iter::repeat_n(b'a', 100));
+        let vsize = std::mem::size_of::<Value>() as u64;
+        // Charged: the key (1 byte), the value and its 100 string bytes.
+        assert!(parse_bytes(&b, vsize + 101).is_ok());
+        assert!(parse_bytes(&b, vsize + 100).is_err());
+
+        let mut b = header(1, 0);
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.push(b't');
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.resize(64 + 4, 0);
+        let tsize = std::mem::size_of::<TensorInfo>() as u64 + 32;
+        // Charged: the name (1 byte) and the tensor info.
+        let p = parse_bytes(&b, tsize + 1).unwrap();
+        assert_eq!(p.tensors[0].offset, 64);
+        let e = parse_bytes(&b, tsize).unwrap_err().to_string();
+        assert!(
+            e.starts_with("m.gguf: tensor 't': the header would take more than"),
+            "{e}"
+        );
+    }
 }
