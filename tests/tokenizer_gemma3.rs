@@ -55,6 +55,12 @@ fn case(name: &str) -> &'static Case {
 }
 
 #[test]
+fn tokenizer_can_be_shared_between_threads() {
+    fn shareable<T: Send + Sync>(_: &T) {}
+    shareable(tokenizer());
+}
+
+#[test]
 fn special_ids_match_llama_cpp() {
     let (t, f) = (tokenizer(), fixture());
     assert_eq!(t.vocab_size(), f.n_vocab);
