@@ -15,6 +15,7 @@ mod vocab;
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{anyhow, bail, Context, Result};
+use rayon::prelude::*;
 use tokenizers::models::bpe::BPE;
 use tokenizers::normalizers::Replace;
 
@@ -69,22 +70,29 @@ impl Tokenizer {
     fn build_spm(vocab: Vocab) -> Result<Tokenizer> {
         let n = vocab.texts.len();
         // llama.cpp looks tokens up by text; a later duplicate wins (`token_to_id[word] = i`).
-        let mut ids: HashMap<&str, u32> = HashMap::with_capacity(n);
+        let mut ids: HashMap<&str, u32, FastHash> = HashMap::with_capacity_and_hasher(n, FastHash);
         for (i, t) in vocab.texts.iter().enumerate() {
             ids.insert(t.as_str(), i as u32);
         }
         // llama.cpp's SentencePiece BPE merges, among adjacent symbols whose concatenation is
         // a token, the one whose token has the highest score (leftmost on ties). In BPE terms
         // every split of a token into two tokens is a merge, ranked by the merged token's score.
-        let mut merges: Vec<(f32, u32, usize)> = Vec::new();
-        for (&t, &id) in &ids {
-            for (cut, _) in t.char_indices().skip(1) {
-                if ids.contains_key(&t[..cut]) && ids.contains_key(&t[cut..]) {
-                    merges.push((vocab.scores[id as usize], id, cut));
-                }
-            }
-        }
-        merges.sort_by(|a, b| {
+        let (texts, scores) = (&vocab.texts, &vocab.scores);
+        let mut merges: Vec<(f32, u32, usize)> = (0..n as u32)
+            .into_par_iter()
+            .flat_map_iter(|id| {
+                let t = texts[id as usize].as_str();
+                let ids = &ids;
+                let live = ids.get(t) == Some(&id);
+                t.char_indices()
+                    .skip(1)
+                    .filter(move |&(cut, _)| {
+                        live && ids.contains_key(&t[..cut]) && ids.contains_key(&t[cut..])
+                    })
+                    .map(move |(cut, _)| (scores[id as usize], id, cut))
+            })
+            .collect();
+        merges.par_sort_unstable_by(|a, b| {
             b.0.partial_cmp(&a.0)
                 .unwrap_or(std::cmp::Ordering::Equal)
                 .then(a.1.cmp(&b.1))
@@ -108,7 +116,7 @@ impl Tokenizer {
         let escape = Replace::new(" ", "\u{2581}").map_err(|e| anyhow!("{e}"))?;
         tk.with_normalizer(Some(escape));
 
-        let pieces = (0..n).map(|i| vocab.spm_piece(i)).collect();
+        let pieces = (0..n).into_par_iter().map(|i| vocab.spm_piece(i)).collect();
         let specials = partition::SpecialMatcher::new(&vocab);
         Ok(Tokenizer {
             vocab,
@@ -241,5 +249,37 @@ impl Tokenizer {
 
     pub(crate) fn vocab(&self) -> &Vocab {
         &self.vocab
+    }
+}
+
+/// FxHash-style hasher for the build-time text → id map (std's SipHash is needlessly slow for
+/// 262k keys of trusted data). Multiply-rotate per 8-byte word, as in rustc's `FxHasher`.
+#[derive(Clone, Copy, Default)]
+struct FastHash;
+
+#[derive(Default)]
+struct FastHasher(u64);
+
+impl std::hash::BuildHasher for FastHash {
+    type Hasher = FastHasher;
+    fn build_hasher(&self) -> FastHasher {
+        FastHasher(0)
+    }
+}
+
+impl std::hash::Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let w = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+            self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(K);
+        }
+        for &b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(K);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
     }
 }
