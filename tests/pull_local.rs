@@ -18,9 +18,12 @@ fn sha(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
 }
 
+/// A wheel member: name, bytes, and the bytes RECORD should describe (`None`: the same).
+type Member<'a> = (&'a str, &'a [u8], Option<&'a [u8]>);
+
 /// Builds a wheel (deflated zip) holding `members` and a RECORD listing them. A member whose
 /// RECORD digest should lie is given as `Some(wrong_bytes)`: RECORD then hashes those.
-fn make_wheel(dist: &str, members: &[(&str, &[u8], Option<&[u8]>)]) -> Vec<u8> {
+fn make_wheel(dist: &str, members: &[Member<'_>]) -> Vec<u8> {
     let opts = zip::write::SimpleFileOptions::default()
         .compression_method(zip::CompressionMethod::Deflated);
     let mut z = zip::ZipWriter::new(Cursor::new(Vec::new()));
