@@ -260,7 +260,7 @@ impl<'a> Fetcher<'a> {
         }
         let bar = ProgressBar::new(total.unwrap_or(0));
         let style = ProgressStyle::with_template(
-            "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+            "{msg} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}",
         )
         .expect("valid progress template")
         .progress_chars("=> ");
