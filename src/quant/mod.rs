@@ -100,7 +100,7 @@ impl GgmlType {
     /// Bytes of a row of `n` elements; `None` when `n` is not a whole number of blocks
     /// or the size overflows.
     pub fn row_bytes(self, n: usize) -> Option<usize> {
-        if n % self.block_elems() != 0 {
+        if !n.is_multiple_of(self.block_elems()) {
             return None;
         }
         (n / self.block_elems()).checked_mul(self.block_bytes())
@@ -382,7 +382,7 @@ pub fn dot_f32_at(level: SimdLevel, w: &[f32], x: &[f32]) -> f32 {
 #[inline]
 pub(crate) fn check_len(bytes: usize, elems: usize, bb: usize, be: usize) {
     assert!(
-        elems % be == 0 && bytes == elems / be * bb,
+        elems.is_multiple_of(be) && bytes == elems / be * bb,
         "row length mismatch: {bytes} bytes for {elems} elements"
     );
 }

@@ -18,7 +18,7 @@ impl Accum for Neon8 {
     }
     #[inline(always)]
     fn add(&mut self, w: &[f32], x: &[f32]) {
-        assert!(w.len() == x.len() && w.len() % 32 == 0);
+        assert!(w.len() == x.len() && w.len().is_multiple_of(32));
         // SAFETY: NEON is baseline; every load reads 4 floats inside `w`/`x` (length
         // checked to be a multiple of 32 above).
         unsafe {
