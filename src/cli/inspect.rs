@@ -21,8 +21,18 @@ pub struct InspectArgs {
 /// Runs `deltafin inspect`.
 pub fn run(a: InspectArgs) -> Result<()> {
     let g = super::run::open_model(a.model.as_ref())?;
-    println!("files:        {}", g.files.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
-    println!("format:       GGUF v{} (alignment {})", g.version, g.alignment);
+    println!(
+        "files:        {}",
+        g.files
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "format:       GGUF v{} (alignment {})",
+        g.version, g.alignment
+    );
     println!("architecture: {}", g.architecture()?);
     if let Some(n) = g.opt_str("general.name")? {
         println!("name:         {n}");
@@ -42,13 +52,28 @@ pub fn run(a: InspectArgs) -> Result<()> {
         e.0 += 1;
         e.1 += t.n_bytes;
     }
-    println!("tensors:      {} ({:.1} MiB)", g.tensors.len(), g.total_tensor_bytes() as f64 / 1048576.0);
+    println!(
+        "tensors:      {} ({:.1} MiB)",
+        g.tensors.len(),
+        g.total_tensor_bytes() as f64 / 1048576.0
+    );
     for (ty, (n, b)) in by_type {
-        println!("  {ty:<6} {n:>5} tensors {:>10.1} MiB", b as f64 / 1048576.0);
+        println!(
+            "  {ty:<6} {n:>5} tensors {:>10.1} MiB",
+            b as f64 / 1048576.0
+        );
     }
     if a.tensors {
         for t in &g.tensors {
-            println!("  {:<40} {:<5} {:?} file {} offset {} bytes {}", t.name, t.ty.name(), t.shape, t.file, t.offset, t.n_bytes);
+            println!(
+                "  {:<40} {:<5} {:?} file {} offset {} bytes {}",
+                t.name,
+                t.ty.name(),
+                t.shape,
+                t.file,
+                t.offset,
+                t.n_bytes
+            );
         }
     }
     Ok(())

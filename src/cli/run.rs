@@ -97,7 +97,9 @@ pub fn open_model(path: Option<&PathBuf>) -> Result<GgufModel> {
 /// Sets the size of the global thread pool once.
 pub fn init_threads(threads: Option<usize>) {
     if let Some(n) = threads {
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global();
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build_global();
     }
 }
 
@@ -113,7 +115,9 @@ pub fn run(a: RunArgs) -> Result<()> {
                 bail!("no prompt: pass --prompt TEXT or pipe the prompt on standard input");
             }
             let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).context("reading the prompt from standard input")?;
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("reading the prompt from standard input")?;
             s
         }
     };
@@ -134,7 +138,10 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     let n_ctx = a.ctx_size.unwrap_or(ids.len() + a.max_tokens);
     if n_ctx < ids.len() + 1 {
-        bail!("--ctx-size {n_ctx} is smaller than the prompt ({} tokens) plus one", ids.len());
+        bail!(
+            "--ctx-size {n_ctx} is smaller than the prompt ({} tokens) plus one",
+            ids.len()
+        );
     }
     let opts = LoadOptions {
         ram_budget: a.ram_budget,
@@ -148,7 +155,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     drop(gguf);
     let mut session = Session::new(model, store, n_ctx, opts.n_batch);
     let seed = a.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
     });
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: a.temperature,
@@ -161,7 +170,11 @@ pub fn run(a: RunArgs) -> Result<()> {
     });
     let mut dec = StreamDecoder::new(&tok, true);
     let is_eog = |t: u32| tok.is_eog(t);
-    let gen_opts = GenerateOptions { max_tokens: a.max_tokens, stop: &a.stop, is_eog: &is_eog };
+    let gen_opts = GenerateOptions {
+        max_tokens: a.max_tokens,
+        stop: &a.stop,
+        is_eog: &is_eog,
+    };
     let mut stdout = std::io::stdout().lock();
     if !a.chat {
         let _ = write!(stdout, "{prompt}");
@@ -171,7 +184,13 @@ pub fn run(a: RunArgs) -> Result<()> {
         let _ = write!(stdout, "{s}");
         let _ = stdout.flush();
     };
-    let (_, finish, stats) = session.generate(&ids, &mut sampler, &gen_opts, &mut |t| dec.push(t), &mut emit)?;
+    let (_, finish, stats) = session.generate(
+        &ids,
+        &mut sampler,
+        &gen_opts,
+        &mut |t| dec.push(t),
+        &mut emit,
+    )?;
     emit(&dec.finish());
     let _ = writeln!(stdout);
     drop(stdout);
@@ -191,7 +210,11 @@ fn mib(b: f64) -> String {
 
 /// The `--stats` text.
 pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64) -> String {
-    let wait_share = if s.ttft_s + s.decode_s > 0.0 { 100.0 * s.io_wait_s / (s.ttft_s + s.decode_s) } else { 0.0 };
+    let wait_share = if s.ttft_s + s.decode_s > 0.0 {
+        100.0 * s.io_wait_s / (s.ttft_s + s.decode_s)
+    } else {
+        0.0
+    };
     format!(
         "\n--- stats ---\n\
          prompt tokens        {}\n\

@@ -23,7 +23,15 @@ pub struct SamplerConfig {
 
 impl Default for SamplerConfig {
     fn default() -> Self {
-        Self { temperature: 0.0, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0 }
+        Self {
+            temperature: 0.0,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
     }
 }
 
@@ -44,7 +52,9 @@ impl Rng {
             x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             x ^ (x >> 31)
         };
-        Self { s: [next(), next(), next(), next()] }
+        Self {
+            s: [next(), next(), next(), next()],
+        }
     }
 
     /// The next 64 random bits.
@@ -102,7 +112,11 @@ impl Sampler {
             seen.dedup();
             for t in seen {
                 if let Some(l) = logits.get_mut(t as usize) {
-                    *l = if *l > 0.0 { *l / c.repeat_penalty } else { *l * c.repeat_penalty };
+                    *l = if *l > 0.0 {
+                        *l / c.repeat_penalty
+                    } else {
+                        *l * c.repeat_penalty
+                    };
                 }
             }
         }
@@ -110,14 +124,21 @@ impl Sampler {
             return argmax(logits) as u32;
         }
         // candidates sorted by logit, descending (ties by id)
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
         cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if c.top_k > 0 && c.top_k < cand.len() {
             cand.truncate(c.top_k);
         }
         let probs = |cand: &[(u32, f32)], temp: f32| -> Vec<f64> {
             let m = cand[0].1 as f64;
-            let e: Vec<f64> = cand.iter().map(|&(_, l)| ((l as f64 - m) / temp as f64).exp()).collect();
+            let e: Vec<f64> = cand
+                .iter()
+                .map(|&(_, l)| ((l as f64 - m) / temp as f64).exp())
+                .collect();
             let s: f64 = e.iter().sum();
             e.into_iter().map(|v| v / s).collect()
         };
@@ -158,7 +179,15 @@ mod tests {
     use super::*;
 
     fn cfg(t: f32) -> SamplerConfig {
-        SamplerConfig { temperature: t, top_k: 0, top_p: 1.0, min_p: 0.0, repeat_penalty: 1.0, repeat_last_n: 64, seed: 7 }
+        SamplerConfig {
+            temperature: t,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 7,
+        }
     }
 
     #[test]
@@ -181,7 +210,9 @@ mod tests {
         let logits = [0.0f32, (3f32).ln(), f32::NEG_INFINITY, 0.0];
         let draw = |seed| {
             let mut s = Sampler::new(SamplerConfig { seed, ..cfg(1.0) });
-            (0..2000).map(|_| s.sample(&mut logits.clone(), &[])).collect::<Vec<u32>>()
+            (0..2000)
+                .map(|_| s.sample(&mut logits.clone(), &[]))
+                .collect::<Vec<u32>>()
         };
         let a = draw(5);
         assert_eq!(a, draw(5));
@@ -195,19 +226,31 @@ mod tests {
     #[test]
     fn filters_cut_the_tail() {
         let logits = [5.0f32, 4.0, 1.0, 0.5];
-        let mut s = Sampler::new(SamplerConfig { top_k: 1, ..cfg(1.0) });
+        let mut s = Sampler::new(SamplerConfig {
+            top_k: 1,
+            ..cfg(1.0)
+        });
         assert!((0..50).all(|_| s.sample(&mut logits.clone(), &[]) == 0));
         // p ≈ [0.705, 0.259, 0.013, 0.008]; top_p 0.9 keeps two
-        let mut s = Sampler::new(SamplerConfig { top_p: 0.9, ..cfg(1.0) });
+        let mut s = Sampler::new(SamplerConfig {
+            top_p: 0.9,
+            ..cfg(1.0)
+        });
         assert!((0..300).all(|_| s.sample(&mut logits.clone(), &[]) < 2));
         // min_p 0.5 keeps only the first (0.259 < 0.35)
-        let mut s = Sampler::new(SamplerConfig { min_p: 0.5, ..cfg(1.0) });
+        let mut s = Sampler::new(SamplerConfig {
+            min_p: 0.5,
+            ..cfg(1.0)
+        });
         assert!((0..50).all(|_| s.sample(&mut logits.clone(), &[]) == 0));
     }
 
     #[test]
     fn repetition_penalty_flips_greedy_choice() {
-        let mut s = Sampler::new(SamplerConfig { repeat_penalty: 2.0, ..cfg(0.0) });
+        let mut s = Sampler::new(SamplerConfig {
+            repeat_penalty: 2.0,
+            ..cfg(0.0)
+        });
         let mut l = [4.0f32, 3.0, -1.0];
         assert_eq!(s.sample(&mut l, &[0, 2]), 1);
         assert_eq!(l, [2.0, 3.0, -2.0]);

@@ -76,9 +76,11 @@ pub fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
         })
         .map_or(0, |kb| kb * 1024)
 }
@@ -96,7 +98,12 @@ impl Session {
     /// A session over a loaded model with a KV cache of `n_ctx` tokens.
     pub fn new(model: Box<dyn Model>, store: WeightStore, n_ctx: usize, n_batch: usize) -> Self {
         let cache = model.new_cache(n_ctx);
-        Self { model, store, cache, n_batch: n_batch.max(1) }
+        Self {
+            model,
+            store,
+            cache,
+            n_batch: n_batch.max(1),
+        }
     }
 
     /// Runs `tokens` through the model in batches of at most `n_batch`, returning the logits of
@@ -106,7 +113,9 @@ impl Session {
     pub fn prefill(&mut self, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
         let mut out = Vec::new();
         for chunk in tokens.chunks(self.n_batch) {
-            let l = self.model.forward(&mut self.store, &mut self.cache, chunk, logits)?;
+            let l = self
+                .model
+                .forward(&mut self.store, &mut self.cache, chunk, logits)?;
             if logits == Logits::All {
                 out.extend_from_slice(&l);
             } else {
@@ -132,7 +141,10 @@ impl Session {
         let io0 = self.store.stats().snapshot();
         let t0 = Instant::now();
         let mut history = prompt.to_vec();
-        let mut stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
+        let mut stats = GenStats {
+            prompt_tokens: prompt.len(),
+            ..Default::default()
+        };
         let mut logits = self.prefill(prompt, Logits::Last)?;
         let mut out = Vec::new();
         let mut pending = String::new();
@@ -153,7 +165,12 @@ impl Session {
                 break;
             }
             pending.push_str(&detok(tok));
-            if let Some((pos, s)) = opts.stop.iter().filter_map(|s| pending.find(s.as_str()).map(|p| (p, s))).min_by_key(|x| x.0) {
+            if let Some((pos, s)) = opts
+                .stop
+                .iter()
+                .filter_map(|s| pending.find(s.as_str()).map(|p| (p, s)))
+                .min_by_key(|x| x.0)
+            {
                 emit(&pending[..pos]);
                 pending.clear();
                 finish = Finish::Stop(s.clone());
@@ -171,7 +188,9 @@ impl Session {
             if out.len() >= opts.max_tokens {
                 break;
             }
-            logits = self.model.forward(&mut self.store, &mut self.cache, &[tok], Logits::Last)?;
+            logits = self
+                .model
+                .forward(&mut self.store, &mut self.cache, &[tok], Logits::Last)?;
         }
         if !pending.is_empty() {
             emit(&pending);

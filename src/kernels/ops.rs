@@ -29,7 +29,9 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
 /// position interpolation.
 pub fn rope_inv_freq(head_dim: usize, base: f32, freq_scale: f32) -> Vec<f32> {
     (0..head_dim / 2)
-        .map(|i| ((freq_scale as f64) / (base as f64).powf(2.0 * i as f64 / head_dim as f64)) as f32)
+        .map(|i| {
+            ((freq_scale as f64) / (base as f64).powf(2.0 * i as f64 / head_dim as f64)) as f32
+        })
         .collect()
 }
 
@@ -86,7 +88,10 @@ mod tests {
         let mut o = [0f32; 2];
         rms_norm(&x, &[1.0, 2.0], 0.0, &mut o);
         // rms = sqrt((9+16)/2) = 3.5355339
-        assert!((o[0] - 0.848_528_1).abs() < 1e-6 && (o[1] - 2.262_741_7).abs() < 1e-6, "{o:?}");
+        assert!(
+            (o[0] - 0.848_528_1).abs() < 1e-6 && (o[1] - 2.262_741_7).abs() < 1e-6,
+            "{o:?}"
+        );
         let mut y = x;
         rms_norm_inplace(&mut y, &[1.0, 2.0], 0.0);
         assert_eq!(y, o);
@@ -113,6 +118,9 @@ mod tests {
         assert!((gelu_tanh(-3.0) + 0.003_637_4).abs() < 1e-6);
         let mut s = [1.0f32, 2.0, 3.0];
         softmax_inplace(&mut s);
-        assert!((s[0] - 0.090_030_57).abs() < 1e-7 && (s[2] - 0.665_240_9).abs() < 1e-7, "{s:?}");
+        assert!(
+            (s[0] - 0.090_030_57).abs() < 1e-7 && (s[2] - 0.665_240_9).abs() < 1e-7,
+            "{s:?}"
+        );
     }
 }

@@ -15,7 +15,9 @@ use rayon::prelude::*;
 use super::meta;
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
-use crate::kernels::ops::{gelu_tanh, rms_norm, rms_norm_inplace, rope_inv_freq, rope_neox, softcap, softmax_inplace};
+use crate::kernels::ops::{
+    gelu_tanh, rms_norm, rms_norm_inplace, rope_inv_freq, rope_neox, softcap, softmax_inplace,
+};
 use crate::kernels::{matmul, matvec, Matrix};
 use crate::quant::{dequantize_row, GgmlType};
 use crate::source::gguf::{GgufModel, TensorInfo};
@@ -100,19 +102,27 @@ impl Config {
                         _ => None,
                     })
                     .collect();
-                let flags = flags.ok_or_else(|| anyhow!("{a}.attention.sliding_window_pattern: expected an array of bools"))?;
+                let flags = flags.ok_or_else(|| {
+                    anyhow!("{a}.attention.sliding_window_pattern: expected an array of bools")
+                })?;
                 if flags.len() != num_hidden_layers {
                     bail!("{a}.attention.sliding_window_pattern has {} entries for {num_hidden_layers} layers", flags.len());
                 }
                 flags
             }
             _ => {
-                let period = meta::opt_u64(g, &k("attention.sliding_window_pattern"))?.unwrap_or(6).max(1) as usize;
-                (0..num_hidden_layers).map(|i| (i + 1) % period != 0).collect()
+                let period = meta::opt_u64(g, &k("attention.sliding_window_pattern"))?
+                    .unwrap_or(6)
+                    .max(1) as usize;
+                (0..num_hidden_layers)
+                    .map(|i| (i + 1) % period != 0)
+                    .collect()
             }
         };
         let rope_scaling_factor = match g.metadata.get(&k("rope.scaling.type")) {
-            Some(crate::source::gguf::Value::String(t)) if t == "linear" => meta::opt_f32(g, &k("rope.scaling.factor"))?,
+            Some(crate::source::gguf::Value::String(t)) if t == "linear" => {
+                meta::opt_f32(g, &k("rope.scaling.factor"))?
+            }
             Some(crate::source::gguf::Value::String(t)) if t == "none" => None,
             Some(v) => bail!("{a}.rope.scaling.type {v:?} is not supported (only linear)"),
             None => None,
@@ -126,7 +136,12 @@ impl Config {
             .tensors
             .iter()
             .find(|t| t.name == "token_embd.weight")
-            .ok_or_else(|| anyhow!("{}: tensor 'token_embd.weight' is missing", g.files[0].display()))?;
+            .ok_or_else(|| {
+                anyhow!(
+                    "{}: tensor 'token_embd.weight' is missing",
+                    g.files[0].display()
+                )
+            })?;
         Ok(Self {
             hidden_size,
             intermediate_size: meta::get_usize(g, &k("feed_forward_length"), DIM_MAX)?,
@@ -138,7 +153,9 @@ impl Config {
             rope_theta: meta::opt_f32(g, &k("rope.freq_base"))?.unwrap_or(1_000_000.0),
             rope_local_base_freq: meta::opt_f32(g, &k("rope.freq_base_swa"))?.unwrap_or(10_000.0),
             rope_scaling_factor,
-            sliding_window: meta::opt_u64(g, &k("attention.sliding_window"))?.unwrap_or(u64::MAX).min(usize::MAX as u64) as usize,
+            sliding_window: meta::opt_u64(g, &k("attention.sliding_window"))?
+                .unwrap_or(u64::MAX)
+                .min(usize::MAX as u64) as usize,
             sliding_layers,
             query_pre_attn_scalar,
             final_logit_softcapping: meta::opt_f32(g, &k("final_logit_softcapping"))?,
@@ -158,7 +175,10 @@ impl Config {
 
     /// Activation bytes of a forward pass over `n` tokens returning logits for `m` of them.
     fn scratch_bytes(&self, n: usize, m: usize, n_ctx: usize) -> usize {
-        let per_tok = 4 * self.hidden_size + 2 * self.q_dim() + 2 * self.kv_dim() + 2 * self.intermediate_size;
+        let per_tok = 4 * self.hidden_size
+            + 2 * self.q_dim()
+            + 2 * self.kv_dim()
+            + 2 * self.intermediate_size;
         4 * (n * per_tok + m * self.vocab_size + rayon::current_num_threads() * n_ctx)
     }
 }
@@ -176,7 +196,12 @@ struct MatRef {
 
 impl MatRef {
     fn view<'a>(&self, u: &'a UnitBytes) -> Matrix<'a> {
-        Matrix { ty: self.ty, rows: self.rows, cols: self.cols, data: &u.piece(self.piece)[self.offset..self.offset + self.bytes] }
+        Matrix {
+            ty: self.ty,
+            rows: self.rows,
+            cols: self.cols,
+            data: &u.piece(self.piece)[self.offset..self.offset + self.bytes],
+        }
     }
 }
 
@@ -236,21 +261,30 @@ struct Tensors<'a> {
 
 impl<'a> Tensors<'a> {
     fn new(g: &'a GgufModel) -> Self {
-        Self { g, by_name: g.tensors.iter().map(|t| (t.name.as_str(), t)).collect() }
+        Self {
+            g,
+            by_name: g.tensors.iter().map(|t| (t.name.as_str(), t)).collect(),
+        }
     }
 
     fn get(&self, name: &str, shape: &[usize]) -> Result<&'a TensorInfo> {
-        let t = self
-            .by_name
-            .get(name)
-            .copied()
-            .ok_or_else(|| anyhow!("{}: tensor '{name}' is missing", self.g.files[0].display()))?;
+        let t =
+            self.by_name.get(name).copied().ok_or_else(|| {
+                anyhow!("{}: tensor '{name}' is missing", self.g.files[0].display())
+            })?;
         let got: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
         if got != shape {
-            bail!("{}: tensor '{name}' has shape {got:?}, expected {shape:?}", self.g.files[0].display());
+            bail!(
+                "{}: tensor '{name}' has shape {got:?}, expected {shape:?}",
+                self.g.files[0].display()
+            );
         }
         if !t.ty.has_kernels() {
-            bail!("{}: tensor '{name}' has type {} which Deltafin cannot compute yet", self.g.files[0].display(), t.ty);
+            bail!(
+                "{}: tensor '{name}' has type {} which Deltafin cannot compute yet",
+                self.g.files[0].display(),
+                t.ty
+            );
         }
         Ok(t)
     }
@@ -267,13 +301,21 @@ fn unit_of(tensors: &[&TensorInfo]) -> (Unit, Vec<(usize, usize)>) {
         let t = tensors[i];
         // merge when the gap to the previous range is small (alignment padding)
         match ranges.last_mut() {
-            Some(r) if r.file == t.file && t.offset >= r.offset + r.len as u64 && t.offset - (r.offset + r.len as u64) <= 4096 => {
+            Some(r)
+                if r.file == t.file
+                    && t.offset >= r.offset + r.len as u64
+                    && t.offset - (r.offset + r.len as u64) <= 4096 =>
+            {
                 let off = (t.offset - r.offset) as usize;
                 r.len = off + t.n_bytes as usize;
                 place[i] = (ranges.len() - 1, off);
             }
             _ => {
-                ranges.push(ReadRange { file: t.file, offset: t.offset, len: t.n_bytes as usize });
+                ranges.push(ReadRange {
+                    file: t.file,
+                    offset: t.offset,
+                    len: t.n_bytes as usize,
+                });
                 place[i] = (ranges.len() - 1, 0);
             }
         }
@@ -294,9 +336,16 @@ fn mat(t: &TensorInfo, place: (usize, usize)) -> MatRef {
 
 /// Reads a small tensor (a norm weight) into f32.
 fn read_vector(files: &[DirectFile], t: &TensorInfo) -> Result<Vec<f32>> {
-    let unit = Unit { ranges: vec![ReadRange { file: t.file, offset: t.offset, len: t.n_bytes as usize }] };
+    let unit = Unit {
+        ranges: vec![ReadRange {
+            file: t.file,
+            offset: t.offset,
+            len: t.n_bytes as usize,
+        }],
+    };
     let stats = crate::store::IoStats::default();
-    let b = crate::store::load_resident(files, &unit, &stats).with_context(|| format!("reading tensor '{}'", t.name))?;
+    let b = crate::store::load_resident(files, &unit, &stats)
+        .with_context(|| format!("reading tensor '{}'", t.name))?;
     let n = t.shape.iter().product::<u64>() as usize;
     let mut out = vec![0f32; n];
     dequantize_row(t.ty, b.piece(0), &mut out);
@@ -313,7 +362,13 @@ impl Gemma3 {
     pub fn load(g: &GgufModel, opts: &LoadOptions) -> Result<(Self, WeightStore)> {
         let c = Config::from_gguf(g)?;
         let ts = Tensors::new(g);
-        let (d, ff, qd, kvd, hd) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim(), c.head_dim);
+        let (d, ff, qd, kvd, hd) = (
+            c.hidden_size,
+            c.intermediate_size,
+            c.q_dim(),
+            c.kv_dim(),
+            c.head_dim,
+        );
         let embd = ts.get("token_embd.weight", &[d, c.vocab_size])?;
         let head_t = match ts.by_name.get("output.weight") {
             Some(_) => ts.get("output.weight", &[d, c.vocab_size])?,
@@ -323,9 +378,13 @@ impl Gemma3 {
         let files: Vec<DirectFile> = g
             .files
             .iter()
-            .map(|p| DirectFile::open(p, opts.direct_io).with_context(|| format!("opening {}", p.display())))
+            .map(|p| {
+                DirectFile::open(p, opts.direct_io)
+                    .with_context(|| format!("opening {}", p.display()))
+            })
             .collect::<Result<_>>()?;
-        let vec_of = |name: &str, n: usize| -> Result<Vec<f32>> { read_vector(&files, ts.get(name, &[n])?) };
+        let vec_of =
+            |name: &str, n: usize| -> Result<Vec<f32>> { read_vector(&files, ts.get(name, &[n])?) };
         let output_norm = vec_of("output_norm.weight", d)?;
 
         let mut units: Vec<Unit> = Vec::new();
@@ -346,7 +405,15 @@ impl Gemma3 {
             let m: Vec<MatRef> = list.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
             layers.push((
                 units.len(),
-                LayerMats { q: m[0], k: m[1], v: m[2], o: m[3], gate: m[4], up: m[5], down: m[6] },
+                LayerMats {
+                    q: m[0],
+                    k: m[1],
+                    v: m[2],
+                    o: m[3],
+                    gate: m[4],
+                    up: m[5],
+                    down: m[6],
+                },
             ));
             units.push(unit);
             norms.push(LayerNorms {
@@ -368,12 +435,21 @@ impl Gemma3 {
         let norms_bytes = 4 * (d * (4 * c.num_hidden_layers + 1) + 2 * hd * c.num_hidden_layers);
         let head_unit = unit_of(&[head_t]).0;
         let embd_unit = unit_of(&[embd]).0;
-        let mut cands = vec![Candidate { name: "LM head".into(), bytes: head_unit.buffer_bytes() }];
+        let mut cands = vec![Candidate {
+            name: "LM head".into(),
+            bytes: head_unit.buffer_bytes(),
+        }];
         if !tied {
-            cands.push(Candidate { name: "embeddings".into(), bytes: embd_unit.buffer_bytes() });
+            cands.push(Candidate {
+                name: "embeddings".into(),
+                bytes: embd_unit.buffer_bytes(),
+            });
         }
         for (l, u) in units.iter().enumerate() {
-            cands.push(Candidate { name: format!("layer {l}"), bytes: u.buffer_bytes() });
+            cands.push(Candidate {
+                name: format!("layer {l}"),
+                bytes: u.buffer_bytes(),
+            });
         }
         let total: usize = cands.iter().map(|c| c.bytes).sum();
         let fixed = kv_bytes + scratch_bytes + norms_bytes;
@@ -397,12 +473,19 @@ impl Gemma3 {
                             (fixed + stream_buf) as f64 / 1048576.0
                         );
                     }
-                    (choose_resident(&cands, b - fixed - stream_buf).0, stream_buf)
+                    (
+                        choose_resident(&cands, b - fixed - stream_buf).0,
+                        stream_buf,
+                    )
                 }
             }
         };
         let head_resident = resident_flags[0];
-        let embd_resident = if tied { head_resident } else { resident_flags[1] };
+        let embd_resident = if tied {
+            head_resident
+        } else {
+            resident_flags[1]
+        };
         let layer_flags = &resident_flags[cands.len() - n_layer_units..];
 
         let mut resident: Vec<bool> = layer_flags.to_vec();
@@ -410,7 +493,10 @@ impl Gemma3 {
             let id = units.len();
             units.push(head_unit);
             resident.push(true);
-            Head::Resident { unit: id, mat: mat(head_t, (0, 0)) }
+            Head::Resident {
+                unit: id,
+                mat: mat(head_t, (0, 0)),
+            }
         } else {
             let slot = layer_max.max(crate::store::IO_ALIGN * 4);
             let row_bytes = head_t.ty.row_bytes(d).expect("validated row size");
@@ -420,12 +506,25 @@ impl Gemma3 {
             while r0 < c.vocab_size {
                 let rows = rows_per.min(c.vocab_size - r0);
                 let off = head_t.offset + (r0 * row_bytes) as u64;
-                units.push(Unit { ranges: vec![ReadRange { file: head_t.file, offset: off, len: rows * row_bytes }] });
+                units.push(Unit {
+                    ranges: vec![ReadRange {
+                        file: head_t.file,
+                        offset: off,
+                        len: rows * row_bytes,
+                    }],
+                });
                 resident.push(false);
                 chunks.push((
                     units.len() - 1,
                     r0,
-                    MatRef { piece: 0, offset: 0, ty: head_t.ty, rows, cols: d, bytes: rows * row_bytes },
+                    MatRef {
+                        piece: 0,
+                        offset: 0,
+                        ty: head_t.ty,
+                        rows,
+                        cols: d,
+                        bytes: rows * row_bytes,
+                    },
                 ));
                 r0 += rows;
             }
@@ -433,19 +532,37 @@ impl Gemma3 {
         };
         let embedding = if embd_resident {
             match (&head, tied) {
-                (Head::Resident { unit, mat }, true) => Embedding::Resident { unit: *unit, mat: *mat },
+                (Head::Resident { unit, mat }, true) => Embedding::Resident {
+                    unit: *unit,
+                    mat: *mat,
+                },
                 _ => {
                     units.push(embd_unit);
                     resident.push(true);
-                    Embedding::Resident { unit: units.len() - 1, mat: mat(embd, (0, 0)) }
+                    Embedding::Resident {
+                        unit: units.len() - 1,
+                        mat: mat(embd, (0, 0)),
+                    }
                 }
             }
         } else {
             Embedding::Streamed(embd.clone())
         };
-        let streamed_bytes: usize = units.iter().zip(&resident).filter(|(_, r)| !**r).map(|(u, _)| u.payload_bytes()).sum();
+        let streamed_bytes: usize = units
+            .iter()
+            .zip(&resident)
+            .filter(|(_, r)| !**r)
+            .map(|(u, _)| u.payload_bytes())
+            .sum();
         let resident_layers = layer_flags.iter().filter(|r| **r).count();
-        let store = WeightStore::open(&g.files, units, &resident, STREAM_SLOTS, stream_buf / STREAM_SLOTS, opts.direct_io)?;
+        let store = WeightStore::open(
+            &g.files,
+            units,
+            &resident,
+            STREAM_SLOTS,
+            stream_buf / STREAM_SLOTS,
+            opts.direct_io,
+        )?;
         let placement = Placement {
             resident_bytes: store.resident_bytes(),
             streamed_bytes,
@@ -455,7 +572,11 @@ impl Gemma3 {
             summary: format!(
                 "{resident_layers}/{} layers resident, LM head {}{}",
                 c.num_hidden_layers,
-                if head_resident { "resident" } else { "streamed" },
+                if head_resident {
+                    "resident"
+                } else {
+                    "streamed"
+                },
                 if tied { " (tied to embeddings)" } else { "" }
             ),
         };
@@ -484,7 +605,9 @@ impl Gemma3 {
             let row = &mut x[t * d..(t + 1) * d];
             match &self.embedding {
                 Embedding::Resident { unit, mat } => {
-                    store.with_unit(*unit, |u| dequantize_row(mat.ty, mat.view(u).row(tok as usize), row))?;
+                    store.with_unit(*unit, |u| {
+                        dequantize_row(mat.ty, mat.view(u).row(tok as usize), row)
+                    })?;
                 }
                 Embedding::Streamed(t) => {
                     let _ = t;
@@ -504,19 +627,42 @@ impl Gemma3 {
     }
 
     /// One decoder layer over `n` tokens at positions `pos0..pos0+n`, updating `x` in place.
-    fn layer(&self, l: usize, w: &LayerMats, u: &UnitBytes, cache: &mut KvCache, pos0: usize, x: &mut [f32]) {
+    fn layer(
+        &self,
+        l: usize,
+        w: &LayerMats,
+        u: &UnitBytes,
+        cache: &mut KvCache,
+        pos0: usize,
+        x: &mut [f32],
+    ) {
         let c = &self.config;
-        let (d, hd, nh, nkv, ff) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
+        let (d, hd, nh, nkv, ff) = (
+            c.hidden_size,
+            c.head_dim,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.intermediate_size,
+        );
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         let n = x.len() / d;
         let nrm = &self.norms[l];
         let eps = c.rms_norm_eps;
         let sliding = c.sliding_layers[l];
-        let inv_freq = if sliding { &self.inv_freq_local } else { &self.inv_freq_global };
+        let inv_freq = if sliding {
+            &self.inv_freq_local
+        } else {
+            &self.inv_freq_global
+        };
 
         let mut xn = vec![0f32; n * d];
         for t in 0..n {
-            rms_norm(&x[t * d..(t + 1) * d], &nrm.attn, eps, &mut xn[t * d..(t + 1) * d]);
+            rms_norm(
+                &x[t * d..(t + 1) * d],
+                &nrm.attn,
+                eps,
+                &mut xn[t * d..(t + 1) * d],
+            );
         }
         let mut q = vec![0f32; n * qd];
         let mut k = vec![0f32; n * kvd];
@@ -549,7 +695,11 @@ impl Gemma3 {
         att.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
             let (t, h) = (i / nh, i % nh);
             let p = pos0 + t;
-            let lo = if sliding { (p + 1).saturating_sub(window) } else { 0 };
+            let lo = if sliding {
+                (p + 1).saturating_sub(window)
+            } else {
+                0
+            };
             let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
             let kvh = h / group;
             let mut s: Vec<f32> = (lo..=p)
@@ -573,23 +723,36 @@ impl Gemma3 {
         for t in 0..n {
             let row = &mut o[t * d..(t + 1) * d];
             rms_norm_inplace(row, &nrm.post_attn, eps);
-            x[t * d..(t + 1) * d].iter_mut().zip(row.iter()).for_each(|(a, b)| *a += b);
+            x[t * d..(t + 1) * d]
+                .iter_mut()
+                .zip(row.iter())
+                .for_each(|(a, b)| *a += b);
         }
 
         // feed-forward (GeGLU)
         for t in 0..n {
-            rms_norm(&x[t * d..(t + 1) * d], &nrm.ffn, eps, &mut xn[t * d..(t + 1) * d]);
+            rms_norm(
+                &x[t * d..(t + 1) * d],
+                &nrm.ffn,
+                eps,
+                &mut xn[t * d..(t + 1) * d],
+            );
         }
         let mut g = vec![0f32; n * ff];
         let mut up = vec![0f32; n * ff];
         mm(&w.gate.view(u), &xn, n, &mut g);
         mm(&w.up.view(u), &xn, n, &mut up);
-        g.iter_mut().zip(&up).for_each(|(a, b)| *a = gelu_tanh(*a) * b);
+        g.iter_mut()
+            .zip(&up)
+            .for_each(|(a, b)| *a = gelu_tanh(*a) * b);
         mm(&w.down.view(u), &g, n, &mut o);
         for t in 0..n {
             let row = &mut o[t * d..(t + 1) * d];
             rms_norm_inplace(row, &nrm.post_ffw, eps);
-            x[t * d..(t + 1) * d].iter_mut().zip(row.iter()).for_each(|(a, b)| *a += b);
+            x[t * d..(t + 1) * d]
+                .iter_mut()
+                .zip(row.iter())
+                .for_each(|(a, b)| *a += b);
         }
     }
 }
@@ -613,14 +776,24 @@ impl Model for Gemma3 {
     }
 
     fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(self.config.num_hidden_layers, n_ctx.min(self.config.max_position_embeddings), self.config.kv_dim())
+        KvCache::new(
+            self.config.num_hidden_layers,
+            n_ctx.min(self.config.max_position_embeddings),
+            self.config.kv_dim(),
+        )
     }
 
     fn placement(&self) -> &Placement {
         &self.placement
     }
 
-    fn forward(&self, store: &mut WeightStore, cache: &mut KvCache, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
+    fn forward(
+        &self,
+        store: &mut WeightStore,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>> {
         let c = &self.config;
         let n = tokens.len();
         let pos0 = cache.len;
@@ -628,17 +801,28 @@ impl Model for Gemma3 {
             bail!("forward pass over zero tokens");
         }
         if pos0 + n > cache.n_ctx {
-            bail!("context full: {} + {n} tokens exceed the KV cache of {} tokens (raise --ctx-size)", pos0, cache.n_ctx);
+            bail!(
+                "context full: {} + {n} tokens exceed the KV cache of {} tokens (raise --ctx-size)",
+                pos0,
+                cache.n_ctx
+            );
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            bail!("token id {bad} is outside the vocabulary of {} tokens", c.vocab_size);
+            bail!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                c.vocab_size
+            );
         }
         // announce every streamed read of this pass, in order
         if let Embedding::Streamed(t) = &self.embedding {
             let rb = t.ty.row_bytes(c.hidden_size).expect("validated row size");
             for &tok in tokens {
                 store.plan_adhoc(Unit {
-                    ranges: vec![ReadRange { file: t.file, offset: t.offset + (tok as usize * rb) as u64, len: rb }],
+                    ranges: vec![ReadRange {
+                        file: t.file,
+                        offset: t.offset + (tok as usize * rb) as u64,
+                        len: rb,
+                    }],
                 });
             }
         }
@@ -657,7 +841,13 @@ impl Model for Gemma3 {
 }
 
 impl Gemma3 {
-    fn forward_planned(&self, store: &mut WeightStore, cache: &mut KvCache, tokens: &[u32], logits: Logits) -> Result<Vec<f32>> {
+    fn forward_planned(
+        &self,
+        store: &mut WeightStore,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>> {
         let c = &self.config;
         let (n, d, vocab) = (tokens.len(), c.hidden_size, c.vocab_size);
         let pos0 = cache.len;
@@ -673,11 +863,18 @@ impl Gemma3 {
         let m = rows.len();
         let mut h = vec![0f32; m * d];
         for (i, &t) in rows.iter().enumerate() {
-            rms_norm(&x[t * d..(t + 1) * d], &self.output_norm, c.rms_norm_eps, &mut h[i * d..(i + 1) * d]);
+            rms_norm(
+                &x[t * d..(t + 1) * d],
+                &self.output_norm,
+                c.rms_norm_eps,
+                &mut h[i * d..(i + 1) * d],
+            );
         }
         let mut out = vec![0f32; m * vocab];
         match &self.head {
-            Head::Resident { unit, mat } => store.with_unit(*unit, |u| mm(&mat.view(u), &h, m, &mut out))?,
+            Head::Resident { unit, mat } => {
+                store.with_unit(*unit, |u| mm(&mat.view(u), &h, m, &mut out))?
+            }
             Head::Chunks(chunks) => {
                 let mut tmp = Vec::new();
                 for (unit, r0, mr) in chunks {
@@ -689,7 +886,8 @@ impl Gemma3 {
                             tmp.resize(m * mr.rows, 0.0);
                             matmul(&w, &h, m, &mut tmp);
                             for i in 0..m {
-                                out[i * vocab + r0..i * vocab + r0 + mr.rows].copy_from_slice(&tmp[i * mr.rows..(i + 1) * mr.rows]);
+                                out[i * vocab + r0..i * vocab + r0 + mr.rows]
+                                    .copy_from_slice(&tmp[i * mr.rows..(i + 1) * mr.rows]);
                             }
                         }
                     })?;

@@ -5,14 +5,20 @@ use anyhow::{anyhow, bail, Result};
 use crate::source::gguf::{GgufModel, Value};
 
 fn file(g: &GgufModel) -> String {
-    g.files.first().map(|p| p.display().to_string()).unwrap_or_default()
+    g.files
+        .first()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
 }
 
 /// The string at `key`. Errors: missing or not a string.
 pub fn get_str<'a>(g: &'a GgufModel, key: &str) -> Result<&'a str> {
     match g.metadata.get(key) {
         Some(Value::String(s)) => Ok(s),
-        Some(v) => bail!("{}: metadata key '{key}' should be a string, found {v:?}", file(g)),
+        Some(v) => bail!(
+            "{}: metadata key '{key}' should be a string, found {v:?}",
+            file(g)
+        ),
         None => bail!("{}: metadata key '{key}' is missing", file(g)),
     }
 }
@@ -35,15 +41,23 @@ pub fn opt_u64(g: &GgufModel, key: &str) -> Result<Option<u64>> {
         Value::I64(x) => u64::try_from(x).ok(),
         _ => None,
     };
-    n.map(Some)
-        .ok_or_else(|| anyhow!("{}: metadata key '{key}' should be a non-negative integer, found {v:?}", file(g)))
+    n.map(Some).ok_or_else(|| {
+        anyhow!(
+            "{}: metadata key '{key}' should be a non-negative integer, found {v:?}",
+            file(g)
+        )
+    })
 }
 
 /// The integer at `key` as `usize`. Errors: missing, not an integer, or larger than `max`.
 pub fn get_usize(g: &GgufModel, key: &str, max: u64) -> Result<usize> {
-    let v = opt_u64(g, key)?.ok_or_else(|| anyhow!("{}: metadata key '{key}' is missing", file(g)))?;
+    let v =
+        opt_u64(g, key)?.ok_or_else(|| anyhow!("{}: metadata key '{key}' is missing", file(g)))?;
     if v > max {
-        bail!("{}: metadata key '{key}' = {v} is larger than the supported maximum {max}", file(g));
+        bail!(
+            "{}: metadata key '{key}' = {v} is larger than the supported maximum {max}",
+            file(g)
+        );
     }
     Ok(v as usize)
 }
@@ -54,6 +68,9 @@ pub fn opt_f32(g: &GgufModel, key: &str) -> Result<Option<f32>> {
         None => Ok(None),
         Some(Value::F32(x)) => Ok(Some(*x)),
         Some(Value::F64(x)) => Ok(Some(*x as f32)),
-        Some(v) => bail!("{}: metadata key '{key}' should be a float, found {v:?}", file(g)),
+        Some(v) => bail!(
+            "{}: metadata key '{key}' should be a float, found {v:?}",
+            file(g)
+        ),
     }
 }

@@ -61,7 +61,13 @@ pub trait Model: Send {
     ///
     /// Errors: a streamed weight could not be read (the message names the file), or the cache
     /// is full.
-    fn forward(&self, store: &mut WeightStore, cache: &mut KvCache, tokens: &[u32], logits: Logits) -> anyhow::Result<Vec<f32>>;
+    fn forward(
+        &self,
+        store: &mut WeightStore,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> anyhow::Result<Vec<f32>>;
     /// Where the weights live.
     fn placement(&self) -> &Placement;
 }
@@ -71,7 +77,10 @@ pub trait Model: Send {
 ///
 /// Errors: unknown architecture, missing or malformed tensors or metadata (the message names
 /// the key or tensor), a budget too small to run at all, or an unreadable file.
-pub fn load_gguf(gguf: &GgufModel, opts: &LoadOptions) -> anyhow::Result<(Box<dyn Model>, WeightStore)> {
+pub fn load_gguf(
+    gguf: &GgufModel,
+    opts: &LoadOptions,
+) -> anyhow::Result<(Box<dyn Model>, WeightStore)> {
     let arch = meta::get_str(gguf, "general.architecture")?;
     match arch {
         "gemma3" => {

@@ -41,10 +41,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         Some('t') => (&body[..body.len() - 1], 1 << 40),
         _ => (body, 1),
     };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("invalid size '{s}': expected a number with an optional K, M, G or T suffix"))?;
+    let v: f64 = num.trim().parse().map_err(|_| {
+        format!("invalid size '{s}': expected a number with an optional K, M, G or T suffix")
+    })?;
     if !(v.is_finite() && v >= 0.0) {
         return Err(format!("invalid size '{s}'"));
     }
@@ -57,10 +56,19 @@ mod tests {
 
     #[test]
     fn greedy_in_order() {
-        let c = |n: &str, b| Candidate { name: n.into(), bytes: b };
+        let c = |n: &str, b| Candidate {
+            name: n.into(),
+            bytes: b,
+        };
         let cands = [c("head", 100), c("l0", 40), c("l1", 40), c("l2", 10)];
-        assert_eq!(choose_resident(&cands, 95), (vec![false, true, true, true], 90));
-        assert_eq!(choose_resident(&cands, 200), (vec![true, true, true, true], 190));
+        assert_eq!(
+            choose_resident(&cands, 95),
+            (vec![false, true, true, true], 90)
+        );
+        assert_eq!(
+            choose_resident(&cands, 200),
+            (vec![true, true, true, true], 190)
+        );
         assert_eq!(choose_resident(&cands, 5), (vec![false; 4], 0));
     }
 
@@ -73,7 +81,10 @@ mod tests {
         assert_eq!(parse_size("4096"), Ok(4096));
         assert_eq!(
             parse_size("lots"),
-            Err("invalid size 'lots': expected a number with an optional K, M, G or T suffix".into())
+            Err(
+                "invalid size 'lots': expected a number with an optional K, M, G or T suffix"
+                    .into()
+            )
         );
     }
 }

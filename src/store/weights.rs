@@ -101,7 +101,9 @@ impl WeightStore {
 
     /// Bytes of RAM held by the stream buffers.
     pub fn stream_buffer_bytes(&self) -> usize {
-        self.streamer.as_ref().map_or(0, |s| s.slot_bytes() * s.slots())
+        self.streamer
+            .as_ref()
+            .map_or(0, |s| s.slot_bytes() * s.slots())
     }
 
     /// The shared I/O counters.
@@ -121,7 +123,10 @@ impl WeightStore {
             if !self.is_resident(id) {
                 self.expected.push_back(id);
                 let u = self.units[id].clone();
-                self.streamer.as_mut().expect("streamed unit without a streamer").submit(u);
+                self.streamer
+                    .as_mut()
+                    .expect("streamed unit without a streamer")
+                    .submit(u);
             }
         }
     }
@@ -130,7 +135,10 @@ impl WeightStore {
     /// embedding; take it with [`WeightStore::with_adhoc`] in order.
     pub fn plan_adhoc(&mut self, unit: Unit) {
         self.expected.push_back(usize::MAX);
-        self.streamer.as_mut().expect("ad-hoc unit without a streamer").submit(Arc::new(unit));
+        self.streamer
+            .as_mut()
+            .expect("ad-hoc unit without a streamer")
+            .submit(Arc::new(unit));
     }
 
     /// Runs `f` on the bytes of unit `id`: at once when resident, else after its read lands.

