@@ -1,1 +1,193 @@
-fn main() {}
+//! Kernel throughput: matvec per weight type at Gemma 3 270M shapes, in weight bytes/s, on
+//! one thread and on the whole rayon pool, against a plain memory-read bandwidth baseline.
+//!
+//! `hot` benches reuse one matrix (it stays in cache); `cold` benches rotate over copies
+//! totalling `COLD_BYTES`, more than the last-level cache, as decode does with a model.
+//! Run: `cargo bench --bench kernels -- --warm-up-time 1 --measurement-time 3`.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use deltafin::kernels::{matmul, matvec, Matrix};
+use deltafin::quant::GgmlType;
+use rayon::prelude::*;
+use std::hint::black_box;
+
+/// Bytes of the rotating weight copies in `cold` benches.
+const COLD_BYTES: usize = 1 << 30;
+
+/// Random but valid rows: random bytes with small finite f16 scales, finite floats.
+fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    let mut next = move || {
+        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let z = (s ^ (s >> 31)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z ^ (z >> 29)
+    };
+    let bytes = ty.row_bytes(cols).unwrap() * rows;
+    let mut v: Vec<u8> = Vec::with_capacity(bytes + 8);
+    while v.len() < bytes {
+        v.extend_from_slice(&next().to_le_bytes());
+    }
+    v.truncate(bytes);
+    let (bb, scales): (usize, &[usize]) = match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => (0, &[]),
+        GgmlType::Q4_K => (144, &[0, 2]),
+        GgmlType::Q6_K => (210, &[208]),
+        t => (t.block_bytes(), &[0]),
+    };
+    let half = half::f16::from_f32(0.01).to_le_bytes();
+    match ty {
+        GgmlType::F32 => v
+            .chunks_exact_mut(4)
+            .for_each(|c| c.copy_from_slice(&((c[0] as f32 - 128.0) / 64.0).to_le_bytes())),
+        GgmlType::F16 => v.chunks_exact_mut(2).for_each(|c| {
+            let f = (c[0] as f32 - 128.0) / 64.0;
+            c.copy_from_slice(&half::f16::from_f32(f).to_le_bytes())
+        }),
+        // Normal values only: subnormal weights would measure the CPU's assist path.
+        GgmlType::BF16 => v.chunks_exact_mut(2).for_each(|c| {
+            let f = (c[0] as f32 - 128.0) / 64.0;
+            c.copy_from_slice(&((f.to_bits() >> 16) as u16).to_le_bytes())
+        }),
+        _ => v.chunks_exact_mut(bb).for_each(|b| {
+            for &o in scales {
+                b[o..o + 2].copy_from_slice(&half);
+            }
+        }),
+    }
+    v
+}
+
+const TYPES: [GgmlType; 8] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
+/// Gemma 3 270M shapes (rows × cols): FFN up/gate (2048×640) and down (640×2048). K-quants
+/// need 256-column multiples, so they use 2048×768 in place of 2048×640.
+fn shapes(ty: GgmlType) -> [(usize, usize); 2] {
+    if ty.block_elems() == 256 {
+        [(2048, 768), (640, 2048)]
+    } else {
+        [(2048, 640), (640, 2048)]
+    }
+}
+
+fn one_thread() -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap()
+}
+
+fn bench_memory(c: &mut Criterion) {
+    let mut g = c.benchmark_group("memory_read");
+    for mib in [256usize, 1024] {
+        let buf: Vec<u64> = (0..mib << 17).map(|i| i as u64).collect();
+        g.throughput(Throughput::Bytes((mib << 20) as u64));
+        g.bench_function(BenchmarkId::new("1t", format!("{mib}MiB")), |b| {
+            b.iter(|| {
+                buf.chunks_exact(8).fold([0u64; 8], |mut a, c| {
+                    for k in 0..8 {
+                        a[k] = a[k].wrapping_add(c[k]);
+                    }
+                    a
+                })
+            })
+        });
+        g.bench_function(BenchmarkId::new("all", format!("{mib}MiB")), |b| {
+            b.iter(|| {
+                buf.par_chunks(1 << 16)
+                    .map(|ch| ch.iter().fold(0u64, |a, &v| a.wrapping_add(v)))
+                    .reduce(|| 0, u64::wrapping_add)
+            })
+        });
+    }
+    g.finish();
+}
+
+fn bench_matvec(c: &mut Criterion) {
+    let pool1 = one_thread();
+    let mut g = c.benchmark_group("matvec");
+    for ty in TYPES {
+        for (rows, cols) in shapes(ty) {
+            let data = weights(ty, rows, cols, 1);
+            let w = Matrix::new(ty, rows, cols, &data).unwrap();
+            let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 * 0.1).collect();
+            let mut y = vec![0f32; rows];
+            g.throughput(Throughput::Bytes(data.len() as u64));
+            let id = format!("{ty}/{rows}x{cols}");
+            g.bench_function(BenchmarkId::new("hot_1t", &id), |b| {
+                pool1.install(|| b.iter(|| matvec(&w, black_box(&x), &mut y)))
+            });
+            g.bench_function(BenchmarkId::new("hot_all", &id), |b| {
+                b.iter(|| matvec(&w, black_box(&x), &mut y))
+            });
+        }
+        // Cold: rotate over copies of the first shape totalling COLD_BYTES.
+        let (rows, cols) = shapes(ty)[0];
+        let rb = ty.row_bytes(cols).unwrap() * rows;
+        let copies = COLD_BYTES / rb;
+        let data = weights(ty, rows * copies, cols, 2);
+        let mats: Vec<Matrix> = data
+            .chunks_exact(rb)
+            .map(|d| Matrix::new(ty, rows, cols, d).unwrap())
+            .collect();
+        let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 * 0.1).collect();
+        let mut y = vec![0f32; rows];
+        g.throughput(Throughput::Bytes(rb as u64));
+        let id = format!("{ty}/{rows}x{cols}");
+        let mut k = 0;
+        g.bench_function(BenchmarkId::new("cold_1t", &id), |b| {
+            pool1.install(|| {
+                b.iter(|| {
+                    k = (k + 1) % mats.len();
+                    matvec(&mats[k], black_box(&x), &mut y)
+                })
+            })
+        });
+        g.bench_function(BenchmarkId::new("cold_all", &id), |b| {
+            b.iter(|| {
+                k = (k + 1) % mats.len();
+                matvec(&mats[k], black_box(&x), &mut y)
+            })
+        });
+    }
+    // The Q8_0 LM head of Gemma 3 270M (tied embeddings): 262144 × 640.
+    let (rows, cols) = (262_144, 640);
+    let data = weights(GgmlType::Q8_0, rows, cols, 3);
+    let w = Matrix::new(GgmlType::Q8_0, rows, cols, &data).unwrap();
+    let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 * 0.1).collect();
+    let mut y = vec![0f32; rows];
+    g.throughput(Throughput::Bytes(data.len() as u64));
+    g.bench_function(BenchmarkId::new("lm_head_1t", "Q8_0/262144x640"), |b| {
+        pool1.install(|| b.iter(|| matvec(&w, black_box(&x), &mut y)))
+    });
+    g.bench_function(BenchmarkId::new("lm_head_all", "Q8_0/262144x640"), |b| {
+        b.iter(|| matvec(&w, black_box(&x), &mut y))
+    });
+    g.finish();
+}
+
+/// Prompt batches: 64 tokens through one 2048×640 (or ×768) matrix, all threads.
+fn bench_matmul(c: &mut Criterion) {
+    let mut g = c.benchmark_group("matmul64");
+    let n = 64;
+    for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        let (rows, cols) = shapes(ty)[0];
+        let data = weights(ty, rows, cols, 4);
+        let w = Matrix::new(ty, rows, cols, &data).unwrap();
+        let x: Vec<f32> = (0..n * cols).map(|i| (i % 7) as f32 * 0.1).collect();
+        let mut y = vec![0f32; n * rows];
+        g.throughput(Throughput::Elements((n * rows * cols) as u64));
+        g.bench_function(BenchmarkId::new("all", format!("{ty}/{rows}x{cols}")), |b| {
+            b.iter(|| matmul(&w, black_box(&x), n, &mut y))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_memory, bench_matvec, bench_matmul);
+criterion_main!(benches);
