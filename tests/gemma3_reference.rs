@@ -1,6 +1,15 @@
-//! The demo model (Gemma 3 270M Q4_K_M) against llama.cpp: teacher forcing on llama.cpp's own
-//! greedy continuations (tests/fixtures/llama_gemma3_reference.json, written by
-//! tools/reference/llama_reference.py with llama-cpp-python 0.3.36).
+//! The demo model (Gemma 3 270M Q4_K_M) against two references, with teacher forcing on
+//! llama.cpp's own greedy continuations of 18 prompts (889 positions):
+//!
+//! - `exact_gemma3_reference.json`: a float64 forward pass over the dequantized weights
+//!   (tools/reference/exact_reference.py). Deltafin computes with the stored weights and f32
+//!   activations, so it must agree to f32 rounding.
+//! - `llama_gemma3_reference.json`: llama.cpp (llama-cpp-python 0.3.36,
+//!   tools/reference/llama_reference.py). llama.cpp quantizes activations to 8 bits and keeps
+//!   the KV cache in f16; its own single-token and batched passes over the same text agree on
+//!   the argmax at only 547 of 576 positions (95.0%), flip at top-2 gaps up to 1.02, and differ
+//!   by up to 5.9% on the top-1 logit. The float64 reference itself agrees with llama.cpp's
+//!   argmax at 850 of 889 positions. The bounds below are llama.cpp's own spread.
 
 mod common;
 
@@ -8,53 +17,116 @@ use deltafin::engine::sampler::argmax;
 use deltafin::models::Logits;
 use serde_json::Value;
 
-#[test]
-fn teacher_forced_argmax_and_top1_logit_match_llama_cpp() {
-    let fixture: Value =
-        serde_json::from_str(include_str!("fixtures/llama_gemma3_reference.json")).unwrap();
-    let g = common::demo_model();
-    let vocab = 262144;
-    let (mut positions, mut agree, mut worst_rel) = (0usize, 0usize, 0f64);
-    let mut report = Vec::new();
-    for case in fixture["cases"].as_array().unwrap() {
-        let name = case["name"].as_str().unwrap();
-        let ids: Vec<u32> = case["prompt_ids"]
+const VOCAB: usize = 262144;
+
+type CaseLogits = Vec<(String, Vec<u32>, Vec<f32>)>;
+
+/// Our logits for every position of every llama.cpp fixture sequence (prompt + continuation),
+/// one batch per case, computed once for both tests (both fixtures hold the same sequences).
+fn our_logits() -> &'static CaseLogits {
+    static LOGITS: std::sync::OnceLock<CaseLogits> = std::sync::OnceLock::new();
+    LOGITS.get_or_init(|| {
+        let fx: Value =
+            serde_json::from_str(include_str!("fixtures/llama_gemma3_reference.json")).unwrap();
+        let g = common::demo_model();
+        fx["cases"]
             .as_array()
             .unwrap()
             .iter()
-            .chain(case["continuation_ids"].as_array().unwrap())
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        let mut s = common::demo_session(&g, None, ids.len(), ids.len());
-        let logits = s.prefill(&ids, Logits::All).unwrap();
-        assert_eq!(logits.len(), ids.len() * vocab);
-        let pos = &case["positions"];
+            .map(|c| {
+                let mut ids = u32s(&c["prompt_ids"]);
+                ids.extend(u32s(&c["continuation_ids"]));
+                let mut s = common::demo_session(&g, None, ids.len(), ids.len());
+                let l = s.prefill(&ids, Logits::All).unwrap();
+                assert_eq!(l.len(), ids.len() * VOCAB);
+                (c["name"].as_str().unwrap().to_string(), ids, l)
+            })
+            .collect()
+    })
+}
+
+fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn logits_match_the_float64_reference() {
+    let fx: Value =
+        serde_json::from_str(include_str!("fixtures/exact_gemma3_reference.json")).unwrap();
+    let cases = fx["cases"].as_array().unwrap();
+    let ours = our_logits();
+    assert_eq!(cases.len(), ours.len());
+    let (mut worst, mut positions) = (0f64, 0);
+    for (c, (name, ids, l)) in cases.iter().zip(ours) {
+        assert_eq!(
+            &u32s(&c["ids"]),
+            ids,
+            "{name}: the fixtures' sequences differ"
+        );
         for i in 0..ids.len() {
-            let row = &logits[i * vocab..(i + 1) * vocab];
+            let row = &l[i * VOCAB..(i + 1) * VOCAB];
+            let max_abs = c["max_abs"][i].as_f64().unwrap();
+            let top = u32s(&c["top_ids"][i]);
+            for (k, &id) in top.iter().enumerate() {
+                let want = c["top_logits"][i][k].as_f64().unwrap();
+                let rel = (row[id as usize] as f64 - want).abs() / max_abs;
+                worst = worst.max(rel);
+                assert!(
+                    rel < 2e-5,
+                    "{name} position {i} token {id}: {} vs {want} (max |logit| {max_abs})",
+                    row[id as usize]
+                );
+            }
+            let gap =
+                c["top_logits"][i][0].as_f64().unwrap() - c["top_logits"][i][1].as_f64().unwrap();
+            if gap > 1e-3 {
+                assert_eq!(argmax(row), top[0] as usize, "{name} position {i}");
+            }
+            positions += 1;
+        }
+    }
+    eprintln!("{positions} positions, worst |ours - f64| / max|logit| = {worst:.2e}");
+    assert_eq!(positions, 889);
+}
+
+#[test]
+fn teacher_forced_argmax_stays_within_llama_cpp_own_spread() {
+    let fx: Value =
+        serde_json::from_str(include_str!("fixtures/llama_gemma3_reference.json")).unwrap();
+    let cases = fx["cases"].as_array().unwrap();
+    let ours = our_logits();
+    let (mut positions, mut agree) = (0usize, 0usize);
+    let mut rels = Vec::new();
+    for (c, (name, ids, l)) in cases.iter().zip(ours) {
+        let pos = &c["positions"];
+        for i in 0..ids.len() {
+            let row = &l[i * VOCAB..(i + 1) * VOCAB];
             let ref_top = pos["top_ids"][i][0].as_u64().unwrap() as usize;
             let ref_logit = pos["top_logits"][i][0].as_f64().unwrap();
             let gap = pos["gap"][i].as_f64().unwrap();
-            let ours = argmax(row);
             positions += 1;
-            if ours == ref_top {
+            if argmax(row) == ref_top {
                 agree += 1;
             } else {
-                if gap >= 0.1 {
-                    report.push(format!(
-                        "BIGGAP {name}@{i} {gap:.3} ours {ours} ref {ref_top}"
-                    ));
-                }
-                report.push(format!("{name}@{i} gap {gap:.3}"));
+                assert!(
+                    gap < 1.1,
+                    "{name} position {i}: argmax {} vs llama.cpp {ref_top}, top-2 gap {gap}",
+                    argmax(row)
+                );
             }
-            let rel = (row[ref_top] as f64 - ref_logit).abs() / ref_logit.abs();
-            worst_rel = worst_rel.max(rel);
-            if rel >= 0.02 {
-                report.push(format!("REL {name}@{i} {rel:.4}"));
-            }
+            rels.push((row[ref_top] as f64 - ref_logit).abs() / ref_logit.abs());
         }
     }
-    let rate = agree as f64 / positions as f64;
-    eprintln!("argmax agreement {agree}/{positions} ({:.2}%), worst top-1 relative difference {worst_rel:.4}, near ties: {report:?}", 100.0 * rate);
-    assert!(positions > 18 * 40, "{positions} positions");
-    assert!(rate >= 0.99, "argmax agreement {rate}");
+    rels.sort_by(f64::total_cmp);
+    let median = rels[rels.len() / 2];
+    let p95 = rels[rels.len() * 95 / 100];
+    eprintln!("argmax agreement {agree}/{positions}; top-1 logit relative difference: median {median:.4}, p95 {p95:.4}, max {:.4}", rels[rels.len() - 1]);
+    assert_eq!(positions, 889);
+    assert!(agree >= 845, "argmax agreement {agree}/{positions}");
+    assert!(median < 0.01, "median relative difference {median}");
+    assert!(p95 < 0.05, "95th percentile relative difference {p95}");
 }
