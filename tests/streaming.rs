@@ -49,7 +49,7 @@ fn logits_are_bit_identical_for_every_budget_and_batching() {
         "0/18 layers resident, LM head streamed (tied to embeddings)"
     );
     // 1 prompt pass + 3 decode passes, each reading every weight (~235 MiB)
-    assert!(b1 > 4 * 230 << 20, "streamed only {b1} bytes");
+    assert!(b1 > (4 * 230) << 20, "streamed only {b1} bytes");
     assert!(b1 < resident_load * 5, "streamed {b1} bytes");
 
     // 64 MiB: some layers resident, the LM head streamed.

@@ -19,7 +19,7 @@ pub enum Command {
     /// Fetch a known model into the model cache ($DELTAFIN_HOME, default ~/.cache/deltafin).
     Pull(pull::PullArgs),
     /// Generate text from a model, streaming weights that do not fit the RAM budget.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Print a model's architecture, tensors and byte totals.
     Inspect(inspect::InspectArgs),
 }
@@ -29,7 +29,7 @@ pub fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Pull(a) => pull::run(a),
-        Command::Run(a) => run::run(a),
+        Command::Run(a) => run::run(*a),
         Command::Inspect(a) => inspect::run(a),
     };
     match result {

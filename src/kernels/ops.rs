@@ -7,7 +7,7 @@
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     debug_assert!(x.len() == w.len() && x.len() == out.len());
     let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let scale = (1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt()) as f32;
+    let scale = 1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt();
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
         *o = v * scale * g;
     }

@@ -217,7 +217,7 @@ impl Streamer {
     /// [`Streamer::recycle`] when done. The time spent waiting is added to `wait_ns`.
     ///
     /// Errors: the unit's read failed (the message names the file and range).
-    pub fn next(&mut self) -> io::Result<UnitBytes> {
+    pub fn next_unit(&mut self) -> io::Result<UnitBytes> {
         assert!(self.pending > 0, "next() without a submitted unit");
         let t = Instant::now();
         let r = self
@@ -239,7 +239,7 @@ impl Streamer {
     /// Drains every queued unit (after an error mid-pass), returning their buffers.
     pub fn drain(&mut self) {
         while self.pending > 0 {
-            match self.next() {
+            match self.next_unit() {
                 Ok(b) => self.recycle(b),
                 Err(_) => {
                     // the failed read consumed its buffer; put a fresh one back
@@ -313,7 +313,7 @@ mod tests {
                 s.submit(u.clone());
             }
             for u in &units {
-                let b = s.next().unwrap();
+                let b = s.next_unit().unwrap();
                 for (i, r) in u.ranges.iter().enumerate() {
                     assert_eq!(
                         b.piece(i),
@@ -338,7 +338,7 @@ mod tests {
                 len: 200,
             }],
         }));
-        let e = s.next().err().unwrap().to_string();
+        let e = s.next_unit().err().unwrap().to_string();
         assert!(
             e.contains("w.bin: read of 200 bytes at offset 900 goes past the end"),
             "{e}"

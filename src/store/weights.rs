@@ -161,7 +161,7 @@ impl WeightStore {
         let want = self.expected.pop_front();
         assert_eq!(want, Some(id), "streamed units taken out of planned order");
         let s = self.streamer.as_mut().expect("streamer");
-        let b = match s.next() {
+        let b = match s.next_unit() {
             Ok(b) => b,
             Err(e) => {
                 self.expected.clear();
