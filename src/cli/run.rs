@@ -106,6 +106,7 @@ pub fn init_threads(threads: Option<usize>) {
 /// Runs `deltafin run`.
 pub fn run(a: RunArgs) -> Result<()> {
     init_threads(a.threads);
+    let t_load = std::time::Instant::now();
     let gguf = open_model(a.model.as_ref())?;
     let tok = Tokenizer::from_gguf(&gguf)?;
     let prompt = match &a.prompt {
@@ -154,6 +155,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let placement = model.placement().clone();
     drop(gguf);
     let mut session = Session::new(model, store, n_ctx, opts.n_batch);
+    let load_s = t_load.elapsed().as_secs_f64();
     let seed = a.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -195,11 +197,14 @@ pub fn run(a: RunArgs) -> Result<()> {
     let _ = writeln!(stdout);
     drop(stdout);
     if a.stats {
-        eprint!("{}", stats_table(&stats, &placement, &finish, seed));
+        eprint!("{}", stats_table(&stats, &placement, &finish, seed, load_s));
     }
     if let Some(p) = &a.stats_json {
-        std::fs::write(p, stats_json(&stats, &placement, &finish, seed).to_string())
-            .with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(
+            p,
+            stats_json(&stats, &placement, &finish, seed, load_s).to_string(),
+        )
+        .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
 }
@@ -209,7 +214,7 @@ fn mib(b: f64) -> String {
 }
 
 /// The `--stats` text.
-pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64) -> String {
+pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64, load_s: f64) -> String {
     let wait_share = if s.ttft_s + s.decode_s > 0.0 {
         100.0 * s.io_wait_s / (s.ttft_s + s.decode_s)
     } else {
@@ -217,6 +222,7 @@ pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64) -> S
     };
     format!(
         "\n--- stats ---\n\
+         load                 {load_s:.3} s (model header, tokenizer, resident weights)\n\
          prompt tokens        {}\n\
          generated tokens     {} ({:?})\n\
          time to first token  {:.3} s\n\
@@ -248,8 +254,15 @@ pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64) -> S
 }
 
 /// The `--stats-json` object.
-pub fn stats_json(s: &GenStats, p: &Placement, finish: &Finish, seed: u64) -> serde_json::Value {
+pub fn stats_json(
+    s: &GenStats,
+    p: &Placement,
+    finish: &Finish,
+    seed: u64,
+    load_s: f64,
+) -> serde_json::Value {
     serde_json::json!({
+        "load_s": load_s,
         "prompt_tokens": s.prompt_tokens,
         "generated_tokens": s.generated_tokens,
         "finish": format!("{finish:?}"),
