@@ -79,3 +79,22 @@ fn logits_are_bit_identical_for_every_budget_and_batching() {
         );
     }
 }
+
+#[test]
+fn a_read_error_mid_run_ends_the_pass_with_the_file_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.gguf");
+    std::fs::copy(common::demo_gguf(), &path).unwrap();
+    let g = deltafin::source::gguf::GgufModel::open(&path).unwrap();
+    let mut s = common::demo_session(&g, Some(12 << 20), 16, 16);
+    s.prefill(&PROMPT[..4], Logits::Last).unwrap();
+    // the file loses its tail (the last layers) while the session runs
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(200 << 20).unwrap();
+    let e = s.prefill(&PROMPT[4..], Logits::Last).unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(msg.contains("model.gguf") && msg.contains("short read"), "{msg}");
+    // the session stays sound: the next pass fails the same way instead of hanging
+    let e = s.prefill(&PROMPT[4..], Logits::Last).unwrap_err();
+    assert!(format!("{e:#}").contains("model.gguf"), "{e:#}");
+}

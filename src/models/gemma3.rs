@@ -610,20 +610,12 @@ impl Gemma3 {
                     })?;
                 }
                 Embedding::Streamed(t) => {
-                    let _ = t;
-                    store.with_adhoc(|u| dequantize_row(self.embd_ty(), u.piece(0), row))?;
+                    store.with_adhoc(|u| dequantize_row(t.ty, u.piece(0), row))?;
                 }
             }
             row.iter_mut().for_each(|v| *v *= scale);
         }
         Ok(())
-    }
-
-    fn embd_ty(&self) -> GgmlType {
-        match &self.embedding {
-            Embedding::Resident { mat, .. } => mat.ty,
-            Embedding::Streamed(t) => t.ty,
-        }
     }
 
     /// One decoder layer over `n` tokens at positions `pos0..pos0+n`, updating `x` in place.
