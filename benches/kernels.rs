@@ -7,7 +7,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use deltafin::kernels::{matmul, matvec, Matrix};
-use deltafin::quant::GgmlType;
+use deltafin::quant::{dot_row, GgmlType};
 use rayon::prelude::*;
 use std::hint::black_box;
 
@@ -79,7 +79,10 @@ fn shapes(ty: GgmlType) -> [(usize, usize); 2] {
 }
 
 fn one_thread() -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap()
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap()
 }
 
 fn bench_memory(c: &mut Criterion) {
@@ -175,19 +178,46 @@ fn bench_matvec(c: &mut Criterion) {
 fn bench_matmul(c: &mut Criterion) {
     let mut g = c.benchmark_group("matmul64");
     let n = 64;
-    for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
         let (rows, cols) = shapes(ty)[0];
         let data = weights(ty, rows, cols, 4);
         let w = Matrix::new(ty, rows, cols, &data).unwrap();
         let x: Vec<f32> = (0..n * cols).map(|i| (i % 7) as f32 * 0.1).collect();
         let mut y = vec![0f32; n * rows];
         g.throughput(Throughput::Elements((n * rows * cols) as u64));
-        g.bench_function(BenchmarkId::new("all", format!("{ty}/{rows}x{cols}")), |b| {
-            b.iter(|| matmul(&w, black_box(&x), n, &mut y))
+        g.bench_function(
+            BenchmarkId::new("all", format!("{ty}/{rows}x{cols}")),
+            |b| b.iter(|| matmul(&w, black_box(&x), n, &mut y)),
+        );
+    }
+    g.finish();
+}
+
+/// One row in L1 (`cols` = 2048 elements) per type: the kernel's compute speed.
+fn bench_dot_row(c: &mut Criterion) {
+    let mut g = c.benchmark_group("dot_row_l1");
+    for ty in TYPES {
+        let cols = 2048;
+        let data = weights(ty, 1, cols, 5);
+        let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 * 0.1).collect();
+        g.throughput(Throughput::Bytes(data.len() as u64));
+        g.bench_function(BenchmarkId::new("1t", format!("{ty}/{cols}")), |b| {
+            b.iter(|| dot_row(ty, black_box(&data), black_box(&x)))
         });
     }
     g.finish();
 }
 
-criterion_group!(benches, bench_memory, bench_matvec, bench_matmul);
+criterion_group!(
+    benches,
+    bench_memory,
+    bench_dot_row,
+    bench_matvec,
+    bench_matmul
+);
 criterion_main!(benches);
