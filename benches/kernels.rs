@@ -7,7 +7,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use deltafin::kernels::{matmul, matvec, Matrix};
-use deltafin::quant::GgmlType;
+use deltafin::quant::{dot_row, GgmlType};
 use rayon::prelude::*;
 use std::hint::black_box;
 
@@ -198,5 +198,26 @@ fn bench_matmul(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_memory, bench_matvec, bench_matmul);
+/// One row in L1 (`cols` = 2048 elements) per type: the kernel's compute speed.
+fn bench_dot_row(c: &mut Criterion) {
+    let mut g = c.benchmark_group("dot_row_l1");
+    for ty in TYPES {
+        let cols = 2048;
+        let data = weights(ty, 1, cols, 5);
+        let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 * 0.1).collect();
+        g.throughput(Throughput::Bytes(data.len() as u64));
+        g.bench_function(BenchmarkId::new("1t", format!("{ty}/{cols}")), |b| {
+            b.iter(|| dot_row(ty, black_box(&data), black_box(&x)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_memory,
+    bench_dot_row,
+    bench_matvec,
+    bench_matmul
+);
 criterion_main!(benches);

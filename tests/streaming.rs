@@ -93,7 +93,10 @@ fn a_read_error_mid_run_ends_the_pass_with_the_file_named() {
     f.set_len(200 << 20).unwrap();
     let e = s.prefill(&PROMPT[4..], Logits::Last).unwrap_err();
     let msg = format!("{e:#}");
-    assert!(msg.contains("model.gguf") && msg.contains("short read"), "{msg}");
+    assert!(
+        msg.contains("model.gguf") && msg.contains("short read"),
+        "{msg}"
+    );
     // the session stays sound: the next pass fails the same way instead of hanging
     let e = s.prefill(&PROMPT[4..], Logits::Last).unwrap_err();
     assert!(format!("{e:#}").contains("model.gguf"), "{e:#}");

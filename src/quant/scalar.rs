@@ -10,7 +10,31 @@ use super::ROUND;
 /// Decodes a little-endian IEEE half at `b[0..2]` (exact conversion).
 #[inline(always)]
 pub(crate) fn f16_at(b: &[u8]) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+    f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+}
+
+/// Exact IEEE binary16 → binary32 conversion in integer arithmetic (IEEE 754-2008 §3.6
+/// layouts: 5/10 vs 8/23 exponent/fraction bits, bias 15 vs 127). The SIMD levels use it
+/// for block scales: a vector conversion of one lane makes LLVM insert into (and so wait
+/// for) an unrelated register. NaNs keep their payload bits.
+#[inline(always)]
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h & 0x8000) as u32) << 16;
+    let exp = ((h >> 10) & 0x1F) as u32;
+    let man = (h & 0x3FF) as u32;
+    if exp.wrapping_sub(1) < 30 {
+        f32::from_bits(sign | ((exp + 112) << 23) | (man << 13))
+    } else if exp == 0x1F {
+        f32::from_bits(sign | 0x7F80_0000 | (man << 13))
+    } else {
+        // Zero or subnormal: man × 2^-24, exact in f32.
+        let v = man as f32 * (1.0 / 16_777_216.0);
+        if sign != 0 {
+            -v
+        } else {
+            v
+        }
+    }
 }
 
 /// F32 rows: little-endian f32 elements (`src.len() == 4 * dst.len()`).

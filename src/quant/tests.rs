@@ -203,3 +203,19 @@ fn known_q4_0_dot() {
         );
     }
 }
+
+#[test]
+fn f16_conversion_is_exact_for_every_bit_pattern() {
+    let mut nans = 0;
+    for h in 0..=u16::MAX {
+        let got = scalar::f16_to_f32(h);
+        let want = half::f16::from_bits(h).to_f32();
+        if want.is_nan() {
+            assert!(got.is_nan(), "{h:#06x}");
+            nans += 1;
+        } else {
+            assert_eq!(got.to_bits(), want.to_bits(), "{h:#06x}");
+        }
+    }
+    assert_eq!(nans, 2 * 1023);
+}

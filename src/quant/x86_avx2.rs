@@ -4,7 +4,7 @@
 //! as the scalar decoders, so dequantization is exact and `dot_f32(dequantized, x)` equals
 //! the fused dot bit for bit.
 
-use super::scalar::{decode_bf16, decode_f16, decode_f32, q4k_scales};
+use super::scalar::{decode_bf16, decode_f16, decode_f32};
 use super::{LevelKernels, ROUND};
 use std::arch::x86_64::*;
 
@@ -33,17 +33,15 @@ fn finish(acc: &Acc) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// The IEEE half at `p` as f32 (exact, F16C).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16s(p: *const u8) -> f32 {
-    let bits = (p as *const u16).read_unaligned().to_le();
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+/// The IEEE half at `p` as f32 (exact).
+#[inline(always)]
+pub(super) unsafe fn f16s(p: *const u8) -> f32 {
+    super::scalar::f16_to_f32((p as *const u16).read_unaligned().to_le())
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load16(p: *const u8) -> __m128i {
+pub(super) unsafe fn load16(p: *const u8) -> __m128i {
     _mm_loadu_si128(p as *const __m128i)
 }
 
@@ -143,20 +141,62 @@ unsafe fn blk_q5_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
     emit::<S>(w, x, dst, acc);
 }
 
+/// The eight Q4_K sub-block factors `(d * sc[r], dmin * m[r])` of the block at `p`, unpacked
+/// as in `scalar::q4k_scales` four bytes at a time and multiplied in f32 (same roundings).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4k_factors(p: *const u8) -> ([f32; 8], [f32; 8]) {
+    let d = f16s(p);
+    let dmin = f16s(p.add(2));
+    let w = |o: usize| (p.add(4 + o) as *const u32).read_unaligned().to_le();
+    let (a, b, c) = (w(0), w(4), w(8));
+    let sc_lo = a & 0x3F3F_3F3F;
+    let m_lo = b & 0x3F3F_3F3F;
+    let sc_hi = (c & 0x0F0F_0F0F) | (((a >> 6) & 0x0303_0303) << 4);
+    let m_hi = ((c >> 4) & 0x0F0F_0F0F) | (((b >> 6) & 0x0303_0303) << 4);
+    let widen = |lo: u32, hi: u32| {
+        let v = _mm_cvtsi64_si128((lo as u64 | (hi as u64) << 32) as i64);
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
+    };
+    let mut ds = [0f32; 8];
+    let mut ms = [0f32; 8];
+    _mm256_storeu_ps(
+        ds.as_mut_ptr(),
+        _mm256_mul_ps(_mm256_set1_ps(d), widen(sc_lo, sc_hi)),
+    );
+    _mm256_storeu_ps(
+        ms.as_mut_ptr(),
+        _mm256_mul_ps(_mm256_set1_ps(dmin), widen(m_lo, m_hi)),
+    );
+    (ds, ms)
+}
+
+/// The sixteen Q6_K factors `d * sc[i]` of the block at `p` (f32 products, as scalar).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6k_factors(p: *const u8) -> [f32; 16] {
+    let d = _mm256_set1_ps(f16s(p.add(208)));
+    let sc = load16(p.add(192));
+    let mut out = [0f32; 16];
+    let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc));
+    let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc)));
+    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(d, lo));
+    _mm256_storeu_ps(out.as_mut_ptr().add(8), _mm256_mul_ps(d, hi));
+    out
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn blk_q4_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
-    let d = f16s(p);
-    let dmin = f16s(p.add(2));
-    let (sc, mn) = q4k_scales(std::slice::from_raw_parts(p.add(4), 12));
+    let (ds, ms) = q4k_factors(p);
     let m = _mm_set1_epi8(15);
     for g in 0..4 {
         let a0 = load16(p.add(16 + 32 * g));
         let a1 = load16(p.add(32 + 32 * g));
         for h in 0..2 {
             let r = 2 * g + h;
-            let d1 = _mm256_set1_ps(d * sc[r] as f32);
-            let m1 = _mm256_set1_ps(dmin * mn[r] as f32);
+            let d1 = _mm256_set1_ps(ds[r]);
+            let m1 = _mm256_set1_ps(ms[r]);
             let (n0, n1) = if h == 0 {
                 (_mm_and_si128(a0, m), _mm_and_si128(a1, m))
             } else {
@@ -193,14 +233,14 @@ unsafe fn q6_8(ql: *const u8, qh: *const u8, c: usize, k: usize) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn blk_q6_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
-    let d = f16s(p.add(208));
+    let f = q6k_factors(p);
     let off = _mm256_set1_epi32(32);
     for h in 0..2 {
         let ql = p.add(64 * h);
         let qh = p.add(128 + 32 * h);
         for c in (0..8).step_by(2) {
-            let d0 = _mm256_set1_ps(d * (*p.add(192 + 8 * h + c) as i8) as f32);
-            let d1 = _mm256_set1_ps(d * (*p.add(193 + 8 * h + c) as i8) as f32);
+            let d0 = _mm256_set1_ps(f[8 * h + c]);
+            let d1 = _mm256_set1_ps(f[8 * h + c + 1]);
             let w = [
                 scaled(d0, _mm256_sub_epi32(q6_8(ql, qh, c, 0), off)),
                 scaled(d0, _mm256_sub_epi32(q6_8(ql, qh, c, 1), off)),

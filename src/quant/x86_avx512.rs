@@ -4,7 +4,7 @@
 //! with the same roundings as the scalar decoders, so dequantization is exact and
 //! `dot_f32(dequantized, x)` equals the fused dot bit for bit.
 
-use super::scalar::q4k_scales;
+use super::x86_avx2::{q4k_factors, q6k_factors};
 use super::{LevelKernels, ROUND};
 use std::arch::x86_64::*;
 
@@ -42,12 +42,10 @@ fn finish(acc: &Acc) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// The IEEE half at `p` as f32 (exact, F16C).
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+/// The IEEE half at `p` as f32 (exact).
+#[inline(always)]
 unsafe fn f16s(p: *const u8) -> f32 {
-    let bits = (p as *const u16).read_unaligned().to_le();
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    super::scalar::f16_to_f32((p as *const u16).read_unaligned().to_le())
 }
 
 #[inline]
@@ -136,17 +134,15 @@ unsafe fn blk_q5_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn blk_q4_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
-    let d = f16s(p);
-    let dmin = f16s(p.add(2));
-    let (sc, mn) = q4k_scales(std::slice::from_raw_parts(p.add(4), 12));
+    let (ds, ms) = q4k_factors(p);
     let m = _mm_set1_epi8(15);
     for g in 0..4 {
         let a0 = load16(p.add(16 + 32 * g));
         let a1 = load16(p.add(32 + 32 * g));
         for h in 0..2 {
             let r = 2 * g + h;
-            let d1 = _mm512_set1_ps(d * sc[r] as f32);
-            let m1 = _mm512_set1_ps(dmin * mn[r] as f32);
+            let d1 = _mm512_set1_ps(ds[r]);
+            let m1 = _mm512_set1_ps(ms[r]);
             let (n0, n1) = if h == 0 {
                 (_mm_and_si128(a0, m), _mm_and_si128(a1, m))
             } else {
@@ -184,18 +180,16 @@ unsafe fn q6_chunk(ql: *const u8, qh: *const u8, c: usize) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn blk_q6_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
-    let d = f16s(p.add(208));
+    let f = q6k_factors(p);
     let off = _mm512_set1_epi32(32);
     for h in 0..2 {
         let ql = p.add(64 * h);
         let qh = p.add(128 + 32 * h);
         for c in (0..8).step_by(2) {
-            let s0 = *p.add(192 + 8 * h + c) as i8;
-            let s1 = *p.add(193 + 8 * h + c) as i8;
             let q0 = _mm512_sub_epi32(q6_chunk(ql, qh, c), off);
             let q1 = _mm512_sub_epi32(q6_chunk(ql, qh, c + 1), off);
-            let w0 = scaled(_mm512_set1_ps(d * s0 as f32), q0);
-            let w1 = scaled(_mm512_set1_ps(d * s1 as f32), q1);
+            let w0 = scaled(_mm512_set1_ps(f[8 * h + c]), q0);
+            let w1 = scaled(_mm512_set1_ps(f[8 * h + c + 1]), q1);
             let e = 128 * h + 16 * c;
             emit::<S>(w0, w1, x.wrapping_add(e), dst.wrapping_add(e), acc);
         }
