@@ -9,11 +9,13 @@ use super::packed::{PackedBytes, PackedStrs};
 use crate::source::gguf::Value;
 
 /// Token type codes of `tokenizer.ggml.token_type` (llama.cpp `llama_token_type`).
-pub(crate) const TYPE_NORMAL: i32 = 1;
-pub(crate) const TYPE_UNKNOWN: i32 = 2;
-pub(crate) const TYPE_CONTROL: i32 = 3;
-pub(crate) const TYPE_USER_DEFINED: i32 = 4;
-pub(crate) const TYPE_BYTE: i32 = 6;
+/// `LLAMA_TOKEN_TYPE_UNDEFINED`; also stands for values outside `i8`, which match no type.
+pub(crate) const TYPE_UNDEFINED: i8 = 0;
+pub(crate) const TYPE_NORMAL: i8 = 1;
+pub(crate) const TYPE_UNKNOWN: i8 = 2;
+pub(crate) const TYPE_CONTROL: i8 = 3;
+pub(crate) const TYPE_USER_DEFINED: i8 = 4;
+pub(crate) const TYPE_BYTE: i8 = 6;
 
 /// Texts that llama.cpp treats as end-of-generation tokens wherever they appear in a
 /// vocabulary (`llama_vocab::impl::load`, "maintain a list of tokens that cause
@@ -46,8 +48,9 @@ const EOG_TEXTS: &[&str] = &[
 /// Attributes of one token after llama.cpp's adjustments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Attr {
-    /// Raw `token_type` value from the file.
-    pub ty: i32,
+    /// Raw `token_type` value from the file ([`TYPE_UNDEFINED`] when outside `i8`: no type
+    /// is compared against it then). One byte: there is one `Attr` per token.
+    pub ty: i8,
     /// Control attribute (type 3, or forced because the token ends generation).
     pub control: bool,
 }
@@ -205,9 +208,11 @@ impl Vocab {
                 a.iter()
                     .enumerate()
                     .map(|(i, v)| {
-                        as_i64(v).map(|x| x as i32).ok_or_else(|| {
-                            anyhow!("tokenizer.ggml.token_type[{i}] is not an integer: {v:?}")
-                        })
+                        as_i64(v)
+                            .map(|x| i8::try_from(x).unwrap_or(TYPE_UNDEFINED))
+                            .ok_or_else(|| {
+                                anyhow!("tokenizer.ggml.token_type[{i}] is not an integer: {v:?}")
+                            })
                     })
                     .collect::<Result<Vec<_>>>()?
             }
