@@ -221,3 +221,67 @@ pub fn release_freed_memory() -> bool {
         false
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (text, score, token type); "a" twice, and a type outside `i8`.
+    const VOCAB: &[(&str, f32, i32)] = &[
+        ("<unk>", 0.0, 2),      // 0
+        ("<s>", 0.0, 3),        // 1
+        ("a", -3.0, 1),         // 2
+        ("b", -4.0, 1),         // 3
+        ("ab", -1.0, 1),        // 4
+        ("a", -5.0, 1),         // 5: a later duplicate wins the text
+        ("\u{2581}b", -2.0, 1), // 6
+        ("<0x41>", 0.0, 6),     // 7
+        ("c", -6.0, 300),       // 8: unknown type, renders as nothing
+        ("\u{2581}", -7.0, 1),  // 9
+    ];
+
+    fn tok() -> Tokenizer {
+        let col = |f: fn(&(&str, f32, i32)) -> Value| Value::Array(VOCAB.iter().map(f).collect());
+        let mut m = BTreeMap::new();
+        m.insert("tokenizer.ggml.model".into(), Value::String("llama".into()));
+        m.insert(
+            "tokenizer.ggml.tokens".into(),
+            col(|t| Value::String(t.0.into())),
+        );
+        m.insert("tokenizer.ggml.scores".into(), col(|t| Value::F32(t.1)));
+        m.insert("tokenizer.ggml.token_type".into(), col(|t| Value::I32(t.2)));
+        m.insert("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false));
+        Tokenizer::from_gguf_metadata(&m).unwrap()
+    }
+
+    #[test]
+    fn duplicate_texts_resolve_to_the_last_id() {
+        let t = tok();
+        assert_eq!(t.vocab_size(), 10);
+        assert_eq!(t.token_id("a"), Some(5));
+        assert_eq!(t.token_id("\u{2581}b"), Some(6));
+        assert_eq!(t.token_id("zz"), None);
+        assert_eq!(t.token_text(2), Some("a"));
+        assert_eq!(t.token_text(5), Some("a"));
+        assert_eq!(t.token_text(10), None);
+        // The BPE starts from the winning id of "a" and merges "a"+"b" into "ab".
+        assert_eq!(t.encode("a", false, false).unwrap(), [5]);
+        assert_eq!(t.encode("ab b", false, false).unwrap(), [4, 6]);
+        // "A" is not a token: byte fallback.
+        assert_eq!(t.encode("Ac", false, false).unwrap(), [7, 8]);
+    }
+
+    #[test]
+    fn packed_pieces_follow_token_types() {
+        let t = tok();
+        assert_eq!(t.token_to_piece(6, false), b" b");
+        assert_eq!(t.token_to_piece(7, false), b"A");
+        assert_eq!(t.token_to_piece(8, true), b"");
+        assert_eq!(t.token_to_piece(0, false), b"");
+        assert_eq!(t.token_to_piece(0, true), b"<unk>");
+        assert_eq!(t.token_to_piece(1, true), b"<s>");
+        assert_eq!(t.token_to_piece(9, false), b" ");
+        assert_eq!(t.token_to_piece(10, true), b"");
+        assert_eq!(t.decode(&[4, 6, 7], false), "ab bA");
+    }
+}
