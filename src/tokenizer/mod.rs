@@ -7,17 +7,16 @@
 //! text first), and decoding concatenates llama.cpp's token pieces. Chat templates live in
 //! [`chat`], streamed detokenization in [`stream`].
 
+mod bpe;
 pub mod chat;
+mod packed;
 mod partition;
 pub mod stream;
 mod vocab;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use anyhow::{anyhow, bail, Context, Result};
-use rayon::prelude::*;
-use tokenizers::models::bpe::BPE;
-use tokenizers::normalizers::Replace;
 
 use crate::source::gguf::{GgufModel, Value};
 pub use chat::{ChatTemplate, Message};
@@ -29,8 +28,8 @@ pub struct Tokenizer {
     vocab: Vocab,
     /// Tokenizes one raw-text fragment (no special tokens inside) with the model's BPE.
     bpe: tokenizers::Tokenizer,
-    /// Bytes of every token as llama.cpp renders it with `special = true`.
-    pieces: Vec<Vec<u8>>,
+    /// Bytes of every token as llama.cpp renders it with `special = true`, by id.
+    pieces: packed::PackedBytes,
     /// Special and user-defined tokens, split out of raw text before BPE.
     specials: partition::SpecialMatcher,
 }
@@ -67,60 +66,17 @@ impl Tokenizer {
         }
     }
 
-    fn build_spm(vocab: Vocab) -> Result<Tokenizer> {
-        let n = vocab.texts.len();
-        // llama.cpp looks tokens up by text; a later duplicate wins (`token_to_id[word] = i`).
-        let mut ids: HashMap<&str, u32, FastHash> = HashMap::with_capacity_and_hasher(n, FastHash);
-        for (i, t) in vocab.texts.iter().enumerate() {
-            ids.insert(t.as_str(), i as u32);
-        }
-        // llama.cpp's SentencePiece BPE merges, among adjacent symbols whose concatenation is
-        // a token, the one whose token has the highest score (leftmost on ties). In BPE terms
-        // every split of a token into two tokens is a merge, ranked by the merged token's score.
-        let (texts, scores) = (&vocab.texts, &vocab.scores);
-        let mut merges: Vec<(f32, u32, usize)> = (0..n as u32)
-            .into_par_iter()
-            .flat_map_iter(|id| {
-                let t = texts[id as usize].as_str();
-                let ids = &ids;
-                let live = ids.get(t) == Some(&id);
-                t.char_indices()
-                    .skip(1)
-                    .filter(move |&(cut, _)| {
-                        live && ids.contains_key(&t[..cut]) && ids.contains_key(&t[cut..])
-                    })
-                    .map(move |(cut, _)| (scores[id as usize], id, cut))
-            })
-            .collect();
-        merges.par_sort_unstable_by(|a, b| {
-            b.0.partial_cmp(&a.0)
-                .unwrap_or(std::cmp::Ordering::Equal)
-                .then(a.1.cmp(&b.1))
-                .then(a.2.cmp(&b.2))
-        });
-        let merges: Vec<(String, String)> = merges
-            .into_iter()
-            .map(|(_, id, cut)| {
-                let t = &vocab.texts[id as usize];
-                (t[..cut].to_string(), t[cut..].to_string())
-            })
-            .collect();
-        let bpe_vocab: tokenizers::models::bpe::Vocab =
-            ids.iter().map(|(t, &i)| (t.to_string(), i)).collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(bpe_vocab, merges)
-            .byte_fallback(true)
-            .build()
-            .map_err(|e| anyhow!("building the BPE model: {e}"))?;
-        let mut tk = tokenizers::Tokenizer::new(bpe);
-        let escape = Replace::new(" ", "\u{2581}").map_err(|e| anyhow!("{e}"))?;
-        tk.with_normalizer(Some(escape));
-
-        let pieces = (0..n).into_par_iter().map(|i| vocab.spm_piece(i)).collect();
+    /// Builds the BPE first (the large structures), then the small ones, then hands the
+    /// memory freed by construction back to the system ([`release_freed_memory`]).
+    fn build_spm(mut vocab: Vocab) -> Result<Tokenizer> {
+        let scores = std::mem::take(&mut vocab.scores);
+        let bpe = bpe::build(&vocab, scores)?;
+        let pieces = vocab.spm_pieces()?;
         let specials = partition::SpecialMatcher::new(&vocab);
+        release_freed_memory();
         Ok(Tokenizer {
             vocab,
-            bpe: tk,
+            bpe,
             pieces,
             specials,
         })
@@ -155,17 +111,13 @@ impl Tokenizer {
 
     /// The stored text of token `id` (with `▁` for spaces, `<0xNN>` for bytes), if in range.
     pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.vocab.texts.get(id as usize).map(String::as_str)
+        self.vocab.texts.get(id as usize)
     }
 
     /// Looks a token up by its stored text.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        // Rarely used; a linear scan keeps the tokenizer free of a second map.
-        self.vocab
-            .texts
-            .iter()
-            .rposition(|t| t == text)
-            .map(|i| i as u32)
+        // The BPE's vocabulary holds every text with llama.cpp's id (a later duplicate wins).
+        self.bpe.token_to_id(text)
     }
 
     /// Bytes of one token as llama.cpp's `llama_token_to_piece(lstrip = 0)` gives them: control
@@ -252,34 +204,84 @@ impl Tokenizer {
     }
 }
 
-/// FxHash-style hasher for the build-time text → id map (std's SipHash is needlessly slow for
-/// 262k keys of trusted data). Multiply-rotate per 8-byte word, as in rustc's `FxHasher`.
-#[derive(Clone, Copy, Default)]
-struct FastHash;
-
-#[derive(Default)]
-struct FastHasher(u64);
-
-impl std::hash::BuildHasher for FastHash {
-    type Hasher = FastHasher;
-    fn build_hasher(&self) -> FastHasher {
-        FastHasher(0)
+/// Hands memory that the allocator keeps but no longer uses back to the operating system
+/// (glibc `malloc_trim(0)`, see `malloc_trim(3)`). Building a [`Tokenizer`] frees ~60 MB of
+/// small blocks (the BPE builder's merge strings) that would otherwise stay in the resident set,
+/// so [`Tokenizer::from_gguf`] calls it; it is worth calling again after dropping the GGUF
+/// metadata for the same reason. Returns whether any memory was released; always `false`
+/// where the C library is not glibc.
+pub fn release_freed_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim takes no pointers; it only walks glibc's own heaps under their locks.
+        unsafe { libc::malloc_trim(0) != 0 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
     }
 }
 
-impl std::hash::Hasher for FastHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0x517c_c1b7_2722_0a95;
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let w = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
-            self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(K);
-        }
-        for &b in chunks.remainder() {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(K);
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (text, score, token type); "a" twice, and a type outside `i8`.
+    const VOCAB: &[(&str, f32, i32)] = &[
+        ("<unk>", 0.0, 2),      // 0
+        ("<s>", 0.0, 3),        // 1
+        ("a", -3.0, 1),         // 2
+        ("b", -4.0, 1),         // 3
+        ("ab", -1.0, 1),        // 4
+        ("a", -5.0, 1),         // 5: a later duplicate wins the text
+        ("\u{2581}b", -2.0, 1), // 6
+        ("<0x41>", 0.0, 6),     // 7
+        ("c", -6.0, 300),       // 8: unknown type, renders as nothing
+        ("\u{2581}", -7.0, 1),  // 9
+    ];
+
+    fn tok() -> Tokenizer {
+        let col = |f: fn(&(&str, f32, i32)) -> Value| Value::Array(VOCAB.iter().map(f).collect());
+        let mut m = BTreeMap::new();
+        m.insert("tokenizer.ggml.model".into(), Value::String("llama".into()));
+        m.insert(
+            "tokenizer.ggml.tokens".into(),
+            col(|t| Value::String(t.0.into())),
+        );
+        m.insert("tokenizer.ggml.scores".into(), col(|t| Value::F32(t.1)));
+        m.insert("tokenizer.ggml.token_type".into(), col(|t| Value::I32(t.2)));
+        m.insert("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false));
+        Tokenizer::from_gguf_metadata(&m).unwrap()
     }
-    fn finish(&self) -> u64 {
-        self.0
+
+    #[test]
+    fn duplicate_texts_resolve_to_the_last_id() {
+        let t = tok();
+        assert_eq!(t.vocab_size(), 10);
+        assert_eq!(t.token_id("a"), Some(5));
+        assert_eq!(t.token_id("\u{2581}b"), Some(6));
+        assert_eq!(t.token_id("zz"), None);
+        assert_eq!(t.token_text(2), Some("a"));
+        assert_eq!(t.token_text(5), Some("a"));
+        assert_eq!(t.token_text(10), None);
+        // The BPE starts from the winning id of "a" and merges "a"+"b" into "ab".
+        assert_eq!(t.encode("a", false, false).unwrap(), [5]);
+        assert_eq!(t.encode("ab b", false, false).unwrap(), [4, 6]);
+        // "A" is not a token: byte fallback.
+        assert_eq!(t.encode("Ac", false, false).unwrap(), [7, 8]);
+    }
+
+    #[test]
+    fn packed_pieces_follow_token_types() {
+        let t = tok();
+        assert_eq!(t.token_to_piece(6, false), b" b");
+        assert_eq!(t.token_to_piece(7, false), b"A");
+        assert_eq!(t.token_to_piece(8, true), b"");
+        assert_eq!(t.token_to_piece(0, false), b"");
+        assert_eq!(t.token_to_piece(0, true), b"<unk>");
+        assert_eq!(t.token_to_piece(1, true), b"<s>");
+        assert_eq!(t.token_to_piece(9, false), b" ");
+        assert_eq!(t.token_to_piece(10, true), b"");
+        assert_eq!(t.decode(&[4, 6, 7], false), "ab bA");
     }
 }

@@ -40,19 +40,18 @@ impl SpecialMatcher {
     pub fn new(vocab: &Vocab) -> SpecialMatcher {
         let mut ids: Vec<u32> = (0..vocab.texts.len() as u32)
             .filter(|&i| {
-                vocab.attrs[i as usize].is_special_cacheable()
-                    && !vocab.texts[i as usize].is_empty()
+                vocab.attrs[i as usize].is_special_cacheable() && !vocab.text(i as usize).is_empty()
             })
             .collect();
         ids.sort_by(|&a, &b| {
-            let (ta, tb) = (&vocab.texts[a as usize], &vocab.texts[b as usize]);
+            let (ta, tb) = (vocab.text(a as usize), vocab.text(b as usize));
             tb.len().cmp(&ta.len()).then(a.cmp(&b))
         });
         let mut by_prio = Vec::with_capacity(ids.len());
         let mut by_text = HashMap::with_capacity(ids.len());
         let mut lengths = vec![Vec::new(); 256];
         for (prio, &id) in ids.iter().enumerate() {
-            let text = vocab.texts[id as usize].as_bytes().to_vec();
+            let text = vocab.text(id as usize).as_bytes().to_vec();
             by_text.entry(text.clone()).or_insert(prio as u32);
             let l: &mut Vec<usize> = &mut lengths[text[0] as usize];
             if !l.contains(&text.len()) {

@@ -5,14 +5,17 @@ use std::collections::BTreeMap;
 
 use anyhow::{anyhow, bail, Result};
 
+use super::packed::{PackedBytes, PackedStrs};
 use crate::source::gguf::Value;
 
 /// Token type codes of `tokenizer.ggml.token_type` (llama.cpp `llama_token_type`).
-pub(crate) const TYPE_NORMAL: i32 = 1;
-pub(crate) const TYPE_UNKNOWN: i32 = 2;
-pub(crate) const TYPE_CONTROL: i32 = 3;
-pub(crate) const TYPE_USER_DEFINED: i32 = 4;
-pub(crate) const TYPE_BYTE: i32 = 6;
+/// `LLAMA_TOKEN_TYPE_UNDEFINED`; also stands for values outside `i8`, which match no type.
+pub(crate) const TYPE_UNDEFINED: i8 = 0;
+pub(crate) const TYPE_NORMAL: i8 = 1;
+pub(crate) const TYPE_UNKNOWN: i8 = 2;
+pub(crate) const TYPE_CONTROL: i8 = 3;
+pub(crate) const TYPE_USER_DEFINED: i8 = 4;
+pub(crate) const TYPE_BYTE: i8 = 6;
 
 /// Texts that llama.cpp treats as end-of-generation tokens wherever they appear in a
 /// vocabulary (`llama_vocab::impl::load`, "maintain a list of tokens that cause
@@ -45,8 +48,9 @@ const EOG_TEXTS: &[&str] = &[
 /// Attributes of one token after llama.cpp's adjustments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Attr {
-    /// Raw `token_type` value from the file.
-    pub ty: i32,
+    /// Raw `token_type` value from the file ([`TYPE_UNDEFINED`] when outside `i8`: no type
+    /// is compared against it then). One byte: there is one `Attr` per token.
+    pub ty: i8,
     /// Control attribute (type 3, or forced because the token ends generation).
     pub control: bool,
 }
@@ -67,7 +71,9 @@ impl Attr {
 pub(crate) struct Vocab {
     /// `tokenizer.ggml.model`, e.g. `llama`.
     pub model: String,
-    pub texts: Vec<String>,
+    /// Token texts by id, packed.
+    pub texts: PackedStrs,
+    /// `tokenizer.ggml.scores` by id; only needed while building the BPE merges.
     pub scores: Vec<f32>,
     pub attrs: Vec<Attr>,
     pub bos: Option<u32>,
@@ -157,14 +163,20 @@ impl Vocab {
         let tokens = array(meta, "tokenizer.ggml.tokens")?
             .ok_or_else(|| anyhow!("GGUF metadata has no tokenizer.ggml.tokens"))?;
         let n = tokens.len();
-        let texts = tokens
+        let total: usize = tokens
             .iter()
-            .enumerate()
-            .map(|(i, v)| match v {
-                Value::String(s) => Ok(s.clone()),
-                other => bail!("tokenizer.ggml.tokens[{i}] is not a string: {other:?}"),
+            .map(|v| match v {
+                Value::String(s) => s.len(),
+                _ => 0,
             })
-            .collect::<Result<Vec<_>>>()?;
+            .sum();
+        let mut texts = PackedStrs::with_capacity(n, total);
+        for (i, v) in tokens.iter().enumerate() {
+            match v {
+                Value::String(s) => texts.push(s)?,
+                other => bail!("tokenizer.ggml.tokens[{i}] is not a string: {other:?}"),
+            }
+        }
         let scores = match array(meta, "tokenizer.ggml.scores")? {
             None => vec![0.0; n],
             Some(a) => {
@@ -196,9 +208,11 @@ impl Vocab {
                 a.iter()
                     .enumerate()
                     .map(|(i, v)| {
-                        as_i64(v).map(|x| x as i32).ok_or_else(|| {
-                            anyhow!("tokenizer.ggml.token_type[{i}] is not an integer: {v:?}")
-                        })
+                        as_i64(v)
+                            .map(|x| i8::try_from(x).unwrap_or(TYPE_UNDEFINED))
+                            .ok_or_else(|| {
+                                anyhow!("tokenizer.ggml.token_type[{i}] is not an integer: {v:?}")
+                            })
                     })
                     .collect::<Result<Vec<_>>>()?
             }
@@ -225,7 +239,7 @@ impl Vocab {
             eog.extend(opt_id(meta, key, n)?);
         }
         for (i, t) in texts.iter().enumerate() {
-            if EOG_TEXTS.contains(&t.as_str()) {
+            if EOG_TEXTS.contains(&t) {
                 eog.push(i as u32);
                 attrs[i].control = true;
             }
@@ -249,20 +263,48 @@ impl Vocab {
         })
     }
 
-    /// Bytes that llama.cpp's `token_to_piece` yields for `id` with `special = true`
-    /// (SentencePiece vocabularies: `▁` becomes a space, `<0xNN>` tokens one byte, unused and
-    /// undefined types nothing).
-    pub fn spm_piece(&self, id: usize) -> Vec<u8> {
-        let text = &self.texts[id];
+    /// Text of token `id`; panics when out of range (callers iterate over `0..texts.len()`).
+    pub fn text(&self, id: usize) -> &str {
+        self.texts.get(id).expect("token id within the vocabulary")
+    }
+
+    /// Appends to `out` the bytes that llama.cpp's `token_to_piece` yields for `id` with
+    /// `special = true` (SentencePiece vocabularies: `▁` becomes a space, `<0xNN>` tokens one
+    /// byte, unused and undefined types nothing).
+    pub fn spm_piece_into(&self, id: usize, out: &mut Vec<u8>) {
+        let text = self.text(id);
         let a = self.attrs[id];
         if a.control || a.ty == TYPE_UNKNOWN || a.ty == TYPE_USER_DEFINED {
-            return text.as_bytes().to_vec();
+            out.extend_from_slice(text.as_bytes());
+            return;
         }
         match a.ty {
-            TYPE_NORMAL => text.replace('\u{2581}', " ").into_bytes(),
-            TYPE_BYTE => parse_byte_token(text).map(|b| vec![b]).unwrap_or_default(),
-            _ => Vec::new(),
+            TYPE_NORMAL => {
+                for (k, part) in text.split('\u{2581}').enumerate() {
+                    if k > 0 {
+                        out.push(b' ');
+                    }
+                    out.extend_from_slice(part.as_bytes());
+                }
+            }
+            TYPE_BYTE => out.extend(parse_byte_token(text)),
+            _ => {}
         }
+    }
+
+    /// Every token's [`spm_piece_into`](Self::spm_piece_into) bytes, packed. Errors only past
+    /// 4 GiB of pieces.
+    pub fn spm_pieces(&self) -> Result<PackedBytes> {
+        let n = self.texts.len();
+        let mut pieces = PackedBytes::with_capacity(n, self.texts.total_bytes());
+        let mut one = Vec::new();
+        for id in 0..n {
+            one.clear();
+            self.spm_piece_into(id, &mut one);
+            pieces.push(&one)?;
+        }
+        pieces.shrink_to_fit();
+        Ok(pieces)
     }
 }
 
