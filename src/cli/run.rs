@@ -154,6 +154,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let n_ctx = n_ctx.min(model.context_length());
     let placement = model.placement().clone();
     drop(gguf);
+    crate::tokenizer::release_freed_memory();
     let mut session = Session::new(model, store, n_ctx, opts.n_batch);
     let load_s = t_load.elapsed().as_secs_f64();
     let seed = a.seed.unwrap_or_else(|| {

@@ -94,12 +94,14 @@ impl IoStats {
     }
 }
 
+/// Reads every range of `unit` into `buf`; on failure the buffer comes back with the error so
+/// a ring buffer is never lost.
 fn read_unit(
     files: &[DirectFile],
     unit: &Unit,
     mut buf: AlignedBuf,
     stats: &IoStats,
-) -> io::Result<UnitBytes> {
+) -> Result<UnitBytes, (io::Error, AlignedBuf)> {
     assert!(
         buf.capacity() >= unit.buffer_bytes(),
         "unit larger than its buffer"
@@ -108,13 +110,17 @@ fn read_unit(
     let mut pos = 0usize;
     let t = Instant::now();
     for r in &unit.ranges {
-        let f = files.get(r.file).ok_or_else(|| {
-            io::Error::new(
+        let Some(f) = files.get(r.file) else {
+            let e = io::Error::new(
                 io::ErrorKind::NotFound,
                 format!("no file with index {}", r.file),
-            )
-        })?;
-        let (skip, n) = f.read_into(r.offset, r.len, &mut buf.as_mut_slice()[pos..])?;
+            );
+            return Err((e, buf));
+        };
+        let (skip, n) = match f.read_into(r.offset, r.len, &mut buf.as_mut_slice()[pos..]) {
+            Ok(v) => v,
+            Err(e) => return Err((e, buf)),
+        };
         stats.bytes_read.fetch_add(n, Ordering::Relaxed);
         stats.reads.fetch_add(1, Ordering::Relaxed);
         pieces.push((pos + skip, r.len));
@@ -130,7 +136,7 @@ fn read_unit(
 ///
 /// Errors: a read fails or a range lies past its file's end (the message names the file).
 pub fn load_resident(files: &[DirectFile], unit: &Unit, stats: &IoStats) -> io::Result<UnitBytes> {
-    read_unit(files, unit, AlignedBuf::new(unit.buffer_bytes()), stats)
+    read_unit(files, unit, AlignedBuf::new(unit.buffer_bytes()), stats).map_err(|(e, _)| e)
 }
 
 /// Reads units on a background thread into a fixed ring of `slots` buffers of `slot_bytes`
@@ -165,12 +171,17 @@ impl Streamer {
                 .expect("fresh channel");
         }
         let st = stats.clone();
+        let give_back = free_tx.clone();
         let thread = std::thread::Builder::new()
             .name("deltafin-io".into())
             .spawn(move || {
                 while let Ok(unit) = job_rx.recv() {
                     let Ok(buf) = free_rx.recv() else { return };
-                    let r = read_unit(&files, &unit, buf, &st);
+                    let r = read_unit(&files, &unit, buf, &st).map_err(|(e, buf)| {
+                        // the buffer goes back to the ring; only the error travels on
+                        let _ = give_back.try_send(buf);
+                        e
+                    });
                     if filled_tx.send(r).is_err() {
                         return;
                     }
@@ -239,12 +250,8 @@ impl Streamer {
     /// Drains every queued unit (after an error mid-pass), returning their buffers.
     pub fn drain(&mut self) {
         while self.pending > 0 {
-            match self.next_unit() {
-                Ok(b) => self.recycle(b),
-                Err(_) => {
-                    // the failed read consumed its buffer; put a fresh one back
-                    let _ = self.free.try_send(AlignedBuf::new(self.slot_bytes));
-                }
+            if let Ok(b) = self.next_unit() {
+                self.recycle(b);
             }
         }
     }
