@@ -7,19 +7,17 @@
 //! GGUF stores Gemma's norm weights with the `1 +` of `Gemma3RMSNorm` already added by
 //! llama.cpp's converter, so here every norm is a plain RMSNorm with the stored weight.
 
-use std::collections::HashMap;
-
 use anyhow::{anyhow, bail, Context, Result};
-use rayon::prelude::*;
 
-use super::meta;
+use super::layers::{add_post_normed, attention, mm, rms_norm_rows, AttnShape};
+use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
 use crate::kernels::ops::{
-    gelu_tanh, rms_norm, rms_norm_inplace, rope_inv_freq, rope_neox, softcap, softmax_inplace,
+    gelu_tanh, rms_norm, rms_norm_inplace, rope_inv_freq, rope_neox, softcap,
 };
-use crate::kernels::{matmul, matvec, Matrix};
-use crate::quant::{dequantize_row, GgmlType};
+use crate::kernels::{matmul, matvec};
+use crate::quant::dequantize_row;
 use crate::source::gguf::{GgufModel, TensorInfo};
 use crate::store::plan::{choose_resident, Candidate};
 use crate::store::{DirectFile, ReadRange, Unit, UnitBytes, WeightStore};
@@ -72,18 +70,32 @@ pub struct Config {
     pub vocab_size: usize,
 }
 
+/// The integer at `key` as `usize`. Errors: missing, not an integer, or above `max`.
+fn get_usize(g: &GgufModel, key: &str, max: u64) -> Result<usize> {
+    let v = g.get_u64(key)?;
+    if v > max {
+        bail!(
+            "{}: metadata key '{key}' = {v} is larger than the supported maximum {max}",
+            g.file_name()
+        );
+    }
+    Ok(v as usize)
+}
+
 impl Config {
     /// Reads the configuration from GGUF metadata. Errors name the missing or invalid key.
     pub fn from_gguf(g: &GgufModel) -> Result<Self> {
         let a = "gemma3";
         let k = |s: &str| format!("{a}.{s}");
         const DIM_MAX: u64 = 1 << 20;
-        let num_hidden_layers = meta::get_usize(g, &k("block_count"), 4096)?;
-        let hidden_size = meta::get_usize(g, &k("embedding_length"), DIM_MAX)?;
-        let num_attention_heads = meta::get_usize(g, &k("attention.head_count"), 4096)?;
-        let num_key_value_heads = meta::get_usize(g, &k("attention.head_count_kv"), 4096)?;
-        let head_dim = meta::get_usize(g, &k("attention.key_length"), 8192)?;
-        let v_len = meta::opt_u64(g, &k("attention.value_length"))?.unwrap_or(head_dim as u64);
+        let num_hidden_layers = get_usize(g, &k("block_count"), 4096)?;
+        let hidden_size = get_usize(g, &k("embedding_length"), DIM_MAX)?;
+        let num_attention_heads = get_usize(g, &k("attention.head_count"), 4096)?;
+        let num_key_value_heads = get_usize(g, &k("attention.head_count_kv"), 4096)?;
+        let head_dim = get_usize(g, &k("attention.key_length"), 8192)?;
+        let v_len = g
+            .opt_u64(&k("attention.value_length"))?
+            .unwrap_or(head_dim as u64);
         if v_len != head_dim as u64 {
             bail!("{a}.attention.value_length {v_len} differs from key_length {head_dim}: not supported");
         }
@@ -111,7 +123,8 @@ impl Config {
                 flags
             }
             _ => {
-                let period = meta::opt_u64(g, &k("attention.sliding_window_pattern"))?
+                let period = g
+                    .opt_u64(&k("attention.sliding_window_pattern"))?
                     .unwrap_or(6)
                     .max(1) as usize;
                 (0..num_hidden_layers)
@@ -121,7 +134,7 @@ impl Config {
         };
         let rope_scaling_factor = match g.metadata.get(&k("rope.scaling.type")) {
             Some(crate::source::gguf::Value::String(t)) if t == "linear" => {
-                meta::opt_f32(g, &k("rope.scaling.factor"))?
+                g.opt_f32(&k("rope.scaling.factor"))?
             }
             Some(crate::source::gguf::Value::String(t)) if t == "none" => None,
             Some(v) => bail!("{a}.rope.scaling.type {v:?} is not supported (only linear)"),
@@ -144,23 +157,26 @@ impl Config {
             })?;
         Ok(Self {
             hidden_size,
-            intermediate_size: meta::get_usize(g, &k("feed_forward_length"), DIM_MAX)?,
+            intermediate_size: get_usize(g, &k("feed_forward_length"), DIM_MAX)?,
             num_hidden_layers,
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            rms_norm_eps: meta::opt_f32(g, &k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
-            rope_theta: meta::opt_f32(g, &k("rope.freq_base"))?.unwrap_or(1_000_000.0),
-            rope_local_base_freq: meta::opt_f32(g, &k("rope.freq_base_swa"))?.unwrap_or(10_000.0),
+            rms_norm_eps: g
+                .opt_f32(&k("attention.layer_norm_rms_epsilon"))?
+                .unwrap_or(1e-6),
+            rope_theta: g.opt_f32(&k("rope.freq_base"))?.unwrap_or(1_000_000.0),
+            rope_local_base_freq: g.opt_f32(&k("rope.freq_base_swa"))?.unwrap_or(10_000.0),
             rope_scaling_factor,
-            sliding_window: meta::opt_u64(g, &k("attention.sliding_window"))?
+            sliding_window: g
+                .opt_u64(&k("attention.sliding_window"))?
                 .unwrap_or(u64::MAX)
                 .min(usize::MAX as u64) as usize,
             sliding_layers,
             query_pre_attn_scalar,
-            final_logit_softcapping: meta::opt_f32(g, &k("final_logit_softcapping"))?,
-            attn_logit_softcapping: meta::opt_f32(g, &k("attn_logit_softcapping"))?,
-            max_position_embeddings: meta::get_usize(g, &k("context_length"), 1 << 24)?,
+            final_logit_softcapping: g.opt_f32(&k("final_logit_softcapping"))?,
+            attn_logit_softcapping: g.opt_f32(&k("attn_logit_softcapping"))?,
+            max_position_embeddings: get_usize(g, &k("context_length"), 1 << 24)?,
             vocab_size: embd.shape.get(1).copied().unwrap_or(0) as usize,
         })
     }
@@ -180,28 +196,6 @@ impl Config {
             + 2 * self.kv_dim()
             + 2 * self.intermediate_size;
         4 * (n * per_tok + m * self.vocab_size + rayon::current_num_threads() * n_ctx)
-    }
-}
-
-/// Where a matrix lives inside its unit.
-#[derive(Clone, Copy, Debug)]
-struct MatRef {
-    piece: usize,
-    offset: usize,
-    ty: GgmlType,
-    rows: usize,
-    cols: usize,
-    bytes: usize,
-}
-
-impl MatRef {
-    fn view<'a>(&self, u: &'a UnitBytes) -> Matrix<'a> {
-        Matrix {
-            ty: self.ty,
-            rows: self.rows,
-            cols: self.cols,
-            data: &u.piece(self.piece)[self.offset..self.offset + self.bytes],
-        }
     }
 }
 
@@ -251,105 +245,6 @@ pub struct Gemma3 {
     inv_freq_global: Vec<f32>,
     inv_freq_local: Vec<f32>,
     placement: Placement,
-}
-
-/// Looks up tensors by name and checks their type and shape.
-struct Tensors<'a> {
-    g: &'a GgufModel,
-    by_name: HashMap<&'a str, &'a TensorInfo>,
-}
-
-impl<'a> Tensors<'a> {
-    fn new(g: &'a GgufModel) -> Self {
-        Self {
-            g,
-            by_name: g.tensors.iter().map(|t| (t.name.as_str(), t)).collect(),
-        }
-    }
-
-    fn get(&self, name: &str, shape: &[usize]) -> Result<&'a TensorInfo> {
-        let t =
-            self.by_name.get(name).copied().ok_or_else(|| {
-                anyhow!("{}: tensor '{name}' is missing", self.g.files[0].display())
-            })?;
-        let got: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-        if got != shape {
-            bail!(
-                "{}: tensor '{name}' has shape {got:?}, expected {shape:?}",
-                self.g.files[0].display()
-            );
-        }
-        if !t.ty.has_kernels() {
-            bail!(
-                "{}: tensor '{name}' has type {} which Deltafin cannot compute yet",
-                self.g.files[0].display(),
-                t.ty
-            );
-        }
-        Ok(t)
-    }
-}
-
-/// Groups tensors into read ranges (merging byte-adjacent ones in the same file) and returns
-/// the unit plus each tensor's (piece, offset) in it.
-fn unit_of(tensors: &[&TensorInfo]) -> (Unit, Vec<(usize, usize)>) {
-    let mut order: Vec<usize> = (0..tensors.len()).collect();
-    order.sort_by_key(|&i| (tensors[i].file, tensors[i].offset));
-    let mut ranges: Vec<ReadRange> = Vec::new();
-    let mut place = vec![(0usize, 0usize); tensors.len()];
-    for i in order {
-        let t = tensors[i];
-        // merge when the gap to the previous range is small (alignment padding)
-        match ranges.last_mut() {
-            Some(r)
-                if r.file == t.file
-                    && t.offset >= r.offset + r.len as u64
-                    && t.offset - (r.offset + r.len as u64) <= 4096 =>
-            {
-                let off = (t.offset - r.offset) as usize;
-                r.len = off + t.n_bytes as usize;
-                place[i] = (ranges.len() - 1, off);
-            }
-            _ => {
-                ranges.push(ReadRange {
-                    file: t.file,
-                    offset: t.offset,
-                    len: t.n_bytes as usize,
-                });
-                place[i] = (ranges.len() - 1, 0);
-            }
-        }
-    }
-    (Unit { ranges }, place)
-}
-
-fn mat(t: &TensorInfo, place: (usize, usize)) -> MatRef {
-    MatRef {
-        piece: place.0,
-        offset: place.1,
-        ty: t.ty,
-        rows: t.shape[1..].iter().product::<u64>() as usize,
-        cols: t.shape[0] as usize,
-        bytes: t.n_bytes as usize,
-    }
-}
-
-/// Reads a small tensor (a norm weight) into f32.
-fn read_vector(files: &[DirectFile], t: &TensorInfo) -> Result<Vec<f32>> {
-    let unit = Unit {
-        ranges: vec![ReadRange {
-            file: t.file,
-            offset: t.offset,
-            len: t.n_bytes as usize,
-        }],
-    };
-    let stats = crate::store::IoStats::default();
-    let b = crate::store::load_resident(files, &unit, &stats)
-        .with_context(|| format!("reading tensor '{}'", t.name))?;
-    let n = t.shape.iter().product::<u64>() as usize;
-    let mut out = vec![0f32; n];
-    dequantize_row(t.ty, b.piece(0), &mut out);
-    Ok(out)
 }
 
 impl Gemma3 {
@@ -629,13 +524,7 @@ impl Gemma3 {
         x: &mut [f32],
     ) {
         let c = &self.config;
-        let (d, hd, nh, nkv, ff) = (
-            c.hidden_size,
-            c.head_dim,
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.intermediate_size,
-        );
+        let (d, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         let n = x.len() / d;
         let nrm = &self.norms[l];
@@ -648,14 +537,7 @@ impl Gemma3 {
         };
 
         let mut xn = vec![0f32; n * d];
-        for t in 0..n {
-            rms_norm(
-                &x[t * d..(t + 1) * d],
-                &nrm.attn,
-                eps,
-                &mut xn[t * d..(t + 1) * d],
-            );
-        }
+        rms_norm_rows(x, &nrm.attn, eps, &mut xn);
         let mut q = vec![0f32; n * qd];
         let mut k = vec![0f32; n * kvd];
         let mut v = vec![0f32; n * kvd];
@@ -676,60 +558,21 @@ impl Gemma3 {
         }
         cache.k[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&k);
         cache.v[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&v);
-
-        // attention: one task per (token, head)
-        let kc = &cache.k[l];
-        let vc = &cache.v[l];
-        let group = nh / nkv;
-        let window = c.sliding_window;
-        let cap = c.attn_logit_softcapping;
+        let shape = AttnShape {
+            n_heads: c.num_attention_heads,
+            n_kv_heads: c.num_key_value_heads,
+            head_dim: hd,
+            window: sliding.then_some(c.sliding_window),
+            softcap: c.attn_logit_softcapping,
+        };
         let mut att = vec![0f32; n * qd];
-        att.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
-            let (t, h) = (i / nh, i % nh);
-            let p = pos0 + t;
-            let lo = if sliding {
-                (p + 1).saturating_sub(window)
-            } else {
-                0
-            };
-            let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-            let kvh = h / group;
-            let mut s: Vec<f32> = (lo..=p)
-                .map(|j| {
-                    let kj = &kc[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
-                    let dot = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>();
-                    cap.map_or(dot, |cp| softcap(dot, cp))
-                })
-                .collect();
-            softmax_inplace(&mut s);
-            out.iter_mut().for_each(|o| *o = 0.0);
-            for (j, &wgt) in (lo..=p).zip(&s) {
-                let vj = &vc[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
-                for (o, &vv) in out.iter_mut().zip(vj) {
-                    *o += wgt * vv;
-                }
-            }
-        });
+        attention(&shape, &q, &cache.k[l], &cache.v[l], pos0, &mut att);
         let mut o = vec![0f32; n * d];
         mm(&w.o.view(u), &att, n, &mut o);
-        for t in 0..n {
-            let row = &mut o[t * d..(t + 1) * d];
-            rms_norm_inplace(row, &nrm.post_attn, eps);
-            x[t * d..(t + 1) * d]
-                .iter_mut()
-                .zip(row.iter())
-                .for_each(|(a, b)| *a += b);
-        }
+        add_post_normed(x, &mut o, &nrm.post_attn, eps);
 
         // feed-forward (GeGLU)
-        for t in 0..n {
-            rms_norm(
-                &x[t * d..(t + 1) * d],
-                &nrm.ffn,
-                eps,
-                &mut xn[t * d..(t + 1) * d],
-            );
-        }
+        rms_norm_rows(x, &nrm.ffn, eps, &mut xn);
         let mut g = vec![0f32; n * ff];
         let mut up = vec![0f32; n * ff];
         mm(&w.gate.view(u), &xn, n, &mut g);
@@ -738,23 +581,7 @@ impl Gemma3 {
             .zip(&up)
             .for_each(|(a, b)| *a = gelu_tanh(*a) * b);
         mm(&w.down.view(u), &g, n, &mut o);
-        for t in 0..n {
-            let row = &mut o[t * d..(t + 1) * d];
-            rms_norm_inplace(row, &nrm.post_ffw, eps);
-            x[t * d..(t + 1) * d]
-                .iter_mut()
-                .zip(row.iter())
-                .for_each(|(a, b)| *a += b);
-        }
-    }
-}
-
-/// `y = X Wᵀ` for `n` rows, through matvec for a single row.
-fn mm(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
-    if n == 1 {
-        matvec(w, x, y)
-    } else {
-        matmul(w, x, n, y)
+        add_post_normed(x, &mut o, &nrm.post_ffw, eps);
     }
 }
 

@@ -2,7 +2,8 @@
 //! forward pass over weights held by a [`WeightStore`].
 
 pub mod gemma3;
-pub mod meta;
+pub mod layers;
+pub mod loading;
 
 use crate::engine::KvCache;
 use crate::source::gguf::GgufModel;
@@ -81,7 +82,7 @@ pub fn load_gguf(
     gguf: &GgufModel,
     opts: &LoadOptions,
 ) -> anyhow::Result<(Box<dyn Model>, WeightStore)> {
-    let arch = meta::get_str(gguf, "general.architecture")?;
+    let arch = gguf.architecture()?;
     match arch {
         "gemma3" => {
             let (m, s) = gemma3::Gemma3::load(gguf, opts)?;

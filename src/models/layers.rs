@@ -1,0 +1,123 @@
+//! Blocks shared by the architectures: batched projections, per-row norms and residuals, and
+//! grouped-query attention over the KV cache. Every output element is computed the same way
+//! whatever the batch size and thread count, so prefill equals token-by-token decode.
+
+use rayon::prelude::*;
+
+use crate::kernels::ops::{rms_norm, rms_norm_inplace, softcap, softmax_inplace};
+use crate::kernels::{matmul, matvec, Matrix};
+
+/// `Y = X Wᵀ` for `n` rows of `x` (`n × w.cols`) into `y` (`n × w.rows`); matvec for one row.
+pub fn mm(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    if n == 1 {
+        matvec(w, x, y)
+    } else {
+        matmul(w, x, n, y)
+    }
+}
+
+/// RMSNorm of every `d`-wide row of `x` into `out` (same shape) with weight `w` (`d`).
+pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        rms_norm(xr, w, eps, or);
+    }
+}
+
+/// Gemma-style post-norm residual: each `d`-wide row of `o` is RMS-normed with `w` (in place)
+/// and added to the same row of `x`.
+pub fn add_post_normed(x: &mut [f32], o: &mut [f32], w: &[f32], eps: f32) {
+    let d = w.len();
+    for (xr, or) in x.chunks_exact_mut(d).zip(o.chunks_exact_mut(d)) {
+        rms_norm_inplace(or, w, eps);
+        xr.iter_mut().zip(or.iter()).for_each(|(a, b)| *a += b);
+    }
+}
+
+/// Shape of grouped-query attention (Ainslie et al. 2023): `n_heads` query heads share
+/// `n_kv_heads` key/value heads of `head_dim` each.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Attend only to the last `window` positions (the current one included), if set.
+    pub window: Option<usize>,
+    /// Soft-cap of the scores (Gemma 2), if set.
+    pub softcap: Option<f32>,
+}
+
+/// Causal attention of `n` query rows at positions `pos0..pos0+n` over the cached keys and
+/// values of positions `0..pos0+n` (`k_cache`, `v_cache`: position-major, `n_kv_heads ×
+/// head_dim` floats per position). `q` (`n × n_heads × head_dim`) must already be scaled;
+/// the result goes to `out` (same shape as `q`). One task per (token, head); scores and
+/// softmax in f32 in position order.
+pub fn attention(
+    s: &AttnShape,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos0: usize,
+    out: &mut [f32],
+) {
+    let (nh, hd) = (s.n_heads, s.head_dim);
+    let (qd, kvd, group) = (nh * hd, s.n_kv_heads * hd, nh / s.n_kv_heads);
+    out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+        let (t, h) = (i / nh, i % nh);
+        let p = pos0 + t;
+        let lo = s.window.map_or(0, |w| (p + 1).saturating_sub(w));
+        let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+        let kv_off = (h / group) * hd;
+        let mut scores: Vec<f32> = (lo..=p)
+            .map(|j| {
+                let kj = &k_cache[j * kvd + kv_off..j * kvd + kv_off + hd];
+                let dot = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>();
+                s.softcap.map_or(dot, |c| softcap(dot, c))
+            })
+            .collect();
+        softmax_inplace(&mut scores);
+        o.iter_mut().for_each(|v| *v = 0.0);
+        for (j, &wgt) in (lo..=p).zip(&scores) {
+            let vj = &v_cache[j * kvd + kv_off..j * kvd + kv_off + hd];
+            for (ov, &vv) in o.iter_mut().zip(vj) {
+                *ov += wgt * vv;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_weights_values_by_softmax_and_respects_the_window() {
+        // one head of dim 2; keys at positions 0..3, query at position 2
+        let k = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
+        let v = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0];
+        let q = [1.0f32, 0.0];
+        let full = AttnShape {
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 2,
+            window: None,
+            softcap: None,
+        };
+        let mut o = [0f32; 2];
+        attention(&full, &q, &k, &v, 2, &mut o);
+        // scores [1, 0, 1] → weights e/(2e+1), 1/(2e+1), e/(2e+1)
+        let e = std::f32::consts::E;
+        let (a, b) = (e / (2.0 * e + 1.0), 1.0 / (2.0 * e + 1.0));
+        assert!(
+            (o[0] - (a + 2.0 * a)).abs() < 1e-6 && (o[1] - (b + 2.0 * a)).abs() < 1e-6,
+            "{o:?}"
+        );
+        // a window of 1 sees only the current position
+        let win = AttnShape {
+            window: Some(1),
+            ..full
+        };
+        attention(&win, &q, &k, &v, 2, &mut o);
+        assert_eq!(o, [2.0, 2.0]);
+    }
+}

@@ -1,0 +1,140 @@
+//! Loading helpers shared by the architectures: tensor lookup with shape and type checks,
+//! grouping tensors into read units, and views of matrices inside a unit's bytes.
+
+use std::collections::HashMap;
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::kernels::Matrix;
+use crate::quant::{dequantize_row, GgmlType};
+use crate::source::gguf::{GgufModel, TensorInfo};
+use crate::store::{DirectFile, ReadRange, Unit, UnitBytes};
+
+/// Where a matrix lives inside its unit.
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef {
+    /// Index of the unit's range holding the matrix.
+    pub piece: usize,
+    /// Byte offset of the matrix in that range.
+    pub offset: usize,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Encoded bytes.
+    pub bytes: usize,
+}
+
+impl MatRef {
+    /// The matrix inside `u`, the bytes of its unit.
+    pub fn view<'a>(&self, u: &'a UnitBytes) -> Matrix<'a> {
+        Matrix {
+            ty: self.ty,
+            rows: self.rows,
+            cols: self.cols,
+            data: &u.piece(self.piece)[self.offset..self.offset + self.bytes],
+        }
+    }
+}
+
+/// Looks up tensors by name and checks their type and shape.
+pub struct Tensors<'a> {
+    g: &'a GgufModel,
+    pub by_name: HashMap<&'a str, &'a TensorInfo>,
+}
+
+impl<'a> Tensors<'a> {
+    /// Indexes the tensors of `g` by name.
+    pub fn new(g: &'a GgufModel) -> Self {
+        Self {
+            g,
+            by_name: g.tensors.iter().map(|t| (t.name.as_str(), t)).collect(),
+        }
+    }
+
+    /// The tensor `name`, checked to have `shape` (GGML order) and a type with kernels.
+    /// Errors name the file and the tensor.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<&'a TensorInfo> {
+        let t =
+            self.by_name.get(name).copied().ok_or_else(|| {
+                anyhow!("{}: tensor '{name}' is missing", self.g.files[0].display())
+            })?;
+        let got: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+        if got != shape {
+            bail!(
+                "{}: tensor '{name}' has shape {got:?}, expected {shape:?}",
+                self.g.files[0].display()
+            );
+        }
+        if !t.ty.has_kernels() {
+            bail!(
+                "{}: tensor '{name}' has type {} which Deltafin cannot compute yet",
+                self.g.files[0].display(),
+                t.ty
+            );
+        }
+        Ok(t)
+    }
+}
+
+/// Groups tensors into read ranges (merging byte-adjacent ones in the same file) and returns
+/// the unit plus each tensor's (piece, offset) in it.
+pub fn unit_of(tensors: &[&TensorInfo]) -> (Unit, Vec<(usize, usize)>) {
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by_key(|&i| (tensors[i].file, tensors[i].offset));
+    let mut ranges: Vec<ReadRange> = Vec::new();
+    let mut place = vec![(0usize, 0usize); tensors.len()];
+    for i in order {
+        let t = tensors[i];
+        // merge when the gap to the previous range is small (alignment padding)
+        match ranges.last_mut() {
+            Some(r)
+                if r.file == t.file
+                    && t.offset >= r.offset + r.len as u64
+                    && t.offset - (r.offset + r.len as u64) <= 4096 =>
+            {
+                let off = (t.offset - r.offset) as usize;
+                r.len = off + t.n_bytes as usize;
+                place[i] = (ranges.len() - 1, off);
+            }
+            _ => {
+                ranges.push(ReadRange {
+                    file: t.file,
+                    offset: t.offset,
+                    len: t.n_bytes as usize,
+                });
+                place[i] = (ranges.len() - 1, 0);
+            }
+        }
+    }
+    (Unit { ranges }, place)
+}
+
+/// The matrix view of tensor `t` at `place` (piece, offset) of its unit.
+pub fn mat(t: &TensorInfo, place: (usize, usize)) -> MatRef {
+    MatRef {
+        piece: place.0,
+        offset: place.1,
+        ty: t.ty,
+        rows: t.shape[1..].iter().product::<u64>() as usize,
+        cols: t.shape[0] as usize,
+        bytes: t.n_bytes as usize,
+    }
+}
+
+/// Reads a small tensor (a norm weight) into f32.
+pub fn read_vector(files: &[DirectFile], t: &TensorInfo) -> Result<Vec<f32>> {
+    let unit = Unit {
+        ranges: vec![ReadRange {
+            file: t.file,
+            offset: t.offset,
+            len: t.n_bytes as usize,
+        }],
+    };
+    let stats = crate::store::IoStats::default();
+    let b = crate::store::load_resident(files, &unit, &stats)
+        .with_context(|| format!("reading tensor '{}'", t.name))?;
+    let n = t.shape.iter().product::<u64>() as usize;
+    let mut out = vec![0f32; n];
+    dequantize_row(t.ty, b.piece(0), &mut out);
+    Ok(out)
+}
