@@ -1,4 +1,4 @@
-//! Reading checkpoints: GGUF files (also split) into a tensor index (name → file, byte range,
+//! Reading checkpoints: Hugging Face folders (safetensors, see [`hf`]) and GGUF files (also split) into a tensor index (name → file, byte range,
 //! type, shape) plus metadata, and fetching known models into the model cache. Nothing here
 //! computes.
 
@@ -6,4 +6,5 @@ pub mod gguf;
 mod gguf_meta;
 mod gguf_parse;
 pub mod gguf_writer;
+pub mod hf;
 pub mod pull;

@@ -1,0 +1,400 @@
+//! Hugging Face checkpoint folders: `config.json`, `model.safetensors` or shards listed by
+//! `model.safetensors.index.json`, into the same tensor index GGUF files give
+//! ([`TensorInfo`]: name, type, GGML-order shape, file, absolute offset, byte length).
+//!
+//! Only the header of each safetensors file is read: 8 bytes of little-endian header length `n`,
+//! then `n` bytes of JSON (format: `safetensors` crate docs / README). The header length is
+//! bounded by the file size and by [`MAX_HEADER_BYTES`]; the JSON is parsed and validated
+//! (contiguous, size-consistent data offsets) by the `safetensors` crate's `Metadata`; the end
+//! of the data must lie inside the file. Tensor data starts at `8 + n` plus its
+//! `data_offsets[0]`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use safetensors::tensor::{Dtype, Metadata};
+
+use crate::quant::GgmlType;
+use crate::source::gguf::TensorInfo;
+
+/// Largest safetensors JSON header accepted, in bytes (the `safetensors` crate's own limit).
+pub const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// An opened Hugging Face checkpoint folder.
+#[derive(Clone, Debug)]
+pub struct HfModel {
+    /// The folder.
+    pub dir: PathBuf,
+    /// `config.json` as parsed JSON.
+    pub config: serde_json::Value,
+    /// The safetensors files, in the order [`TensorInfo::file`] indexes them (sorted by name).
+    pub files: Vec<PathBuf>,
+    /// Every tensor of every file, file by file, in data-offset order.
+    pub tensors: Vec<TensorInfo>,
+}
+
+/// Whether `path` is a Hugging Face checkpoint folder (a directory holding `config.json`).
+pub fn is_hf_folder(path: &Path) -> bool {
+    path.is_dir() && path.join("config.json").is_file()
+}
+
+/// The GGML type of a safetensors dtype, for the dtypes Deltafin computes with.
+///
+/// Errors: any other dtype, naming `tensor` and the dtype.
+pub fn ggml_type(tensor: &str, file: &Path, d: Dtype) -> Result<GgmlType> {
+    Ok(match d {
+        Dtype::F32 => GgmlType::F32,
+        Dtype::F16 => GgmlType::F16,
+        Dtype::BF16 => GgmlType::BF16,
+        other => bail!(
+            "{}: tensor '{tensor}' has dtype {other:?}, which Deltafin cannot read yet (supported: F32, F16, BF16)",
+            file.display()
+        ),
+    })
+}
+
+/// Reads the header of the safetensors file `path` (index `file` in the model's file list) into
+/// tensor infos sorted by data offset; shapes are reversed into GGML order (`shape[0]` is the
+/// contiguous row length). A 0-d tensor gets shape `[1]`.
+///
+/// Errors (each naming the file, and the tensor where one is concerned): unreadable file,
+/// file shorter than 8 bytes, header length beyond the file or [`MAX_HEADER_BYTES`], header
+/// not UTF-8 JSON of the safetensors schema, overlapping/gapped/mis-sized data offsets, data
+/// past the end of the file, an unsupported dtype.
+pub fn read_safetensors_header(path: &Path, file: usize) -> Result<Vec<TensorInfo>> {
+    let name = path.display();
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {name}"))?;
+    let size = f
+        .metadata()
+        .with_context(|| format!("reading the size of {name}"))?
+        .len();
+    let mut len8 = [0u8; 8];
+    if size < 8 {
+        bail!("{name}: file of {size} bytes is too short for a safetensors header");
+    }
+    f.read_exact(&mut len8)
+        .with_context(|| format!("reading {name}"))?;
+    let n = u64::from_le_bytes(len8);
+    if n > size - 8 || n > MAX_HEADER_BYTES {
+        bail!(
+            "{name}: safetensors header length {n} exceeds the file ({size} bytes) or the limit of {MAX_HEADER_BYTES} bytes"
+        );
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header)
+        .with_context(|| format!("reading the header of {name}"))?;
+    let text = std::str::from_utf8(&header)
+        .map_err(|e| anyhow!("{name}: safetensors header is not UTF-8: {e}"))?;
+    let meta: Metadata = serde_json::from_str(text)
+        .map_err(|e| anyhow!("{name}: invalid safetensors header: {e}"))?;
+    let data_start = 8 + n;
+    let data_len = meta.data_len() as u64;
+    if data_start
+        .checked_add(data_len)
+        .is_none_or(|end| end > size)
+    {
+        bail!(
+            "{name}: tensor data ends at byte {} but the file has {size} bytes",
+            data_start as u128 + data_len as u128
+        );
+    }
+    let mut out = Vec::new();
+    for key in meta.offset_keys() {
+        let info = meta.info(&key).expect("key from the same metadata");
+        let ty = ggml_type(&key, path, info.dtype)?;
+        let mut shape: Vec<u64> = info.shape.iter().rev().map(|&d| d as u64).collect();
+        if shape.is_empty() {
+            shape.push(1);
+        }
+        out.push(TensorInfo {
+            name: key.clone(),
+            ty,
+            shape,
+            file,
+            offset: data_start + info.data_offsets.0 as u64,
+            n_bytes: (info.data_offsets.1 - info.data_offsets.0) as u64,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads a JSON file. Errors name the file.
+pub fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))
+}
+
+impl HfModel {
+    /// Opens the folder `dir`: parses `config.json`, then the headers of `model.safetensors`
+    /// or of every shard `model.safetensors.index.json` names (its `weight_map`).
+    ///
+    /// Errors: missing or invalid `config.json`; neither weights file present; an index naming
+    /// a shard outside the folder, a missing shard, or a tensor absent from the shard it is
+    /// mapped to; a tensor name in two files; any header error of
+    /// [`read_safetensors_header`]. Every message names the file and tensor concerned.
+    pub fn open(dir: &Path) -> Result<HfModel> {
+        let config = read_json(&dir.join("config.json"))?;
+        if !config.is_object() {
+            bail!(
+                "{}: expected a JSON object",
+                dir.join("config.json").display()
+            );
+        }
+        let single = dir.join("model.safetensors");
+        let index_path = dir.join("model.safetensors.index.json");
+        let (files, weight_map): (Vec<PathBuf>, Option<BTreeMap<String, String>>) =
+            if index_path.is_file() {
+                let idx = read_json(&index_path)?;
+                let map = idx
+                    .get("weight_map")
+                    .and_then(|m| m.as_object())
+                    .ok_or_else(|| anyhow!("{}: no 'weight_map' object", index_path.display()))?;
+                let mut wm = BTreeMap::new();
+                for (k, v) in map {
+                    let shard = v.as_str().ok_or_else(|| {
+                        anyhow!(
+                            "{}: weight_map entry for '{k}' is not a file name",
+                            index_path.display()
+                        )
+                    })?;
+                    let p = Path::new(shard);
+                    if p.components().count() != 1 || p.is_absolute() || shard == ".." {
+                        bail!(
+                        "{}: shard '{shard}' of tensor '{k}' is not a file name inside the folder",
+                        index_path.display()
+                    );
+                    }
+                    wm.insert(k.clone(), shard.to_string());
+                }
+                let mut shards: Vec<&String> = wm.values().collect();
+                shards.sort();
+                shards.dedup();
+                (shards.iter().map(|s| dir.join(s)).collect(), Some(wm))
+            } else if single.is_file() {
+                (vec![single], None)
+            } else {
+                bail!(
+                    "{}: no model.safetensors or model.safetensors.index.json",
+                    dir.display()
+                );
+            };
+        let mut tensors = Vec::new();
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (i, p) in files.iter().enumerate() {
+            for t in read_safetensors_header(p, i)? {
+                if let Some(&j) = seen.get(&t.name) {
+                    bail!(
+                        "tensor '{}' is in both {} and {}",
+                        t.name,
+                        files[j].display(),
+                        p.display()
+                    );
+                }
+                seen.insert(t.name.clone(), i);
+                tensors.push(t);
+            }
+        }
+        if let Some(wm) = &weight_map {
+            for (name, shard) in wm {
+                let want = dir.join(shard);
+                match seen.get(name) {
+                    Some(&i) if files[i] == want => {}
+                    _ => bail!(
+                        "{}: tensor '{name}' is mapped to {shard} but that file does not hold it",
+                        index_path.display()
+                    ),
+                }
+            }
+        }
+        Ok(HfModel {
+            dir: dir.to_path_buf(),
+            config,
+            files,
+            tensors,
+        })
+    }
+
+    /// `config.json`'s `model_type`. Errors: missing or not a string.
+    pub fn model_type(&self) -> Result<&str> {
+        self.config
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| {
+                anyhow!(
+                    "{}: 'model_type' is missing or not a string",
+                    self.dir.join("config.json").display()
+                )
+            })
+    }
+
+    /// The path of `config.json`, for messages.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("config.json")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::tensor::TensorView;
+
+    fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    fn st_file(tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize(views, None).unwrap()
+    }
+
+    #[test]
+    fn reads_header_into_ggml_order_with_absolute_offsets() {
+        let dir = tempfile::tempdir().unwrap();
+        let a: Vec<u8> = (0..24u8).collect(); // f32 [2,3]
+        let b: Vec<u8> = (100..108u8).collect(); // bf16 [4]
+        let bytes = st_file(&[
+            ("a", Dtype::F32, vec![2, 3], a.clone()),
+            ("b", Dtype::BF16, vec![4], b.clone()),
+        ]);
+        let p = write(dir.path(), "model.safetensors", &bytes);
+        let ts = read_safetensors_header(&p, 3).unwrap();
+        assert_eq!(ts.len(), 2);
+        let ta = ts.iter().find(|t| t.name == "a").unwrap();
+        let tb = ts.iter().find(|t| t.name == "b").unwrap();
+        assert_eq!(
+            (ta.ty, ta.shape.clone(), ta.file, ta.n_bytes),
+            (GgmlType::F32, vec![3, 2], 3, 24)
+        );
+        assert_eq!(
+            (tb.ty, tb.shape.clone(), tb.n_bytes),
+            (GgmlType::BF16, vec![4], 8)
+        );
+        let o = ta.offset as usize;
+        assert_eq!(&bytes[o..o + 24], &a[..]);
+        let o = tb.offset as usize;
+        assert_eq!(&bytes[o..o + 8], &b[..]);
+    }
+
+    #[test]
+    fn rejects_hostile_headers() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = |bytes: &[u8]| {
+            let p = write(dir.path(), "x.safetensors", bytes);
+            format!("{:#}", read_safetensors_header(&p, 0).unwrap_err())
+        };
+        let e = err(&[1, 2, 3]);
+        assert!(
+            e.contains("x.safetensors: file of 3 bytes is too short"),
+            "{e}"
+        );
+        let mut huge = u64::MAX.to_le_bytes().to_vec();
+        huge.extend_from_slice(b"{}");
+        let e = err(&huge);
+        assert!(
+            e.contains("header length 18446744073709551615 exceeds the file (10 bytes)"),
+            "{e}"
+        );
+        let mut past = 100u64.to_le_bytes().to_vec();
+        past.extend_from_slice(b"{}");
+        assert!(err(&past).contains("header length 100 exceeds the file"));
+        let hdr = |j: &str| {
+            let mut v = (j.len() as u64).to_le_bytes().to_vec();
+            v.extend_from_slice(j.as_bytes());
+            v
+        };
+        let e = err(&hdr("{nope"));
+        assert!(e.contains("invalid safetensors header"), "{e}");
+        // data past the end of the file
+        let e = err(&hdr(
+            r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
+        ));
+        assert!(
+            e.contains("tensor data ends at byte 79 but the file has 63 bytes"),
+            "{e}"
+        );
+        // size inconsistent with shape
+        let e = err(&hdr(
+            r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,12]}}"#,
+        ));
+        assert!(e.contains("invalid safetensors header"), "{e}");
+        // gap between tensors names the tensor
+        let e = err(&hdr(
+            r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#,
+        ));
+        assert!(
+            e.contains("invalid safetensors header") && e.contains("w"),
+            "{e}"
+        );
+        // unsupported dtype names the tensor
+        let v = st_file(&[("q.weight", Dtype::I8, vec![2], vec![1, 2])]);
+        let e = err(&v);
+        assert!(
+            e.contains("tensor 'q.weight' has dtype I8, which Deltafin cannot read yet"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn opens_sharded_folders_and_checks_the_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write(d, "config.json", br#"{"model_type":"qwen3"}"#);
+        write(
+            d,
+            "s-1.safetensors",
+            &st_file(&[("x", Dtype::F16, vec![2, 2], vec![0; 8])]),
+        );
+        write(
+            d,
+            "s-2.safetensors",
+            &st_file(&[("y", Dtype::F32, vec![1], vec![0; 4])]),
+        );
+        write(
+            d,
+            "model.safetensors.index.json",
+            br#"{"weight_map":{"x":"s-1.safetensors","y":"s-2.safetensors"}}"#,
+        );
+        let m = HfModel::open(d).unwrap();
+        assert_eq!(m.model_type().unwrap(), "qwen3");
+        assert_eq!(
+            m.files,
+            vec![d.join("s-1.safetensors"), d.join("s-2.safetensors")]
+        );
+        let names: Vec<(&str, usize)> = m
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t.file))
+            .collect();
+        assert_eq!(names, [("x", 0), ("y", 1)]);
+        write(
+            d,
+            "model.safetensors.index.json",
+            br#"{"weight_map":{"x":"s-2.safetensors","y":"s-2.safetensors"}}"#,
+        );
+        let e = format!("{:#}", HfModel::open(d).unwrap_err());
+        assert!(
+            e.contains("tensor 'x' is mapped to s-2.safetensors but that file does not hold it"),
+            "{e}"
+        );
+        write(
+            d,
+            "model.safetensors.index.json",
+            br#"{"weight_map":{"x":"../s-1.safetensors"}}"#,
+        );
+        let e = format!("{:#}", HfModel::open(d).unwrap_err());
+        assert!(
+            e.contains(
+                "shard '../s-1.safetensors' of tensor 'x' is not a file name inside the folder"
+            ),
+            "{e}"
+        );
+    }
+}
