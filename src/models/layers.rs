@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use crate::kernels::ops::{rms_norm, rms_norm_inplace, softcap, softmax_inplace};
+use crate::kernels::ops::{rms_norm, rms_norm_inplace, rope_neox, softcap, softmax_inplace};
 use crate::kernels::{matmul, matvec, Matrix};
 
 /// `Y = X Wᵀ` for `n` rows of `x` (`n × w.cols`) into `y` (`n × w.rows`); matvec for one row.
@@ -32,6 +32,58 @@ pub fn add_post_normed(x: &mut [f32], o: &mut [f32], w: &[f32], eps: f32) {
         rms_norm_inplace(or, w, eps);
         xr.iter_mut().zip(or.iter()).for_each(|(a, b)| *a += b);
     }
+}
+
+/// SiLU (swish), `x · σ(x) = x / (1 + e^(−x))` (Elfwing et al. 2017; Hugging Face `ACT2FN["silu"]`).
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// SwiGLU feed-forward (Shazeer 2020; Hugging Face `LlamaMLP`/`Qwen3MLP`):
+/// `down(silu(gate(x)) · up(x))` for `n` rows of `x` (`n × gate.cols`) into `out`
+/// (`n × down.rows`). `gate` and `up` are `ff × d`, `down` is `d × ff`.
+pub fn swiglu_mlp(gate: &Matrix, up: &Matrix, down: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
+    let ff = gate.rows;
+    let mut g = vec![0f32; n * ff];
+    let mut u = vec![0f32; n * ff];
+    mm(gate, x, n, &mut g);
+    mm(up, x, n, &mut u);
+    g.iter_mut().zip(&u).for_each(|(a, b)| *a = silu(*a) * b);
+    mm(down, &g, n, out);
+}
+
+/// Per-head RMSNorm (weight `w`, `head_dim` wide; skipped when `None`), then NeoX RoPE at
+/// positions `pos0 + t`, then a multiplication by `scale`, for every `head_dim` slice of the
+/// `n` rows of `x` (`n × heads × head_dim`). Qwen3 / Gemma 3 q/k norms come before RoPE.
+#[allow(clippy::too_many_arguments)]
+pub fn norm_rope_heads(
+    x: &mut [f32],
+    n: usize,
+    head_dim: usize,
+    w: Option<&[f32]>,
+    eps: f32,
+    pos0: usize,
+    inv_freq: &[f32],
+    scale: f32,
+) {
+    let row = x.len() / n.max(1);
+    for t in 0..n {
+        for h in x[t * row..(t + 1) * row].chunks_mut(head_dim) {
+            if let Some(w) = w {
+                rms_norm_inplace(h, w, eps);
+            }
+            rope_neox(h, pos0 + t, inv_freq);
+            if scale != 1.0 {
+                h.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+    }
+}
+
+/// `x += y` element-wise (residual connection).
+pub fn add_into(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
 }
 
 /// Shape of grouped-query attention (Ainslie et al. 2023): `n_heads` query heads share

@@ -38,37 +38,44 @@ impl MatRef {
 
 /// Looks up tensors by name and checks their type and shape.
 pub struct Tensors<'a> {
-    g: &'a GgufModel,
+    /// What error messages name as the source (a file or folder path).
+    label: String,
     pub by_name: HashMap<&'a str, &'a TensorInfo>,
 }
 
 impl<'a> Tensors<'a> {
     /// Indexes the tensors of `g` by name.
     pub fn new(g: &'a GgufModel) -> Self {
+        Self::from_list(g.files[0].display().to_string(), &g.tensors)
+    }
+
+    /// Indexes `tensors` by name; errors name `label` (a file or folder) as their source.
+    pub fn from_list(label: String, tensors: &'a [TensorInfo]) -> Self {
         Self {
-            g,
-            by_name: g.tensors.iter().map(|t| (t.name.as_str(), t)).collect(),
+            label,
+            by_name: tensors.iter().map(|t| (t.name.as_str(), t)).collect(),
         }
     }
 
     /// The tensor `name`, checked to have `shape` (GGML order) and a type with kernels.
     /// Errors name the file and the tensor.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<&'a TensorInfo> {
-        let t =
-            self.by_name.get(name).copied().ok_or_else(|| {
-                anyhow!("{}: tensor '{name}' is missing", self.g.files[0].display())
-            })?;
+        let t = self
+            .by_name
+            .get(name)
+            .copied()
+            .ok_or_else(|| anyhow!("{}: tensor '{name}' is missing", self.label))?;
         let got: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
         if got != shape {
             bail!(
                 "{}: tensor '{name}' has shape {got:?}, expected {shape:?}",
-                self.g.files[0].display()
+                self.label
             );
         }
         if !t.ty.has_kernels() {
             bail!(
                 "{}: tensor '{name}' has type {} which Deltafin cannot compute yet",
-                self.g.files[0].display(),
+                self.label,
                 t.ty
             );
         }

@@ -1,12 +1,17 @@
 //! Model architectures: one file per family, each turning a checkpoint's tensor index into a
 //! forward pass over weights held by a [`WeightStore`].
 
+pub mod embed_head;
 pub mod gemma3;
 pub mod layers;
 pub mod loading;
+pub mod moe;
+pub mod qwen3;
+mod qwen3_config;
 
 use crate::engine::KvCache;
 use crate::source::gguf::GgufModel;
+use crate::source::hf::HfModel;
 use crate::store::WeightStore;
 
 /// How to load a model's weights.
@@ -91,6 +96,36 @@ pub fn load_gguf(
         other => anyhow::bail!(
             "{}: architecture '{other}' is not supported (supported: gemma3)",
             gguf.files[0].display()
+        ),
+    }
+}
+
+/// Loads a Hugging Face checkpoint folder (see [`HfModel::open`]), choosing the architecture
+/// from `config.json`'s `model_type`.
+///
+/// Errors: unknown `model_type` (named), config or tensor errors (the message names the field
+/// or tensor and the folder), a budget too small to run at all, or an unreadable file.
+pub fn load_hf(
+    folder: &std::path::Path,
+    opts: &LoadOptions,
+) -> anyhow::Result<(Box<dyn Model>, WeightStore)> {
+    let hf = HfModel::open(folder)?;
+    load_hf_model(&hf, opts)
+}
+
+/// [`load_hf`] over an already opened folder.
+pub fn load_hf_model(
+    hf: &HfModel,
+    opts: &LoadOptions,
+) -> anyhow::Result<(Box<dyn Model>, WeightStore)> {
+    match hf.model_type()? {
+        "qwen3" | "qwen3_moe" => {
+            let (m, s) = qwen3::Qwen3::load(hf, opts)?;
+            Ok((Box::new(m), s))
+        }
+        other => anyhow::bail!(
+            "{}: model_type '{other}' is not supported (supported: qwen3, qwen3_moe)",
+            hf.config_path().display()
         ),
     }
 }

@@ -1,0 +1,528 @@
+//! Qwen3 (dense) and Qwen3-MoE from Hugging Face checkpoints, as transformers 5 defines them
+//! (`models/qwen3/modeling_qwen3.py`, `models/qwen3_moe/modeling_qwen3_moe.py`): RMSNorm with a
+//! plain weight before attention and before the feed-forward block, grouped-query attention
+//! with per-head q/k RMSNorm before NeoX-style RoPE (`rotate_half`), scores scaled by
+//! `head_dim^-½`, SwiGLU MLP or the MoE block ([`super::moe`]), final RMSNorm, LM head tied to
+//! the embeddings when `tie_word_embeddings`.
+//!
+//! Weight units: one *spine* unit per layer (q, k, v, o and either the dense MLP or the router)
+//! and one unit per (layer, expert) holding its gate/up/down matrices; embeddings and LM head
+//! as in [`super::embed_head`]. Streamed reads are planned as the pass goes: a layer's experts
+//! right after its router ran, then the next layer's spine.
+
+use anyhow::{bail, Context, Result};
+
+pub use super::qwen3_config::Config;
+
+use super::embed_head::{head_chunks, whole, Embedding, Head};
+use super::layers::{
+    add_into, attention, mm, norm_rope_heads, rms_norm_rows, swiglu_mlp, AttnShape,
+};
+use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
+use super::moe::{moe_forward, route_softmax_topk, ExpertMats, StoreExperts, UnitExperts};
+use super::{LoadOptions, Logits, Model, Placement};
+use crate::engine::KvCache;
+use crate::kernels::ops::{rms_norm, rope_inv_freq};
+use crate::source::hf::HfModel;
+use crate::store::plan::{choose_resident, Candidate};
+use crate::store::{DirectFile, Unit, UnitBytes, WeightStore, IO_ALIGN};
+
+/// Stream buffers used when any weight is streamed.
+const STREAM_SLOTS: usize = 2;
+
+/// The feed-forward part of a spine unit.
+enum Ffn {
+    /// SwiGLU MLP of `intermediate_size`.
+    Dense {
+        gate: MatRef,
+        up: MatRef,
+        down: MatRef,
+    },
+    /// The router (`n_experts × hidden`); experts live in their own units.
+    Moe { router: MatRef },
+}
+
+struct LayerMats {
+    q: MatRef,
+    k: MatRef,
+    v: MatRef,
+    o: MatRef,
+    ffn: Ffn,
+}
+
+struct LayerNorms {
+    input: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    post_attn: Vec<f32>,
+}
+
+/// A loaded Qwen3 or Qwen3-MoE model.
+pub struct Qwen3 {
+    pub config: Config,
+    layers: Vec<(usize, LayerMats)>,
+    norms: Vec<LayerNorms>,
+    experts: UnitExperts,
+    final_norm: Vec<f32>,
+    embedding: Embedding,
+    head: Head,
+    inv_freq: Vec<f32>,
+    placement: Placement,
+}
+
+impl Qwen3 {
+    /// Loads a `qwen3` or `qwen3_moe` checkpoint folder under `opts`: checks every tensor's
+    /// presence, shape and dtype, plans residency under the RAM budget (LM head, embeddings,
+    /// spine layers, then experts, greedily), reads the resident units and starts the streamer.
+    ///
+    /// Errors: config errors ([`Config::from_json`]), a missing or mis-shaped tensor (named
+    /// with the folder), a budget too small for KV cache, activations and stream buffers, an
+    /// unreadable file.
+    pub fn load(hf: &HfModel, opts: &LoadOptions) -> Result<(Self, WeightStore)> {
+        let label = hf.dir.display().to_string();
+        let c = Config::from_json(&hf.config, &hf.config_path().display().to_string())?;
+        let ts = Tensors::from_list(label, &hf.tensors);
+        let (d, ff, qd, kvd, hd) = (
+            c.hidden_size,
+            c.intermediate_size,
+            c.q_dim(),
+            c.kv_dim(),
+            c.head_dim(),
+        );
+        let (ne, eff) = (c.n_experts(), c.moe_intermediate_size.unwrap_or(0));
+        let embd = ts.get("model.embed_tokens.weight", &[d, c.vocab_size])?;
+        let head_t = if c.tie_word_embeddings {
+            embd
+        } else {
+            ts.get("lm_head.weight", &[d, c.vocab_size])?
+        };
+        let files: Vec<DirectFile> = hf
+            .files
+            .iter()
+            .map(|p| {
+                DirectFile::open(p, opts.direct_io)
+                    .with_context(|| format!("opening {}", p.display()))
+            })
+            .collect::<Result<_>>()?;
+        let vec_of =
+            |name: &str, n: usize| -> Result<Vec<f32>> { read_vector(&files, ts.get(name, &[n])?) };
+        let final_norm = vec_of("model.norm.weight", d)?;
+
+        let mut units: Vec<Unit> = Vec::new();
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut norms = Vec::with_capacity(c.num_hidden_layers);
+        let mut experts = UnitExperts { units: Vec::new() };
+        let mut expert_units = Vec::new();
+        for l in 0..c.num_hidden_layers {
+            let n = |s: &str| format!("model.layers.{l}.{s}.weight");
+            let moe = c.is_moe_layer(l);
+            let mut list = vec![
+                ts.get(&n("self_attn.q_proj"), &[d, qd])?,
+                ts.get(&n("self_attn.k_proj"), &[d, kvd])?,
+                ts.get(&n("self_attn.v_proj"), &[d, kvd])?,
+                ts.get(&n("self_attn.o_proj"), &[qd, d])?,
+            ];
+            if moe {
+                list.push(ts.get(&n("mlp.gate"), &[d, ne])?);
+            } else {
+                list.push(ts.get(&n("mlp.gate_proj"), &[d, ff])?);
+                list.push(ts.get(&n("mlp.up_proj"), &[d, ff])?);
+                list.push(ts.get(&n("mlp.down_proj"), &[ff, d])?);
+            }
+            let (unit, place) = unit_of(&list);
+            let m: Vec<MatRef> = list.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
+            let ffn = if moe {
+                Ffn::Moe { router: m[4] }
+            } else {
+                Ffn::Dense {
+                    gate: m[4],
+                    up: m[5],
+                    down: m[6],
+                }
+            };
+            layers.push((
+                units.len(),
+                LayerMats {
+                    q: m[0],
+                    k: m[1],
+                    v: m[2],
+                    o: m[3],
+                    ffn,
+                },
+            ));
+            units.push(unit);
+            norms.push(LayerNorms {
+                input: vec_of(&n("input_layernorm"), d)?,
+                q: vec_of(&n("self_attn.q_norm"), hd)?,
+                k: vec_of(&n("self_attn.k_norm"), hd)?,
+                post_attn: vec_of(&n("post_attention_layernorm"), d)?,
+            });
+            let mut le = Vec::new();
+            if moe {
+                for e in 0..ne {
+                    let x = |s: &str| format!("model.layers.{l}.mlp.experts.{e}.{s}.weight");
+                    let list = [
+                        ts.get(&x("gate_proj"), &[d, eff])?,
+                        ts.get(&x("up_proj"), &[d, eff])?,
+                        ts.get(&x("down_proj"), &[eff, d])?,
+                    ];
+                    let (unit, place) = unit_of(&list);
+                    let m: Vec<MatRef> = list.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
+                    le.push((
+                        expert_units.len(),
+                        ExpertMats {
+                            gate: m[0],
+                            up: m[1],
+                            down: m[2],
+                        },
+                    ));
+                    expert_units.push(unit);
+                }
+            }
+            experts.units.push(le);
+        }
+        // experts' unit ids follow the spine units
+        let n_spine = units.len();
+        for le in &mut experts.units {
+            le.iter_mut().for_each(|(u, _)| *u += n_spine);
+        }
+        units.extend(expert_units);
+        let n_weight_units = units.len();
+        let unit_max = units.iter().map(|u| u.buffer_bytes()).max().unwrap_or(0);
+
+        // --- budget -------------------------------------------------------------------------
+        let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
+        let kv_bytes = KvCache::bytes_for(c.num_hidden_layers, n_ctx, kvd);
+        let nb = opts.n_batch.max(1);
+        let per_tok = 4 * d + 2 * qd + 2 * kvd + 2 * ff.max(eff) + ne;
+        let scratch_bytes =
+            4 * (nb * per_tok + c.vocab_size + rayon::current_num_threads() * n_ctx);
+        let norms_bytes = 4 * (d * (2 * c.num_hidden_layers + 1) + 2 * hd * c.num_hidden_layers);
+        let head_unit = unit_of(&[head_t]).0;
+        let embd_unit = unit_of(&[embd]).0;
+        let mut cands = vec![Candidate {
+            name: "LM head".into(),
+            bytes: head_unit.buffer_bytes(),
+        }];
+        if !c.tie_word_embeddings {
+            cands.push(Candidate {
+                name: "embeddings".into(),
+                bytes: embd_unit.buffer_bytes(),
+            });
+        }
+        let n_head_cands = cands.len();
+        for (i, u) in units.iter().enumerate() {
+            cands.push(Candidate {
+                name: format!("unit {i}"),
+                bytes: u.buffer_bytes(),
+            });
+        }
+        let total: usize = cands.iter().map(|c| c.bytes).sum();
+        let fixed = kv_bytes + scratch_bytes + norms_bytes;
+        let slot = unit_max.max(IO_ALIGN * 4);
+        let (flags, stream_buf) = match opts.ram_budget {
+            Some(b) if fixed + total > b as usize => {
+                let b = b as usize;
+                let stream_buf = STREAM_SLOTS * slot;
+                if fixed + stream_buf > b {
+                    bail!(
+                        "--ram-budget {b} is too small: the KV cache for {n_ctx} tokens ({:.1} MiB), activations ({:.1} MiB) and stream buffers ({:.1} MiB) need at least {:.1} MiB",
+                        kv_bytes as f64 / 1048576.0,
+                        (scratch_bytes + norms_bytes) as f64 / 1048576.0,
+                        stream_buf as f64 / 1048576.0,
+                        (fixed + stream_buf) as f64 / 1048576.0
+                    );
+                }
+                (
+                    choose_resident(&cands, b - fixed - stream_buf).0,
+                    stream_buf,
+                )
+            }
+            _ => (vec![true; cands.len()], 0),
+        };
+        let head_resident = flags[0];
+        let embd_resident = if c.tie_word_embeddings {
+            head_resident
+        } else {
+            flags[1]
+        };
+        let mut resident: Vec<bool> = flags[n_head_cands..].to_vec();
+        let head = if head_resident {
+            units.push(head_unit);
+            resident.push(true);
+            Head::Resident {
+                unit: units.len() - 1,
+                mat: whole(head_t),
+            }
+        } else {
+            let mut chunks = Vec::new();
+            for (u, r0, m) in head_chunks(head_t, slot) {
+                units.push(u);
+                resident.push(false);
+                chunks.push((units.len() - 1, r0, m));
+            }
+            Head::Chunks(chunks)
+        };
+        let embedding = match (&head, embd_resident, c.tie_word_embeddings) {
+            (Head::Resident { unit, mat }, true, true) => Embedding::Resident {
+                unit: *unit,
+                mat: *mat,
+            },
+            (_, true, _) => {
+                units.push(embd_unit);
+                resident.push(true);
+                Embedding::Resident {
+                    unit: units.len() - 1,
+                    mat: whole(embd),
+                }
+            }
+            (_, false, _) => Embedding::Streamed(embd.clone()),
+        };
+        let streamed_bytes: usize = units
+            .iter()
+            .zip(&resident)
+            .filter(|(_, r)| !**r)
+            .map(|(u, _)| u.payload_bytes())
+            .sum();
+        let res_spine = resident[..n_spine].iter().filter(|r| **r).count();
+        let res_experts = resident[n_spine..n_weight_units]
+            .iter()
+            .filter(|r| **r)
+            .count();
+        let store = WeightStore::open(
+            &hf.files,
+            units,
+            &resident,
+            STREAM_SLOTS,
+            stream_buf / STREAM_SLOTS,
+            opts.direct_io,
+        )?;
+        let placement = Placement {
+            resident_bytes: store.resident_bytes(),
+            streamed_bytes,
+            stream_buffer_bytes: store.stream_buffer_bytes(),
+            kv_bytes,
+            scratch_bytes: scratch_bytes + norms_bytes,
+            summary: format!(
+                "{res_spine}/{} layers and {res_experts}/{} experts resident, LM head {}{}",
+                c.num_hidden_layers,
+                n_weight_units - n_spine,
+                if head_resident {
+                    "resident"
+                } else {
+                    "streamed"
+                },
+                if c.tie_word_embeddings {
+                    " (tied to embeddings)"
+                } else {
+                    ""
+                }
+            ),
+        };
+        Ok((
+            Self {
+                inv_freq: rope_inv_freq(hd, c.rope_base() as f32, 1.0),
+                config: c,
+                layers,
+                norms,
+                experts,
+                final_norm,
+                embedding,
+                head,
+                placement,
+            },
+            store,
+        ))
+    }
+
+    /// Queues what comes after layer `l`: the next spine unit, or the LM head chunks.
+    fn plan_after(&self, store: &mut WeightStore, l: usize) {
+        match self.layers.get(l + 1) {
+            Some((u, _)) => store.plan([*u]),
+            None => self.head.plan(store),
+        }
+    }
+
+    /// Attention (with its residual) and the start of the feed-forward block of layer `l` over
+    /// the spine unit's bytes `u`: writes the post-attention normed rows to `xn`, and either
+    /// adds the dense MLP to `x` or writes the router logits (`n × n_experts`) to `router`.
+    #[allow(clippy::too_many_arguments)]
+    fn spine(
+        &self,
+        l: usize,
+        w: &LayerMats,
+        u: &UnitBytes,
+        cache: &mut KvCache,
+        pos0: usize,
+        x: &mut [f32],
+        xn: &mut [f32],
+        router: &mut Vec<f32>,
+    ) {
+        let c = &self.config;
+        let (d, hd, qd, kvd) = (c.hidden_size, c.head_dim(), c.q_dim(), c.kv_dim());
+        let n = x.len() / d;
+        let nrm = &self.norms[l];
+        let eps = c.rms_norm_eps as f32;
+        rms_norm_rows(x, &nrm.input, eps, xn);
+        let mut q = vec![0f32; n * qd];
+        let mut k = vec![0f32; n * kvd];
+        let mut v = vec![0f32; n * kvd];
+        mm(&w.q.view(u), xn, n, &mut q);
+        mm(&w.k.view(u), xn, n, &mut k);
+        mm(&w.v.view(u), xn, n, &mut v);
+        let scale = 1.0 / (hd as f32).sqrt();
+        norm_rope_heads(
+            &mut q,
+            n,
+            hd,
+            Some(&nrm.q),
+            eps,
+            pos0,
+            &self.inv_freq,
+            scale,
+        );
+        norm_rope_heads(&mut k, n, hd, Some(&nrm.k), eps, pos0, &self.inv_freq, 1.0);
+        cache.k[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&k);
+        cache.v[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&v);
+        let shape = AttnShape {
+            n_heads: c.num_attention_heads,
+            n_kv_heads: c.n_kv_heads(),
+            head_dim: hd,
+            window: None,
+            softcap: None,
+        };
+        let mut att = vec![0f32; n * qd];
+        attention(&shape, &q, &cache.k[l], &cache.v[l], pos0, &mut att);
+        let mut o = vec![0f32; n * d];
+        mm(&w.o.view(u), &att, n, &mut o);
+        add_into(x, &o);
+        rms_norm_rows(x, &nrm.post_attn, eps, xn);
+        match &w.ffn {
+            Ffn::Dense { gate, up, down } => {
+                swiglu_mlp(&gate.view(u), &up.view(u), &down.view(u), xn, n, &mut o);
+                add_into(x, &o);
+            }
+            Ffn::Moe { router: r } => {
+                router.resize(n * r.rows, 0.0);
+                mm(&r.view(u), xn, n, router);
+            }
+        }
+    }
+
+    fn forward_planned(
+        &self,
+        store: &mut WeightStore,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let (n, d, vocab) = (tokens.len(), c.hidden_size, c.vocab_size);
+        let pos0 = cache.len;
+        let mut x = vec![0f32; n * d];
+        self.embedding.rows(store, tokens, d, &mut x)?;
+        let mut xn = vec![0f32; n * d];
+        let mut router = Vec::new();
+        for (l, (unit, w)) in self.layers.iter().enumerate() {
+            let moe = matches!(w.ffn, Ffn::Moe { .. });
+            if !moe {
+                self.plan_after(store, l);
+            }
+            store.with_unit(*unit, |u| {
+                self.spine(l, w, u, cache, pos0, &mut x, &mut xn, &mut router)
+            })?;
+            if moe {
+                let ne = c.n_experts();
+                let k = c.num_experts_per_tok.unwrap_or(1);
+                let routes: Vec<Vec<(usize, f32)>> = router
+                    .chunks_exact(ne)
+                    .map(|r| route_softmax_topk(r, k, c.norm_topk_prob))
+                    .collect();
+                let mut out = vec![0f32; n * d];
+                let mut src = StoreExperts {
+                    table: &self.experts,
+                    store,
+                };
+                moe_forward(&mut src, l, &routes, &xn, d, &mut out, |s| {
+                    self.plan_after(s.store, l)
+                })?;
+                add_into(&mut x, &out);
+            }
+        }
+        let rows: Vec<usize> = match logits {
+            Logits::Last => vec![n - 1],
+            Logits::All => (0..n).collect(),
+        };
+        let m = rows.len();
+        let mut h = vec![0f32; m * d];
+        for (i, &t) in rows.iter().enumerate() {
+            rms_norm(
+                &x[t * d..(t + 1) * d],
+                &self.final_norm,
+                c.rms_norm_eps as f32,
+                &mut h[i * d..(i + 1) * d],
+            );
+        }
+        let mut out = vec![0f32; m * vocab];
+        self.head.logits(store, &h, m, vocab, &mut out)?;
+        Ok(out)
+    }
+}
+
+impl Model for Qwen3 {
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn context_length(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    fn new_cache(&self, n_ctx: usize) -> KvCache {
+        KvCache::new(
+            self.config.num_hidden_layers,
+            n_ctx.min(self.config.max_position_embeddings),
+            self.config.kv_dim(),
+        )
+    }
+
+    fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    fn forward(
+        &self,
+        store: &mut WeightStore,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let n = tokens.len();
+        let pos0 = cache.len;
+        if n == 0 {
+            bail!("forward pass over zero tokens");
+        }
+        if pos0 + n > cache.n_ctx {
+            bail!(
+                "context full: {pos0} + {n} tokens exceed the KV cache of {} tokens (raise --ctx-size)",
+                cache.n_ctx
+            );
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            bail!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                c.vocab_size
+            );
+        }
+        self.embedding.plan(store, tokens, c.hidden_size);
+        store.plan([self.layers[0].0]);
+        let r = self.forward_planned(store, cache, tokens, logits);
+        if r.is_err() {
+            store.reset();
+        } else {
+            cache.len = pos0 + n;
+        }
+        r
+    }
+}
