@@ -6,17 +6,20 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use crate::engine::{Finish, GenStats, GenerateOptions, Sampler, SamplerConfig, Session};
-use crate::models::{load_gguf, LoadOptions, Placement};
+use crate::models::{load_gguf, load_hf_model, LoadOptions, Placement};
 use crate::source::gguf::GgufModel;
+use crate::source::hf::{is_hf_folder, HfModel};
 use crate::store::plan::parse_size;
 use crate::tokenizer::chat::{ChatTemplate, Message};
+use crate::tokenizer::hf::{HfStreamDecoder, HfTokenizer};
 use crate::tokenizer::stream::StreamDecoder;
 use crate::tokenizer::Tokenizer;
 
 /// Arguments of `deltafin run`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Model: a .gguf file (the first part of a split model) or a folder holding one model.
+    /// Model: a .gguf file (the first part of a split model), a folder holding one GGUF model,
+    /// or a Hugging Face checkpoint folder (one with a config.json).
     /// Default: the demo model (Gemma 3 270M Q4_K_M), fetched on first use.
     #[arg(short, long)]
     pub model: Option<PathBuf>,
@@ -94,6 +97,65 @@ pub fn open_model(path: Option<&PathBuf>) -> Result<GgufModel> {
     Ok(GgufModel::open_model_path(&p)?)
 }
 
+/// A model opened from disk, before its weights are loaded.
+pub enum OpenedModel {
+    Gguf(GgufModel),
+    Hf(HfModel),
+}
+
+/// Opens `path` as a Hugging Face folder when it is a directory with a `config.json`, else as
+/// GGUF (see [`open_model`], which also fetches the demo model when `path` is `None`).
+pub fn open_any(path: Option<&PathBuf>) -> Result<OpenedModel> {
+    match path {
+        Some(p) if is_hf_folder(p) => Ok(OpenedModel::Hf(HfModel::open(p)?)),
+        _ => Ok(OpenedModel::Gguf(open_model(path)?)),
+    }
+}
+
+/// The tokenizer of either kind of model.
+enum AnyTokenizer {
+    Gguf(Box<Tokenizer>),
+    Hf(Box<HfTokenizer>),
+}
+
+/// The streaming detokenizer of either kind.
+enum AnyDecoder<'t> {
+    Gguf(StreamDecoder<'t>),
+    Hf(HfStreamDecoder<'t>),
+}
+
+impl AnyTokenizer {
+    fn is_eog(&self, t: u32) -> bool {
+        match self {
+            AnyTokenizer::Gguf(k) => k.is_eog(t),
+            AnyTokenizer::Hf(k) => k.is_eog(t),
+        }
+    }
+
+    fn decoder(&self) -> AnyDecoder<'_> {
+        match self {
+            AnyTokenizer::Gguf(k) => AnyDecoder::Gguf(StreamDecoder::new(k, true)),
+            AnyTokenizer::Hf(k) => AnyDecoder::Hf(HfStreamDecoder::new(k, true)),
+        }
+    }
+}
+
+impl AnyDecoder<'_> {
+    fn push(&mut self, t: u32) -> String {
+        match self {
+            AnyDecoder::Gguf(d) => d.push(t),
+            AnyDecoder::Hf(d) => d.push(t),
+        }
+    }
+
+    fn finish(&mut self) -> String {
+        match self {
+            AnyDecoder::Gguf(d) => d.finish(),
+            AnyDecoder::Hf(d) => d.finish(),
+        }
+    }
+}
+
 /// Sets the size of the global thread pool once.
 pub fn init_threads(threads: Option<usize>) {
     if let Some(n) = threads {
@@ -107,8 +169,11 @@ pub fn init_threads(threads: Option<usize>) {
 pub fn run(a: RunArgs) -> Result<()> {
     init_threads(a.threads);
     let t_load = std::time::Instant::now();
-    let gguf = open_model(a.model.as_ref())?;
-    let tok = Tokenizer::from_gguf(&gguf)?;
+    let opened = open_any(a.model.as_ref())?;
+    let tok = match &opened {
+        OpenedModel::Gguf(g) => AnyTokenizer::Gguf(Box::new(Tokenizer::from_gguf(g)?)),
+        OpenedModel::Hf(h) => AnyTokenizer::Hf(Box::new(HfTokenizer::from_folder(&h.dir)?)),
+    };
     let prompt = match &a.prompt {
         Some(p) => p.clone(),
         None => {
@@ -123,16 +188,26 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
     };
     let ids = if a.chat {
-        let tmpl = ChatTemplate::from_gguf_metadata(&gguf.metadata)?;
+        let tmpl = match (&opened, &tok) {
+            (OpenedModel::Gguf(g), _) => ChatTemplate::from_gguf_metadata(&g.metadata)?,
+            (_, AnyTokenizer::Hf(t)) => t.chat_template()?,
+            _ => unreachable!("tokenizer kind follows the model kind"),
+        };
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
             msgs.push(Message::new("system", s.clone()));
         }
         msgs.push(Message::new("user", prompt.clone()));
         let text = tmpl.render(&msgs, true)?;
-        tok.encode(&text, false, true)?
+        match &tok {
+            AnyTokenizer::Gguf(t) => t.encode(&text, false, true)?,
+            AnyTokenizer::Hf(t) => t.encode(&text, false)?,
+        }
     } else {
-        tok.encode(&prompt, true, false)?
+        match &tok {
+            AnyTokenizer::Gguf(t) => t.encode(&prompt, true, false)?,
+            AnyTokenizer::Hf(t) => t.encode(&prompt, true)?,
+        }
     };
     if ids.is_empty() {
         bail!("the prompt is empty");
@@ -150,10 +225,13 @@ pub fn run(a: RunArgs) -> Result<()> {
         n_batch: a.batch_size.min(ids.len()).max(1),
         direct_io: !a.no_direct_io,
     };
-    let (model, store) = load_gguf(&gguf, &opts)?;
+    let (model, store) = match &opened {
+        OpenedModel::Gguf(g) => load_gguf(g, &opts)?,
+        OpenedModel::Hf(h) => load_hf_model(h, &opts)?,
+    };
     let n_ctx = n_ctx.min(model.context_length());
     let placement = model.placement().clone();
-    drop(gguf);
+    drop(opened);
     crate::tokenizer::release_freed_memory();
     let mut session = Session::new(model, store, n_ctx, opts.n_batch);
     let load_s = t_load.elapsed().as_secs_f64();
@@ -171,7 +249,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         repeat_last_n: a.repeat_last_n,
         seed,
     });
-    let mut dec = StreamDecoder::new(&tok, true);
+    let mut dec = tok.decoder();
     let is_eog = |t: u32| tok.is_eog(t);
     let gen_opts = GenerateOptions {
         max_tokens: a.max_tokens,

@@ -1,4 +1,5 @@
-//! Tokenization for GGUF models, matching llama.cpp (`src/llama-vocab.cpp`) id for id.
+//! Tokenization. Hugging Face folders: `tokenizer.json` through the `tokenizers` crate, see
+//! [`hf`]. GGUF models: matching llama.cpp (`src/llama-vocab.cpp`) id for id.
 //!
 //! The BPE itself runs in the `tokenizers` crate: a SentencePiece vocabulary (`llama` model in
 //! GGUF) becomes a `tokenizers` BPE whose merge ranks follow the scores of the merged tokens,
@@ -9,6 +10,7 @@
 
 mod bpe;
 pub mod chat;
+pub mod hf;
 mod packed;
 mod partition;
 pub mod stream;
