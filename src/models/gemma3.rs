@@ -9,6 +9,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use super::embed_head::{head_chunks, Embedding, Head};
 use super::layers::{add_post_normed, attention, mm, rms_norm_rows, AttnShape};
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
 use super::{LoadOptions, Logits, Model, Placement};
@@ -16,11 +17,9 @@ use crate::engine::KvCache;
 use crate::kernels::ops::{
     gelu_tanh, rms_norm, rms_norm_inplace, rope_inv_freq, rope_neox, softcap,
 };
-use crate::kernels::{matmul, matvec};
-use crate::quant::dequantize_row;
-use crate::source::gguf::{GgufModel, TensorInfo};
+use crate::source::gguf::GgufModel;
 use crate::store::plan::{choose_resident, Candidate};
-use crate::store::{DirectFile, ReadRange, Unit, UnitBytes, WeightStore};
+use crate::store::{DirectFile, Unit, UnitBytes, WeightStore};
 
 /// Stream buffers used when any weight is streamed (double buffering: one being computed on,
 /// one being read).
@@ -218,22 +217,6 @@ struct LayerNorms {
     post_ffw: Vec<f32>,
 }
 
-/// How the LM head is held.
-enum Head {
-    /// One resident unit holding the whole matrix.
-    Resident { unit: usize, mat: MatRef },
-    /// Streamed in chunks of rows: (unit, first row, matrix of the chunk).
-    Chunks(Vec<(usize, usize, MatRef)>),
-}
-
-/// How embedding rows are found.
-enum Embedding {
-    /// In a resident unit.
-    Resident { unit: usize, mat: MatRef },
-    /// Read row by row from the file when needed.
-    Streamed(TensorInfo),
-}
-
 /// A loaded Gemma 3 model.
 pub struct Gemma3 {
     pub config: Config,
@@ -394,34 +377,11 @@ impl Gemma3 {
             }
         } else {
             let slot = layer_max.max(crate::store::IO_ALIGN * 4);
-            let row_bytes = head_t.ty.row_bytes(d).expect("validated row size");
-            let rows_per = ((slot - crate::store::IO_ALIGN * 2) / row_bytes).max(1);
             let mut chunks = Vec::new();
-            let mut r0 = 0;
-            while r0 < c.vocab_size {
-                let rows = rows_per.min(c.vocab_size - r0);
-                let off = head_t.offset + (r0 * row_bytes) as u64;
-                units.push(Unit {
-                    ranges: vec![ReadRange {
-                        file: head_t.file,
-                        offset: off,
-                        len: rows * row_bytes,
-                    }],
-                });
+            for (u, r0, m) in head_chunks(head_t, slot) {
+                units.push(u);
                 resident.push(false);
-                chunks.push((
-                    units.len() - 1,
-                    r0,
-                    MatRef {
-                        piece: 0,
-                        offset: 0,
-                        ty: head_t.ty,
-                        rows,
-                        cols: d,
-                        bytes: rows * row_bytes,
-                    },
-                ));
-                r0 += rows;
+                chunks.push((units.len() - 1, r0, m));
             }
             Head::Chunks(chunks)
         };
@@ -495,21 +455,9 @@ impl Gemma3 {
     /// Writes the scaled embeddings of `tokens` into `x` (`n × hidden_size`).
     fn embed(&self, store: &mut WeightStore, tokens: &[u32], x: &mut [f32]) -> Result<()> {
         let d = self.config.hidden_size;
+        self.embedding.rows(store, tokens, d, x)?;
         let scale = (d as f32).sqrt();
-        for (t, &tok) in tokens.iter().enumerate() {
-            let row = &mut x[t * d..(t + 1) * d];
-            match &self.embedding {
-                Embedding::Resident { unit, mat } => {
-                    store.with_unit(*unit, |u| {
-                        dequantize_row(mat.ty, mat.view(u).row(tok as usize), row)
-                    })?;
-                }
-                Embedding::Streamed(t) => {
-                    store.with_adhoc(|u| dequantize_row(t.ty, u.piece(0), row))?;
-                }
-            }
-            row.iter_mut().for_each(|v| *v *= scale);
-        }
+        x.iter_mut().for_each(|v| *v *= scale);
         Ok(())
     }
 
@@ -633,22 +581,9 @@ impl Model for Gemma3 {
             );
         }
         // announce every streamed read of this pass, in order
-        if let Embedding::Streamed(t) = &self.embedding {
-            let rb = t.ty.row_bytes(c.hidden_size).expect("validated row size");
-            for &tok in tokens {
-                store.plan_adhoc(Unit {
-                    ranges: vec![ReadRange {
-                        file: t.file,
-                        offset: t.offset + (tok as usize * rb) as u64,
-                        len: rb,
-                    }],
-                });
-            }
-        }
+        self.embedding.plan(store, tokens, c.hidden_size);
         store.plan(self.layers.iter().map(|(u, _)| *u));
-        if let Head::Chunks(ch) = &self.head {
-            store.plan(ch.iter().map(|(u, _, _)| *u));
-        }
+        self.head.plan(store);
         let r = self.forward_planned(store, cache, tokens, logits);
         if r.is_err() {
             store.reset();
@@ -690,29 +625,7 @@ impl Gemma3 {
             );
         }
         let mut out = vec![0f32; m * vocab];
-        match &self.head {
-            Head::Resident { unit, mat } => {
-                store.with_unit(*unit, |u| mm(&mat.view(u), &h, m, &mut out))?
-            }
-            Head::Chunks(chunks) => {
-                let mut tmp = Vec::new();
-                for (unit, r0, mr) in chunks {
-                    store.with_unit(*unit, |u| {
-                        let w = mr.view(u);
-                        if m == 1 {
-                            matvec(&w, &h, &mut out[*r0..*r0 + mr.rows]);
-                        } else {
-                            tmp.resize(m * mr.rows, 0.0);
-                            matmul(&w, &h, m, &mut tmp);
-                            for i in 0..m {
-                                out[i * vocab + r0..i * vocab + r0 + mr.rows]
-                                    .copy_from_slice(&tmp[i * mr.rows..(i + 1) * mr.rows]);
-                            }
-                        }
-                    })?;
-                }
-            }
-        }
+        self.head.logits(store, &h, m, vocab, &mut out)?;
         if let Some(cap) = c.final_logit_softcapping {
             out.iter_mut().for_each(|v| *v = softcap(*v, cap));
         }
