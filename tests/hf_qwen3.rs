@@ -307,3 +307,42 @@ fn cli_chat_greedy_matches_the_reference_continuation() {
         );
     }
 }
+
+#[test]
+fn published_config_dialect_gives_the_same_logits() {
+    let r = reference("qwen3_moe");
+    let ids = u32s(&r["prompt_ids"]);
+    let d = edited_copy("qwen3_moe", |c| {
+        let o = c.as_object_mut().unwrap();
+        let rp = o.remove("rope_parameters").unwrap();
+        o.insert("rope_theta".into(), rp["rope_theta"].clone());
+        o.insert("rope_scaling".into(), Value::Null);
+        let n = o.remove("num_local_experts").unwrap();
+        o.insert("num_experts".into(), n);
+        let dt = o.remove("dtype").unwrap();
+        o.insert("torch_dtype".into(), dt);
+    });
+    let opts = LoadOptions {
+        ram_budget: None,
+        n_ctx: 128,
+        n_batch: 128,
+        direct_io: true,
+    };
+    let (m, st) = load_hf(d.path(), &opts).unwrap();
+    let mut s = Session::new(m, st, 128, 128);
+    let last = s.prefill(&ids, Logits::Last).unwrap();
+    let rel = rel_diff(&last, &f32s(&r["last_logits"]));
+    assert!(rel < REL_TOL, "published dialect: rel diff {rel}");
+}
+
+#[test]
+fn chunked_prefill_equals_one_batch() {
+    for name in ["qwen3", "qwen3_moe"] {
+        let ids = u32s(&reference(name)["prompt_ids"]);
+        let one = session(name, None).prefill(&ids, Logits::Last).unwrap();
+        let mut s = session(name, None);
+        s.n_batch = 5;
+        let chunked = s.prefill(&ids, Logits::Last).unwrap();
+        assert!(one == chunked, "{name}: chunked prefill differs");
+    }
+}
