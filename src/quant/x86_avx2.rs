@@ -352,4 +352,5 @@ pub(crate) static KERNELS: LevelKernels = LevelKernels {
         deq_f32, deq_f16, deq_bf16, deq_q8_0, deq_q4_0, deq_q5_0, deq_q4_k, deq_q6_k,
     ],
     dot_f32,
+    prep: [None; 8],
 };

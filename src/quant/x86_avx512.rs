@@ -5,6 +5,7 @@
 //! `dot_f32(dequantized, x)` equals the fused dot bit for bit.
 
 use super::x86_avx2::{q4k_factors, q6k_factors};
+use super::x86_avx512_q32 as q32;
 use super::{LevelKernels, ROUND};
 use std::arch::x86_64::*;
 
@@ -31,7 +32,7 @@ unsafe fn emit<const STORE: bool>(
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn finish(acc: &Acc) -> f32 {
+pub(super) fn finish(acc: &Acc) -> f32 {
     let v = _mm512_add_ps(acc[0], acc[1]);
     let lo = _mm512_castps512_ps256(v);
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
@@ -50,7 +51,7 @@ unsafe fn f16s(p: *const u8) -> f32 {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn load16(p: *const u8) -> __m128i {
+pub(super) unsafe fn load16(p: *const u8) -> __m128i {
     _mm_loadu_si128(p as *const __m128i)
 }
 
@@ -198,6 +199,13 @@ unsafe fn blk_q6_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
 
 macro_rules! kernels {
     ($dot:ident, $deq:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
+        dot_kernel!($dot, $blk, $bb, $be, $esz, $tail);
+        deq_kernel!($deq, $blk, $bb, $be, $esz, $tail);
+    };
+}
+
+macro_rules! dot_kernel {
+    ($dot:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
         /// Fused dot (safe wrapper; only reachable through the detected-level table).
         fn $dot(row: &[u8], x: &[f32]) -> f32 {
             #[target_feature(enable = "avx512f,avx2,fma,f16c")]
@@ -236,7 +244,11 @@ macro_rules! kernels {
             // (lengths checked above).
             unsafe { inner(row, x) }
         }
+    };
+}
 
+macro_rules! deq_kernel {
+    ($deq:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
         /// Dequantization (safe wrapper; only reachable through the detected-level table).
         fn $deq(src: &[u8], dst: &mut [f32]) {
             #[target_feature(enable = "avx512f,avx2,fma,f16c")]
@@ -273,9 +285,9 @@ fn no_tail(_: &[u8], _: &mut [f32]) {
 kernels!(dot_f32row, deq_f32, blk_f32, 4, 1, 4, decode_f32);
 kernels!(dot_f16, deq_f16, blk_f16, 2, 1, 2, decode_f16);
 kernels!(dot_bf16, deq_bf16, blk_bf16, 2, 1, 2, decode_bf16);
-kernels!(dot_q8_0, deq_q8_0, blk_q8_0, 34, 32, 0, no_tail);
-kernels!(dot_q4_0, deq_q4_0, blk_q4_0, 18, 32, 0, no_tail);
-kernels!(dot_q5_0, deq_q5_0, blk_q5_0, 22, 32, 0, no_tail);
+deq_kernel!(deq_q8_0, blk_q8_0, 34, 32, 0, no_tail);
+deq_kernel!(deq_q4_0, blk_q4_0, 18, 32, 0, no_tail);
+deq_kernel!(deq_q5_0, blk_q5_0, 22, 32, 0, no_tail);
 kernels!(dot_q4_k, deq_q4_k, blk_q4_k, 144, 256, 0, no_tail);
 kernels!(dot_q6_k, deq_q6_k, blk_q6_k, 210, 256, 0, no_tail);
 
@@ -287,13 +299,59 @@ fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
     dot_f32row(bytes, x)
 }
 
-/// The AVX-512 table. Only returned by `level_kernels` after detection.
-pub(crate) static KERNELS: LevelKernels = LevelKernels {
+/// The AVX-512 table without GFNI (e.g. Skylake-SP). Only returned by `level_kernels`
+/// after detection.
+pub(crate) static KERNELS: LevelKernels = BASE;
+
+/// The AVX-512 table with GFNI nibble decoding for Q4_0 and Q5_0: the same values and
+/// accumulation order as [`KERNELS`], so results are identical bit for bit.
+pub(crate) static KERNELS_GFNI: LevelKernels = LevelKernels {
     dot: [
-        dot_f32row, dot_f16, dot_bf16, dot_q8_0, dot_q4_0, dot_q5_0, dot_q4_k, dot_q6_k,
+        dot_f32row,
+        dot_f16,
+        dot_bf16,
+        q32::dot_q8_0,
+        q32::dot_q4_0_gfni,
+        q32::dot_q5_0_gfni,
+        dot_q4_k,
+        dot_q6_k,
+    ],
+    prep: [
+        None,
+        None,
+        None,
+        Some((q32::prep_q8_0, q32::prep_dot)),
+        Some((q32::prep_q4_0_gfni, q32::prep_dot)),
+        Some((q32::prep_q5_0_gfni, q32::prep_dot)),
+        None,
+        None,
+    ],
+    ..BASE
+};
+
+const BASE: LevelKernels = LevelKernels {
+    dot: [
+        dot_f32row,
+        dot_f16,
+        dot_bf16,
+        q32::dot_q8_0,
+        q32::dot_q4_0,
+        q32::dot_q5_0,
+        dot_q4_k,
+        dot_q6_k,
     ],
     deq: [
         deq_f32, deq_f16, deq_bf16, deq_q8_0, deq_q4_0, deq_q5_0, deq_q4_k, deq_q6_k,
     ],
     dot_f32,
+    prep: [
+        None,
+        None,
+        None,
+        Some((q32::prep_q8_0, q32::prep_dot)),
+        Some((q32::prep_q4_0, q32::prep_dot)),
+        Some((q32::prep_q5_0, q32::prep_dot)),
+        None,
+        None,
+    ],
 };
