@@ -11,6 +11,10 @@ use std::arch::x86_64::*;
 
 type Acc = [__m512; 2];
 
+/// Software prefetch distance of the dots, in bytes of the encoded row (measured on the
+/// 262144 × 640 Q8_0 LM head: 6.3 → 8 GB/s on one thread).
+pub(super) const PF: usize = 2048;
+
 /// Either stores the 32 decoded values at `dst` (`STORE`) or accumulates them against `x`.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
@@ -132,28 +136,33 @@ unsafe fn blk_q5_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
     emit::<S>(scaled(d, lo), scaled(d, hi), x, dst, acc);
 }
 
+/// Q4_K: each 32-element sub-block `r` has at most 16 distinct values
+/// `d * sc[r] * q - dmin * m[r]` (`q` a nibble); they are computed once into a 16-lane table
+/// (same roundings as the scalar decoder) and looked up with `vpermps`, which reads only the
+/// low 4 bits of each 32-bit index.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn blk_q4_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
     let (ds, ms) = q4k_factors(p);
-    let m = _mm_set1_epi8(15);
+    let iota = _mm512_setr_ps(
+        0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+    );
     for g in 0..4 {
-        let a0 = load16(p.add(16 + 32 * g));
-        let a1 = load16(p.add(32 + 32 * g));
+        let b0 = u8x16_to_i32(load16(p.add(16 + 32 * g)));
+        let b1 = u8x16_to_i32(load16(p.add(32 + 32 * g)));
         for h in 0..2 {
             let r = 2 * g + h;
-            let d1 = _mm512_set1_ps(ds[r]);
-            let m1 = _mm512_set1_ps(ms[r]);
-            let (n0, n1) = if h == 0 {
-                (_mm_and_si128(a0, m), _mm_and_si128(a1, m))
+            let t = _mm512_sub_ps(
+                _mm512_mul_ps(_mm512_set1_ps(ds[r]), iota),
+                _mm512_set1_ps(ms[r]),
+            );
+            let (i0, i1) = if h == 0 {
+                (b0, b1)
             } else {
-                (
-                    _mm_and_si128(_mm_srli_epi16::<4>(a0), m),
-                    _mm_and_si128(_mm_srli_epi16::<4>(a1), m),
-                )
+                (_mm512_srli_epi32::<4>(b0), _mm512_srli_epi32::<4>(b1))
             };
-            let w0 = _mm512_sub_ps(scaled(d1, u8x16_to_i32(n0)), m1);
-            let w1 = _mm512_sub_ps(scaled(d1, u8x16_to_i32(n1)), m1);
+            let w0 = _mm512_permutexvar_ps(i0, t);
+            let w1 = _mm512_permutexvar_ps(i1, t);
             emit::<S>(
                 w0,
                 w1,
@@ -219,6 +228,13 @@ macro_rules! dot_kernel {
                 let nb = x.len() / be;
                 let (p, xp) = (row.as_ptr(), x.as_ptr());
                 for b in 0..nb {
+                    // Software prefetch `PF` bytes ahead, one hint per 64-byte line of the
+                    // block (hints never fault, so running past the row is harmless).
+                    let mut o = 0;
+                    while o < bb {
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(b * bb + o + PF) as *const i8);
+                        o += 64;
+                    }
                     $blk::<false>(
                         p.add(b * bb),
                         xp.add(b * be),

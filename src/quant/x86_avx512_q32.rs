@@ -10,7 +10,7 @@
 //! integer values and scales stored as f32), so a `matmul` that prepares each weight row
 //! once equals the fused dot bit for bit.
 
-use super::x86_avx512::{finish, load16};
+use super::x86_avx512::{finish, load16, PF};
 use std::arch::x86_64::*;
 
 /// Blocks whose scales are converted together.
@@ -165,6 +165,7 @@ macro_rules! q32_kernels {
                     scales(p.add(b * $bb), $bb, m, &mut ds);
                     let mut k = 0;
                     while k + 1 < m {
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add((b + k) * $bb + PF) as *const i8);
                         let (q0, q1) = $q(p.add((b + k) * $bb));
                         step(q0, q1, ds[k], xp.add(32 * (b + k)), &mut a0);
                         let (q0, q1) = $q(p.add((b + k + 1) * $bb));
