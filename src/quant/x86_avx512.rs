@@ -206,6 +206,51 @@ unsafe fn blk_q6_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
     }
 }
 
+/// GF(2) affine matrices (see `x86_avx512_q32::bit_matrix`) for Q6_K: a nibble alone, and
+/// the two high bits at `2 k, 2 k + 1` moved to bit 4 and bits 5..8 (with constant 0xE0,
+/// `16 b0 + 32 (b1 - 1)` as i8), so `nibble | high` is `q - 32`.
+const Q6_NIB: [i64; 2] = [
+    q32::bit_matrix([0, 1, 2, 3, 8, 8, 8, 8]),
+    q32::bit_matrix([4, 5, 6, 7, 8, 8, 8, 8]),
+];
+const Q6_HIGH: [i64; 4] = [
+    q32::bit_matrix([8, 8, 8, 8, 0, 1, 1, 1]),
+    q32::bit_matrix([8, 8, 8, 8, 2, 3, 3, 3]),
+    q32::bit_matrix([8, 8, 8, 8, 4, 5, 5, 5]),
+    q32::bit_matrix([8, 8, 8, 8, 6, 7, 7, 7]),
+];
+
+/// 16 Q6_K values `q - 32` of chunk `c` of a half, decoded by GF(2) affine maps.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c,gfni")]
+unsafe fn q6_chunk_gfni(ql: *const u8, qh: *const u8, c: usize) -> __m512i {
+    let l = load16(ql.add(16 * (c & 3)));
+    let h = load16(qh.add(16 * (c & 1)));
+    let l = _mm_gf2p8affine_epi64_epi8::<0>(l, _mm_set1_epi64x(Q6_NIB[c >> 2]));
+    let h = _mm_gf2p8affine_epi64_epi8::<0xE0>(h, _mm_set1_epi64x(Q6_HIGH[c >> 1]));
+    _mm512_cvtepi8_epi32(_mm_or_si128(l, h))
+}
+
+/// Q6_K with GFNI decoding: same values and order as `blk_q6_k`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c,gfni")]
+unsafe fn blk_q6_k_gfni<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+    let f = q6k_factors(p);
+    for h in 0..2 {
+        let ql = p.add(64 * h);
+        let qh = p.add(128 + 32 * h);
+        for c in (0..8).step_by(2) {
+            let w0 = scaled(_mm512_set1_ps(f[8 * h + c]), q6_chunk_gfni(ql, qh, c));
+            let w1 = scaled(
+                _mm512_set1_ps(f[8 * h + c + 1]),
+                q6_chunk_gfni(ql, qh, c + 1),
+            );
+            let e = 128 * h + 16 * c;
+            emit::<S>(w0, w1, x.wrapping_add(e), dst.wrapping_add(e), acc);
+        }
+    }
+}
+
 macro_rules! kernels {
     ($dot:ident, $deq:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
         dot_kernel!($dot, $blk, $bb, $be, $esz, $tail);
@@ -215,9 +260,12 @@ macro_rules! kernels {
 
 macro_rules! dot_kernel {
     ($dot:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
+        dot_kernel!($dot, $blk, $bb, $be, $esz, $tail, "avx512f,avx2,fma,f16c");
+    };
+    ($dot:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr, $feat:literal) => {
         /// Fused dot (safe wrapper; only reachable through the detected-level table).
-        fn $dot(row: &[u8], x: &[f32]) -> f32 {
-            #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        pub(super) fn $dot(row: &[u8], x: &[f32]) -> f32 {
+            #[target_feature(enable = $feat)]
             unsafe fn inner(row: &[u8], x: &[f32]) -> f32 {
                 let mut acc = [_mm512_setzero_ps(); 2];
                 let (bb, be) = if $be == 1 {
@@ -301,6 +349,15 @@ fn no_tail(_: &[u8], _: &mut [f32]) {
 kernels!(dot_f32row, deq_f32, blk_f32, 4, 1, 4, decode_f32);
 kernels!(dot_f16, deq_f16, blk_f16, 2, 1, 2, decode_f16);
 kernels!(dot_bf16, deq_bf16, blk_bf16, 2, 1, 2, decode_bf16);
+dot_kernel!(
+    dot_q6_k_gfni,
+    blk_q6_k_gfni,
+    210,
+    256,
+    0,
+    no_tail,
+    "avx512f,avx2,fma,f16c,gfni"
+);
 deq_kernel!(deq_q8_0, blk_q8_0, 34, 32, 0, no_tail);
 deq_kernel!(deq_q4_0, blk_q4_0, 18, 32, 0, no_tail);
 deq_kernel!(deq_q5_0, blk_q5_0, 22, 32, 0, no_tail);
@@ -330,7 +387,7 @@ pub(crate) static KERNELS_GFNI: LevelKernels = LevelKernels {
         q32::dot_q4_0_gfni,
         q32::dot_q5_0_gfni,
         dot_q4_k,
-        dot_q6_k,
+        dot_q6_k_gfni,
     ],
     prep: [
         None,

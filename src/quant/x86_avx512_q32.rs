@@ -87,7 +87,7 @@ unsafe fn q_q5_0(p: *const u8) -> (__m512, __m512) {
 
 /// GF(2) affine matrix (`vgf2p8affineqb`: output bit `i` is the parity of the input bits
 /// selected by byte `7 - i`) whose output bit `i` is input bit `src[i]` (0 for `src[i] >= 8`).
-const fn bit_matrix(src: [u32; 8]) -> i64 {
+pub(super) const fn bit_matrix(src: [u32; 8]) -> i64 {
     let mut a = 0u64;
     let mut i = 0;
     while i < 8 {
