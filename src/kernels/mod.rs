@@ -3,7 +3,7 @@
 
 pub mod ops;
 
-use crate::quant::{self, GgmlType, SimdLevel};
+use crate::quant::{self, GgmlType, RowPlan, SimdLevel};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -130,15 +130,17 @@ impl OutPtr {
 }
 
 thread_local! {
-    /// Per-thread dequantized weight row for `matmul` (grows to the widest row seen).
-    static ROW_SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Per-thread prepared weight row for `matmul`: dequantized values, or integer values
+    /// and block scales (grows to the widest row seen).
+    static ROW_SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// `Y = X Wᵀ` for a batch: `x` is `n × w.cols` (row-major), `y` is `n × w.rows`. Each
 /// `y[t * w.rows + r]` equals `quant::dot_row(w.ty, w.row(r), &x[t * w.cols..][..w.cols])` exactly,
 /// so a prompt batch gives the same numbers as token-by-token decode. Each weight row is
-/// dequantized once into a per-thread scratch row and dotted with all `n` tokens by
-/// `quant::dot_f32`, whose accumulation order equals the fused `dot_row`'s.
+/// decoded once into a per-thread scratch row (dequantized, or integer values plus block
+/// scales for the levels' block-scale types) and dotted with all `n` tokens by a dot whose
+/// accumulation order equals the fused `dot_row`'s.
 pub fn matmul(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
     matmul_at(SimdLevel::detect(), w, x, n, y)
 }
@@ -152,22 +154,35 @@ pub fn matmul_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32
     if n == 0 || w.rows == 0 {
         return;
     }
-    let (_, deq, dotf) = quant::row_kernels(level, w.ty);
+    let plan = quant::row_plan(level, w.ty);
     let (rows, cols) = (w.rows, w.cols);
     let rb = w.ty.row_bytes(cols).unwrap_or(0);
+    let nb = cols / w.ty.block_elems();
     let per = rows_per_task(rows, rb);
     let out = OutPtr(y.as_mut_ptr());
     let run = |first: usize| {
         ROW_SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
-            if s.len() < cols {
-                s.resize(cols, 0.0);
+            let (wbuf, dbuf) = &mut *s;
+            if wbuf.len() < cols {
+                wbuf.resize(cols, 0.0);
             }
-            let wrow = &mut s[..cols];
+            if dbuf.len() < nb {
+                dbuf.resize(nb, 0.0);
+            }
+            let (wrow, drow) = (&mut wbuf[..cols], &mut dbuf[..nb]);
             for r in first..(first + per).min(rows) {
-                deq(&w.data[r * rb..(r + 1) * rb], wrow);
+                let src = &w.data[r * rb..(r + 1) * rb];
+                match plan {
+                    RowPlan::Dequant(deq, _) => deq(src, wrow),
+                    RowPlan::Prepared(prep, _) => prep(src, wrow, drow),
+                }
                 for t in 0..n {
-                    let v = dotf(wrow, &x[t * cols..(t + 1) * cols]);
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    let v = match plan {
+                        RowPlan::Dequant(_, dotf) => dotf(wrow, xt),
+                        RowPlan::Prepared(_, dotp) => dotp(wrow, drow, xt),
+                    };
                     // SAFETY: `t * rows + r < n * rows == y.len()` (checked), and row `r`
                     // belongs to this task only.
                     unsafe { *out.get().add(t * rows + r) = v };

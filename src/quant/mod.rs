@@ -158,7 +158,11 @@ mod neon;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
+mod x86_avx2_q32;
+#[cfg(target_arch = "x86_64")]
 mod x86_avx512;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx512_q32;
 
 use std::sync::OnceLock;
 
@@ -177,7 +181,9 @@ pub enum SimdLevel {
     Neon,
     /// x86-64 AVX2 + FMA + F16C: 4 × 8-lane fma accumulators.
     Avx2,
-    /// x86-64 AVX-512F (+ AVX2, FMA, F16C): 2 × 16-lane fma accumulators.
+    /// x86-64 AVX-512F + BW + VL (+ AVX2, FMA, F16C): 2 × 16-lane fma accumulators; Q8_0,
+    /// Q4_0 and Q5_0 use the block-scale scheme (one scale fma per block, see
+    /// `x86_avx512_q32`).
     Avx512,
 }
 
@@ -205,7 +211,10 @@ impl SimdLevel {
                 && is_x86_feature_detected!("f16c");
             if avx2 {
                 v.push(SimdLevel::Avx2);
-                if is_x86_feature_detected!("avx512f") {
+                if is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                {
                     v.push(SimdLevel::Avx512);
                 }
             }
@@ -227,11 +236,21 @@ pub(crate) type DeqFn = fn(&[u8], &mut [f32]);
 /// Dot product of two f32 vectors in a level's accumulation order.
 pub(crate) type F32DotFn = fn(&[f32], &[f32]) -> f32;
 
+/// Prepares one encoded row of a 32-element block type for repeated dots: the block's
+/// integer values as f32 (`q`, one per element) and its scales (`d`, one per block).
+pub(crate) type PrepFn = fn(&[u8], &mut [f32], &mut [f32]);
+/// Dot product of a prepared row (`q`, `d`) with f32 activations, in the level's
+/// block-scale order: equals the level's fused dot of the row bit for bit.
+pub(crate) type PrepDotFn = fn(&[f32], &[f32], &[f32]) -> f32;
+
 /// One level's kernels, indexed by [`slot`].
 pub(crate) struct LevelKernels {
     pub dot: [DotFn; 8],
     pub deq: [DeqFn; 8],
     pub dot_f32: F32DotFn,
+    /// Where the level's dot uses the block-scale scheme (not `dot_f32` over the dequantized
+    /// row), the row preparation and prepared dot that reproduce it.
+    pub prep: [Option<(PrepFn, PrepDotFn)>; 8],
 }
 
 /// Table index of a type with kernels: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K.
@@ -299,6 +318,7 @@ static SCALAR: LevelKernels = LevelKernels {
     dot: [sd0, sd1, sd2, sd3, sd4, sd5, sd6, sd7],
     deq: SCALAR_DEQ,
     dot_f32: scalar::dot_f32::<scalar::Scalar8>,
+    prep: [None; 8],
 };
 
 /// The kernels of `level`. Panics when this CPU cannot run it (the tables of SIMD levels
@@ -313,7 +333,13 @@ pub(crate) fn level_kernels(level: SimdLevel) -> &'static LevelKernels {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2 => &x86_avx2::KERNELS,
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512 => &x86_avx512::KERNELS,
+        SimdLevel::Avx512 => {
+            if is_x86_feature_detected!("gfni") {
+                &x86_avx512::KERNELS_GFNI
+            } else {
+                &x86_avx512::KERNELS
+            }
+        }
         #[cfg(target_arch = "aarch64")]
         SimdLevel::Neon => &neon::KERNELS,
         #[allow(unreachable_patterns)]
@@ -339,6 +365,30 @@ pub(crate) fn row_kernels(level: SimdLevel, ty: GgmlType) -> (DotFn, DeqFn, F32D
     (k.dot[s], k.deq[s], k.dot_f32)
 }
 
+/// How a batch computes the dots of one weight row with many activation vectors so that
+/// each equals the fused dot (`dot_row`) bit for bit.
+#[derive(Clone, Copy)]
+pub(crate) enum RowPlan {
+    /// Dequantize the row once, then `dot_f32` per activation vector.
+    Dequant(DeqFn, F32DotFn),
+    /// Prepare the row once (integer values + block scales), then the prepared dot.
+    Prepared(PrepFn, PrepDotFn),
+}
+
+/// The batch plan for `ty` at `level`. Panics as [`row_kernels`] does.
+pub(crate) fn row_plan(level: SimdLevel, ty: GgmlType) -> RowPlan {
+    let k = if level == SimdLevel::detect() {
+        best_kernels()
+    } else {
+        level_kernels(level)
+    };
+    let s = slot(ty).unwrap_or_else(|| panic!("no kernels for {ty}"));
+    match k.prep[s] {
+        Some((prep, dot)) => RowPlan::Prepared(prep, dot),
+        None => RowPlan::Dequant(k.deq[s], k.dot_f32),
+    }
+}
+
 /// Dequantizes one row: `src` holds `dst.len()` elements encoded as `ty`
 /// (`src.len() == ty.row_bytes(dst.len())`), layouts per GGML `ggml-common.h`. The values
 /// equal GGML's `dequantize_row_*` (and `gguf.quants.dequantize`) bit for bit, at every level.
@@ -356,7 +406,9 @@ pub fn dequantize_row_at(level: SimdLevel, ty: GgmlType, src: &[u8], dst: &mut [
 /// Dot product of one encoded row (`row`, `x.len()` elements of `ty`) with f32 activations `x`.
 /// Panics on a length mismatch or a type without kernels. The result depends only on the
 /// inputs (and the CPU's level), never on the thread that runs it. It equals
-/// `dot_f32(&w, x)` exactly, where `w` is the row dequantized by [`dequantize_row`].
+/// `dot_f32(&w, x)` exactly, where `w` is the row dequantized by [`dequantize_row`], except
+/// for Q8_0, Q4_0 and Q5_0 at the AVX-512 level, which sum each block unscaled and apply its
+/// scale once (`kernels::matmul` reproduces that order exactly).
 pub fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     dot_row_at(SimdLevel::detect(), ty, row, x)
 }
@@ -367,7 +419,8 @@ pub fn dot_row_at(level: SimdLevel, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 
 }
 
 /// Dot product of two f32 vectors (same length, else panic) in the detected level's
-/// accumulation order: `dot_f32(&dequantized_row, x) == dot_row(ty, row, x)` bit for bit.
+/// accumulation order: `dot_f32(&dequantized_row, x) == dot_row(ty, row, x)` bit for bit
+/// (except for the block-scale types noted at [`dot_row`]).
 pub fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
     dot_f32_at(SimdLevel::detect(), w, x)
 }

@@ -69,4 +69,5 @@ pub(crate) static KERNELS: LevelKernels = LevelKernels {
     dot: [d0, d1, d2, d3, d4, d5, d6, d7],
     deq: SCALAR_DEQ,
     dot_f32: dot_f32_generic::<Neon8>,
+    prep: [None; 8],
 };

@@ -171,9 +171,67 @@ proptest! {
             for i in 0..n {
                 prop_assert_eq!(w[i].to_bits(), scalar_w[i].to_bits(), "{} {:?} element {}", ty, level, i);
             }
-            // The f32 dot over the dequantized row is the fused dot, bit for bit.
-            prop_assert_eq!(dot_f32_at(level, &w, &x).to_bits(), (got as f32).to_bits());
+            // The batch plan (f32 dot over the dequantized row, or the prepared block-scale
+            // dot) is the fused dot, bit for bit.
+            let again = match row_plan(level, ty) {
+                RowPlan::Dequant(_, _) => dot_f32_at(level, &w, &x),
+                RowPlan::Prepared(prep, dot) => {
+                    let mut d = vec![0f32; blocks];
+                    prep(&row, &mut w, &mut d);
+                    dot(&w, &d, &x)
+                }
+            };
+            prop_assert_eq!(again.to_bits(), (got as f32).to_bits());
         }
+    }
+}
+
+/// The GFNI nibble decoders give the same dots (and prepared rows) as the plain AVX-512 ones.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_gfni_equals_plain() {
+    use super::x86_avx512_q32 as q;
+    if !SimdLevel::Avx512.is_available() || !is_x86_feature_detected!("gfni") {
+        return;
+    }
+    type Pair = (DotFn, DotFn, PrepFn, PrepFn);
+    let pairs: [(GgmlType, Pair); 2] = [
+        (
+            GgmlType::Q4_0,
+            (
+                q::dot_q4_0,
+                q::dot_q4_0_gfni,
+                q::prep_q4_0,
+                q::prep_q4_0_gfni,
+            ),
+        ),
+        (
+            GgmlType::Q5_0,
+            (
+                q::dot_q5_0,
+                q::dot_q5_0_gfni,
+                q::prep_q5_0,
+                q::prep_q5_0_gfni,
+            ),
+        ),
+    ];
+    let mut rng = Rng::new(5);
+    for (ty, (d0, d1, p0, p1)) in pairs {
+        let blocks = 37;
+        let row = random_row(ty, blocks, &mut rng);
+        let x = random_x(32 * blocks, &mut rng);
+        let (a, b) = (d0(&row, &x), d1(&row, &x));
+        assert_eq!(a.to_bits(), b.to_bits(), "{ty}");
+        let (mut qa, mut qb) = (vec![0f32; 32 * blocks], vec![0f32; 32 * blocks]);
+        let (mut da, mut db) = (vec![0f32; blocks], vec![0f32; blocks]);
+        p0(&row, &mut qa, &mut da);
+        p1(&row, &mut qb, &mut db);
+        assert_eq!(qa, qb, "{ty}");
+        assert_eq!(da, db, "{ty}");
+        assert!(
+            qa.iter().any(|&v| v < -7.0) && qa.iter().any(|&v| v > 6.0),
+            "{ty}"
+        );
     }
 }
 

@@ -5,6 +5,7 @@
 //! the fused dot bit for bit.
 
 use super::scalar::{decode_bf16, decode_f16, decode_f32};
+use super::x86_avx2_q32 as q32;
 use super::{LevelKernels, ROUND};
 use std::arch::x86_64::*;
 
@@ -25,7 +26,7 @@ unsafe fn emit<const STORE: bool>(w: [__m256; 4], x: *const f32, dst: *mut f32, 
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn finish(acc: &Acc) -> f32 {
+pub(super) fn finish(acc: &Acc) -> f32 {
     let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -255,6 +256,13 @@ unsafe fn blk_q6_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
 
 macro_rules! kernels {
     ($dot:ident, $deq:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
+        dot_kernel!($dot, $blk, $bb, $be, $esz, $tail);
+        deq_kernel!($deq, $blk, $bb, $be, $esz, $tail);
+    };
+}
+
+macro_rules! dot_kernel {
+    ($dot:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
         /// Fused dot (safe wrapper; only reachable through the detected-level table).
         fn $dot(row: &[u8], x: &[f32]) -> f32 {
             #[target_feature(enable = "avx2,fma,f16c")]
@@ -293,7 +301,11 @@ macro_rules! kernels {
             // checked above).
             unsafe { inner(row, x) }
         }
+    };
+}
 
+macro_rules! deq_kernel {
+    ($deq:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
         /// Dequantization (safe wrapper; only reachable through the detected-level table).
         fn $deq(src: &[u8], dst: &mut [f32]) {
             #[target_feature(enable = "avx2,fma,f16c")]
@@ -329,9 +341,9 @@ fn no_tail(_: &[u8], _: &mut [f32]) {
 kernels!(dot_f32row, deq_f32, blk_f32, 4, 1, 4, decode_f32);
 kernels!(dot_f16, deq_f16, blk_f16, 2, 1, 2, decode_f16);
 kernels!(dot_bf16, deq_bf16, blk_bf16, 2, 1, 2, decode_bf16);
-kernels!(dot_q8_0, deq_q8_0, blk_q8_0, 34, 32, 0, no_tail);
-kernels!(dot_q4_0, deq_q4_0, blk_q4_0, 18, 32, 0, no_tail);
-kernels!(dot_q5_0, deq_q5_0, blk_q5_0, 22, 32, 0, no_tail);
+deq_kernel!(deq_q8_0, blk_q8_0, 34, 32, 0, no_tail);
+deq_kernel!(deq_q4_0, blk_q4_0, 18, 32, 0, no_tail);
+deq_kernel!(deq_q5_0, blk_q5_0, 22, 32, 0, no_tail);
 kernels!(dot_q4_k, deq_q4_k, blk_q4_k, 144, 256, 0, no_tail);
 kernels!(dot_q6_k, deq_q6_k, blk_q6_k, 210, 256, 0, no_tail);
 
@@ -346,10 +358,27 @@ fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
 /// The AVX2 table. Only returned by `level_kernels` after detection.
 pub(crate) static KERNELS: LevelKernels = LevelKernels {
     dot: [
-        dot_f32row, dot_f16, dot_bf16, dot_q8_0, dot_q4_0, dot_q5_0, dot_q4_k, dot_q6_k,
+        dot_f32row,
+        dot_f16,
+        dot_bf16,
+        q32::dot_q8_0,
+        q32::dot_q4_0,
+        q32::dot_q5_0,
+        dot_q4_k,
+        dot_q6_k,
     ],
     deq: [
         deq_f32, deq_f16, deq_bf16, deq_q8_0, deq_q4_0, deq_q5_0, deq_q4_k, deq_q6_k,
     ],
     dot_f32,
+    prep: [
+        None,
+        None,
+        None,
+        Some((q32::prep_q8_0, q32::prep_dot)),
+        Some((q32::prep_q4_0, q32::prep_dot)),
+        Some((q32::prep_q5_0, q32::prep_dot)),
+        None,
+        None,
+    ],
 };
