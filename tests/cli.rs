@@ -222,6 +222,27 @@ fn bad_input_gives_clear_errors() {
         "lots",
     ]);
     assert!(e.contains("invalid size 'lots'"), "{e}");
+    let m = common::demo_gguf();
+    let m = m.to_str().unwrap();
+    for (flag, value, want) in [
+        ("--temp", "-1", "-1 is negative; use 0 for greedy"),
+        ("--top-p", "2", "2 is not between 0 and 1"),
+        (
+            "--repeat-penalty",
+            "0",
+            "0 must be above 0 (1 turns it off)",
+        ),
+        ("--threads", "0", "'0' is not a thread count from 1 to 1024"),
+        (
+            "--batch-size",
+            "0",
+            "'0' is not a whole number of at least 1",
+        ),
+        ("--stop", "", "an empty stop string would stop at once"),
+    ] {
+        let e = stderr_of_failure(&["run", "-m", m, "-p", "x", flag, value]);
+        assert!(e.contains(want), "{flag} {value}: {e}");
+    }
     let e = stderr_of_failure(&["pull", "no-such-model"]);
     assert!(
         e.contains("unknown model 'no-such-model'") && e.contains("gemma-3-270m"),
@@ -240,4 +261,70 @@ fn inspect_prints_architecture_and_totals() {
         "{text}"
     );
     assert!(Path::new(&model).exists());
+}
+
+#[test]
+fn a_full_context_ends_generation_like_max_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("s.json");
+    let o = run_demo(&[
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--ctx-size",
+        "12",
+        "--stats-json",
+        json.to_str().unwrap(),
+    ]);
+    // 10 prompt tokens + 2 cached generated tokens; the third is sampled from the last pass
+    assert_eq!(
+        stdout(&o),
+        "The Eiffel Tower is located in the city of Paris, France\n"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(s["finish"], "ContextFull");
+    assert_eq!(s["generated_tokens"], 3);
+}
+
+#[test]
+fn a_closed_pipe_ends_the_process_quietly() {
+    use std::io::Read;
+    let model = common::demo_gguf();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args([
+            "run",
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            "Once upon a time",
+            "-n",
+            "200",
+            "--temp",
+            "0",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the prompt is echoed at once; the 200 tokens take seconds
+    let mut first = [0u8; 8];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    // killed by SIGPIPE like any Unix tool, never a panic (exit 101)
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -162,3 +162,15 @@ fn syntax_error_is_reported_at_construction() {
         .to_string();
     assert!(err.starts_with("chat template does not compile: "), "{err}");
 }
+
+#[test]
+fn a_template_that_never_ends_runs_out_of_fuel() {
+    let t = deltafin::tokenizer::chat::ChatTemplate::new(
+        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+        "",
+        "",
+    )
+    .unwrap();
+    let e = t.render(&[], true).unwrap_err().to_string();
+    assert!(e.contains("fuel"), "{e}");
+}

@@ -26,6 +26,12 @@ pub enum Command {
 
 /// Parses the command line, runs the command and maps errors to exit code 1.
 pub fn main() -> std::process::ExitCode {
+    // Like other command-line tools, end quietly when the reader of our output goes away
+    // (`deltafin run ... | head`) instead of failing every write.
+    // SAFETY: setting a signal disposition before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Pull(a) => pull::run(a),
@@ -35,8 +41,40 @@ pub fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes joined by ": ", skipping a cause whose text the message before it
+/// already ends with (io errors wrapped by a message that quotes them).
+pub fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn error_chain_skips_repeated_causes() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
+        let e = anyhow::Error::new(io)
+            .context("model.gguf: No such file")
+            .context("opening the model");
+        assert_eq!(
+            super::error_chain(&e),
+            "opening the model: model.gguf: No such file"
+        );
     }
 }

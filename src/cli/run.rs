@@ -36,19 +36,19 @@ pub struct RunArgs {
     #[arg(short = 'n', long, default_value_t = 128)]
     pub max_tokens: usize,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
+    #[arg(long = "temp", default_value_t = 0.8, allow_hyphen_values = true, value_parser = non_negative)]
     pub temperature: f32,
     /// Top-k filter (0: off).
     #[arg(long, default_value_t = 40)]
     pub top_k: usize,
     /// Top-p (nucleus) filter (1: off).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, allow_hyphen_values = true, value_parser = probability_above_zero)]
     pub top_p: f32,
     /// Min-p filter (0: off).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, allow_hyphen_values = true, value_parser = probability)]
     pub min_p: f32,
     /// Repetition penalty (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true, value_parser = positive)]
     pub repeat_penalty: f32,
     /// Tokens the repetition penalty looks back over.
     #[arg(long, default_value_t = 64)]
@@ -57,7 +57,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub seed: Option<u64>,
     /// Stop when this text appears (repeatable); it is not printed.
-    #[arg(long)]
+    #[arg(long, value_parser = non_empty)]
     pub stop: Vec<String>,
     /// RAM for resident weights, KV cache, activations and I/O buffers together, e.g. 64M or
     /// 2G; weights that do not fit are read from disk on every forward pass. Default: all
@@ -68,10 +68,10 @@ pub struct RunArgs {
     #[arg(short = 'c', long)]
     pub ctx_size: Option<usize>,
     /// Largest number of prompt tokens in one forward pass.
-    #[arg(short = 'b', long, default_value_t = 512)]
+    #[arg(short = 'b', long, default_value_t = 512, value_parser = at_least_one)]
     pub batch_size: usize,
     /// Worker threads (default: all cores).
-    #[arg(short = 't', long)]
+    #[arg(short = 't', long, value_parser = thread_count)]
     pub threads: Option<usize>,
     /// Read weights through the page cache instead of O_DIRECT.
     #[arg(long)]
@@ -82,6 +82,77 @@ pub struct RunArgs {
     /// Write the statistics as JSON to this file.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
+}
+
+fn float(s: &str) -> Result<f32, String> {
+    let v: f32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(format!("'{s}' is not a finite number"))
+    }
+}
+
+fn non_negative(s: &str) -> Result<f32, String> {
+    float(s).and_then(|v| {
+        if v >= 0.0 {
+            Ok(v)
+        } else {
+            Err(format!("{v} is negative; use 0 for greedy"))
+        }
+    })
+}
+
+fn positive(s: &str) -> Result<f32, String> {
+    float(s).and_then(|v| {
+        if v > 0.0 {
+            Ok(v)
+        } else {
+            Err(format!("{v} must be above 0 (1 turns it off)"))
+        }
+    })
+}
+
+fn probability(s: &str) -> Result<f32, String> {
+    float(s).and_then(|v| {
+        if (0.0..=1.0).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!("{v} is not between 0 and 1"))
+        }
+    })
+}
+
+fn probability_above_zero(s: &str) -> Result<f32, String> {
+    probability(s).and_then(|v| {
+        if v > 0.0 {
+            Ok(v)
+        } else {
+            Err("0 would keep no token; use 1 to turn it off".into())
+        }
+    })
+}
+
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if v >= 1 => Ok(v),
+        _ => Err(format!("'{s}' is not a whole number of at least 1")),
+    }
+}
+
+fn thread_count(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if (1..=1024).contains(&v) => Ok(v),
+        _ => Err(format!("'{s}' is not a thread count from 1 to 1024")),
+    }
+}
+
+fn non_empty(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        Err("an empty stop string would stop at once".into())
+    } else {
+        Ok(s.to_string())
+    }
 }
 
 /// Opens the model at `path`, or the demo model when `None` (fetching it if absent).
@@ -212,13 +283,14 @@ pub fn run(a: RunArgs) -> Result<()> {
     if ids.is_empty() {
         bail!("the prompt is empty");
     }
-    let n_ctx = a.ctx_size.unwrap_or(ids.len() + a.max_tokens);
-    if n_ctx < ids.len() + 1 {
-        bail!(
-            "--ctx-size {n_ctx} is smaller than the prompt ({} tokens) plus one",
+    let n_ctx = match a.ctx_size {
+        Some(c) if c < ids.len() + 1 => bail!(
+            "--ctx-size {c} is smaller than the prompt ({} tokens) plus one",
             ids.len()
-        );
-    }
+        ),
+        Some(c) => c,
+        None => ids.len().saturating_add(a.max_tokens.max(1)),
+    };
     let opts = LoadOptions {
         ram_budget: a.ram_budget,
         n_ctx,
@@ -229,7 +301,14 @@ pub fn run(a: RunArgs) -> Result<()> {
         OpenedModel::Gguf(g) => load_gguf(g, &opts)?,
         OpenedModel::Hf(h) => load_hf_model(h, &opts)?,
     };
-    let n_ctx = n_ctx.min(model.context_length());
+    let limit = model.context_length();
+    if ids.len() + 1 > limit {
+        bail!(
+            "the prompt has {} tokens but the model's context holds {limit}: shorten the prompt",
+            ids.len()
+        );
+    }
+    let n_ctx = n_ctx.min(limit);
     let placement = model.placement().clone();
     drop(opened);
     crate::tokenizer::release_freed_memory();

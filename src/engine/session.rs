@@ -28,6 +28,8 @@ pub enum Finish {
     Stop(String),
     /// `max_tokens` tokens were generated.
     Length,
+    /// The KV cache (`--ctx-size`, at most the model's context) is full.
+    ContextFull,
 }
 
 /// Measurements of one generation. Bytes are bytes read from disk (aligned spans).
@@ -186,6 +188,10 @@ impl Session {
                 pending.drain(..cut);
             }
             if out.len() >= opts.max_tokens {
+                break;
+            }
+            if self.cache.len >= self.cache.n_ctx {
+                finish = Finish::ContextFull;
                 break;
             }
             logits = self

@@ -82,8 +82,59 @@ fn get_usize(g: &GgufModel, key: &str, max: u64) -> Result<usize> {
 }
 
 impl Config {
-    /// Reads the configuration from GGUF metadata. Errors name the missing or invalid key.
+    /// Reads the configuration from GGUF metadata and checks that it can run. Errors name the
+    /// file and the missing or invalid key.
     pub fn from_gguf(g: &GgufModel) -> Result<Self> {
+        let file = g.file_name();
+        let c = Self::read(g).map_err(|e| {
+            if e.to_string().starts_with(&file) {
+                e
+            } else {
+                e.context(file.clone())
+            }
+        })?;
+        c.check().map_err(|e| e.context(file))?;
+        Ok(c)
+    }
+
+    /// Rejects values that would run but compute nonsense (zero sizes, non-finite floats).
+    fn check(&self) -> Result<()> {
+        let sizes = [
+            ("block_count", self.num_hidden_layers),
+            ("embedding_length", self.hidden_size),
+            ("feed_forward_length", self.intermediate_size),
+            ("attention.head_count", self.num_attention_heads),
+            ("attention.sliding_window", self.sliding_window),
+            (
+                "context_length",
+                self.max_position_embeddings.saturating_sub(1),
+            ),
+            ("token_embd.weight rows", self.vocab_size),
+        ];
+        for (key, v) in sizes {
+            if v == 0 {
+                bail!("gemma3.{key} is too small to run a model");
+            }
+        }
+        let floats = [
+            ("attention.layer_norm_rms_epsilon", Some(self.rms_norm_eps)),
+            ("rope.freq_base", Some(self.rope_theta)),
+            ("rope.freq_base_swa", Some(self.rope_local_base_freq)),
+            ("rope.scaling.factor", self.rope_scaling_factor),
+            ("final_logit_softcapping", self.final_logit_softcapping),
+            ("attn_logit_softcapping", self.attn_logit_softcapping),
+        ];
+        for (key, v) in floats {
+            if let Some(v) = v {
+                if !(v.is_finite() && v > 0.0) {
+                    bail!("gemma3.{key} = {v} must be a positive finite number");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn read(g: &GgufModel) -> Result<Self> {
         let a = "gemma3";
         let k = |s: &str| format!("{a}.{s}");
         const DIM_MAX: u64 = 1 << 20;
@@ -630,5 +681,84 @@ impl Gemma3 {
             out.iter_mut().for_each(|v| *v = softcap(*v, cap));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::GgmlType;
+    use crate::source::gguf::{TensorInfo, Value};
+
+    fn header(extra: &[(&str, Value)]) -> GgufModel {
+        let mut metadata = std::collections::BTreeMap::new();
+        for (k, v) in [
+            ("gemma3.block_count", Value::U32(2)),
+            ("gemma3.embedding_length", Value::U32(64)),
+            ("gemma3.feed_forward_length", Value::U32(128)),
+            ("gemma3.attention.head_count", Value::U32(2)),
+            ("gemma3.attention.head_count_kv", Value::U32(1)),
+            ("gemma3.attention.key_length", Value::U32(32)),
+            ("gemma3.attention.sliding_window", Value::U32(16)),
+            ("gemma3.context_length", Value::U32(256)),
+        ]
+        .into_iter()
+        .chain(extra.iter().cloned())
+        {
+            metadata.insert(k.to_string(), v);
+        }
+        GgufModel {
+            files: vec!["tiny.gguf".into()],
+            version: 3,
+            alignment: 32,
+            metadata,
+            tensors: vec![TensorInfo {
+                name: "token_embd.weight".into(),
+                ty: GgmlType::F32,
+                shape: vec![64, 100],
+                file: 0,
+                offset: 0,
+                n_bytes: 64 * 100 * 4,
+            }],
+        }
+    }
+
+    #[test]
+    fn config_defaults_and_sliding_pattern() {
+        let c = Config::from_gguf(&header(&[])).unwrap();
+        assert_eq!(c.vocab_size, 100);
+        assert_eq!(c.rms_norm_eps, 1e-6);
+        assert_eq!(c.rope_local_base_freq, 10_000.0);
+        assert_eq!(c.query_pre_attn_scalar, 32.0);
+        assert_eq!(c.sliding_layers, vec![true, true]);
+        let c = Config::from_gguf(&header(&[(
+            "gemma3.attention.sliding_window_pattern",
+            Value::U32(2),
+        )]))
+        .unwrap();
+        assert_eq!(c.sliding_layers, vec![true, false]);
+    }
+
+    #[test]
+    fn config_that_cannot_run_is_rejected_with_file_and_key() {
+        let err = |extra: &[(&str, Value)]| {
+            format!("{:#}", Config::from_gguf(&header(extra)).unwrap_err())
+        };
+        assert_eq!(
+            err(&[("gemma3.attention.layer_norm_rms_epsilon", Value::F32(f32::NAN))]),
+            "tiny.gguf: gemma3.attention.layer_norm_rms_epsilon = NaN must be a positive finite number"
+        );
+        assert_eq!(
+            err(&[("gemma3.block_count", Value::U32(0))]),
+            "tiny.gguf: gemma3.block_count is too small to run a model"
+        );
+        assert_eq!(
+            err(&[("gemma3.attention.sliding_window", Value::U32(0))]),
+            "tiny.gguf: gemma3.attention.sliding_window is too small to run a model"
+        );
+        assert_eq!(
+            err(&[("gemma3.attention.head_count_kv", Value::U32(0))]),
+            "tiny.gguf: gemma3.attention.head_count 2 is not a multiple of head_count_kv 0"
+        );
     }
 }

@@ -44,8 +44,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let v: f64 = num.trim().parse().map_err(|_| {
         format!("invalid size '{s}': expected a number with an optional K, M, G or T suffix")
     })?;
-    if !(v.is_finite() && v >= 0.0) {
-        return Err(format!("invalid size '{s}'"));
+    let bytes = v * mult as f64;
+    if !(bytes.is_finite() && bytes >= 0.0 && bytes < (1u64 << 60) as f64) {
+        return Err(format!("invalid size '{s}': expected at most 1024P"));
     }
     Ok((v * mult as f64) as u64)
 }
@@ -79,6 +80,10 @@ mod tests {
         assert_eq!(parse_size("512k"), Ok(512 << 10));
         assert_eq!(parse_size("2GiB"), Ok(2 << 30));
         assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(
+            parse_size("16777216T"),
+            Err("invalid size '16777216T': expected at most 1024P".into())
+        );
         assert_eq!(
             parse_size("lots"),
             Err(

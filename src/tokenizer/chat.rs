@@ -86,11 +86,17 @@ pub struct ChatTemplate {
 
 const NAME: &str = "chat";
 
+/// Most minijinja instructions one rendering may execute.
+pub const TEMPLATE_FUEL: u64 = 5_000_000;
+
 impl ChatTemplate {
     /// Compiles `source`. `bos_token`/`eos_token` are the texts bound to the template
     /// variables of the same names. Errors: Jinja syntax errors (with minijinja's message).
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate> {
         let mut env = Environment::new();
+        // A template comes from the model file: bound its work so a hostile one cannot spin
+        // or grow without end (real templates use a few thousand steps).
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_syntax(
             minijinja::syntax::SyntaxConfig::builder()
                 .trim_blocks(true)
