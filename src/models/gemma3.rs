@@ -615,22 +615,7 @@ impl Model for Gemma3 {
         let c = &self.config;
         let n = tokens.len();
         let pos0 = cache.len;
-        if n == 0 {
-            bail!("forward pass over zero tokens");
-        }
-        if pos0 + n > cache.n_ctx {
-            bail!(
-                "context full: {} + {n} tokens exceed the KV cache of {} tokens (raise --ctx-size)",
-                pos0,
-                cache.n_ctx
-            );
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            bail!(
-                "token id {bad} is outside the vocabulary of {} tokens",
-                c.vocab_size
-            );
-        }
+        super::check_forward(tokens, cache, c.vocab_size)?;
         // announce every streamed read of this pass, in order
         self.embedding.plan(store, tokens, c.hidden_size);
         store.plan(self.layers.iter().map(|(u, _)| *u));

@@ -54,6 +54,25 @@ pub struct Placement {
     pub summary: String,
 }
 
+/// Checks a forward pass's input before any weight is read: at least one token, room in the
+/// KV cache, every id inside the vocabulary of `vocab` tokens.
+pub fn check_forward(tokens: &[u32], cache: &KvCache, vocab: usize) -> anyhow::Result<()> {
+    let (n, pos0) = (tokens.len(), cache.len);
+    if n == 0 {
+        anyhow::bail!("forward pass over zero tokens");
+    }
+    if pos0 + n > cache.n_ctx {
+        anyhow::bail!(
+            "context full: {pos0} + {n} tokens exceed the KV cache of {} tokens",
+            cache.n_ctx
+        );
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        anyhow::bail!("token id {bad} is outside the vocabulary of {vocab} tokens");
+    }
+    Ok(())
+}
+
 /// A loaded model: the forward pass of one architecture.
 pub trait Model: Send {
     /// Vocabulary size (rows of the LM head).

@@ -500,21 +500,7 @@ impl Model for Qwen3 {
         let c = &self.config;
         let n = tokens.len();
         let pos0 = cache.len;
-        if n == 0 {
-            bail!("forward pass over zero tokens");
-        }
-        if pos0 + n > cache.n_ctx {
-            bail!(
-                "context full: {pos0} + {n} tokens exceed the KV cache of {} tokens (raise --ctx-size)",
-                cache.n_ctx
-            );
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            bail!(
-                "token id {bad} is outside the vocabulary of {} tokens",
-                c.vocab_size
-            );
-        }
+        super::check_forward(tokens, cache, c.vocab_size)?;
         self.embedding.plan(store, tokens, c.hidden_size);
         store.plan([self.layers[0].0]);
         let r = self.forward_planned(store, cache, tokens, logits);
