@@ -255,7 +255,11 @@ fn inspect_prints_architecture_and_totals() {
     let model = common::demo_gguf();
     let text = stdout(&deltafin(&["inspect", "-m", model.to_str().unwrap()]));
     assert!(text.contains("architecture: gemma3"), "{text}");
-    assert!(text.contains("tensors:      236"), "{text}");
+    assert!(
+        text.contains("tensors:      236, 246587904 bytes (235.2 MiB)"),
+        "{text}"
+    );
+    assert!(text.contains("experts:      0 bytes"), "{text}");
     assert!(
         text.contains("  Q8_0      10 tensors      171.5 MiB"),
         "{text}"
@@ -326,5 +330,20 @@ fn a_closed_pipe_ends_the_process_quietly() {
         "{:?} {}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn inspect_splits_a_moe_folder_into_spine_and_experts() {
+    // byte totals cross-checked against the safetensors headers with Python
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf/qwen3_moe");
+    let text = stdout(&deltafin(&["inspect", "-m", fixture]));
+    assert!(text.contains("architecture: qwen3_moe"), "{text}");
+    assert!(text.contains("tensors:      80, 441408 bytes"), "{text}");
+    assert!(text.contains("spine:        244800 bytes"), "{text}");
+    assert!(text.contains("experts:      196608 bytes"), "{text}");
+    assert!(
+        text.contains("per expert:   12288 bytes (0.0 MiB) (8 experts in each of 2 MoE layers)"),
+        "{text}"
     );
 }

@@ -1,16 +1,19 @@
-//! `deltafin inspect`: what a model file holds.
+//! `deltafin inspect`: what a model holds — format, architecture, metadata, tensor bytes by
+//! type, and the split between the spine (always resident candidates) and routed experts.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Result;
 
-use crate::source::gguf::Value;
+use super::run::{open_any, OpenedModel};
+use crate::source::gguf::{TensorInfo, Value};
 
 /// Arguments of `deltafin inspect`.
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
-    /// Model: a .gguf file or a folder holding one model (default: the demo model).
+    /// Model: a .gguf file, a folder holding one GGUF model, or a Hugging Face folder
+    /// (default: the demo model).
     #[arg(short, long)]
     pub model: Option<PathBuf>,
     /// Also list every tensor.
@@ -18,53 +21,115 @@ pub struct InspectArgs {
     pub tensors: bool,
 }
 
+/// Which routed expert a tensor belongs to, if any: GGUF stacks experts in `ffn_*_exps`
+/// tensors (all experts of a layer in one tensor); Hugging Face names them
+/// `...mlp.experts.N....` or fuses them in `...mlp.experts.gate_up_proj` etc.
+fn is_expert_tensor(name: &str) -> bool {
+    name.contains("_exps") || name.contains(".experts.")
+}
+
+/// Number of routed experts per MoE layer, from the metadata or config.
+fn n_experts(m: &OpenedModel) -> Option<u64> {
+    match m {
+        OpenedModel::Gguf(g) => {
+            let arch = g.architecture().ok()?;
+            g.opt_u64(&format!("{arch}.expert_count")).ok().flatten()
+        }
+        OpenedModel::Hf(h) => ["num_experts", "num_local_experts", "n_routed_experts"]
+            .iter()
+            .find_map(|k| h.config.get(*k).and_then(|v| v.as_u64())),
+    }
+}
+
+fn mib(b: u64) -> String {
+    format!("{b} bytes ({:.1} MiB)", b as f64 / 1048576.0)
+}
+
 /// Runs `deltafin inspect`.
 pub fn run(a: InspectArgs) -> Result<()> {
-    let g = super::run::open_model(a.model.as_ref())?;
-    println!(
-        "files:        {}",
-        g.files
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    println!(
-        "format:       GGUF v{} (alignment {})",
-        g.version, g.alignment
-    );
-    println!("architecture: {}", g.architecture()?);
-    if let Some(n) = g.opt_str("general.name")? {
-        println!("name:         {n}");
-    }
-    println!("metadata:");
-    for (k, v) in &g.metadata {
-        let shown = match v {
-            Value::Array(a) if a.len() > 8 => format!("[{} values]", a.len()),
-            Value::String(s) if s.len() > 80 => format!("({} chars)", s.len()),
-            v => format!("{v}"),
-        };
-        println!("  {k} = {shown}");
+    let m = open_any(a.model.as_ref())?;
+    let (files, tensors): (&[PathBuf], &[TensorInfo]) = match &m {
+        OpenedModel::Gguf(g) => (&g.files, &g.tensors),
+        OpenedModel::Hf(h) => (&h.files, &h.tensors),
+    };
+    let names: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+    println!("files:        {}", names.join(", "));
+    match &m {
+        OpenedModel::Gguf(g) => {
+            println!(
+                "format:       GGUF v{} (alignment {})",
+                g.version, g.alignment
+            );
+            println!("architecture: {}", g.architecture()?);
+            if let Some(n) = g.opt_str("general.name")? {
+                println!("name:         {n}");
+            }
+            println!("metadata:");
+            for (k, v) in &g.metadata {
+                let shown = match v {
+                    Value::Array(a) if a.len() > 8 => format!("[{} values]", a.len()),
+                    Value::String(s) if s.len() > 80 => format!("({} chars)", s.len()),
+                    v => format!("{v}"),
+                };
+                println!("  {k} = {shown}");
+            }
+        }
+        OpenedModel::Hf(h) => {
+            println!("format:       Hugging Face folder (safetensors)");
+            let mt = h
+                .config
+                .get("model_type")
+                .and_then(|v| v.as_str())
+                .unwrap_or("?");
+            println!("architecture: {mt}");
+            println!("config:");
+            if let Some(obj) = h.config.as_object() {
+                for (k, v) in obj {
+                    println!("  {k} = {v}");
+                }
+            }
+        }
     }
     let mut by_type: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
-    for t in &g.tensors {
+    let (mut spine, mut experts) = (0u64, 0u64);
+    for t in tensors {
         let e = by_type.entry(t.ty.name()).or_default();
         e.0 += 1;
         e.1 += t.n_bytes;
+        if is_expert_tensor(&t.name) {
+            experts += t.n_bytes;
+        } else {
+            spine += t.n_bytes;
+        }
     }
-    println!(
-        "tensors:      {} ({:.1} MiB)",
-        g.tensors.len(),
-        g.total_tensor_bytes() as f64 / 1048576.0
-    );
+    println!("tensors:      {}, {}", tensors.len(), mib(spine + experts));
     for (ty, (n, b)) in by_type {
         println!(
             "  {ty:<6} {n:>5} tensors {:>10.1} MiB",
             b as f64 / 1048576.0
         );
     }
+    println!("spine:        {}", mib(spine));
+    println!("experts:      {}", mib(experts));
+    if let Some(ne) = n_experts(&m).filter(|&n| n > 0 && experts > 0) {
+        let moe_layers = tensors
+            .iter()
+            .filter(|t| is_expert_tensor(&t.name))
+            .filter_map(|t| {
+                t.name
+                    .split('.')
+                    .nth(if t.name.starts_with("blk.") { 1 } else { 2 })
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+            .len() as u64;
+        let per = experts / (ne * moe_layers.max(1));
+        println!(
+            "per expert:   {} ({ne} experts in each of {moe_layers} MoE layers)",
+            mib(per)
+        );
+    }
     if a.tensors {
-        for t in &g.tensors {
+        for t in tensors {
             println!(
                 "  {:<40} {:<5} {:?} file {} offset {} bytes {}",
                 t.name,
