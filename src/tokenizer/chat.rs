@@ -154,10 +154,41 @@ impl ChatTemplate {
     /// `bos_token` (most do): tokenize it with `add_special = false, parse_special = true`.
     /// Errors: `raise_exception` calls and template runtime errors, with the template's message.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
-        let tmpl = self.env.get_template(NAME).map_err(|e| anyhow!("{e}"))?;
         let messages: Vec<minijinja::Value> = messages.iter().map(Message::to_value).collect();
+        self.render_values(
+            minijinja::Value::from(messages),
+            None,
+            add_generation_prompt,
+        )
+    }
+
+    /// Renders messages given as JSON, in the shape of the OpenAI chat API and of
+    /// transformers' `apply_chat_template` (any fields: `tool_calls`, `name`, ...), with an
+    /// optional `tools` list. Object keys keep their order, as in Python.
+    /// Errors: as [`ChatTemplate::render`].
+    pub fn render_json(
+        &self,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        self.render_values(
+            minijinja::Value::from(minijinja::value::Serde(messages)),
+            tools.map(|t| minijinja::Value::from(minijinja::value::Serde(t))),
+            add_generation_prompt,
+        )
+    }
+
+    fn render_values(
+        &self,
+        messages: minijinja::Value,
+        tools: Option<minijinja::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let tmpl = self.env.get_template(NAME).map_err(|e| anyhow!("{e}"))?;
         tmpl.render(context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
