@@ -318,3 +318,25 @@ fn load_errors_name_the_field_or_tensor() {
         )
     );
 }
+
+#[test]
+fn mixtral_streamed_decode_step_reads_only_the_chosen_experts() {
+    let name = "mixtral";
+    let r = reference(name);
+    let ids = u32s(&r["prompt_ids"]);
+    let mut s = session(name, Some(smallest_budget(name)));
+    s.prefill(&ids, Logits::Last).unwrap();
+    let before = s.store.stats().snapshot().0;
+    let t = u32s(&r["continuation_ids"])[0];
+    s.model
+        .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
+        .unwrap();
+    let read = s.store.stats().snapshot().0 - before;
+    let all: u64 = (0..s.store.len())
+        .filter(|&i| !s.store.is_resident(i))
+        .map(|i| s.store.unit(i).buffer_bytes() as u64)
+        .sum();
+    // 2 layers × 8 experts of 3 × 64 × 32 bf16 (12 KiB each); one token takes 2 per layer,
+    // so 12 expert reads (≥ 144 KiB) are skipped; the embedding row adds ≤ 8 KiB.
+    assert!(read > 0 && read + 10 * 12288 <= all, "read {read} of {all}");
+}

@@ -375,4 +375,40 @@ mod tests {
             .to_string();
         assert!(e.starts_with("c.json: MoE needs num_experts"), "{e}");
     }
+
+    #[test]
+    fn llama3_rope_frequencies_follow_the_three_bands() {
+        let mut v = base();
+        v["model_type"] = json!("llama");
+        v["rope_parameters"] = json!({"rope_theta": 500000.0, "rope_type": "llama3",
+            "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64});
+        let c = Config::from_json(&v, "c.json").unwrap();
+        // wavelengths 2π/f against 64/4 = 16 and 64/1 = 64 tokens: i = 0 (6.3) kept, i = 1
+        // (32.4) interpolated, i >= 2 (>= 167) divided by 8; values from the formula in f64
+        let want = [
+            1.0,
+            0.0794030091792082,
+            0.004700753866357992,
+            0.0009115830921521386,
+            0.00017677669529663688,
+            3.428102195952591e-05,
+            6.647869871181236e-06,
+            1.2891731721515574e-06,
+        ];
+        let got = c.rope_freqs();
+        assert_eq!(got.len(), 8);
+        for (g, w) in got.iter().zip(want) {
+            assert!(((*g as f64) - w).abs() <= 1e-6 * w, "{g} vs {w}");
+        }
+        // `default` keeps base^(-2i/d)
+        v["rope_parameters"] = json!({"rope_theta": 500000.0, "rope_type": "default"});
+        let c = Config::from_json(&v, "c.json").unwrap();
+        assert!((c.rope_freqs()[1] as f64 - 0.19392274474868576).abs() < 1e-7);
+        v["rope_parameters"] = json!({"rope_theta": 500000.0, "rope_type": "llama3",
+            "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+            "original_max_position_embeddings": 64});
+        let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
+        assert_eq!(e, "c.json: llama3 RoPE parameters out of range (factor 8, low_freq_factor 4, high_freq_factor 1, original_max_position_embeddings 64)");
+    }
 }
