@@ -138,12 +138,12 @@ pub fn load_hf_model(
     opts: &LoadOptions,
 ) -> anyhow::Result<(Box<dyn Model>, WeightStore)> {
     match hf.model_type()? {
-        "qwen3" | "qwen3_moe" => {
+        "qwen3" | "qwen3_moe" | "llama" | "mixtral" => {
             let (m, s) = qwen3::Qwen3::load(hf, opts)?;
             Ok((Box::new(m), s))
         }
         other => anyhow::bail!(
-            "{}: model_type '{other}' is not supported (supported: qwen3, qwen3_moe)",
+            "{}: model_type '{other}' is not supported (supported: qwen3, qwen3_moe, llama, mixtral)",
             hf.config_path().display()
         ),
     }

@@ -5,6 +5,13 @@
 //! `head_dim^-½`, SwiGLU MLP or the MoE block ([`super::moe`]), final RMSNorm, LM head tied to
 //! the embeddings when `tie_word_embeddings`.
 //!
+//!
+//! The same pass runs Llama (`models/llama/modeling_llama.py`: no q/k norm, `llama3` RoPE
+//! frequencies from [`Config::rope_freqs`]) and Mixtral (`models/mixtral/modeling_mixtral.py`:
+//! no q/k norm, every layer sparse with experts `block_sparse_moe.experts.E.{w1,w3,w2}` as
+//! gate/up/down, router `block_sparse_moe.gate`, top-k always renormalised, attention limited
+//! to `sliding_window` tokens when set).
+//!
 //! Weight units: one *spine* unit per layer (q, k, v, o and either the dense MLP or the router)
 //! and one unit per (layer, expert) holding its gate/up/down matrices; embeddings and LM head
 //! as in [`super::embed_head`]. Streamed reads are planned as the pass goes: a layer's experts
@@ -22,7 +29,7 @@ use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
 use super::moe::{moe_forward, route_softmax_topk, ExpertMats, StoreExperts, UnitExperts};
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
-use crate::kernels::ops::{rms_norm, rope_inv_freq};
+use crate::kernels::ops::rms_norm;
 use crate::source::hf::HfModel;
 use crate::store::plan::{choose_resident, Candidate};
 use crate::store::{DirectFile, Unit, UnitBytes, WeightStore, IO_ALIGN};
@@ -52,12 +59,13 @@ struct LayerMats {
 
 struct LayerNorms {
     input: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
+    /// Per-head q/k RMSNorm weights (`head_dim`), Qwen3 families only.
+    q: Option<Vec<f32>>,
+    k: Option<Vec<f32>>,
     post_attn: Vec<f32>,
 }
 
-/// A loaded Qwen3 or Qwen3-MoE model.
+/// A loaded Qwen3, Qwen3-MoE, Llama or Mixtral model.
 pub struct Qwen3 {
     pub config: Config,
     layers: Vec<(usize, LayerMats)>,
@@ -71,7 +79,7 @@ pub struct Qwen3 {
 }
 
 impl Qwen3 {
-    /// Loads a `qwen3` or `qwen3_moe` checkpoint folder under `opts`: checks every tensor's
+    /// Loads a `qwen3`, `qwen3_moe`, `llama` or `mixtral` checkpoint folder under `opts`: checks every tensor's
     /// presence, shape and dtype, plans residency under the RAM budget (LM head, embeddings,
     /// spine layers, then experts, greedily), reads the resident units and starts the streamer.
     ///
@@ -89,7 +97,18 @@ impl Qwen3 {
             c.kv_dim(),
             c.head_dim(),
         );
-        let (ne, eff) = (c.n_experts(), c.moe_intermediate_size.unwrap_or(0));
+        let (ne, eff) = (c.n_experts(), c.expert_ff());
+        let mixtral = c.model_type == "mixtral";
+        // (router, expert prefix, gate, up, down) tensor names
+        let (router_name, expert_prefix, [eg, eu, ed]) = if mixtral {
+            (
+                "block_sparse_moe.gate",
+                "block_sparse_moe",
+                ["w1", "w3", "w2"],
+            )
+        } else {
+            ("mlp.gate", "mlp", ["gate_proj", "up_proj", "down_proj"])
+        };
         let embd = ts.get("model.embed_tokens.weight", &[d, c.vocab_size])?;
         let head_t = if c.tie_word_embeddings {
             embd
@@ -123,7 +142,7 @@ impl Qwen3 {
                 ts.get(&n("self_attn.o_proj"), &[qd, d])?,
             ];
             if moe {
-                list.push(ts.get(&n("mlp.gate"), &[d, ne])?);
+                list.push(ts.get(&n(router_name), &[d, ne])?);
             } else {
                 list.push(ts.get(&n("mlp.gate_proj"), &[d, ff])?);
                 list.push(ts.get(&n("mlp.up_proj"), &[d, ff])?);
@@ -153,18 +172,26 @@ impl Qwen3 {
             units.push(unit);
             norms.push(LayerNorms {
                 input: vec_of(&n("input_layernorm"), d)?,
-                q: vec_of(&n("self_attn.q_norm"), hd)?,
-                k: vec_of(&n("self_attn.k_norm"), hd)?,
+                q: match c.has_qk_norm() {
+                    true => Some(vec_of(&n("self_attn.q_norm"), hd)?),
+                    false => None,
+                },
+                k: match c.has_qk_norm() {
+                    true => Some(vec_of(&n("self_attn.k_norm"), hd)?),
+                    false => None,
+                },
                 post_attn: vec_of(&n("post_attention_layernorm"), d)?,
             });
             let mut le = Vec::new();
             if moe {
                 for e in 0..ne {
-                    let x = |s: &str| format!("model.layers.{l}.mlp.experts.{e}.{s}.weight");
+                    let x = |s: &str| {
+                        format!("model.layers.{l}.{expert_prefix}.experts.{e}.{s}.weight")
+                    };
                     let list = [
-                        ts.get(&x("gate_proj"), &[d, eff])?,
-                        ts.get(&x("up_proj"), &[d, eff])?,
-                        ts.get(&x("down_proj"), &[eff, d])?,
+                        ts.get(&x(eg), &[d, eff])?,
+                        ts.get(&x(eu), &[d, eff])?,
+                        ts.get(&x(ed), &[eff, d])?,
                     ];
                     let (unit, place) = unit_of(&list);
                     let m: Vec<MatRef> = list.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
@@ -197,7 +224,8 @@ impl Qwen3 {
         let per_tok = 4 * d + 2 * qd + 2 * kvd + 2 * ff.max(eff) + ne;
         let scratch_bytes =
             4 * (nb * per_tok + c.vocab_size + rayon::current_num_threads() * n_ctx);
-        let norms_bytes = 4 * (d * (2 * c.num_hidden_layers + 1) + 2 * hd * c.num_hidden_layers);
+        let qk_norms = if c.has_qk_norm() { 2 * hd } else { 0 };
+        let norms_bytes = 4 * (d * (2 * c.num_hidden_layers + 1) + qk_norms * c.num_hidden_layers);
         let head_unit = unit_of(&[head_t]).0;
         let embd_unit = unit_of(&[embd]).0;
         let mut cands = vec![Candidate {
@@ -321,7 +349,7 @@ impl Qwen3 {
         };
         Ok((
             Self {
-                inv_freq: rope_inv_freq(hd, c.rope_base() as f32, 1.0),
+                inv_freq: c.rope_freqs(),
                 config: c,
                 layers,
                 norms,
@@ -375,20 +403,29 @@ impl Qwen3 {
             &mut q,
             n,
             hd,
-            Some(&nrm.q),
+            nrm.q.as_deref(),
             eps,
             pos0,
             &self.inv_freq,
             scale,
         );
-        norm_rope_heads(&mut k, n, hd, Some(&nrm.k), eps, pos0, &self.inv_freq, 1.0);
+        norm_rope_heads(
+            &mut k,
+            n,
+            hd,
+            nrm.k.as_deref(),
+            eps,
+            pos0,
+            &self.inv_freq,
+            1.0,
+        );
         cache.k[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&k);
         cache.v[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&v);
         let shape = AttnShape {
             n_heads: c.num_attention_heads,
             n_kv_heads: c.n_kv_heads(),
             head_dim: hd,
-            window: None,
+            window: c.attn_window(),
             softcap: None,
         };
         let mut att = vec![0f32; n * qd];
@@ -436,7 +473,7 @@ impl Qwen3 {
                 let k = c.num_experts_per_tok.unwrap_or(1);
                 let routes: Vec<Vec<(usize, f32)>> = router
                     .chunks_exact(ne)
-                    .map(|r| route_softmax_topk(r, k, c.norm_topk_prob))
+                    .map(|r| route_softmax_topk(r, k, c.renorm_topk()))
                     .collect();
                 let mut out = vec![0f32; n * d];
                 let mut src = StoreExperts {

@@ -3,9 +3,15 @@
 //! (`models/qwen3{,_moe}/configuration_qwen3{,_moe}.py`), in both dialects: published
 //! checkpoints (`rope_theta`, `rope_scaling`, `torch_dtype`, `num_experts`) and transformers 5
 //! (`rope_parameters {rope_theta, rope_type}`, `dtype`, `num_local_experts`).
+//!
+//! The same struct reads Llama (`model_type: llama`, `LlamaConfig`, with `llama3` RoPE
+//! scaling and `mlp_bias`) and Mixtral (`mixtral`, `MixtralConfig`: `num_local_experts`,
+//! experts of `intermediate_size`, `sliding_window`).
 
 use anyhow::{anyhow, bail, Result};
 use serde::Deserialize;
+
+use crate::kernels::ops::rope_inv_freq;
 
 /// Fields of `config.json` that the forward pass uses; defaults are transformers'.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -42,8 +48,15 @@ pub struct Config {
     pub attention_bias: bool,
     #[serde(default = "default_act")]
     pub hidden_act: String,
+    /// Llama: biases on the MLP projections (only `false` is supported).
+    #[serde(default)]
+    pub mlp_bias: bool,
     #[serde(default)]
     pub use_sliding_window: bool,
+    /// Mixtral: attention window in tokens (`null`: full attention). Ignored by Qwen3, which
+    /// only applies a window under `use_sliding_window` (rejected).
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
     /// Published Qwen3-MoE name of the expert count.
     #[serde(default)]
     pub num_experts: Option<usize>,
@@ -82,9 +95,10 @@ impl Config {
     /// Parses and checks `config.json` (`label` names the file in errors).
     ///
     /// Errors: a missing or mistyped field (named), zero or absurd dimensions, heads not a
-    /// multiple of KV heads, odd `head_dim`, a RoPE type other than `default`, an activation
-    /// other than `silu`, `attention_bias` or `use_sliding_window` (not implemented), a MoE
-    /// config without expert count, top-k or expert width.
+    /// multiple of KV heads, odd `head_dim`, a RoPE type other than `default` or `llama3` (or
+    /// `llama3` with missing or inconsistent parameters), an activation other than `silu`,
+    /// `attention_bias`, `mlp_bias` or `use_sliding_window` (not implemented), a zero
+    /// `sliding_window`, a MoE config without expert count, top-k or expert width.
     pub fn from_json(v: &serde_json::Value, label: &str) -> Result<Self> {
         let c: Config = serde_json::from_value(v.clone()).map_err(|e| anyhow!("{label}: {e}"))?;
         let dims = [
@@ -112,8 +126,16 @@ impl Config {
             bail!("{label}: head_dim {} must be even for RoPE", c.head_dim());
         }
         let rt = c.rope_type();
-        if rt != "default" {
-            bail!("{label}: rope type '{rt}' is not supported yet (only default)");
+        if rt != "default" && rt != "llama3" {
+            bail!("{label}: rope type '{rt}' is not supported yet (only default, llama3)");
+        }
+        if rt == "llama3" {
+            let (f, lo, hi, old) = c.llama3_params().ok_or_else(|| {
+                anyhow!("{label}: llama3 RoPE needs numeric factor, low_freq_factor, high_freq_factor and original_max_position_embeddings")
+            })?;
+            if !(f >= 1.0 && lo > 0.0 && hi > lo && old > 0.0) {
+                bail!("{label}: llama3 RoPE parameters out of range (factor {f}, low_freq_factor {lo}, high_freq_factor {hi}, original_max_position_embeddings {old})");
+            }
         }
         if c.hidden_act != "silu" {
             bail!(
@@ -124,13 +146,19 @@ impl Config {
         if c.attention_bias {
             bail!("{label}: attention_bias = true is not supported yet");
         }
+        if c.mlp_bias {
+            bail!("{label}: mlp_bias = true is not supported yet");
+        }
+        if c.model_type == "mixtral" && c.sliding_window == Some(0) {
+            bail!("{label}: sliding_window must be at least 1 (or null)");
+        }
         if c.use_sliding_window {
             bail!("{label}: use_sliding_window = true is not supported yet");
         }
-        if c.model_type == "qwen3_moe" {
+        if c.model_type == "qwen3_moe" || c.model_type == "mixtral" {
             let e = c.n_experts();
             let k = c.num_experts_per_tok.unwrap_or(0);
-            let ff = c.moe_intermediate_size.unwrap_or(0);
+            let ff = c.expert_ff();
             if e == 0 || e > 1 << 16 || k == 0 || k > e || ff == 0 || ff > DIM_MAX {
                 bail!(
                     "{label}: MoE needs num_experts (or num_local_experts) in 1..=65536, num_experts_per_tok in 1..=num_experts and moe_intermediate_size in 1..={DIM_MAX} (got {e}, {k}, {ff})"
@@ -176,6 +204,87 @@ impl Config {
             .unwrap_or(10_000.0)
     }
 
+    /// The RoPE parameters object: `rope_parameters`, else `rope_scaling`.
+    fn rope_object(&self) -> Option<&serde_json::Map<String, serde_json::Value>> {
+        self.rope_parameters
+            .as_ref()
+            .and_then(|v| v.as_object())
+            .or_else(|| self.rope_scaling.as_ref().and_then(|v| v.as_object()))
+    }
+
+    /// `llama3` RoPE scaling: (factor, low_freq_factor, high_freq_factor,
+    /// original_max_position_embeddings) from the RoPE parameters object, if all are numbers.
+    pub fn llama3_params(&self) -> Option<(f64, f64, f64, f64)> {
+        let o = self.rope_object()?;
+        let g = |k: &str| o.get(k).and_then(|v| v.as_f64());
+        Some((
+            g("factor")?,
+            g("low_freq_factor")?,
+            g("high_freq_factor")?,
+            g("original_max_position_embeddings")?,
+        ))
+    }
+
+    /// RoPE inverse frequencies (`head_dim / 2`, radians per token): `base^(-2i/head_dim)`,
+    /// adjusted for `llama3` scaling as transformers' `_compute_llama3_parameters`
+    /// (`modeling_rope_utils.py`) defines it: with wavelength `λ = 2π / f`, frequencies with
+    /// `λ > old_ctx / low_freq_factor` are divided by `factor`, those with
+    /// `λ < old_ctx / high_freq_factor` kept, and those between interpolated as
+    /// `(1 − s) · f / factor + s · f` with `s = (old_ctx / λ − low) / (high − low)`.
+    pub fn rope_freqs(&self) -> Vec<f32> {
+        let base = rope_inv_freq(self.head_dim(), self.rope_base() as f32, 1.0);
+        if self.rope_type() != "llama3" {
+            return base;
+        }
+        let Some((factor, lo, hi, old)) = self.llama3_params() else {
+            return base;
+        };
+        let (lo_wave, hi_wave) = (old / lo, old / hi);
+        base.iter()
+            .map(|&f| {
+                let f = f as f64;
+                let wave = 2.0 * std::f64::consts::PI / f;
+                let g = if wave > lo_wave {
+                    f / factor
+                } else if wave < hi_wave {
+                    f
+                } else {
+                    let s = (old / wave - lo) / (hi - lo);
+                    (1.0 - s) * f / factor + s * f
+                };
+                g as f32
+            })
+            .collect()
+    }
+
+    /// Width of one routed expert: `moe_intermediate_size` (Qwen3-MoE), `intermediate_size`
+    /// (Mixtral), 0 otherwise.
+    pub fn expert_ff(&self) -> usize {
+        match self.model_type.as_str() {
+            "mixtral" => self.intermediate_size,
+            _ => self.moe_intermediate_size.unwrap_or(0),
+        }
+    }
+
+    /// Whether the chosen experts' weights are renormalised to sum to 1: always for Mixtral,
+    /// `norm_topk_prob` for Qwen3-MoE.
+    pub fn renorm_topk(&self) -> bool {
+        self.model_type == "mixtral" || self.norm_topk_prob
+    }
+
+    /// Whether attention layers carry per-head q/k RMSNorm (Qwen3 families only).
+    pub fn has_qk_norm(&self) -> bool {
+        self.model_type.starts_with("qwen3")
+    }
+
+    /// Attention window in tokens (Mixtral's `sliding_window`), `None` for full attention.
+    pub fn attn_window(&self) -> Option<usize> {
+        match self.model_type.as_str() {
+            "mixtral" => self.sliding_window,
+            _ => None,
+        }
+    }
+
     /// RoPE type: `rope_parameters.rope_type`, else `rope_scaling.rope_type` or `.type`, else
     /// `default`.
     pub fn rope_type(&self) -> String {
@@ -193,7 +302,11 @@ impl Config {
 
     /// Whether layer `l` uses the sparse MoE block (transformers' `Qwen3MoeDecoderLayer`:
     /// not in `mlp_only_layers`, experts present and `(l + 1) % decoder_sparse_step == 0`).
+    /// Every Mixtral layer is sparse.
     pub fn is_moe_layer(&self, l: usize) -> bool {
+        if self.model_type == "mixtral" {
+            return self.n_experts() > 0;
+        }
         self.model_type == "qwen3_moe"
             && self.n_experts() > 0
             && !self.mlp_only_layers.contains(&l)
@@ -255,11 +368,47 @@ mod tests {
         let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
         assert_eq!(
             e,
-            "c.json: rope type 'yarn' is not supported yet (only default)"
+            "c.json: rope type 'yarn' is not supported yet (only default, llama3)"
         );
         let e = Config::from_json(&base(), "c.json")
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("c.json: MoE needs num_experts"), "{e}");
+    }
+
+    #[test]
+    fn llama3_rope_frequencies_follow_the_three_bands() {
+        let mut v = base();
+        v["model_type"] = json!("llama");
+        v["rope_parameters"] = json!({"rope_theta": 500000.0, "rope_type": "llama3",
+            "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64});
+        let c = Config::from_json(&v, "c.json").unwrap();
+        // wavelengths 2π/f against 64/4 = 16 and 64/1 = 64 tokens: i = 0 (6.3) kept, i = 1
+        // (32.4) interpolated, i >= 2 (>= 167) divided by 8; values from the formula in f64
+        let want = [
+            1.0,
+            0.0794030091792082,
+            0.004700753866357992,
+            0.0009115830921521386,
+            0.00017677669529663688,
+            3.428102195952591e-05,
+            6.647869871181236e-06,
+            1.2891731721515574e-06,
+        ];
+        let got = c.rope_freqs();
+        assert_eq!(got.len(), 8);
+        for (g, w) in got.iter().zip(want) {
+            assert!(((*g as f64) - w).abs() <= 1e-6 * w, "{g} vs {w}");
+        }
+        // `default` keeps base^(-2i/d)
+        v["rope_parameters"] = json!({"rope_theta": 500000.0, "rope_type": "default"});
+        let c = Config::from_json(&v, "c.json").unwrap();
+        assert!((c.rope_freqs()[1] as f64 - 0.19392274474868576).abs() < 1e-7);
+        v["rope_parameters"] = json!({"rope_theta": 500000.0, "rope_type": "llama3",
+            "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+            "original_max_position_embeddings": 64});
+        let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
+        assert_eq!(e, "c.json: llama3 RoPE parameters out of range (factor 8, low_freq_factor 4, high_freq_factor 1, original_max_position_embeddings 64)");
     }
 }
