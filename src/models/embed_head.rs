@@ -4,8 +4,9 @@
 
 use std::io;
 
-use super::layers::mm;
+use super::layers::{mm, rms_norm_rows};
 use super::loading::{mat, MatRef};
+use super::Logits;
 use crate::kernels::{matmul, matvec};
 use crate::quant::dequantize_row;
 use crate::source::gguf::TensorInfo;
@@ -71,6 +72,33 @@ impl Head {
         if let Head::Chunks(ch) = self {
             store.plan(ch.iter().map(|(u, _, _)| *u));
         }
+    }
+
+    /// The final RMSNorm (weight `norm`, `hidden` wide) and the LM head over the last row of
+    /// `x` (`n × hidden`) or every row ([`Logits`]): `vocab` or `n × vocab` logits.
+    ///
+    /// Errors: a streamed chunk could not be read.
+    pub fn final_logits(
+        &self,
+        store: &mut WeightStore,
+        x: &[f32],
+        norm: &[f32],
+        eps: f32,
+        which: Logits,
+        vocab: usize,
+    ) -> io::Result<Vec<f32>> {
+        let d = norm.len();
+        let n = x.len() / d;
+        let rows = match which {
+            Logits::Last => n - 1..n,
+            Logits::All => 0..n,
+        };
+        let m = rows.len();
+        let mut h = vec![0f32; m * d];
+        rms_norm_rows(&x[rows.start * d..rows.end * d], norm, eps, &mut h);
+        let mut out = vec![0f32; m * vocab];
+        self.logits(store, &h, m, vocab, &mut out)?;
+        Ok(out)
     }
 
     /// Logits of `m` normed rows `h` (`m × hidden`) into `out` (`m × vocab`).

@@ -14,9 +14,7 @@ use super::layers::{add_post_normed, attention, mm, rms_norm_rows, AttnShape};
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
-use crate::kernels::ops::{
-    gelu_tanh, rms_norm, rms_norm_inplace, rope_inv_freq, rope_neox, softcap,
-};
+use crate::kernels::ops::{gelu_tanh, rms_norm_inplace, rope_inv_freq, rope_neox, softcap};
 use crate::source::gguf::GgufModel;
 use crate::store::plan::{choose_resident, Candidate};
 use crate::store::{DirectFile, Unit, UnitBytes, WeightStore};
@@ -614,19 +612,13 @@ impl Model for Gemma3 {
     ) -> Result<Vec<f32>> {
         let c = &self.config;
         let n = tokens.len();
-        let pos0 = cache.len;
         super::check_forward(tokens, cache, c.vocab_size)?;
         // announce every streamed read of this pass, in order
         self.embedding.plan(store, tokens, c.hidden_size);
         store.plan(self.layers.iter().map(|(u, _)| *u));
         self.head.plan(store);
         let r = self.forward_planned(store, cache, tokens, logits);
-        if r.is_err() {
-            store.reset();
-        } else {
-            cache.len = pos0 + n;
-        }
-        r
+        super::finish_pass(store, cache, n, r)
     }
 }
 
@@ -646,22 +638,9 @@ impl Gemma3 {
         for (l, (unit, w)) in self.layers.iter().enumerate() {
             store.with_unit(*unit, |u| self.layer(l, w, u, cache, pos0, &mut x))?;
         }
-        let rows: Vec<usize> = match logits {
-            Logits::Last => vec![n - 1],
-            Logits::All => (0..n).collect(),
-        };
-        let m = rows.len();
-        let mut h = vec![0f32; m * d];
-        for (i, &t) in rows.iter().enumerate() {
-            rms_norm(
-                &x[t * d..(t + 1) * d],
-                &self.output_norm,
-                c.rms_norm_eps,
-                &mut h[i * d..(i + 1) * d],
-            );
-        }
-        let mut out = vec![0f32; m * vocab];
-        self.head.logits(store, &h, m, vocab, &mut out)?;
+        let mut out =
+            self.head
+                .final_logits(store, &x, &self.output_norm, c.rms_norm_eps, logits, vocab)?;
         if let Some(cap) = c.final_logit_softcapping {
             out.iter_mut().for_each(|v| *v = softcap(*v, cap));
         }

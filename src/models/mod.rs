@@ -73,6 +73,21 @@ pub fn check_forward(tokens: &[u32], cache: &KvCache, vocab: usize) -> anyhow::R
     Ok(())
 }
 
+/// Ends a forward pass over `n` tokens: on success the tokens join the KV cache; on failure
+/// the reads still queued for the pass are dropped so the next pass starts clean.
+pub fn finish_pass(
+    store: &mut WeightStore,
+    cache: &mut KvCache,
+    n: usize,
+    r: anyhow::Result<Vec<f32>>,
+) -> anyhow::Result<Vec<f32>> {
+    match r {
+        Ok(_) => cache.len += n,
+        Err(_) => store.reset(),
+    }
+    r
+}
+
 /// A loaded model: the forward pass of one architecture.
 pub trait Model: Send {
     /// Vocabulary size (rows of the LM head).

@@ -29,7 +29,6 @@ use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
 use super::moe::{moe_forward, route_softmax_topk, ExpertMats, StoreExperts, UnitExperts};
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
-use crate::kernels::ops::rms_norm;
 use crate::source::hf::HfModel;
 use crate::store::plan::{choose_resident, Candidate};
 use crate::store::{DirectFile, Unit, UnitBytes, WeightStore, IO_ALIGN};
@@ -486,23 +485,14 @@ impl Qwen3 {
                 add_into(&mut x, &out);
             }
         }
-        let rows: Vec<usize> = match logits {
-            Logits::Last => vec![n - 1],
-            Logits::All => (0..n).collect(),
-        };
-        let m = rows.len();
-        let mut h = vec![0f32; m * d];
-        for (i, &t) in rows.iter().enumerate() {
-            rms_norm(
-                &x[t * d..(t + 1) * d],
-                &self.final_norm,
-                c.rms_norm_eps as f32,
-                &mut h[i * d..(i + 1) * d],
-            );
-        }
-        let mut out = vec![0f32; m * vocab];
-        self.head.logits(store, &h, m, vocab, &mut out)?;
-        Ok(out)
+        Ok(self.head.final_logits(
+            store,
+            &x,
+            &self.final_norm,
+            c.rms_norm_eps as f32,
+            logits,
+            vocab,
+        )?)
     }
 }
 
@@ -536,16 +526,10 @@ impl Model for Qwen3 {
     ) -> Result<Vec<f32>> {
         let c = &self.config;
         let n = tokens.len();
-        let pos0 = cache.len;
         super::check_forward(tokens, cache, c.vocab_size)?;
         self.embedding.plan(store, tokens, c.hidden_size);
         store.plan([self.layers[0].0]);
         let r = self.forward_planned(store, cache, tokens, logits);
-        if r.is_err() {
-            store.reset();
-        } else {
-            cache.len = pos0 + n;
-        }
-        r
+        super::finish_pass(store, cache, n, r)
     }
 }
