@@ -57,16 +57,7 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-const TYPES: [GgmlType; 8] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q5_0,
-    GgmlType::Q4_K,
-    GgmlType::Q6_K,
-];
+use deltafin::quant::SLOT_TYPES as TYPES;
 
 /// Gemma 3 270M shapes (rows × cols): FFN up/gate (2048×640) and down (640×2048). K-quants
 /// need 256-column multiples, so they use 2048×768 in place of 2048×640.

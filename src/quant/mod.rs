@@ -108,17 +108,7 @@ impl GgmlType {
 
     /// Whether this crate has dequantization and dot-product kernels for the type.
     pub fn has_kernels(self) -> bool {
-        matches!(
-            self,
-            Self::F32
-                | Self::F16
-                | Self::BF16
-                | Self::Q4_0
-                | Self::Q5_0
-                | Self::Q8_0
-                | Self::Q4_K
-                | Self::Q6_K
-        )
+        SLOT_TYPES.contains(&self)
     }
 
     /// The GGML name (`"Q4_K"`, `"F32"`, ...).
@@ -280,8 +270,8 @@ pub(crate) const SCALAR_DECODE: [DeqFn; 8] = [
     scalar::decode_q6_k,
 ];
 
-/// The types with kernels, by [`slot`].
-pub(crate) const SLOT_TYPES: [GgmlType; 8] = [
+/// The types with kernels, in kernel-table order (see `slot`).
+pub const SLOT_TYPES: [GgmlType; 8] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
