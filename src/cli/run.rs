@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
+use crate::engine::sampler::ModelSampling;
 use crate::engine::{Finish, GenStats, GenerateOptions, Sampler, SamplerConfig, Session};
 use crate::models::{load_gguf, load_hf_model, LoadOptions, Placement};
 use crate::source::gguf::GgufModel;
@@ -35,21 +36,22 @@ pub struct RunArgs {
     /// Maximum number of tokens to generate.
     #[arg(short = 'n', long, default_value_t = 128)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8, allow_hyphen_values = true, value_parser = non_negative)]
-    pub temperature: f32,
-    /// Top-k filter (0: off).
-    #[arg(long, default_value_t = 40)]
-    pub top_k: usize,
-    /// Top-p (nucleus) filter (1: off).
-    #[arg(long, default_value_t = 0.95, allow_hyphen_values = true, value_parser = probability_above_zero)]
-    pub top_p: f32,
-    /// Min-p filter (0: off).
-    #[arg(long, default_value_t = 0.05, allow_hyphen_values = true, value_parser = probability)]
-    pub min_p: f32,
-    /// Repetition penalty (1: off).
-    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true, value_parser = positive)]
-    pub repeat_penalty: f32,
+    /// Sampling temperature; 0 is greedy. Default: the model's generation_config.json, else 0.8.
+    #[arg(long = "temp", allow_hyphen_values = true, value_parser = non_negative)]
+    pub temperature: Option<f32>,
+    /// Top-k filter (0: off). Default: the model's generation_config.json, else 40.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Top-p (nucleus) filter (1: off). Default: the model's generation_config.json, else 0.95.
+    #[arg(long, allow_hyphen_values = true, value_parser = probability_above_zero)]
+    pub top_p: Option<f32>,
+    /// Min-p filter (0: off). Default: the model's generation_config.json, else 0.05.
+    #[arg(long, allow_hyphen_values = true, value_parser = probability)]
+    pub min_p: Option<f32>,
+    /// Repetition penalty (1: off). Default: the model's generation_config.json
+    /// (`repetition_penalty`), else 1.
+    #[arg(long, allow_hyphen_values = true, value_parser = positive)]
+    pub repeat_penalty: Option<f32>,
     /// Tokens the repetition penalty looks back over.
     #[arg(long, default_value_t = 64)]
     pub repeat_last_n: usize,
@@ -245,6 +247,10 @@ pub fn run(a: RunArgs) -> Result<()> {
         OpenedModel::Gguf(g) => AnyTokenizer::Gguf(Box::new(Tokenizer::from_gguf(g)?)),
         OpenedModel::Hf(h) => AnyTokenizer::Hf(Box::new(HfTokenizer::from_folder(&h.dir)?)),
     };
+    let model_sampling = match &opened {
+        OpenedModel::Hf(h) => generation_config_sampling(&h.dir)?,
+        OpenedModel::Gguf(_) => ModelSampling::default(),
+    };
     let prompt = match &a.prompt {
         Some(p) => p.clone(),
         None => {
@@ -319,15 +325,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
     });
-    let mut sampler = Sampler::new(SamplerConfig {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        repeat_last_n: a.repeat_last_n,
-        seed,
-    });
+    let mut sampler = Sampler::new(sampler_config(&a, &model_sampling, seed));
     let mut dec = tok.decoder();
     let is_eog = |t: u32| tok.is_eog(t);
     let gen_opts = GenerateOptions {
@@ -365,6 +363,50 @@ pub fn run(a: RunArgs) -> Result<()> {
         .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
+}
+
+/// The sampling settings of a run: each flag given on the command line, else the model's
+/// setting ([`ModelSampling`]), else Deltafin's default (temperature 0.8, top-k 40, top-p 0.95,
+/// min-p 0.05, no repetition penalty: llama.cpp's defaults).
+pub fn sampler_config(a: &RunArgs, model: &ModelSampling, seed: u64) -> SamplerConfig {
+    let mut c = SamplerConfig {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.05,
+        repeat_penalty: 1.0,
+        repeat_last_n: a.repeat_last_n,
+        seed,
+    };
+    model.apply(&mut c);
+    if let Some(t) = a.temperature {
+        c.temperature = t;
+    }
+    if let Some(k) = a.top_k {
+        c.top_k = k;
+    }
+    if let Some(p) = a.top_p {
+        c.top_p = p;
+    }
+    if let Some(p) = a.min_p {
+        c.min_p = p;
+    }
+    if let Some(r) = a.repeat_penalty {
+        c.repeat_penalty = r;
+    }
+    c
+}
+
+/// The sampling settings in `dir/generation_config.json`, none when the file is absent.
+///
+/// Errors: the file exists but is not valid JSON or has a bad field (named).
+fn generation_config_sampling(dir: &std::path::Path) -> Result<ModelSampling> {
+    let p = dir.join("generation_config.json");
+    if !p.is_file() {
+        return Ok(ModelSampling::default());
+    }
+    let v = crate::source::hf::read_json(&p)?;
+    ModelSampling::from_generation_config(&v, &p.display().to_string())
 }
 
 fn mib(b: f64) -> String {
@@ -441,4 +483,67 @@ pub fn stats_json(
         "scratch_bytes": p.scratch_bytes,
         "seed": seed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct W {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn args(extra: &[&str]) -> RunArgs {
+        W::parse_from(["deltafin"].iter().chain(extra)).run
+    }
+
+    #[test]
+    fn flags_beat_the_model_settings_which_beat_the_defaults() {
+        let model = ModelSampling {
+            temperature: Some(0.6),
+            top_k: Some(20),
+            repeat_penalty: Some(1.1),
+            ..Default::default()
+        };
+        let c = sampler_config(&args(&[]), &ModelSampling::default(), 3);
+        assert_eq!(
+            (
+                c.temperature,
+                c.top_k,
+                c.top_p,
+                c.min_p,
+                c.repeat_penalty,
+                c.seed
+            ),
+            (0.8, 40, 0.95, 0.05, 1.0, 3)
+        );
+        let c = sampler_config(&args(&[]), &model, 3);
+        assert_eq!(
+            (c.temperature, c.top_k, c.top_p, c.repeat_penalty),
+            (0.6, 20, 0.95, 1.1)
+        );
+        let c = sampler_config(&args(&["--temp", "0", "--top-k", "5"]), &model, 3);
+        assert_eq!((c.temperature, c.top_k, c.repeat_penalty), (0.0, 5, 1.1));
+    }
+
+    #[test]
+    fn reads_the_fixture_generation_config() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen3");
+        let m = generation_config_sampling(&dir).unwrap();
+        assert_eq!(
+            m,
+            ModelSampling {
+                temperature: Some(0.6),
+                top_k: Some(20),
+                top_p: Some(0.95),
+                min_p: None,
+                repeat_penalty: None,
+            }
+        );
+        let none = generation_config_sampling(std::path::Path::new("/nonexistent")).unwrap();
+        assert_eq!(none, ModelSampling::default());
+    }
 }

@@ -35,6 +35,72 @@ impl Default for SamplerConfig {
     }
 }
 
+/// Sampling settings a model ships with, each `None` when the model does not set it. Read from
+/// Hugging Face `generation_config.json` (`temperature`, `top_k`, `top_p`, `min_p`,
+/// `repetition_penalty`, and `do_sample: false`, which transformers treats as greedy). As in
+/// vLLM's `--generation-config auto`, only the fields the file sets replace Deltafin's
+/// defaults, and a command-line flag replaces both.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelSampling {
+    pub temperature: Option<f32>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+}
+
+impl ModelSampling {
+    /// Parses a `generation_config.json` object; `label` names the file in errors.
+    ///
+    /// Errors: a field of the wrong type or out of range (`temperature < 0`, `top_k < 0`,
+    /// `top_p` outside (0, 1], `min_p` outside [0, 1], `repetition_penalty <= 0`), named with
+    /// the file.
+    pub fn from_generation_config(v: &serde_json::Value, label: &str) -> anyhow::Result<Self> {
+        let num = |key: &str, ok: fn(f64) -> bool, want: &str| -> anyhow::Result<Option<f32>> {
+            match v.get(key) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(x) => match x.as_f64() {
+                    Some(f) if ok(f) => Ok(Some(f as f32)),
+                    _ => anyhow::bail!("{label}: '{key}' is {x}, expected {want}"),
+                },
+            }
+        };
+        let mut m = ModelSampling {
+            temperature: num("temperature", |f| f >= 0.0, "a number >= 0")?,
+            top_k: num("top_k", |f| f >= 0.0 && f.fract() == 0.0, "an integer >= 0")?
+                .map(|f| f as usize),
+            top_p: num("top_p", |f| f > 0.0 && f <= 1.0, "a number in (0, 1]")?,
+            min_p: num("min_p", |f| (0.0..=1.0).contains(&f), "a number in [0, 1]")?,
+            repeat_penalty: num("repetition_penalty", |f| f > 0.0, "a number > 0")?,
+        };
+        match v.get("do_sample") {
+            None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(true)) => {}
+            Some(serde_json::Value::Bool(false)) => m.temperature = Some(0.0),
+            Some(x) => anyhow::bail!("{label}: 'do_sample' is {x}, expected true or false"),
+        }
+        Ok(m)
+    }
+
+    /// Replaces the fields of `c` the model sets.
+    pub fn apply(&self, c: &mut SamplerConfig) {
+        if let Some(t) = self.temperature {
+            c.temperature = t;
+        }
+        if let Some(k) = self.top_k {
+            c.top_k = k;
+        }
+        if let Some(p) = self.top_p {
+            c.top_p = p;
+        }
+        if let Some(p) = self.min_p {
+            c.min_p = p;
+        }
+        if let Some(r) = self.repeat_penalty {
+            c.repeat_penalty = r;
+        }
+    }
+}
+
 /// xoshiro256** (Blackman & Vigna 2018), seeded through SplitMix64.
 #[derive(Clone, Debug)]
 pub struct Rng {
@@ -177,6 +243,51 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn generation_config_sets_only_the_fields_it_has() {
+        let v = serde_json::json!({"do_sample": true, "temperature": 0.6, "top_k": 20,
+            "top_p": 0.95, "eos_token_id": [1]});
+        let m = ModelSampling::from_generation_config(&v, "g.json").unwrap();
+        let mut c = SamplerConfig {
+            temperature: 0.8,
+            min_p: 0.05,
+            ..Default::default()
+        };
+        m.apply(&mut c);
+        assert_eq!(
+            (c.temperature, c.top_k, c.top_p, c.min_p),
+            (0.6, 20, 0.95, 0.05)
+        );
+        assert_eq!(c.repeat_penalty, 1.0);
+        // do_sample false is greedy whatever the temperature says
+        let v =
+            serde_json::json!({"do_sample": false, "temperature": 0.7, "repetition_penalty": 1.1});
+        let m = ModelSampling::from_generation_config(&v, "g.json").unwrap();
+        assert_eq!(m.temperature, Some(0.0));
+        assert_eq!(m.repeat_penalty, Some(1.1));
+        for (v, msg) in [
+            (
+                serde_json::json!({"top_p": 0}),
+                "g.json: 'top_p' is 0, expected a number in (0, 1]",
+            ),
+            (
+                serde_json::json!({"top_k": 2.5}),
+                "g.json: 'top_k' is 2.5, expected an integer >= 0",
+            ),
+            (
+                serde_json::json!({"temperature": "hot"}),
+                "g.json: 'temperature' is \"hot\", expected a number >= 0",
+            ),
+            (
+                serde_json::json!({"do_sample": 1}),
+                "g.json: 'do_sample' is 1, expected true or false",
+            ),
+        ] {
+            let e = ModelSampling::from_generation_config(&v, "g.json").unwrap_err();
+            assert_eq!(e.to_string(), msg);
+        }
+    }
 
     fn cfg(t: f32) -> SamplerConfig {
         SamplerConfig {
