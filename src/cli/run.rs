@@ -159,15 +159,19 @@ fn non_empty(s: &str) -> Result<String, String> {
 
 /// Opens the model at `path`, or the demo model when `None` (fetching it if absent).
 pub fn open_model(path: Option<&PathBuf>) -> Result<GgufModel> {
-    let p = match path {
-        Some(p) => p.clone(),
-        None => crate::source::pull::pull(
-            crate::source::pull::DEMO_MODEL,
-            &crate::source::pull::home_dir(),
-            &crate::source::pull::PullOptions::default(),
-        )?,
-    };
-    Ok(GgufModel::open_model_path(&p)?)
+    use crate::source::pull::{home_dir, pull, PullOptions, DEMO_MODEL};
+    match path {
+        Some(p) => Ok(GgufModel::open_model_path(p)?),
+        None => {
+            let p = pull(DEMO_MODEL, &home_dir(), &PullOptions::default())?;
+            GgufModel::open_model_path(&p).with_context(|| {
+                format!(
+                    "the cached demo model {} looks damaged; `deltafin pull {DEMO_MODEL} --force` fetches it again",
+                    p.display()
+                )
+            })
+        }
+    }
 }
 
 /// A model opened from disk, before its weights are loaded.

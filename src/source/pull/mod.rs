@@ -139,6 +139,9 @@ pub struct PullOptions {
     pub via: Via,
     /// Base of the JSON API, without trailing slash (default `https://pypi.org/pypi`).
     pub index_url: String,
+    /// Fetch and verify again even when the model file is already there (repairs a damaged
+    /// cached copy; the old file is replaced only once the new one is verified).
+    pub force: bool,
 }
 
 impl Default for PullOptions {
@@ -147,6 +150,7 @@ impl Default for PullOptions {
             quiet: false,
             via: Via::Auto,
             index_url: "https://pypi.org/pypi".into(),
+            force: false,
         }
     }
 }
@@ -204,7 +208,7 @@ impl Drop for WorkDir {
 /// [`pull`] for an explicit spec (also one not in [`KNOWN_MODELS`]).
 pub fn pull_spec(spec: &ModelSpec, home: &Path, opts: &PullOptions) -> Result<PathBuf> {
     let dest = model_path(spec, home);
-    if dest.is_file() {
+    if dest.is_file() && !opts.force {
         return Ok(dest);
     }
     let dir = dest
@@ -228,7 +232,7 @@ pub fn pull_spec(spec: &ModelSpec, home: &Path, opts: &PullOptions) -> Result<Pa
             FileLock::acquire(&lock_path)?
         }
     };
-    if dest.is_file() {
+    if dest.is_file() && !opts.force {
         return Ok(dest);
     }
 
