@@ -200,3 +200,58 @@ pub fn matmul_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32
 
 #[cfg(test)]
 mod tests;
+
+/// `Y = X W` for a weight stored input-major (`w.rows` = inputs, `w.cols` = outputs, as
+/// Hugging Face stores GPT-OSS's BF16 expert matrices `[in, out]`): `n` rows of `x`
+/// (`n × w.rows`) into `y` (`n × w.cols`). Each stored row `i` is dequantized once and added
+/// as `y[t] += x[t][i] · w[i]` in ascending `i` (a multiply then an add, no fma), so every
+/// output is the same sum in the same order for any `n`, thread count or SIMD level; tasks
+/// split the outputs by column ranges. Panics on a shape mismatch.
+pub fn matmul_t(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    let (k, m) = (w.rows, w.cols);
+    assert_eq!(x.len(), n * k, "x has {} elements, want {n}x{k}", x.len());
+    assert_eq!(y.len(), n * m, "y has {} elements, want {n}x{m}", y.len());
+    assert_eq!(
+        w.ty.row_bytes(m).map(|rb| rb * k),
+        Some(w.data.len()),
+        "{} matrix {k}x{m} has {} bytes",
+        w.ty,
+        w.data.len()
+    );
+    // columns per task: whole blocks, about four tasks per thread, at least 256 columns
+    let be = w.ty.block_elems();
+    let per = m
+        .div_ceil(rayon::current_num_threads() * 4)
+        .max(256)
+        .div_ceil(be)
+        * be;
+    let chunks: Vec<(usize, usize)> = (0..m)
+        .step_by(per.max(1))
+        .map(|c0| (c0, per.min(m - c0)))
+        .collect();
+    let bb = w.ty.block_bytes();
+    let rb = w.data.len() / k.max(1);
+    let parts: Vec<Vec<f32>> = chunks
+        .par_iter()
+        .map(|&(c0, cw)| {
+            let mut acc = vec![0f32; n * cw];
+            let mut row = vec![0f32; cw];
+            for i in 0..k {
+                let bytes = &w.data[i * rb + c0 / be * bb..i * rb + (c0 + cw) / be * bb];
+                quant::dequantize_row(w.ty, bytes, &mut row);
+                for t in 0..n {
+                    let xv = x[t * k + i];
+                    for (a, &wv) in acc[t * cw..(t + 1) * cw].iter_mut().zip(&row) {
+                        *a += xv * wv;
+                    }
+                }
+            }
+            acc
+        })
+        .collect();
+    for (&(c0, cw), part) in chunks.iter().zip(&parts) {
+        for t in 0..n {
+            y[t * m + c0..t * m + c0 + cw].copy_from_slice(&part[t * cw..(t + 1) * cw]);
+        }
+    }
+}

@@ -25,6 +25,10 @@ pub enum GgmlType {
     /// OCP microscaling FP4 (ggml `GGML_TYPE_MXFP4`, GGUF id 39): blocks of 32 elements, one
     /// E8M0 scale byte then 16 bytes of E2M1 nibbles (see `scalar::decode_mxfp4`).
     MXFP4,
+    /// 8-bit integers (ggml `GGML_TYPE_I8`, GGUF id 24). Safetensors `U8` tensors (MXFP4
+    /// `*_blocks` / `*_scales`) are indexed with this type too: only their bytes are used,
+    /// never their values as numbers, and no kernel computes with it.
+    I8,
 }
 
 impl GgmlType {
@@ -47,6 +51,7 @@ impl GgmlType {
             15 => Self::Q8_K,
             30 => Self::BF16,
             39 => Self::MXFP4,
+            24 => Self::I8,
             _ => return None,
         })
     }
@@ -70,13 +75,14 @@ impl GgmlType {
             Self::Q8_K => 15,
             Self::BF16 => 30,
             Self::MXFP4 => 39,
+            Self::I8 => 24,
         }
     }
 
     /// Elements per block (1 for plain float types, 32 for legacy quants, 256 for k-quants).
     pub fn block_elems(self) -> usize {
         match self {
-            Self::F32 | Self::F16 | Self::BF16 => 1,
+            Self::F32 | Self::F16 | Self::BF16 | Self::I8 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
             Self::MXFP4 => 32,
             Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K => 256,
@@ -101,6 +107,7 @@ impl GgmlType {
             Self::Q6_K => 210,
             Self::Q8_K => 292,
             Self::MXFP4 => 17,
+            Self::I8 => 1,
         }
     }
 
@@ -137,6 +144,7 @@ impl GgmlType {
             Self::Q8_K => "Q8_K",
             Self::BF16 => "BF16",
             Self::MXFP4 => "MXFP4",
+            Self::I8 => "I8",
         }
     }
 }
@@ -147,6 +155,7 @@ impl std::fmt::Display for GgmlType {
     }
 }
 
+pub mod mxfp4;
 mod scalar;
 #[cfg(test)]
 pub(crate) mod tests;
