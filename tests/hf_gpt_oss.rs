@@ -109,7 +109,9 @@ fn one_streamed_decode_step_reads_only_the_chosen_experts() {
 #[test]
 fn load_errors_name_the_tensor_or_field() {
     // a config field out of range, at load
-    let d = edited_copy(BF16, |c| c["layer_types"] = serde_json::json!(["full_attention"]));
+    let d = edited_copy(BF16, |c| {
+        c["layer_types"] = serde_json::json!(["full_attention"])
+    });
     assert_eq!(
         load_err(d.path()),
         format!(
@@ -215,7 +217,10 @@ fn cli_run_and_inspect() {
         "experts:      110592 bytes (0.1 MiB)",
         "per expert:   6912 bytes (0.0 MiB) (8 experts in each of 2 MoE layers)",
     ] {
-        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
     }
 }
 

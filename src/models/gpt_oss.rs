@@ -216,7 +216,9 @@ impl ExpertSource for OssExperts<'_> {
                 down_bias: down_bias.view(u),
             }),
             // resident MXFP4 experts were repacked at load
-            (ExpertRef::Mxfp4 { .. }, Some(p)) if resident => f(&packed_view(u.piece(0), &p, h, ff)),
+            (ExpertRef::Mxfp4 { .. }, Some(p)) if resident => {
+                f(&packed_view(u.piece(0), &p, h, ff))
+            }
             (ExpertRef::Mxfp4 { .. }, Some(p)) => {
                 repack_expert(u, &r, &p, scratch);
                 f(&packed_view(scratch, &p, h, ff))
@@ -371,7 +373,11 @@ impl GptOss {
                 let dbk = ts.get_raw(&x("down_proj_blocks"), &[16, gf, d, ne], i8)?;
                 let ds = ts.get_raw(&x("down_proj_scales"), &[gf, d, ne], i8)?;
                 if gub.ty != db.ty {
-                    bail!("{label}: '{}' and '{}' have different types", gub.name, db.name);
+                    bail!(
+                        "{label}: '{}' and '{}' have different types",
+                        gub.name,
+                        db.name
+                    );
                 }
                 table.packed = Some(Packed {
                     gate_up: 2 * ff * gd * 17,
@@ -435,10 +441,9 @@ impl GptOss {
         let nb = opts.n_batch.max(1);
         let per_tok = 4 * d + 2 * qd + 2 * kvd + 3 * ff + ne;
         let repack_bytes = table.packed.map_or(0, |p| p.total());
-        let scratch_bytes = 4 * (nb * per_tok + c.vocab_size + rayon::current_num_threads() * n_ctx)
-            + repack_bytes;
-        let vec_bytes =
-            4 * (c.num_hidden_layers * (2 * d + qd + 2 * kvd + d + ne + nh) + d);
+        let scratch_bytes =
+            4 * (nb * per_tok + c.vocab_size + rayon::current_num_threads() * n_ctx) + repack_bytes;
+        let vec_bytes = 4 * (c.num_hidden_layers * (2 * d + qd + 2 * kvd + d + ne + nh) + d);
         let head_unit = unit_of(&[head_t]).0;
         let embd_unit = unit_of(&[embd]).0;
         let mut cands = vec![Candidate {

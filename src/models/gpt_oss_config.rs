@@ -119,10 +119,7 @@ impl Config {
                 bail!("{label}: '{k}' = {d} is outside 1..={DIM_MAX}");
             }
         }
-        if !c
-            .num_attention_heads
-            .is_multiple_of(c.num_key_value_heads)
-        {
+        if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
             bail!(
                 "{label}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 c.num_attention_heads,
@@ -187,7 +184,9 @@ impl Config {
         if let Some(q) = &c.quantization_config {
             let m = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
             if m != "mxfp4" {
-                bail!("{label}: quantization_config.quant_method '{m}' is not supported (only mxfp4)");
+                bail!(
+                    "{label}: quantization_config.quant_method '{m}' is not supported (only mxfp4)"
+                );
             }
         }
         Ok(c)
@@ -257,7 +256,13 @@ impl Config {
         let o = self.rope_object()?;
         let g = |k: &str| o.get(k).and_then(|v| v.as_f64());
         let factor = g("factor")?;
-        let mscale = |s: f64, m: f64| if s <= 1.0 { 1.0 } else { 0.1 * m * s.ln() + 1.0 };
+        let mscale = |s: f64, m: f64| {
+            if s <= 1.0 {
+                1.0
+            } else {
+                0.1 * m * s.ln() + 1.0
+            }
+        };
         let attention_factor = match (g("attention_factor"), g("mscale"), g("mscale_all_dim")) {
             (Some(a), _, _) => a,
             (None, Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => {
@@ -293,7 +298,8 @@ impl Config {
             return (fe.iter().map(|&f| f as f32).collect(), 1.0);
         };
         let corr = |rot: f64| {
-            (d as f64 * (y.original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI)).ln())
+            (d as f64
+                * (y.original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI)).ln())
                 / (2.0 * base.ln())
         };
         let (mut low, mut high) = (corr(y.beta_fast), corr(y.beta_slow));
@@ -342,7 +348,7 @@ mod tests {
         assert!((af as f64 - 1.3465735902799727).abs() < 1e-7, "{af}");
         // low = 16 ln(4096 / 64π) / (2 ln 150000) = 1.8756..., high = 16 ln(4096 / 2π) / (2 ln
         // 150000) = 4.3452...: i = 0, 1 extrapolated (kept), i >= 5 interpolated (/ 32)
-        let fe = |i: usize| 150000f64.powf(-(2 * i) as f64 / 16.0);
+        let fe = |i: usize| 150000f64.powf(-((2 * i) as f64) / 16.0);
         assert_eq!(inv[0], 1.0);
         assert_eq!(inv[1], fe(1) as f32);
         assert_eq!(inv[6], (fe(6) / 32.0) as f32);
@@ -352,7 +358,11 @@ mod tests {
         );
         let r = (3.0 - low) / (high - low);
         let want = fe(3) / 32.0 * r + fe(3) * (1.0 - r);
-        assert!((inv[3] as f64 - want).abs() < 1e-7 * want, "{} vs {want}", inv[3]);
+        assert!(
+            (inv[3] as f64 - want).abs() < 1e-7 * want,
+            "{} vs {want}",
+            inv[3]
+        );
         assert_eq!((c.window(0), c.window(1)), (Some(8), None));
     }
 

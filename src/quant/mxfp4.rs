@@ -47,7 +47,11 @@ mod tests {
             0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
         ];
         let byte = blocks[16 * g + i / 2];
-        let n = if i % 2 == 0 { byte & 15 } else { byte >> 4 };
+        let n = if i.is_multiple_of(2) {
+            byte & 15
+        } else {
+            byte >> 4
+        };
         E2M1[n as usize] * 2f32.powi(scales[g] as i32 - 127)
     }
 

@@ -317,7 +317,11 @@ fn known_mxfp4_values() {
         let mut got = vec![0f32; 32];
         dequantize_row_at(level, GgmlType::MXFP4, &row, &mut got);
         assert_eq!(got, want, "{level:?}");
-        assert_eq!(dot_row_at(level, GgmlType::MXFP4, &row, &x), dot, "{level:?}");
+        assert_eq!(
+            dot_row_at(level, GgmlType::MXFP4, &row, &x),
+            dot,
+            "{level:?}"
+        );
     }
     // scale byte 0 is 2^-127: value 6 (nibble 7) becomes 6 * 2^-127, a normal f32;
     // scale byte 1: 0.5 (nibble 1) * 2^-126 = 2^-127, subnormal

@@ -87,10 +87,7 @@ pub fn check_logits_tol(name: &str, budget: Option<u64>, tol: f32) -> (Vec<f32>,
     assert_eq!(all.len(), ids.len() * vocab);
     let last = &all[(ids.len() - 1) * vocab..];
     let last_rel = rel_diff(last, &f32s(&r["last_logits"]));
-    assert!(
-        last_rel < tol,
-        "{name}: last logits rel diff {last_rel}"
-    );
+    assert!(last_rel < tol, "{name}: last logits rel diff {last_rel}");
     let mut worst = 0f32;
     for (i, p) in r["positions"].as_array().unwrap().iter().enumerate() {
         let row = &all[i * vocab..(i + 1) * vocab];
