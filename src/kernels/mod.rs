@@ -235,16 +235,41 @@ pub fn matmul_t(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
         .par_iter()
         .map(|&(c0, cw)| {
             let mut acc = vec![0f32; n * cw];
-            let mut row = vec![0f32; cw];
-            for i in 0..k {
-                let bytes = &w.data[i * rb + c0 / be * bb..i * rb + (c0 + cw) / be * bb];
-                quant::dequantize_row(w.ty, bytes, &mut row);
+            // four stored rows at a time: each output still adds its terms one by one in
+            // ascending row order, with fewer passes over the accumulators
+            let mut rows = vec![0f32; 4 * cw];
+            let mut i = 0;
+            while i < k {
+                let r = (k - i).min(4);
+                for q in 0..r {
+                    let o = (i + q) * rb;
+                    let bytes = &w.data[o + c0 / be * bb..o + (c0 + cw) / be * bb];
+                    quant::dequantize_row(w.ty, bytes, &mut rows[q * cw..(q + 1) * cw]);
+                }
                 for t in 0..n {
-                    let xv = x[t * k + i];
-                    for (a, &wv) in acc[t * cw..(t + 1) * cw].iter_mut().zip(&row) {
-                        *a += xv * wv;
+                    let xs = &x[t * k + i..t * k + i + r];
+                    let a = &mut acc[t * cw..(t + 1) * cw];
+                    if r == 4 {
+                        let (r0, rest) = rows.split_at(cw);
+                        let (r1, rest) = rest.split_at(cw);
+                        let (r2, r3) = rest.split_at(cw);
+                        for j in 0..cw {
+                            let mut v = a[j];
+                            v += xs[0] * r0[j];
+                            v += xs[1] * r1[j];
+                            v += xs[2] * r2[j];
+                            v += xs[3] * r3[j];
+                            a[j] = v;
+                        }
+                    } else {
+                        for (q, &xv) in xs.iter().enumerate() {
+                            for (av, &wv) in a.iter_mut().zip(&rows[q * cw..(q + 1) * cw]) {
+                                *av += xv * wv;
+                            }
+                        }
                     }
                 }
+                i += r;
             }
             acc
         })
