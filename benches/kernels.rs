@@ -1,12 +1,13 @@
 //! Kernel throughput: matvec per weight type at Gemma 3 270M shapes, in weight bytes/s, on
-//! one thread and on the whole rayon pool, against a plain memory-read bandwidth baseline.
+//! one thread and on the whole rayon pool, against a plain memory-read bandwidth baseline;
+//! batched matmul, and `matmul_t` over an input-major BF16 matrix (GPT-OSS experts).
 //!
 //! `hot` benches reuse one matrix (it stays in cache); `cold` benches rotate over copies
 //! totalling `COLD_BYTES`, more than the last-level cache, as decode does with a model.
 //! Run: `cargo bench --bench kernels -- --warm-up-time 1 --measurement-time 3`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use deltafin::kernels::{matmul, matvec, Matrix};
+use deltafin::kernels::{matmul, matmul_t, matvec, Matrix};
 use deltafin::quant::{dot_row, GgmlType};
 use rayon::prelude::*;
 use std::hint::black_box;
@@ -32,6 +33,7 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => (0, &[]),
         GgmlType::Q4_K => (144, &[0, 2]),
         GgmlType::Q6_K => (210, &[208]),
+        GgmlType::MXFP4 => (17, &[]),
         t => (t.block_bytes(), &[0]),
     };
     let half = half::f16::from_f32(0.01).to_le_bytes();
@@ -48,6 +50,8 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
             let f = (c[0] as f32 - 128.0) / 64.0;
             c.copy_from_slice(&((f.to_bits() >> 16) as u16).to_le_bytes())
         }),
+        // E8M0 scale 2^-7: weights of magnitude <= 12 / 256
+        GgmlType::MXFP4 => v.chunks_exact_mut(bb).for_each(|b| b[0] = 120),
         _ => v.chunks_exact_mut(bb).for_each(|b| {
             for &o in scales {
                 b[o..o + 2].copy_from_slice(&half);
@@ -174,6 +178,7 @@ fn bench_matmul(c: &mut Criterion) {
         GgmlType::Q5_0,
         GgmlType::Q4_K,
         GgmlType::Q6_K,
+        GgmlType::MXFP4,
     ] {
         let (rows, cols) = shapes(ty)[0];
         let data = weights(ty, rows, cols, 4);
@@ -184,6 +189,19 @@ fn bench_matmul(c: &mut Criterion) {
         g.bench_function(
             BenchmarkId::new("all", format!("{ty}/{rows}x{cols}")),
             |b| b.iter(|| matmul(&w, black_box(&x), n, &mut y)),
+        );
+    }
+    // BF16 stored input-major (GPT-OSS experts), the same 2048 outputs × 640 inputs
+    let (rows, cols) = (640, 2048);
+    let data = weights(GgmlType::BF16, rows, cols, 6);
+    let w = Matrix::new(GgmlType::BF16, rows, cols, &data).unwrap();
+    for n in [1, 64] {
+        let x: Vec<f32> = (0..n * rows).map(|i| (i % 7) as f32 * 0.1).collect();
+        let mut y = vec![0f32; n * cols];
+        g.throughput(Throughput::Elements((n * rows * cols) as u64));
+        g.bench_function(
+            BenchmarkId::new(format!("matmul_t_n{n}"), format!("BF16/{rows}x{cols}")),
+            |b| b.iter(|| matmul_t(&w, black_box(&x), n, &mut y)),
         );
     }
     g.finish();

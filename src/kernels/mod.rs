@@ -200,3 +200,83 @@ pub fn matmul_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32
 
 #[cfg(test)]
 mod tests;
+
+/// `Y = X W` for a weight stored input-major (`w.rows` = inputs, `w.cols` = outputs, as
+/// Hugging Face stores GPT-OSS's BF16 expert matrices `[in, out]`): `n` rows of `x`
+/// (`n × w.rows`) into `y` (`n × w.cols`). Each stored row `i` is dequantized once and added
+/// as `y[t] += x[t][i] · w[i]` in ascending `i` (a multiply then an add, no fma), so every
+/// output is the same sum in the same order for any `n`, thread count or SIMD level; tasks
+/// split the outputs by column ranges. Panics on a shape mismatch.
+pub fn matmul_t(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    let (k, m) = (w.rows, w.cols);
+    assert_eq!(x.len(), n * k, "x has {} elements, want {n}x{k}", x.len());
+    assert_eq!(y.len(), n * m, "y has {} elements, want {n}x{m}", y.len());
+    assert_eq!(
+        w.ty.row_bytes(m).map(|rb| rb * k),
+        Some(w.data.len()),
+        "{} matrix {k}x{m} has {} bytes",
+        w.ty,
+        w.data.len()
+    );
+    // columns per task: whole blocks, about four tasks per thread, at least 256 columns
+    let be = w.ty.block_elems();
+    let per = m
+        .div_ceil(rayon::current_num_threads() * 4)
+        .max(256)
+        .div_ceil(be)
+        * be;
+    let chunks: Vec<(usize, usize)> = (0..m)
+        .step_by(per.max(1))
+        .map(|c0| (c0, per.min(m - c0)))
+        .collect();
+    let bb = w.ty.block_bytes();
+    let rb = w.data.len() / k.max(1);
+    let parts: Vec<Vec<f32>> = chunks
+        .par_iter()
+        .map(|&(c0, cw)| {
+            let mut acc = vec![0f32; n * cw];
+            // four stored rows at a time: each output still adds its terms one by one in
+            // ascending row order, with fewer passes over the accumulators
+            let mut rows = vec![0f32; 4 * cw];
+            let mut i = 0;
+            while i < k {
+                let r = (k - i).min(4);
+                for q in 0..r {
+                    let o = (i + q) * rb;
+                    let bytes = &w.data[o + c0 / be * bb..o + (c0 + cw) / be * bb];
+                    quant::dequantize_row(w.ty, bytes, &mut rows[q * cw..(q + 1) * cw]);
+                }
+                for t in 0..n {
+                    let xs = &x[t * k + i..t * k + i + r];
+                    let a = &mut acc[t * cw..(t + 1) * cw];
+                    if r == 4 {
+                        let (r0, rest) = rows.split_at(cw);
+                        let (r1, rest) = rest.split_at(cw);
+                        let (r2, r3) = rest.split_at(cw);
+                        for j in 0..cw {
+                            let mut v = a[j];
+                            v += xs[0] * r0[j];
+                            v += xs[1] * r1[j];
+                            v += xs[2] * r2[j];
+                            v += xs[3] * r3[j];
+                            a[j] = v;
+                        }
+                    } else {
+                        for (q, &xv) in xs.iter().enumerate() {
+                            for (av, &wv) in a.iter_mut().zip(&rows[q * cw..(q + 1) * cw]) {
+                                *av += xv * wv;
+                            }
+                        }
+                    }
+                }
+                i += r;
+            }
+            acc
+        })
+        .collect();
+    for (&(c0, cw), part) in chunks.iter().zip(&parts) {
+        for t in 0..n {
+            y[t * m + c0..t * m + c0 + cw].copy_from_slice(&part[t * cw..(t + 1) * cw]);
+        }
+    }
+}

@@ -95,3 +95,37 @@ fn shape_mismatch_panics_with_message() {
         "assertion `left == right` failed: x has 31 elements, want 1x32\n  left: 31\n right: 32"
     );
 }
+
+/// `matmul_t` (input-major weights) equals the plain ordered sum `Σ_i x[i] w[i][j]` for every
+/// batch size and thread count, bit for bit.
+#[test]
+fn matmul_t_is_the_ordered_sum_at_any_batch_and_thread_count() {
+    let mut rng = Rng::new(11);
+    let (k, m) = (37, 600); // several column tasks
+    for ty in [GgmlType::BF16, GgmlType::F32, GgmlType::F16] {
+        let data = random_row(ty, k * m, &mut rng);
+        let w = Matrix::new(ty, k, m, &data).unwrap();
+        let mut wf = vec![0f32; k * m];
+        crate::quant::dequantize_row(ty, &data, &mut wf);
+        for n in [1, 3] {
+            let x: Vec<f32> = (0..n * k).map(|_| rng.unit()).collect();
+            let mut want = vec![0f32; n * m];
+            for t in 0..n {
+                for i in 0..k {
+                    for j in 0..m {
+                        want[t * m + j] += x[t * k + i] * wf[i * m + j];
+                    }
+                }
+            }
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut y = vec![0f32; n * m];
+                pool.install(|| matmul_t(&w, &x, n, &mut y));
+                assert!(y == want, "{ty} n={n} threads={threads}");
+            }
+        }
+    }
+}

@@ -112,6 +112,23 @@ pub fn attention(
     pos0: usize,
     out: &mut [f32],
 ) {
+    attention_with_sinks(s, q, k_cache, v_cache, pos0, None, out)
+}
+
+/// [`attention`] with optional learned attention sinks (`sinks`, one logit per query head, as
+/// GPT-OSS defines them in transformers' `models/gpt_oss/modeling_gpt_oss.py`,
+/// `eager_attention_forward`): the sink is an extra logit in each head's softmax, counted in
+/// the maximum and the denominator, whose probability is dropped, so the weights over the
+/// positions sum to less than one.
+pub fn attention_with_sinks(
+    s: &AttnShape,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos0: usize,
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+) {
     let (nh, hd) = (s.n_heads, s.head_dim);
     let (qd, kvd, group) = (nh * hd, s.n_kv_heads * hd, nh / s.n_kv_heads);
     out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
@@ -127,7 +144,14 @@ pub fn attention(
                 s.softcap.map_or(dot, |c| softcap(dot, c))
             })
             .collect();
-        softmax_inplace(&mut scores);
+        match sinks {
+            None => softmax_inplace(&mut scores),
+            Some(sk) => {
+                scores.push(sk[h]);
+                softmax_inplace(&mut scores);
+                scores.pop();
+            }
+        }
         o.iter_mut().for_each(|v| *v = 0.0);
         for (j, &wgt) in (lo..=p).zip(&scores) {
             let vj = &v_cache[j * kvd + kv_off..j * kvd + kv_off + hd];
@@ -171,5 +195,8 @@ mod tests {
         };
         attention(&win, &q, &k, &v, 2, &mut o);
         assert_eq!(o, [2.0, 2.0]);
+        // a sink of logit 1 next to the one visible score 1 takes half the weight
+        attention_with_sinks(&win, &q, &k, &v, 2, Some(&[1.0]), &mut o);
+        assert_eq!(o, [1.0, 1.0]);
     }
 }

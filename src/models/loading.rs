@@ -83,6 +83,53 @@ impl<'a> Tensors<'a> {
     }
 }
 
+impl<'a> Tensors<'a> {
+    /// The tensor `name`, checked to have `shape` (GGML order) and type `ty` exactly, for
+    /// tensors read as bytes (e.g. MXFP4 blocks and scales, indexed as `I8`).
+    /// Errors name the file and the tensor.
+    pub fn get_raw(&self, name: &str, shape: &[usize], ty: GgmlType) -> Result<&'a TensorInfo> {
+        let t = self
+            .by_name
+            .get(name)
+            .copied()
+            .ok_or_else(|| anyhow!("{}: tensor '{name}' is missing", self.label))?;
+        let got: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+        if got != shape {
+            bail!(
+                "{}: tensor '{name}' has shape {got:?}, expected {shape:?}",
+                self.label
+            );
+        }
+        if t.ty != ty {
+            bail!(
+                "{}: tensor '{name}' has type {}, expected {ty}",
+                self.label,
+                t.ty
+            );
+        }
+        Ok(t)
+    }
+}
+
+/// Slice `i` of `n` along the outermost dimension of a stacked tensor `t` (e.g. one expert of
+/// `[E, ...]` experts): the remaining shape, its byte range. `t`'s byte size must be a
+/// multiple of `n` (a checked shape guarantees it).
+pub fn slice_outer(t: &TensorInfo, i: usize, n: usize) -> TensorInfo {
+    let each = t.n_bytes / n as u64;
+    let mut shape = t.shape[..t.shape.len() - 1].to_vec();
+    if shape.is_empty() {
+        shape.push(1);
+    }
+    TensorInfo {
+        name: format!("{}[{i}]", t.name),
+        ty: t.ty,
+        shape,
+        file: t.file,
+        offset: t.offset + i as u64 * each,
+        n_bytes: each,
+    }
+}
+
 /// Groups tensors into read ranges (merging byte-adjacent ones in the same file) and returns
 /// the unit plus each tensor's (piece, offset) in it.
 pub fn unit_of(tensors: &[&TensorInfo]) -> (Unit, Vec<(usize, usize)>) {

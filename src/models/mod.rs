@@ -3,6 +3,8 @@
 
 pub mod embed_head;
 pub mod gemma3;
+pub mod gpt_oss;
+mod gpt_oss_config;
 pub mod layers;
 pub mod loading;
 pub mod moe;
@@ -157,8 +159,12 @@ pub fn load_hf_model(
             let (m, s) = qwen3::Qwen3::load(hf, opts)?;
             Ok((Box::new(m), s))
         }
+        "gpt_oss" => {
+            let (m, s) = gpt_oss::GptOss::load(hf, opts)?;
+            Ok((Box::new(m), s))
+        }
         other => anyhow::bail!(
-            "{}: model_type '{other}' is not supported (supported: qwen3, qwen3_moe, llama, mixtral)",
+            "{}: model_type '{other}' is not supported (supported: qwen3, qwen3_moe, llama, mixtral, gpt_oss)",
             hf.config_path().display()
         ),
     }

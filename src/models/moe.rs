@@ -35,7 +35,11 @@ pub struct ExpertView<'a> {
 }
 
 /// Where experts come from, addressed by (layer, expert id) whatever the storage layout.
+/// `View` is what one expert's compute sees ([`ExpertView`] for SwiGLU experts of three
+/// row-major matrices).
 pub trait ExpertSource {
+    /// One expert's weights, borrowed for the duration of [`ExpertSource::with_expert`].
+    type View<'a>;
     /// Announces the experts of `layer` a batch uses, in ascending id order, before any of them
     /// is taken (so reads can start at once).
     fn plan_experts(&mut self, layer: usize, ids: &[usize]);
@@ -46,7 +50,7 @@ pub trait ExpertSource {
         &mut self,
         layer: usize,
         id: usize,
-        f: impl FnOnce(&ExpertView) -> R,
+        f: impl FnOnce(&Self::View<'_>) -> R,
     ) -> io::Result<R>;
 }
 
@@ -63,6 +67,8 @@ pub struct StoreExperts<'a> {
 }
 
 impl ExpertSource for StoreExperts<'_> {
+    type View<'a> = ExpertView<'a>;
+
     fn plan_experts(&mut self, layer: usize, ids: &[usize]) {
         let l = &self.table.units[layer];
         self.store.plan(ids.iter().map(|&e| l[e].0));
@@ -72,7 +78,7 @@ impl ExpertSource for StoreExperts<'_> {
         &mut self,
         layer: usize,
         id: usize,
-        f: impl FnOnce(&ExpertView) -> R,
+        f: impl FnOnce(&ExpertView<'_>) -> R,
     ) -> io::Result<R> {
         let (unit, m) = self.table.units[layer][id];
         self.store.with_unit(unit, |u| {
@@ -104,13 +110,28 @@ pub fn route_softmax_topk(logits: &[f32], k: usize, norm_topk_prob: bool) -> Vec
     chosen
 }
 
-/// The MoE feed-forward of layer `layer` for `n` tokens: `routes[t]` are token `t`'s (expert,
-/// weight) pairs in ascending id order, `x` the normed input (`n × d`). Adds
-/// `Σ_e w_e · expert_e(x_t)` to each row of `out` (`n × d`), experts in ascending id order.
-/// `after_plan` runs right after the experts are planned (to queue the reads that come next).
+/// Top-`k` routing on the raw router logits, then a softmax over the `k` kept logits
+/// (transformers' `GptOssTopKRouter`, `models/gpt_oss/modeling_gpt_oss.py`): the chosen
+/// (expert id, weight) pairs in ascending id order, weights summing to 1. Ties keep the lower
+/// id.
+pub fn route_topk_softmax(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    let mut w: Vec<f32> = order[..k.min(logits.len())]
+        .iter()
+        .map(|&e| logits[e])
+        .collect();
+    softmax_inplace(&mut w);
+    let mut chosen: Vec<(usize, f32)> = order.iter().copied().zip(w).collect();
+    chosen.sort_by_key(|c| c.0);
+    chosen
+}
+
+/// The MoE feed-forward of layer `layer` for `n` tokens with SwiGLU experts
+/// ([`ExpertView`]): [`moe_forward_with`] computing `down(silu(gate(x)) · up(x))`.
 ///
 /// Errors: an expert could not be read.
-pub fn moe_forward<S: ExpertSource>(
+pub fn moe_forward<S>(
     src: &mut S,
     layer: usize,
     routes: &[Vec<(usize, f32)>],
@@ -118,6 +139,39 @@ pub fn moe_forward<S: ExpertSource>(
     d: usize,
     out: &mut [f32],
     after_plan: impl FnOnce(&mut S),
+) -> io::Result<()>
+where
+    S: for<'a> ExpertSource<View<'a> = ExpertView<'a>>,
+{
+    moe_forward_with(src, layer, routes, x, d, out, after_plan, |w, xg, m, y| {
+        let ff = w.gate.rows;
+        let mut g = vec![0f32; m * ff];
+        let mut u = vec![0f32; m * ff];
+        mm(&w.gate, xg, m, &mut g);
+        mm(&w.up, xg, m, &mut u);
+        g.iter_mut().zip(&u).for_each(|(a, b)| *a = silu(*a) * b);
+        mm(&w.down, &g, m, y);
+    })
+}
+
+/// The MoE feed-forward of layer `layer` for `n` tokens: `routes[t]` are token `t`'s (expert,
+/// weight) pairs in ascending id order, `x` the normed input (`n × d`). Adds
+/// `Σ_e w_e · expert_e(x_t)` to each row of `out` (`n × d`), experts in ascending id order;
+/// `expert(view, xg, m, y)` computes one expert over its `m` gathered rows `xg` (`m × d`)
+/// into `y` (`m × d`). `after_plan` runs right after the experts are planned (to queue the
+/// reads that come next).
+///
+/// Errors: an expert could not be read.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_forward_with<S: ExpertSource>(
+    src: &mut S,
+    layer: usize,
+    routes: &[Vec<(usize, f32)>],
+    x: &[f32],
+    d: usize,
+    out: &mut [f32],
+    after_plan: impl FnOnce(&mut S),
+    mut expert: impl FnMut(&S::View<'_>, &[f32], usize, &mut [f32]),
 ) -> io::Result<()> {
     // union of the batch's experts, ascending, with each expert's (token, weight) group
     let mut groups: std::collections::BTreeMap<usize, Vec<(usize, f32)>> = Default::default();
@@ -136,15 +190,7 @@ pub fn moe_forward<S: ExpertSource>(
             xg[i * d..(i + 1) * d].copy_from_slice(&x[t * d..(t + 1) * d]);
         }
         let mut y = vec![0f32; m * d];
-        src.with_expert(layer, *e, |w| {
-            let ff = w.gate.rows;
-            let mut g = vec![0f32; m * ff];
-            let mut u = vec![0f32; m * ff];
-            mm(&w.gate, &xg, m, &mut g);
-            mm(&w.up, &xg, m, &mut u);
-            g.iter_mut().zip(&u).for_each(|(a, b)| *a = silu(*a) * b);
-            mm(&w.down, &g, m, &mut y);
-        })?;
+        src.with_expert(layer, *e, |w| expert(w, &xg, m, &mut y))?;
         for (i, &(t, wt)) in group.iter().enumerate() {
             for (o, v) in out[t * d..(t + 1) * d]
                 .iter_mut()
@@ -176,6 +222,18 @@ mod tests {
         assert!((r[1].1 - 2.0 / 9.0).abs() < 1e-6, "{r:?}");
     }
 
+    #[test]
+    fn gpt_oss_routing_is_a_softmax_over_the_kept_logits() {
+        // top-2 of [0, 2, -1, 2 + ln 3]: ids 1 and 3, weights softmax([2, 2 + ln 3]) = 1/4, 3/4
+        let l = [0.0, 2.0, -1.0, 2.0 + 3f32.ln()];
+        let r = route_topk_softmax(&l, 2);
+        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), [1, 3]);
+        assert!(
+            (r[0].1 - 0.25).abs() < 1e-6 && (r[1].1 - 0.75).abs() < 1e-6,
+            "{r:?}"
+        );
+    }
+
     /// 1×1 experts (gate 1, up `id + 1`, down 1) recording the order they are planned and taken.
     struct Fake {
         planned: Vec<usize>,
@@ -183,6 +241,8 @@ mod tests {
     }
 
     impl ExpertSource for Fake {
+        type View<'a> = ExpertView<'a>;
+
         fn plan_experts(&mut self, _layer: usize, ids: &[usize]) {
             self.planned.extend_from_slice(ids);
         }
@@ -190,7 +250,7 @@ mod tests {
             &mut self,
             _layer: usize,
             id: usize,
-            f: impl FnOnce(&ExpertView) -> R,
+            f: impl FnOnce(&ExpertView<'_>) -> R,
         ) -> io::Result<R> {
             self.taken.push(id);
             let up = ((id + 1) as f32).to_le_bytes();

@@ -22,6 +22,13 @@ pub enum GgmlType {
     Q6_K,
     Q8_K,
     BF16,
+    /// OCP microscaling FP4 (ggml `GGML_TYPE_MXFP4`, GGUF id 39): blocks of 32 elements, one
+    /// E8M0 scale byte then 16 bytes of E2M1 nibbles (see `scalar::decode_mxfp4`).
+    MXFP4,
+    /// 8-bit integers (ggml `GGML_TYPE_I8`, GGUF id 24). Safetensors `U8` tensors (MXFP4
+    /// `*_blocks` / `*_scales`) are indexed with this type too: only their bytes are used,
+    /// never their values as numbers, and no kernel computes with it.
+    I8,
 }
 
 impl GgmlType {
@@ -43,6 +50,8 @@ impl GgmlType {
             14 => Self::Q6_K,
             15 => Self::Q8_K,
             30 => Self::BF16,
+            39 => Self::MXFP4,
+            24 => Self::I8,
             _ => return None,
         })
     }
@@ -65,14 +74,17 @@ impl GgmlType {
             Self::Q6_K => 14,
             Self::Q8_K => 15,
             Self::BF16 => 30,
+            Self::MXFP4 => 39,
+            Self::I8 => 24,
         }
     }
 
     /// Elements per block (1 for plain float types, 32 for legacy quants, 256 for k-quants).
     pub fn block_elems(self) -> usize {
         match self {
-            Self::F32 | Self::F16 | Self::BF16 => 1,
+            Self::F32 | Self::F16 | Self::BF16 | Self::I8 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
+            Self::MXFP4 => 32,
             Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K => 256,
         }
     }
@@ -94,6 +106,8 @@ impl GgmlType {
             Self::Q5_K => 176,
             Self::Q6_K => 210,
             Self::Q8_K => 292,
+            Self::MXFP4 => 17,
+            Self::I8 => 1,
         }
     }
 
@@ -129,6 +143,8 @@ impl GgmlType {
             Self::Q6_K => "Q6_K",
             Self::Q8_K => "Q8_K",
             Self::BF16 => "BF16",
+            Self::MXFP4 => "MXFP4",
+            Self::I8 => "I8",
         }
     }
 }
@@ -139,6 +155,7 @@ impl std::fmt::Display for GgmlType {
     }
 }
 
+pub mod mxfp4;
 mod scalar;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -235,15 +252,18 @@ pub(crate) type PrepDotFn = fn(&[f32], &[f32], &[f32]) -> f32;
 
 /// One level's kernels, indexed by [`slot`].
 pub(crate) struct LevelKernels {
-    pub dot: [DotFn; 8],
-    pub deq: [DeqFn; 8],
+    pub dot: [DotFn; N_SLOTS],
+    pub deq: [DeqFn; N_SLOTS],
     pub dot_f32: F32DotFn,
     /// Where the level's dot uses the block-scale scheme (not `dot_f32` over the dequantized
     /// row), the row preparation and prepared dot that reproduce it.
-    pub prep: [Option<(PrepFn, PrepDotFn)>; 8],
+    pub prep: [Option<(PrepFn, PrepDotFn)>; N_SLOTS],
 }
 
-/// Table index of a type with kernels: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K.
+/// Number of types with kernels (the length of every kernel table).
+pub(crate) const N_SLOTS: usize = SLOT_TYPES.len();
+
+/// Table index of a type with kernels: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K, MXFP4.
 pub(crate) fn slot(ty: GgmlType) -> Option<usize> {
     Some(match ty {
         GgmlType::F32 => 0,
@@ -254,12 +274,13 @@ pub(crate) fn slot(ty: GgmlType) -> Option<usize> {
         GgmlType::Q5_0 => 5,
         GgmlType::Q4_K => 6,
         GgmlType::Q6_K => 7,
+        GgmlType::MXFP4 => 8,
         _ => return None,
     })
 }
 
 /// The scalar decoders, by [`slot`].
-pub(crate) const SCALAR_DECODE: [DeqFn; 8] = [
+pub(crate) const SCALAR_DECODE: [DeqFn; N_SLOTS] = [
     scalar::decode_f32,
     scalar::decode_f16,
     scalar::decode_bf16,
@@ -268,10 +289,11 @@ pub(crate) const SCALAR_DECODE: [DeqFn; 8] = [
     scalar::decode_q5_0,
     scalar::decode_q4_k,
     scalar::decode_q6_k,
+    scalar::decode_mxfp4,
 ];
 
 /// The types with kernels, in kernel-table order (see `slot`).
-pub const SLOT_TYPES: [GgmlType; 8] = [
+pub const SLOT_TYPES: [GgmlType; 9] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -280,6 +302,7 @@ pub const SLOT_TYPES: [GgmlType; 8] = [
     GgmlType::Q5_0,
     GgmlType::Q4_K,
     GgmlType::Q6_K,
+    GgmlType::MXFP4,
 ];
 
 macro_rules! scalar_fns {
@@ -298,17 +321,17 @@ macro_rules! scalar_fns {
     };
 }
 scalar_fns!(sd0, sq0 = 0; sd1, sq1 = 1; sd2, sq2 = 2; sd3, sq3 = 3; sd4, sq4 = 4;
-    sd5, sq5 = 5; sd6, sq6 = 6; sd7, sq7 = 7);
+    sd5, sq5 = 5; sd6, sq6 = 6; sd7, sq7 = 7; sd8, sq8 = 8);
 
 /// Scalar-level dequantization with length checks (also used by the NEON level, whose
 /// decoders are the scalar ones).
-pub(crate) const SCALAR_DEQ: [DeqFn; 8] = [sq0, sq1, sq2, sq3, sq4, sq5, sq6, sq7];
+pub(crate) const SCALAR_DEQ: [DeqFn; N_SLOTS] = [sq0, sq1, sq2, sq3, sq4, sq5, sq6, sq7, sq8];
 
 static SCALAR: LevelKernels = LevelKernels {
-    dot: [sd0, sd1, sd2, sd3, sd4, sd5, sd6, sd7],
+    dot: [sd0, sd1, sd2, sd3, sd4, sd5, sd6, sd7, sd8],
     deq: SCALAR_DEQ,
     dot_f32: scalar::dot_f32::<scalar::Scalar8>,
-    prep: [None; 8],
+    prep: [None; N_SLOTS],
 };
 
 /// The kernels of `level`. Panics when this CPU cannot run it (the tables of SIMD levels

@@ -5,7 +5,7 @@
 //! (this crate's CI machines are x86-64); it only has to compile.
 
 use super::scalar::{dot_decoded, dot_f32 as dot_f32_generic, Accum};
-use super::{LevelKernels, SCALAR_DECODE, SCALAR_DEQ, SLOT_TYPES};
+use super::{LevelKernels, N_SLOTS, SCALAR_DECODE, SCALAR_DEQ, SLOT_TYPES};
 use std::arch::aarch64::*;
 
 /// Eight 4-lane fma accumulators.
@@ -61,13 +61,14 @@ dots!(
     d4 = 4,
     d5 = 5,
     d6 = 6,
-    d7 = 7
+    d7 = 7,
+    d8 = 8
 );
 
 /// The NEON table.
 pub(crate) static KERNELS: LevelKernels = LevelKernels {
-    dot: [d0, d1, d2, d3, d4, d5, d6, d7],
+    dot: [d0, d1, d2, d3, d4, d5, d6, d7, d8],
     deq: SCALAR_DEQ,
     dot_f32: dot_f32_generic::<Neon8>,
-    prep: [None; 8],
+    prep: [None; N_SLOTS],
 };

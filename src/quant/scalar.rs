@@ -95,6 +95,36 @@ pub(crate) fn decode_q5_0(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// E2M1 (FP4) values doubled, indexed by nibble: bit 3 is the sign, bits 0-2 the magnitudes
+/// 0, 0.5, 1, 1.5, 2, 3, 4, 6 (OCP Microscaling Formats (MX) v1.0, §5.3.3), times 2 so they
+/// are integers; [`e8m0_half`] halves the scale to compensate (ggml `kvalues_mxfp4`).
+pub(crate) const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// An E8M0 scale byte `e` (2^(e − 127), OCP MX v1.0 §5.4.1) times ½, i.e. 2^(e − 128), as an
+/// f32: subnormal for `e < 2` (ggml `ggml_e8m0_to_fp32_half`). `e = 255` (NaN in the spec)
+/// decodes as 2^127, as ggml does.
+#[inline(always)]
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    if e < 2 {
+        f32::from_bits(0x0020_0000 << e)
+    } else {
+        f32::from_bits((e as u32 - 1) << 23)
+    }
+}
+
+/// MXFP4 blocks (17 bytes: E8M0 scale `e`, 16 bytes of nibbles): element `j < 16` is the low
+/// nibble of byte `j`, element `j + 16` its high nibble (the Q4_0 order);
+/// `y = e8m0_half(e) * MXFP4_VALUES[q]` (one exact product).
+pub(crate) fn decode_mxfp4(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(17).zip(dst.chunks_exact_mut(32)) {
+        let d = e8m0_half(b[0]);
+        for (j, &q) in b[1..17].iter().enumerate() {
+            y[j] = d * MXFP4_VALUES[(q & 15) as usize] as f32;
+            y[j + 16] = d * MXFP4_VALUES[(q >> 4) as usize] as f32;
+        }
+    }
+}
+
 /// Unpacks the eight 6-bit (scale, min) pairs of a Q4_K block from its 12 packed bytes
 /// (GGML `get_scale_min_k4`).
 #[inline(always)]

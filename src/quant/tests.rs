@@ -48,6 +48,8 @@ pub(crate) fn random_row(ty: GgmlType, blocks: usize, rng: &mut Rng) -> Vec<u8> 
                 let bits = (rng.unit() * 4.0).to_bits() >> 16;
                 blk.copy_from_slice(&(bits as u16).to_le_bytes());
             }
+            // E8M0 scales 2^-28 ..= 2^3 (finite products, subnormal-free sums)
+            GgmlType::MXFP4 => blk[0] = 99 + (rng.next_u64() % 32) as u8,
             _ => {
                 for &o in scales {
                     blk[o..o + 2].copy_from_slice(&f16(rng));
@@ -110,7 +112,7 @@ fn fixture_matches_gguf_python_exactly() {
     let recs = parse_fixture(data);
     let count = |ty| recs.iter().filter(|r| r.0 == ty).count();
     // 1 random record per type, plus 2 real-tensor records for the types in gemma.gguf.
-    for ty in SLOT_TYPES {
+    for ty in SLOT_TYPES.into_iter().filter(|&t| t != GgmlType::MXFP4) {
         let real = matches!(
             ty,
             GgmlType::F32 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K
@@ -151,7 +153,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     #[test]
-    fn every_level_matches_scalar_reference(slot in 0usize..8, blocks in 1usize..6, seed: u64) {
+    fn every_level_matches_scalar_reference(slot in 0usize..N_SLOTS, blocks in 1usize..6, seed: u64) {
         let ty = SLOT_TYPES[slot];
         let mut rng = Rng::new(seed);
         // Odd block counts; float rows get lengths that leave a tail after whole rounds.
@@ -276,4 +278,58 @@ fn f16_conversion_is_exact_for_every_bit_pattern() {
         }
     }
     assert_eq!(nans, 2 * 1023);
+}
+
+/// MXFP4 blocks with every E8M0 scale byte (subnormal, normal and 255) decode exactly as
+/// `gguf.quants.dequantize` (`tools/reference/quant_fixture.py --mxfp4`).
+#[test]
+fn mxfp4_fixture_matches_gguf_python_exactly() {
+    let data = include_bytes!("testdata/mxfp4_fixture.bin");
+    let recs = parse_fixture(data);
+    assert_eq!(recs.len(), 1);
+    let (ty, bytes, exp) = &recs[0];
+    assert_eq!((*ty, exp.len()), (GgmlType::MXFP4, 256 * 32));
+    let scales: std::collections::BTreeSet<u8> = bytes.chunks_exact(17).map(|b| b[0]).collect();
+    assert_eq!(scales.len(), 256, "every scale byte appears");
+    assert_eq!(check_fixture(data), 1);
+}
+
+#[test]
+fn known_mxfp4_values() {
+    // scale byte 127 (2^0): nibble j of byte j in the low half, 15 - j in the high half
+    let mut row = vec![127u8];
+    row.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let want: Vec<f32> = (0..32)
+        .map(|i| {
+            let q = if i < 16 { i } else { 31 - i };
+            let m = e2m1[q & 7];
+            if q >= 8 {
+                -m
+            } else {
+                m
+            }
+        })
+        .collect();
+    let x: Vec<f32> = (0..32).map(|i| i as f32).collect();
+    let dot: f32 = want.iter().zip(&x).map(|(a, b)| a * b).sum();
+    for level in SimdLevel::available() {
+        let mut got = vec![0f32; 32];
+        dequantize_row_at(level, GgmlType::MXFP4, &row, &mut got);
+        assert_eq!(got, want, "{level:?}");
+        assert_eq!(
+            dot_row_at(level, GgmlType::MXFP4, &row, &x),
+            dot,
+            "{level:?}"
+        );
+    }
+    // scale byte 0 is 2^-127: value 6 (nibble 7) becomes 6 * 2^-127, a normal f32;
+    // scale byte 1: 0.5 (nibble 1) * 2^-126 = 2^-127, subnormal
+    for (e, nib, want) in [(0u8, 7u8, 6.0 * 2f32.powi(-127)), (1, 1, 2f32.powi(-127))] {
+        let mut row = vec![e];
+        row.extend([nib; 16]);
+        let mut got = vec![0f32; 32];
+        dequantize_row(GgmlType::MXFP4, &row, &mut got);
+        assert_eq!(got[0].to_bits(), want.to_bits(), "e = {e}");
+    }
 }

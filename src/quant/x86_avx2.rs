@@ -142,6 +142,29 @@ unsafe fn blk_q5_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
     emit::<S>(w, x, dst, acc);
 }
 
+/// The 32 E2M1 values (doubled, as i8) of the MXFP4 nibbles `qs`: low nibbles (elements
+/// 0..16) and high nibbles (16..32), through a 16-entry byte table.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn mxfp4_values(qs: __m128i) -> (__m128i, __m128i) {
+    let lut = _mm_loadu_si128(super::scalar::MXFP4_VALUES.as_ptr() as *const __m128i);
+    let m = _mm_set1_epi8(15);
+    (
+        _mm_shuffle_epi8(lut, _mm_and_si128(qs, m)),
+        _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16::<4>(qs), m)),
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn blk_mxfp4<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+    let d = _mm256_set1_ps(super::scalar::e8m0_half(*p));
+    let (lo, hi) = mxfp4_values(load16(p.add(1)));
+    let w = [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)]
+        .map(|v| scaled(d, _mm256_cvtepi8_epi32(v)));
+    emit::<S>(w, x, dst, acc);
+}
+
 /// The eight Q4_K sub-block factors `(d * sc[r], dmin * m[r])` of the block at `p`, unpacked
 /// as in `scalar::q4k_scales` four bytes at a time and multiplied in f32 (same roundings).
 #[inline]
@@ -346,6 +369,7 @@ deq_kernel!(deq_q4_0, blk_q4_0, 18, 32, 0, no_tail);
 deq_kernel!(deq_q5_0, blk_q5_0, 22, 32, 0, no_tail);
 kernels!(dot_q4_k, deq_q4_k, blk_q4_k, 144, 256, 0, no_tail);
 kernels!(dot_q6_k, deq_q6_k, blk_q6_k, 210, 256, 0, no_tail);
+kernels!(dot_mxfp4, deq_mxfp4, blk_mxfp4, 17, 32, 0, no_tail);
 
 /// f32 · f32 in this level's order (F32 rows are the same computation).
 fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
@@ -366,9 +390,10 @@ pub(crate) static KERNELS: LevelKernels = LevelKernels {
         q32::dot_q5_0,
         dot_q4_k,
         dot_q6_k,
+        dot_mxfp4,
     ],
     deq: [
-        deq_f32, deq_f16, deq_bf16, deq_q8_0, deq_q4_0, deq_q5_0, deq_q4_k, deq_q6_k,
+        deq_f32, deq_f16, deq_bf16, deq_q8_0, deq_q4_0, deq_q5_0, deq_q4_k, deq_q6_k, deq_mxfp4,
     ],
     dot_f32,
     prep: [
@@ -378,6 +403,7 @@ pub(crate) static KERNELS: LevelKernels = LevelKernels {
         Some((q32::prep_q8_0, q32::prep_dot)),
         Some((q32::prep_q4_0, q32::prep_dot)),
         Some((q32::prep_q5_0, q32::prep_dot)),
+        None,
         None,
         None,
     ],

@@ -251,6 +251,16 @@ unsafe fn blk_q6_k_gfni<const S: bool>(p: *const u8, x: *const f32, dst: *mut f3
     }
 }
 
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn blk_mxfp4<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+    let d = _mm512_set1_ps(super::scalar::e8m0_half(*p));
+    let (lo, hi) = super::x86_avx2::mxfp4_values(load16(p.add(1)));
+    let w0 = scaled(d, _mm512_cvtepi8_epi32(lo));
+    let w1 = scaled(d, _mm512_cvtepi8_epi32(hi));
+    emit::<S>(w0, w1, x, dst, acc);
+}
+
 macro_rules! kernels {
     ($dot:ident, $deq:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
         dot_kernel!($dot, $blk, $bb, $be, $esz, $tail);
@@ -363,6 +373,7 @@ deq_kernel!(deq_q4_0, blk_q4_0, 18, 32, 0, no_tail);
 deq_kernel!(deq_q5_0, blk_q5_0, 22, 32, 0, no_tail);
 kernels!(dot_q4_k, deq_q4_k, blk_q4_k, 144, 256, 0, no_tail);
 kernels!(dot_q6_k, deq_q6_k, blk_q6_k, 210, 256, 0, no_tail);
+kernels!(dot_mxfp4, deq_mxfp4, blk_mxfp4, 17, 32, 0, no_tail);
 
 /// f32 · f32 in this level's order (F32 rows are the same computation).
 fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
@@ -388,6 +399,7 @@ pub(crate) static KERNELS_GFNI: LevelKernels = LevelKernels {
         q32::dot_q5_0_gfni,
         dot_q4_k,
         dot_q6_k_gfni,
+        dot_mxfp4,
     ],
     prep: [
         None,
@@ -396,6 +408,7 @@ pub(crate) static KERNELS_GFNI: LevelKernels = LevelKernels {
         Some((q32::prep_q8_0, q32::prep_dot)),
         Some((q32::prep_q4_0_gfni, q32::prep_dot)),
         Some((q32::prep_q5_0_gfni, q32::prep_dot)),
+        None,
         None,
         None,
     ],
@@ -412,9 +425,10 @@ const BASE: LevelKernels = LevelKernels {
         q32::dot_q5_0,
         dot_q4_k,
         dot_q6_k,
+        dot_mxfp4,
     ],
     deq: [
-        deq_f32, deq_f16, deq_bf16, deq_q8_0, deq_q4_0, deq_q5_0, deq_q4_k, deq_q6_k,
+        deq_f32, deq_f16, deq_bf16, deq_q8_0, deq_q4_0, deq_q5_0, deq_q4_k, deq_q6_k, deq_mxfp4,
     ],
     dot_f32,
     prep: [
@@ -424,6 +438,7 @@ const BASE: LevelKernels = LevelKernels {
         Some((q32::prep_q8_0, q32::prep_dot)),
         Some((q32::prep_q4_0, q32::prep_dot)),
         Some((q32::prep_q5_0, q32::prep_dot)),
+        None,
         None,
         None,
     ],

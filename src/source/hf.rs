@@ -48,8 +48,10 @@ pub fn ggml_type(tensor: &str, file: &Path, d: Dtype) -> Result<GgmlType> {
         Dtype::F32 => GgmlType::F32,
         Dtype::F16 => GgmlType::F16,
         Dtype::BF16 => GgmlType::BF16,
+        // raw bytes (MXFP4 blocks and scales): indexed as I8, read only as bytes
+        Dtype::U8 => GgmlType::I8,
         other => bail!(
-            "{}: tensor '{tensor}' has dtype {other:?}, which Deltafin cannot read yet (supported: F32, F16, BF16)",
+            "{}: tensor '{tensor}' has dtype {other:?}, which Deltafin cannot read yet (supported: F32, F16, BF16, U8)",
             file.display()
         ),
     })

@@ -67,6 +67,17 @@ impl UnitBytes {
     pub fn buffer_bytes(&self) -> usize {
         self.buf.capacity()
     }
+
+    /// Bytes holding `bytes` as their only piece (piece 0), in an aligned buffer of their own
+    /// (for weights re-encoded after their read, e.g. repacked MXFP4 experts).
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        let mut buf = AlignedBuf::new(bytes.len());
+        buf.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
+        Self {
+            buf,
+            pieces: vec![(0, bytes.len())],
+        }
+    }
 }
 
 /// Counters shared by the reads of one model (all units, resident and streamed).

@@ -106,6 +106,18 @@ impl WeightStore {
             .map_or(0, |s| s.slot_bytes() * s.slots())
     }
 
+    /// Replaces the bytes of resident unit `id` by `f(bytes)` (a re-encoding done once at load,
+    /// e.g. Hugging Face MXFP4 repacked into the GGML block layout); the resident byte total
+    /// follows. Panics if the unit is streamed.
+    pub fn transform_resident(&mut self, id: usize, f: impl FnOnce(&UnitBytes) -> UnitBytes) {
+        let Residency::Resident(b) = &self.residency[id] else {
+            panic!("unit {id} is not resident");
+        };
+        let nb = f(b);
+        self.resident_bytes = self.resident_bytes - b.buffer_bytes() + nb.buffer_bytes();
+        self.residency[id] = Residency::Resident(nb);
+    }
+
     /// The shared I/O counters.
     pub fn stats(&self) -> &Arc<IoStats> {
         &self.stats

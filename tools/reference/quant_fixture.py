@@ -9,6 +9,8 @@ Usage:
   quant_fixture.py GGUF OUT            # small fixture (committed: src/quant/testdata/quant_fixture.bin)
   quant_fixture.py --full GGUF OUT     # one whole real tensor per type (large; not committed;
                                        # checked by the ignored test with DELTAFIN_QUANT_FULL=OUT)
+  quant_fixture.py --mxfp4 OUT         # 256 random MXFP4 blocks, one per E8M0 scale byte
+                                       # (committed: src/quant/testdata/mxfp4_fixture.bin)
 
 File format (little-endian): b"DFQF", u32 record count, then per record: u32 ggml type id,
 u32 element count, u32 byte count, the encoded bytes, then element count × f32 expected.
@@ -35,7 +37,7 @@ LAYOUT = {
 
 def record(ty, raw):
     raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
-    bb, be, _ = LAYOUT[ty]
+    bb, be, _ = LAYOUT[ty] if ty in LAYOUT else (17, 32, [])
     n = raw.size // bb * be
     exp = gguf.quants.dequantize(raw, ty).astype(np.float32).reshape(-1)
     assert exp.size == n
@@ -70,8 +72,27 @@ def real_tensors(path):
     return by_type
 
 
+def write(out, recs):
+    with open(out, "wb") as f:
+        f.write(b"DFQF" + struct.pack("<I", len(recs)))
+        for r in recs:
+            f.write(r)
+
+
+def mxfp4_main(out):
+    """One record of 256 MXFP4 blocks (17 bytes: E8M0 scale, 16 nibble bytes), the scale
+    bytes a shuffled 0..=255 (subnormal 2^-128/2^-127, normal, and 255 = 2^127 with inf
+    products), the nibbles random."""
+    rng = np.random.default_rng(20261130)
+    raw = rng.integers(0, 256, (256, 17), dtype=np.uint8)
+    raw[:, 0] = rng.permutation(256).astype(np.uint8)
+    write(out, [record(T.MXFP4, raw)])
+
+
 def main():
     args = sys.argv[1:]
+    if args and args[0] == "--mxfp4":
+        return mxfp4_main(args[1])
     full = args and args[0] == "--full"
     if full:
         args = args[1:]

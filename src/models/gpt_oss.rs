@@ -1,0 +1,758 @@
+//! GPT-OSS from Hugging Face checkpoints, as transformers 5 defines it
+//! (`models/gpt_oss/modeling_gpt_oss.py`): RMSNorm before attention and before the MoE block;
+//! grouped-query attention with biases on q/k/v/o, NeoX-style RoPE (`rotate_half` over the two
+//! halves of a head) with YaRN frequencies whose attention factor multiplies cos and sin (so
+//! both q and k), scores scaled by `head_dim^-½`, a learned sink logit per head in the softmax
+//! ([`attention_with_sinks`]), and `layer_types` alternating `sliding_attention` (window
+//! `sliding_window`) and `full_attention`; router `x Wᵣᵀ + bᵣ`, top-k then a softmax over the
+//! kept logits ([`route_topk_softmax`]); experts
+//! `gate_up = x W_gu + b_gu` with gate in the even and up in the odd outputs,
+//! `gate = min(gate, limit)`, `up = clamp(up, −limit, limit)`,
+//! `h = (up + 1) · gate · σ(α · gate)`, `out = h W_d + b_d` (`swiglu_alpha`, `swiglu_limit`);
+//! final RMSNorm and LM head.
+//!
+//! Expert storage: BF16 checkpoints stack every layer's experts input-major
+//! (`gate_up_proj [E, H, 2I]`, `down_proj [E, I, H]`); one expert's slice is computed in place
+//! with [`matmul_t`] (each stored row read once, no transposed copy, the same code for
+//! resident and streamed experts, so streaming cannot change a bit). MXFP4 checkpoints store
+//! `*_blocks [E, R, G, 16]` + `*_scales [E, R, G]` output-major; they are repacked into GGML
+//! `MXFP4` rows ([`repack_hf_mxfp4`]) once at load for resident experts and after each read
+//! for streamed ones (into one reusable buffer), then computed by the MXFP4 kernels. Each
+//! (layer, expert) is one weight unit holding its matrices and biases; spine units hold a
+//! layer's q/k/v/o and router weights.
+
+use anyhow::{bail, Context, Result};
+
+pub use super::gpt_oss_config::Config;
+
+use super::embed_head::{head_chunks, whole, Embedding, Head};
+use super::layers::{
+    add_into, attention_with_sinks, mm, norm_rope_heads, rms_norm_rows, AttnShape,
+};
+use super::loading::{mat, read_vector, slice_outer, unit_of, MatRef, Tensors};
+use super::moe::{moe_forward_with, route_topk_softmax, ExpertSource};
+use super::{LoadOptions, Logits, Model, Placement};
+use crate::engine::KvCache;
+use crate::kernels::{matmul_t, Matrix};
+use crate::quant::mxfp4::repack_hf_mxfp4;
+use crate::quant::{dequantize_row, GgmlType};
+use crate::source::hf::HfModel;
+use crate::store::plan::{choose_resident, Candidate};
+use crate::store::{DirectFile, Unit, UnitBytes, WeightStore, IO_ALIGN};
+
+/// Stream buffers used when any weight is streamed.
+const STREAM_SLOTS: usize = 2;
+
+/// A layer's spine matrices inside its unit.
+struct LayerMats {
+    q: MatRef,
+    k: MatRef,
+    v: MatRef,
+    o: MatRef,
+    router: MatRef,
+}
+
+/// A layer's small vectors, resident as f32.
+struct LayerVecs {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    q_bias: Vec<f32>,
+    k_bias: Vec<f32>,
+    v_bias: Vec<f32>,
+    o_bias: Vec<f32>,
+    router_bias: Vec<f32>,
+    /// One sink logit per query head.
+    sinks: Vec<f32>,
+}
+
+/// Where one expert's tensors lie in its unit as read.
+#[derive(Clone, Copy, Debug)]
+enum ExpertRef {
+    /// Float experts, input-major: `gate_up` (`H` rows × `2I`), `down` (`I` rows × `H`).
+    Float {
+        gate_up: MatRef,
+        down: MatRef,
+        gate_up_bias: MatRef,
+        down_bias: MatRef,
+    },
+    /// MXFP4 blocks and scales as Hugging Face stores them (byte spans in the unit), to be
+    /// repacked into [`Packed`] layout.
+    Mxfp4 {
+        gate_up_blocks: MatRef,
+        gate_up_scales: MatRef,
+        down_blocks: MatRef,
+        down_scales: MatRef,
+        gate_up_bias: MatRef,
+        down_bias: MatRef,
+    },
+}
+
+/// The layout of a repacked MXFP4 expert (one piece): `gate_up` MXFP4 rows (`2I × H`), `down`
+/// MXFP4 rows (`H × I`), then the two biases in their stored encoding.
+#[derive(Clone, Copy, Debug)]
+struct Packed {
+    gate_up: usize,
+    down: usize,
+    gate_up_bias: usize,
+    down_bias: usize,
+    bias_ty: GgmlType,
+}
+
+impl Packed {
+    fn total(&self) -> usize {
+        self.gate_up + self.down + self.gate_up_bias + self.down_bias
+    }
+}
+
+/// One expert's weights, ready to compute.
+pub struct OssExpertView<'a> {
+    /// `2I` outputs from `H` inputs: input-major (`H` rows) when `transposed`, else
+    /// output-major (`2I` rows).
+    gate_up: Matrix<'a>,
+    /// `H` outputs from `I` inputs, oriented as `gate_up`.
+    down: Matrix<'a>,
+    transposed: bool,
+    /// `2I` values.
+    gate_up_bias: Matrix<'a>,
+    /// `H` values.
+    down_bias: Matrix<'a>,
+}
+
+/// The experts of every layer: `units[layer][id] = (unit, where its tensors are)`.
+struct ExpertTable {
+    units: Vec<Vec<(usize, ExpertRef)>>,
+    /// Set for MXFP4 experts.
+    packed: Option<Packed>,
+    hidden: usize,
+    ff: usize,
+}
+
+/// An [`ExpertSource`] over the expert table, the store and the repack buffer of streamed
+/// MXFP4 experts.
+struct OssExperts<'a> {
+    table: &'a ExpertTable,
+    store: &'a mut WeightStore,
+    scratch: &'a mut Vec<u8>,
+}
+
+/// The view of a repacked MXFP4 expert in `b`.
+fn packed_view<'a>(b: &'a [u8], p: &Packed, h: usize, ff: usize) -> OssExpertView<'a> {
+    let (a, rest) = b.split_at(p.gate_up);
+    let (d, rest) = rest.split_at(p.down);
+    let (gb, rest) = rest.split_at(p.gate_up_bias);
+    let db = &rest[..p.down_bias];
+    let m = |ty, rows, cols, data| Matrix {
+        ty,
+        rows,
+        cols,
+        data,
+    };
+    OssExpertView {
+        gate_up: m(GgmlType::MXFP4, 2 * ff, h, a),
+        down: m(GgmlType::MXFP4, h, ff, d),
+        transposed: false,
+        gate_up_bias: m(p.bias_ty, 1, 2 * ff, gb),
+        down_bias: m(p.bias_ty, 1, h, db),
+    }
+}
+
+/// Repacks the MXFP4 expert `r` read into `u` into `out` (resized to `p.total()`).
+fn repack_expert(u: &UnitBytes, r: &ExpertRef, p: &Packed, out: &mut Vec<u8>) {
+    let ExpertRef::Mxfp4 {
+        gate_up_blocks,
+        gate_up_scales,
+        down_blocks,
+        down_scales,
+        gate_up_bias,
+        down_bias,
+    } = r
+    else {
+        unreachable!("repack of a float expert")
+    };
+    out.resize(p.total(), 0);
+    let span = |m: &MatRef| &u.piece(m.piece)[m.offset..m.offset + m.bytes];
+    let (a, rest) = out.split_at_mut(p.gate_up);
+    let (d, rest) = rest.split_at_mut(p.down);
+    let (gb, db) = rest.split_at_mut(p.gate_up_bias);
+    repack_hf_mxfp4(span(gate_up_blocks), span(gate_up_scales), a);
+    repack_hf_mxfp4(span(down_blocks), span(down_scales), d);
+    gb.copy_from_slice(span(gate_up_bias));
+    db.copy_from_slice(span(down_bias));
+}
+
+impl ExpertSource for OssExperts<'_> {
+    type View<'a> = OssExpertView<'a>;
+
+    fn plan_experts(&mut self, layer: usize, ids: &[usize]) {
+        let l = &self.table.units[layer];
+        self.store.plan(ids.iter().map(|&e| l[e].0));
+    }
+
+    fn with_expert<R>(
+        &mut self,
+        layer: usize,
+        id: usize,
+        f: impl FnOnce(&OssExpertView<'_>) -> R,
+    ) -> std::io::Result<R> {
+        let (unit, r) = self.table.units[layer][id];
+        let (h, ff) = (self.table.hidden, self.table.ff);
+        let resident = self.store.is_resident(unit);
+        let scratch = &mut *self.scratch;
+        let packed = self.table.packed;
+        self.store.with_unit(unit, |u| match (&r, packed) {
+            (
+                ExpertRef::Float {
+                    gate_up,
+                    down,
+                    gate_up_bias,
+                    down_bias,
+                },
+                _,
+            ) => f(&OssExpertView {
+                gate_up: gate_up.view(u),
+                down: down.view(u),
+                transposed: true,
+                gate_up_bias: gate_up_bias.view(u),
+                down_bias: down_bias.view(u),
+            }),
+            // resident MXFP4 experts were repacked at load
+            (ExpertRef::Mxfp4 { .. }, Some(p)) if resident => {
+                f(&packed_view(u.piece(0), &p, h, ff))
+            }
+            (ExpertRef::Mxfp4 { .. }, Some(p)) => {
+                repack_expert(u, &r, &p, scratch);
+                f(&packed_view(scratch, &p, h, ff))
+            }
+            (ExpertRef::Mxfp4 { .. }, None) => unreachable!("MXFP4 expert without a layout"),
+        })
+    }
+}
+
+/// Adds the bias `b` to every `b.len()`-wide row of `y`.
+fn add_bias(y: &mut [f32], b: &[f32]) {
+    for r in y.chunks_exact_mut(b.len()) {
+        add_into(r, b);
+    }
+}
+
+/// One GPT-OSS expert over `m` gathered rows `x` (`m × H`) into `y` (`m × H`).
+fn expert_ffn(w: &OssExpertView, alpha: f32, limit: f32, x: &[f32], m: usize, y: &mut [f32]) {
+    let proj = |mat: &Matrix, x: &[f32], out: &mut [f32]| {
+        if w.transposed {
+            matmul_t(mat, x, m, out)
+        } else {
+            mm(mat, x, m, out)
+        }
+    };
+    let bias = |b: &Matrix| {
+        let mut v = vec![0f32; b.cols];
+        dequantize_row(b.ty, b.data, &mut v);
+        v
+    };
+    let (gu_b, d_b) = (bias(&w.gate_up_bias), bias(&w.down_bias));
+    let (ff2, h) = (gu_b.len(), d_b.len());
+    let mut gu = vec![0f32; m * ff2];
+    proj(&w.gate_up, x, &mut gu);
+    add_bias(&mut gu, &gu_b);
+    let act: Vec<f32> = gu
+        .chunks_exact(2)
+        .map(|p| {
+            let g = p[0].min(limit);
+            let u = p[1].clamp(-limit, limit);
+            (u + 1.0) * (g / (1.0 + (-(g * alpha)).exp()))
+        })
+        .collect();
+    proj(&w.down, &act, &mut y[..m * h]);
+    add_bias(y, &d_b);
+}
+
+/// A loaded GPT-OSS model.
+pub struct GptOss {
+    pub config: Config,
+    layers: Vec<(usize, LayerMats)>,
+    vecs: Vec<LayerVecs>,
+    experts: ExpertTable,
+    final_norm: Vec<f32>,
+    embedding: Embedding,
+    head: Head,
+    inv_freq: Vec<f32>,
+    attn_factor: f32,
+    placement: Placement,
+    /// Repack buffer of streamed MXFP4 experts (reused, sized for one expert).
+    scratch: std::sync::Mutex<Vec<u8>>,
+}
+
+impl GptOss {
+    /// Loads a `gpt_oss` checkpoint folder (BF16/F16/F32 experts, or MXFP4 experts when
+    /// `quantization_config.quant_method` is `mxfp4`) under `opts`: checks every tensor's
+    /// presence, shape and dtype, plans residency under the RAM budget (LM head, embeddings,
+    /// spine layers, then experts, greedily), reads the resident units (repacking resident
+    /// MXFP4 experts) and starts the streamer.
+    ///
+    /// Errors: config errors ([`Config::from_json`]), a missing or mis-shaped tensor (named
+    /// with the folder), a hidden or intermediate size not a multiple of 32 for MXFP4, a
+    /// budget too small for KV cache, activations and stream buffers, an unreadable file.
+    pub fn load(hf: &HfModel, opts: &LoadOptions) -> Result<(Self, WeightStore)> {
+        let label = hf.dir.display().to_string();
+        let c = Config::from_json(&hf.config, &hf.config_path().display().to_string())?;
+        let ts = Tensors::from_list(label.clone(), &hf.tensors);
+        let (d, ff, qd, kvd) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim());
+        let (ne, nh) = (c.num_local_experts, c.num_attention_heads);
+        if c.mxfp4() && !(d.is_multiple_of(32) && ff.is_multiple_of(32)) {
+            bail!("{label}: MXFP4 experts need hidden_size and intermediate_size divisible by 32 (got {d}, {ff})");
+        }
+        let embd = ts.get("model.embed_tokens.weight", &[d, c.vocab_size])?;
+        let head_t = if c.tie_word_embeddings {
+            embd
+        } else {
+            ts.get("lm_head.weight", &[d, c.vocab_size])?
+        };
+        let files: Vec<DirectFile> = hf
+            .files
+            .iter()
+            .map(|p| {
+                DirectFile::open(p, opts.direct_io)
+                    .with_context(|| format!("opening {}", p.display()))
+            })
+            .collect::<Result<_>>()?;
+        let vec_of =
+            |name: &str, n: usize| -> Result<Vec<f32>> { read_vector(&files, ts.get(name, &[n])?) };
+        let final_norm = vec_of("model.norm.weight", d)?;
+
+        let mut units: Vec<Unit> = Vec::new();
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut vecs = Vec::with_capacity(c.num_hidden_layers);
+        let mut table = ExpertTable {
+            units: Vec::new(),
+            packed: None,
+            hidden: d,
+            ff,
+        };
+        let mut expert_units = Vec::new();
+        for l in 0..c.num_hidden_layers {
+            let n = |s: &str| format!("model.layers.{l}.{s}");
+            let list = [
+                ts.get(&n("self_attn.q_proj.weight"), &[d, qd])?,
+                ts.get(&n("self_attn.k_proj.weight"), &[d, kvd])?,
+                ts.get(&n("self_attn.v_proj.weight"), &[d, kvd])?,
+                ts.get(&n("self_attn.o_proj.weight"), &[qd, d])?,
+                ts.get(&n("mlp.router.weight"), &[d, ne])?,
+            ];
+            let (unit, place) = unit_of(&list);
+            let m: Vec<MatRef> = list.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
+            layers.push((
+                units.len(),
+                LayerMats {
+                    q: m[0],
+                    k: m[1],
+                    v: m[2],
+                    o: m[3],
+                    router: m[4],
+                },
+            ));
+            units.push(unit);
+            vecs.push(LayerVecs {
+                input_norm: vec_of(&n("input_layernorm.weight"), d)?,
+                post_norm: vec_of(&n("post_attention_layernorm.weight"), d)?,
+                q_bias: vec_of(&n("self_attn.q_proj.bias"), qd)?,
+                k_bias: vec_of(&n("self_attn.k_proj.bias"), kvd)?,
+                v_bias: vec_of(&n("self_attn.v_proj.bias"), kvd)?,
+                o_bias: vec_of(&n("self_attn.o_proj.bias"), d)?,
+                router_bias: vec_of(&n("mlp.router.bias"), ne)?,
+                sinks: vec_of(&n("self_attn.sinks"), nh)?,
+            });
+            let x = |s: &str| format!("model.layers.{l}.mlp.experts.{s}");
+            let gub = ts.get(&x("gate_up_proj_bias"), &[2 * ff, ne])?;
+            let db = ts.get(&x("down_proj_bias"), &[d, ne])?;
+            let mut le = Vec::with_capacity(ne);
+            if c.mxfp4() {
+                let (gd, gf) = (d / 32, ff / 32);
+                let i8 = GgmlType::I8;
+                let gb = ts.get_raw(&x("gate_up_proj_blocks"), &[16, gd, 2 * ff, ne], i8)?;
+                let gs = ts.get_raw(&x("gate_up_proj_scales"), &[gd, 2 * ff, ne], i8)?;
+                let dbk = ts.get_raw(&x("down_proj_blocks"), &[16, gf, d, ne], i8)?;
+                let ds = ts.get_raw(&x("down_proj_scales"), &[gf, d, ne], i8)?;
+                if gub.ty != db.ty {
+                    bail!(
+                        "{label}: '{}' and '{}' have different types",
+                        gub.name,
+                        db.name
+                    );
+                }
+                table.packed = Some(Packed {
+                    gate_up: 2 * ff * gd * 17,
+                    down: d * gf * 17,
+                    gate_up_bias: (gub.n_bytes / ne as u64) as usize,
+                    down_bias: (db.n_bytes / ne as u64) as usize,
+                    bias_ty: gub.ty,
+                });
+                for e in 0..ne {
+                    let list = [gb, gs, dbk, ds, gub, db].map(|t| slice_outer(t, e, ne));
+                    let refs: Vec<&_> = list.iter().collect();
+                    let (unit, place) = unit_of(&refs);
+                    let m: Vec<MatRef> = refs.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
+                    le.push((
+                        expert_units.len(),
+                        ExpertRef::Mxfp4 {
+                            gate_up_blocks: m[0],
+                            gate_up_scales: m[1],
+                            down_blocks: m[2],
+                            down_scales: m[3],
+                            gate_up_bias: m[4],
+                            down_bias: m[5],
+                        },
+                    ));
+                    expert_units.push(unit);
+                }
+            } else {
+                let gu = ts.get(&x("gate_up_proj"), &[2 * ff, d, ne])?;
+                let dn = ts.get(&x("down_proj"), &[d, ff, ne])?;
+                for e in 0..ne {
+                    let list = [gu, dn, gub, db].map(|t| slice_outer(t, e, ne));
+                    let refs: Vec<&_> = list.iter().collect();
+                    let (unit, place) = unit_of(&refs);
+                    let m: Vec<MatRef> = refs.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
+                    le.push((
+                        expert_units.len(),
+                        ExpertRef::Float {
+                            gate_up: m[0],
+                            down: m[1],
+                            gate_up_bias: m[2],
+                            down_bias: m[3],
+                        },
+                    ));
+                    expert_units.push(unit);
+                }
+            }
+            table.units.push(le);
+        }
+        // experts' unit ids follow the spine units
+        let n_spine = units.len();
+        for le in &mut table.units {
+            le.iter_mut().for_each(|(u, _)| *u += n_spine);
+        }
+        units.extend(expert_units);
+        let n_weight_units = units.len();
+        let unit_max = units.iter().map(|u| u.buffer_bytes()).max().unwrap_or(0);
+
+        // --- budget -------------------------------------------------------------------------
+        let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
+        let kv_bytes = KvCache::bytes_for(c.num_hidden_layers, n_ctx, kvd);
+        let nb = opts.n_batch.max(1);
+        let per_tok = 4 * d + 2 * qd + 2 * kvd + 3 * ff + ne;
+        let repack_bytes = table.packed.map_or(0, |p| p.total());
+        let scratch_bytes =
+            4 * (nb * per_tok + c.vocab_size + rayon::current_num_threads() * n_ctx) + repack_bytes;
+        let vec_bytes = 4 * (c.num_hidden_layers * (2 * d + qd + 2 * kvd + d + ne + nh) + d);
+        let head_unit = unit_of(&[head_t]).0;
+        let embd_unit = unit_of(&[embd]).0;
+        let mut cands = vec![Candidate {
+            name: "LM head".into(),
+            bytes: head_unit.buffer_bytes(),
+        }];
+        if !c.tie_word_embeddings {
+            cands.push(Candidate {
+                name: "embeddings".into(),
+                bytes: embd_unit.buffer_bytes(),
+            });
+        }
+        let n_head_cands = cands.len();
+        for (i, u) in units.iter().enumerate() {
+            cands.push(Candidate {
+                name: format!("unit {i}"),
+                bytes: u.buffer_bytes(),
+            });
+        }
+        let total: usize = cands.iter().map(|c| c.bytes).sum();
+        let fixed = kv_bytes + scratch_bytes + vec_bytes;
+        let slot = unit_max.max(IO_ALIGN * 4);
+        let (flags, stream_buf) = match opts.ram_budget {
+            Some(b) if fixed + total > b as usize => {
+                let b = b as usize;
+                let stream_buf = STREAM_SLOTS * slot;
+                if fixed + stream_buf > b {
+                    bail!(
+                        "--ram-budget {b} is too small: the KV cache for {n_ctx} tokens ({:.1} MiB), activations ({:.1} MiB) and stream buffers ({:.1} MiB) need at least {:.1} MiB",
+                        kv_bytes as f64 / 1048576.0,
+                        (scratch_bytes + vec_bytes) as f64 / 1048576.0,
+                        stream_buf as f64 / 1048576.0,
+                        (fixed + stream_buf) as f64 / 1048576.0
+                    );
+                }
+                (
+                    choose_resident(&cands, b - fixed - stream_buf).0,
+                    stream_buf,
+                )
+            }
+            _ => (vec![true; cands.len()], 0),
+        };
+        let head_resident = flags[0];
+        let embd_resident = if c.tie_word_embeddings {
+            head_resident
+        } else {
+            flags[1]
+        };
+        let mut resident: Vec<bool> = flags[n_head_cands..].to_vec();
+        let head = if head_resident {
+            units.push(head_unit);
+            resident.push(true);
+            Head::Resident {
+                unit: units.len() - 1,
+                mat: whole(head_t),
+            }
+        } else {
+            let mut chunks = Vec::new();
+            for (u, r0, m) in head_chunks(head_t, slot) {
+                units.push(u);
+                resident.push(false);
+                chunks.push((units.len() - 1, r0, m));
+            }
+            Head::Chunks(chunks)
+        };
+        let embedding = match (&head, embd_resident, c.tie_word_embeddings) {
+            (Head::Resident { unit, mat }, true, true) => Embedding::Resident {
+                unit: *unit,
+                mat: *mat,
+            },
+            (_, true, _) => {
+                units.push(embd_unit);
+                resident.push(true);
+                Embedding::Resident {
+                    unit: units.len() - 1,
+                    mat: whole(embd),
+                }
+            }
+            (_, false, _) => Embedding::Streamed(embd.clone()),
+        };
+        let streamed_bytes: usize = units
+            .iter()
+            .zip(&resident)
+            .filter(|(_, r)| !**r)
+            .map(|(u, _)| u.payload_bytes())
+            .sum();
+        let res_spine = resident[..n_spine].iter().filter(|r| **r).count();
+        let res_experts = resident[n_spine..n_weight_units]
+            .iter()
+            .filter(|r| **r)
+            .count();
+        let mut store = WeightStore::open(
+            &hf.files,
+            units,
+            &resident,
+            STREAM_SLOTS,
+            stream_buf / STREAM_SLOTS,
+            opts.direct_io,
+        )?;
+        // resident MXFP4 experts: repack once, keep only the GGML layout
+        if let Some(p) = table.packed {
+            let mut buf = Vec::new();
+            for le in &table.units {
+                for (u, r) in le {
+                    if store.is_resident(*u) {
+                        store.transform_resident(*u, |b| {
+                            repack_expert(b, r, &p, &mut buf);
+                            UnitBytes::from_bytes(&buf)
+                        });
+                    }
+                }
+            }
+        }
+        let placement = Placement {
+            resident_bytes: store.resident_bytes(),
+            streamed_bytes,
+            stream_buffer_bytes: store.stream_buffer_bytes(),
+            kv_bytes,
+            scratch_bytes: scratch_bytes + vec_bytes,
+            summary: format!(
+                "{res_spine}/{} layers and {res_experts}/{} experts resident{}, LM head {}",
+                c.num_hidden_layers,
+                n_weight_units - n_spine,
+                if c.mxfp4() { " (MXFP4)" } else { "" },
+                if head_resident {
+                    "resident"
+                } else {
+                    "streamed"
+                },
+            ),
+        };
+        let (inv_freq, attn_factor) = c.rope();
+        Ok((
+            Self {
+                inv_freq,
+                attn_factor,
+                config: c,
+                layers,
+                vecs,
+                experts: table,
+                final_norm,
+                embedding,
+                head,
+                placement,
+                scratch: std::sync::Mutex::new(Vec::with_capacity(repack_bytes)),
+            },
+            store,
+        ))
+    }
+
+    /// Queues what comes after layer `l`: the next spine unit, or the LM head chunks.
+    fn plan_after(&self, store: &mut WeightStore, l: usize) {
+        match self.layers.get(l + 1) {
+            Some((u, _)) => store.plan([*u]),
+            None => self.head.plan(store),
+        }
+    }
+
+    /// Attention (with its residual) and the router of layer `l` over the spine unit's bytes
+    /// `u`: writes the post-attention normed rows to `xn` and the router logits
+    /// (`n × n_experts`, bias added) to `router`.
+    #[allow(clippy::too_many_arguments)]
+    fn spine(
+        &self,
+        l: usize,
+        w: &LayerMats,
+        u: &UnitBytes,
+        cache: &mut KvCache,
+        pos0: usize,
+        x: &mut [f32],
+        xn: &mut [f32],
+        router: &mut Vec<f32>,
+    ) {
+        let c = &self.config;
+        let (d, hd, qd, kvd) = (c.hidden_size, c.head_dim(), c.q_dim(), c.kv_dim());
+        let n = x.len() / d;
+        let v_ = &self.vecs[l];
+        let eps = c.rms_norm_eps as f32;
+        rms_norm_rows(x, &v_.input_norm, eps, xn);
+        let mut q = vec![0f32; n * qd];
+        let mut k = vec![0f32; n * kvd];
+        let mut v = vec![0f32; n * kvd];
+        mm(&w.q.view(u), xn, n, &mut q);
+        mm(&w.k.view(u), xn, n, &mut k);
+        mm(&w.v.view(u), xn, n, &mut v);
+        add_bias(&mut q, &v_.q_bias);
+        add_bias(&mut k, &v_.k_bias);
+        add_bias(&mut v, &v_.v_bias);
+        // the YaRN attention factor multiplies cos and sin, so q and k each once
+        let af = self.attn_factor;
+        let scale = af / (hd as f32).sqrt();
+        norm_rope_heads(&mut q, n, hd, None, eps, pos0, &self.inv_freq, scale);
+        norm_rope_heads(&mut k, n, hd, None, eps, pos0, &self.inv_freq, af);
+        cache.k[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&k);
+        cache.v[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&v);
+        let shape = AttnShape {
+            n_heads: c.num_attention_heads,
+            n_kv_heads: c.num_key_value_heads,
+            head_dim: hd,
+            window: c.window(l),
+            softcap: None,
+        };
+        let mut att = vec![0f32; n * qd];
+        attention_with_sinks(
+            &shape,
+            &q,
+            &cache.k[l],
+            &cache.v[l],
+            pos0,
+            Some(&v_.sinks),
+            &mut att,
+        );
+        let mut o = vec![0f32; n * d];
+        mm(&w.o.view(u), &att, n, &mut o);
+        add_bias(&mut o, &v_.o_bias);
+        add_into(x, &o);
+        rms_norm_rows(x, &v_.post_norm, eps, xn);
+        router.resize(n * w.router.rows, 0.0);
+        mm(&w.router.view(u), xn, n, router);
+        add_bias(router, &v_.router_bias);
+    }
+
+    fn forward_planned(
+        &self,
+        store: &mut WeightStore,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let (n, d, vocab) = (tokens.len(), c.hidden_size, c.vocab_size);
+        let pos0 = cache.len;
+        let mut x = vec![0f32; n * d];
+        self.embedding.rows(store, tokens, d, &mut x)?;
+        let mut xn = vec![0f32; n * d];
+        let mut router = Vec::new();
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (alpha, limit) = (c.swiglu_alpha as f32, c.swiglu_limit as f32);
+        for (l, (unit, w)) in self.layers.iter().enumerate() {
+            store.with_unit(*unit, |u| {
+                self.spine(l, w, u, cache, pos0, &mut x, &mut xn, &mut router)
+            })?;
+            let routes: Vec<Vec<(usize, f32)>> = router
+                .chunks_exact(c.num_local_experts)
+                .map(|r| route_topk_softmax(r, c.num_experts_per_tok))
+                .collect();
+            let mut out = vec![0f32; n * d];
+            let mut src = OssExperts {
+                table: &self.experts,
+                store,
+                scratch: &mut scratch,
+            };
+            moe_forward_with(
+                &mut src,
+                l,
+                &routes,
+                &xn,
+                d,
+                &mut out,
+                |s| self.plan_after(s.store, l),
+                |w, xg, m, y| expert_ffn(w, alpha, limit, xg, m, y),
+            )?;
+            add_into(&mut x, &out);
+        }
+        Ok(self.head.final_logits(
+            store,
+            &x,
+            &self.final_norm,
+            c.rms_norm_eps as f32,
+            logits,
+            vocab,
+        )?)
+    }
+}
+
+impl Model for GptOss {
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn context_length(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    fn new_cache(&self, n_ctx: usize) -> KvCache {
+        KvCache::new(
+            self.config.num_hidden_layers,
+            n_ctx.min(self.config.max_position_embeddings),
+            self.config.kv_dim(),
+        )
+    }
+
+    fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    fn forward(
+        &self,
+        store: &mut WeightStore,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let n = tokens.len();
+        super::check_forward(tokens, cache, c.vocab_size)?;
+        self.embedding.plan(store, tokens, c.hidden_size);
+        store.plan([self.layers[0].0]);
+        let r = self.forward_planned(store, cache, tokens, logits);
+        super::finish_pass(store, cache, n, r)
+    }
+}

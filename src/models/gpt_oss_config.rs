@@ -1,0 +1,401 @@
+//! The `config.json` of GPT-OSS checkpoints (`model_type: gpt_oss`), field names as in
+//! Hugging Face `GptOssConfig` (`models/gpt_oss/configuration_gpt_oss.py`), in both dialects:
+//! published (`rope_theta` + `rope_scaling`) and transformers 5 (`rope_parameters`).
+//! Also the YaRN RoPE frequencies and attention factor (`modeling_rope_utils.py`,
+//! `_compute_yarn_parameters`; Peng et al. 2023, "YaRN").
+
+use anyhow::{anyhow, bail, Result};
+use serde::Deserialize;
+
+/// Fields of `config.json` that the forward pass uses; defaults are transformers'.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct Config {
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    /// Width of one expert (`gate_up_proj` has `2 × intermediate_size` outputs).
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    /// Default: `hidden_size / num_attention_heads`.
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    #[serde(default)]
+    pub rope_scaling: Option<serde_json::Value>,
+    #[serde(default)]
+    pub rope_parameters: Option<serde_json::Value>,
+    #[serde(default = "default_max_pos")]
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// Biases on q/k/v/o (transformers' default for gpt_oss: true).
+    #[serde(default = "yes")]
+    pub attention_bias: bool,
+    /// Attention window of `sliding_attention` layers, in tokens (the current one included).
+    #[serde(default = "default_window")]
+    pub sliding_window: usize,
+    /// Per layer: `sliding_attention` or `full_attention`. Default: alternating, starting
+    /// with `sliding_attention` (transformers' `GptOssConfig`).
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
+    pub num_local_experts: usize,
+    pub num_experts_per_tok: usize,
+    #[serde(default = "default_alpha")]
+    pub swiglu_alpha: f64,
+    #[serde(default = "default_limit")]
+    pub swiglu_limit: f64,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    /// `{"quant_method": "mxfp4", ...}` for MXFP4 experts.
+    #[serde(default)]
+    pub quantization_config: Option<serde_json::Value>,
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_max_pos() -> usize {
+    131072
+}
+fn yes() -> bool {
+    true
+}
+fn default_window() -> usize {
+    128
+}
+fn default_alpha() -> f64 {
+    1.702
+}
+fn default_limit() -> f64 {
+    7.0
+}
+fn default_act() -> String {
+    "silu".into()
+}
+
+/// Dimension limits checked at load (a hostile config must not make us allocate terabytes).
+const DIM_MAX: usize = 1 << 20;
+
+/// YaRN parameters (`rope_type: yarn`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f64,
+    pub original_max_position_embeddings: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub truncate: bool,
+    /// `attention_factor` if given, else from `factor` (and `mscale`, `mscale_all_dim`).
+    pub attention_factor: f64,
+}
+
+impl Config {
+    /// Parses and checks `config.json` (`label` names the file in errors).
+    ///
+    /// Errors: a missing or mistyped field (named), zero or absurd dimensions, heads not a
+    /// multiple of KV heads, odd `head_dim`, `layer_types` of the wrong length or with an
+    /// unknown entry, a zero `sliding_window`, a RoPE type other than `default` or `yarn`
+    /// (or `yarn` without numeric `factor` / `original_max_position_embeddings`), an
+    /// activation other than `silu`, `attention_bias = false`, expert count or top-k out of
+    /// range, a `quant_method` other than `mxfp4`.
+    pub fn from_json(v: &serde_json::Value, label: &str) -> Result<Self> {
+        let c: Config = serde_json::from_value(v.clone()).map_err(|e| anyhow!("{label}: {e}"))?;
+        let dims = [
+            ("vocab_size", c.vocab_size),
+            ("hidden_size", c.hidden_size),
+            ("intermediate_size", c.intermediate_size),
+            ("num_hidden_layers", c.num_hidden_layers),
+            ("num_attention_heads", c.num_attention_heads),
+            ("num_key_value_heads", c.num_key_value_heads),
+            ("head_dim", c.head_dim()),
+            ("sliding_window", c.sliding_window),
+        ];
+        for (k, d) in dims {
+            if d == 0 || d > DIM_MAX {
+                bail!("{label}: '{k}' = {d} is outside 1..={DIM_MAX}");
+            }
+        }
+        if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
+            bail!(
+                "{label}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                c.num_attention_heads,
+                c.num_key_value_heads
+            );
+        }
+        if !c.head_dim().is_multiple_of(2) {
+            bail!("{label}: head_dim {} must be even for RoPE", c.head_dim());
+        }
+        if let Some(lt) = &c.layer_types {
+            if lt.len() != c.num_hidden_layers {
+                bail!(
+                    "{label}: 'layer_types' has {} entries for {} layers",
+                    lt.len(),
+                    c.num_hidden_layers
+                );
+            }
+            if let Some(bad) = lt
+                .iter()
+                .find(|t| *t != "sliding_attention" && *t != "full_attention")
+            {
+                bail!("{label}: 'layer_types' entry '{bad}' is not sliding_attention or full_attention");
+            }
+        }
+        let e = c.num_local_experts;
+        let k = c.num_experts_per_tok;
+        if e == 0 || e > 1 << 16 || k == 0 || k > e {
+            bail!("{label}: num_local_experts must be in 1..=65536 and num_experts_per_tok in 1..=num_local_experts (got {e}, {k})");
+        }
+        if c.hidden_act != "silu" {
+            bail!(
+                "{label}: hidden_act '{}' is not supported (only silu)",
+                c.hidden_act
+            );
+        }
+        if !c.attention_bias {
+            bail!("{label}: attention_bias = false is not supported (gpt_oss has biases)");
+        }
+        if !(c.swiglu_limit > 0.0 && c.swiglu_alpha.is_finite()) {
+            bail!(
+                "{label}: swiglu_limit {} / swiglu_alpha {} out of range",
+                c.swiglu_limit,
+                c.swiglu_alpha
+            );
+        }
+        match c.rope_type().as_str() {
+            "default" => {}
+            "yarn" => {
+                let y = c.yarn().ok_or_else(|| {
+                    anyhow!("{label}: yarn RoPE needs numeric factor and original_max_position_embeddings")
+                })?;
+                if !(y.factor >= 1.0 && y.original_max_position_embeddings > 0.0) {
+                    bail!(
+                        "{label}: yarn RoPE parameters out of range (factor {}, original_max_position_embeddings {})",
+                        y.factor,
+                        y.original_max_position_embeddings
+                    );
+                }
+            }
+            rt => bail!("{label}: rope type '{rt}' is not supported (only default, yarn)"),
+        }
+        if let Some(q) = &c.quantization_config {
+            let m = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
+            if m != "mxfp4" {
+                bail!(
+                    "{label}: quantization_config.quant_method '{m}' is not supported (only mxfp4)"
+                );
+            }
+        }
+        Ok(c)
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.num_attention_heads * self.head_dim()
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.num_key_value_heads * self.head_dim()
+    }
+
+    /// Whether the experts are stored as MXFP4 (`quantization_config.quant_method`).
+    pub fn mxfp4(&self) -> bool {
+        self.quantization_config.is_some()
+    }
+
+    /// Attention window of layer `l`: `Some(sliding_window)` for `sliding_attention` layers,
+    /// `None` for full attention.
+    pub fn window(&self, l: usize) -> Option<usize> {
+        let sliding = match &self.layer_types {
+            Some(lt) => lt[l] == "sliding_attention",
+            None => l.is_multiple_of(2),
+        };
+        sliding.then_some(self.sliding_window)
+    }
+
+    /// The RoPE parameters object: `rope_parameters`, else `rope_scaling`.
+    fn rope_object(&self) -> Option<&serde_json::Map<String, serde_json::Value>> {
+        self.rope_parameters
+            .as_ref()
+            .and_then(|v| v.as_object())
+            .or_else(|| self.rope_scaling.as_ref().and_then(|v| v.as_object()))
+    }
+
+    /// RoPE type: `rope_type` (or `type`) of the RoPE parameters object, else `default`.
+    pub fn rope_type(&self) -> String {
+        self.rope_object()
+            .and_then(|o| o.get("rope_type").or_else(|| o.get("type")))
+            .and_then(|t| t.as_str())
+            .unwrap_or("default")
+            .to_string()
+    }
+
+    /// RoPE base: `rope_parameters.rope_theta`, else `rope_theta`, else 150000 (GPT-OSS).
+    pub fn rope_base(&self) -> f64 {
+        self.rope_parameters
+            .as_ref()
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(|v| v.as_f64())
+            .or(self.rope_theta)
+            .unwrap_or(150_000.0)
+    }
+
+    /// The YaRN parameters, if `factor` and `original_max_position_embeddings` are numbers;
+    /// `beta_fast` 32 and `beta_slow` 1 when absent (or 0), `truncate` true when absent, and
+    /// the attention factor `attention_factor` if given, else
+    /// `mscale(factor, mscale) / mscale(factor, mscale_all_dim)` when both are given, else
+    /// `mscale(factor)`, with `mscale(s, m) = 0.1 m ln s + 1` (1 for `s ≤ 1`).
+    pub fn yarn(&self) -> Option<Yarn> {
+        let o = self.rope_object()?;
+        let g = |k: &str| o.get(k).and_then(|v| v.as_f64());
+        let factor = g("factor")?;
+        let mscale = |s: f64, m: f64| {
+            if s <= 1.0 {
+                1.0
+            } else {
+                0.1 * m * s.ln() + 1.0
+            }
+        };
+        let attention_factor = match (g("attention_factor"), g("mscale"), g("mscale_all_dim")) {
+            (Some(a), _, _) => a,
+            (None, Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => {
+                mscale(factor, m) / mscale(factor, ma)
+            }
+            _ => mscale(factor, 1.0),
+        };
+        let nonzero = |k: &str, d: f64| g(k).filter(|&v| v != 0.0).unwrap_or(d);
+        Some(Yarn {
+            factor,
+            original_max_position_embeddings: g("original_max_position_embeddings")?,
+            beta_fast: nonzero("beta_fast", 32.0),
+            beta_slow: nonzero("beta_slow", 1.0),
+            truncate: o.get("truncate").and_then(|v| v.as_bool()).unwrap_or(true),
+            attention_factor,
+        })
+    }
+
+    /// RoPE inverse frequencies (`head_dim / 2`, radians per token) and the factor applied to
+    /// cos and sin (so to both q and k). `default`: `base^(-2i/d)`, factor 1. `yarn`: with
+    /// `f_e = base^(-2i/d)` (extrapolation) and `f_i = f_e / factor` (interpolation),
+    /// `inv_freq = f_i (1 − r_i) + f_e r_i` where `r_i = 1 − clamp((i − low) / (high − low), 0, 1)`,
+    /// `low`/`high` the dimensions where `beta_fast`/`beta_slow` rotations fit the original
+    /// context: `d ln(L / (2π β)) / (2 ln base)`, floored/ceiled when `truncate`, clamped to
+    /// `[0, d − 1]` (transformers' `_compute_yarn_parameters`). Computed in f64.
+    pub fn rope(&self) -> (Vec<f32>, f32) {
+        let d = self.head_dim();
+        let base = self.rope_base();
+        let fe: Vec<f64> = (0..d / 2)
+            .map(|i| 1.0 / base.powf((2 * i) as f64 / d as f64))
+            .collect();
+        let Some(y) = self.yarn().filter(|_| self.rope_type() == "yarn") else {
+            return (fe.iter().map(|&f| f as f32).collect(), 1.0);
+        };
+        let corr = |rot: f64| {
+            (d as f64
+                * (y.original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI)).ln())
+                / (2.0 * base.ln())
+        };
+        let (mut low, mut high) = (corr(y.beta_fast), corr(y.beta_slow));
+        if y.truncate {
+            low = low.floor();
+            high = high.ceil();
+        }
+        let (low, mut high) = (low.max(0.0), high.min(d as f64 - 1.0));
+        if low == high {
+            high += 0.001;
+        }
+        let inv = fe
+            .iter()
+            .enumerate()
+            .map(|(i, &e)| {
+                let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                let extra = 1.0 - ramp;
+                ((e / y.factor) * (1.0 - extra) + e * extra) as f32
+            })
+            .collect();
+        (inv, y.attention_factor as f32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> serde_json::Value {
+        json!({"model_type": "gpt_oss", "vocab_size": 489, "hidden_size": 64,
+               "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 8,
+               "num_experts_per_tok": 2, "sliding_window": 8,
+               "layer_types": ["sliding_attention", "full_attention"],
+               "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                   "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                   "beta_slow": 1.0, "truncate": false}})
+    }
+
+    #[test]
+    fn yarn_frequencies_and_attention_factor() {
+        let c = Config::from_json(&base(), "c.json").unwrap();
+        let (inv, af) = c.rope();
+        // 0.1 ln 32 + 1
+        assert!((af as f64 - 1.3465735902799727).abs() < 1e-7, "{af}");
+        // low = 16 ln(4096 / 64π) / (2 ln 150000) = 1.8756..., high = 16 ln(4096 / 2π) / (2 ln
+        // 150000) = 4.3452...: i = 0, 1 extrapolated (kept), i >= 5 interpolated (/ 32)
+        let fe = |i: usize| 150000f64.powf(-((2 * i) as f64) / 16.0);
+        assert_eq!(inv[0], 1.0);
+        assert_eq!(inv[1], fe(1) as f32);
+        assert_eq!(inv[6], (fe(6) / 32.0) as f32);
+        let (low, high) = (
+            16.0 * (4096.0 / (64.0 * std::f64::consts::PI)).ln() / (2.0 * 150000f64.ln()),
+            16.0 * (4096.0 / (2.0 * std::f64::consts::PI)).ln() / (2.0 * 150000f64.ln()),
+        );
+        let r = (3.0 - low) / (high - low);
+        let want = fe(3) / 32.0 * r + fe(3) * (1.0 - r);
+        assert!(
+            (inv[3] as f64 - want).abs() < 1e-7 * want,
+            "{} vs {want}",
+            inv[3]
+        );
+        assert_eq!((c.window(0), c.window(1)), (Some(8), None));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let mut v = base();
+        v.as_object_mut().unwrap().remove("num_local_experts");
+        let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
+        assert_eq!(e, "c.json: missing field `num_local_experts`");
+        let mut v = base();
+        v["layer_types"] = json!(["sliding_attention"]);
+        let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
+        assert_eq!(e, "c.json: 'layer_types' has 1 entries for 2 layers");
+        let mut v = base();
+        v["layer_types"] = json!(["sliding_attention", "chunked"]);
+        let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "c.json: 'layer_types' entry 'chunked' is not sliding_attention or full_attention"
+        );
+        let mut v = base();
+        v["quantization_config"] = json!({"quant_method": "fp8"});
+        let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "c.json: quantization_config.quant_method 'fp8' is not supported (only mxfp4)"
+        );
+        let mut v = base();
+        v["rope_parameters"]["rope_type"] = json!("longrope");
+        let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "c.json: rope type 'longrope' is not supported (only default, yarn)"
+        );
+    }
+}
