@@ -1,10 +1,13 @@
 //! Model architectures: one file per family, each turning a checkpoint's tensor index into a
 //! forward pass over weights held by a [`WeightStore`].
 
+pub mod deepseek_v3;
+mod deepseek_v3_config;
 pub mod embed_head;
 pub mod gemma3;
 pub mod layers;
 pub mod loading;
+pub mod mla;
 pub mod moe;
 pub mod qwen3;
 mod qwen3_config;
@@ -157,8 +160,12 @@ pub fn load_hf_model(
             let (m, s) = qwen3::Qwen3::load(hf, opts)?;
             Ok((Box::new(m), s))
         }
+        "deepseek_v3" | "kimi_k2" => {
+            let (m, s) = deepseek_v3::DeepseekV3::load(hf, opts)?;
+            Ok((Box::new(m), s))
+        }
         other => anyhow::bail!(
-            "{}: model_type '{other}' is not supported (supported: qwen3, qwen3_moe, llama, mixtral)",
+            "{}: model_type '{other}' is not supported (supported: qwen3, qwen3_moe, llama, mixtral, deepseek_v3, kimi_k2)",
             hf.config_path().display()
         ),
     }

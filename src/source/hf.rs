@@ -48,8 +48,10 @@ pub fn ggml_type(tensor: &str, file: &Path, d: Dtype) -> Result<GgmlType> {
         Dtype::F32 => GgmlType::F32,
         Dtype::F16 => GgmlType::F16,
         Dtype::BF16 => GgmlType::BF16,
+        // raw E4M3 bytes; architectures pair them with their block scales
+        Dtype::F8_E4M3 => GgmlType::F8_E4M3,
         other => bail!(
-            "{}: tensor '{tensor}' has dtype {other:?}, which Deltafin cannot read yet (supported: F32, F16, BF16)",
+            "{}: tensor '{tensor}' has dtype {other:?}, which Deltafin cannot read yet (supported: F32, F16, BF16, F8_E4M3)",
             file.display()
         ),
     })

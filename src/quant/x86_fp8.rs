@@ -1,0 +1,105 @@
+//! AVX2 + FMA kernels of [`super::GgmlType::F8_E4M3_B128`] (layout in [`super::fp8`]).
+//!
+//! E4M3 → f32 in registers: the 7 magnitude bits shifted to f32 bits 20..27 are a float of
+//! value `e4m3 · 2^-120` (normal or subnormal alike), so one exact multiplication by `2^120`
+//! gives the magnitude; the sign bit is OR-ed in and `S.1111.111` replaced by the quiet NaN, as
+//! the scalar table does. Then one multiplication by the block scale. The fused dot uses the
+//! AVX2 level's accumulation order (element `32k + j` to accumulator `j / 8`, lane `j % 8`, fma;
+//! the last `n % 32` elements summed in order after the lane reduction), so it equals the AVX2
+//! f32 dot of the decoded row bit for bit.
+
+use std::arch::x86_64::*;
+
+use super::fp8::{e4m3_to_f32, BLOCK};
+use super::ROUND;
+
+/// 8 E4M3 bytes at `p` decoded and multiplied by `s`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dec8(p: *const u8, s: __m256) -> __m256 {
+    let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
+    let mag7 = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
+    let mag = _mm256_mul_ps(
+        _mm256_castsi256_ps(_mm256_slli_epi32::<20>(mag7)),
+        _mm256_set1_ps(f32::from_bits((120 + 127) << 23)),
+    );
+    let sign = _mm256_slli_epi32::<24>(_mm256_and_si256(b, _mm256_set1_epi32(0x80)));
+    let nan = _mm256_cmpeq_epi32(mag7, _mm256_set1_epi32(0x7f));
+    let v = _mm256_or_si256(_mm256_castps_si256(mag), sign);
+    let v = _mm256_blendv_epi8(
+        v,
+        _mm256_or_si256(_mm256_set1_epi32(0x7FC0_0000), sign),
+        nan,
+    );
+    _mm256_mul_ps(_mm256_castsi256_ps(v), s)
+}
+
+/// Iterates the blocks of a packed row of `n` elements: (byte offset of the block's scale,
+/// first element, elements in the block).
+fn blocks(n: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    (0..n.div_ceil(BLOCK)).map(move |b| (b * (BLOCK + 4), b * BLOCK, BLOCK.min(n - b * BLOCK)))
+}
+
+/// Dequantizes one packed row (safe wrapper; only reachable after AVX2 detection).
+pub(super) fn decode(src: &[u8], dst: &mut [f32]) {
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn inner(src: &[u8], dst: &mut [f32]) {
+        for (o, e0, len) in blocks(dst.len()) {
+            let sf = f32::from_le_bytes([src[o], src[o + 1], src[o + 2], src[o + 3]]);
+            let s = _mm256_set1_ps(sf);
+            let q = src.as_ptr().add(o + 4);
+            let full = len / 8 * 8;
+            for k in (0..full).step_by(8) {
+                _mm256_storeu_ps(dst.as_mut_ptr().add(e0 + k), dec8(q.add(k), s));
+            }
+            for k in full..len {
+                dst[e0 + k] = e4m3_to_f32(src[o + 4 + k]) * sf;
+            }
+        }
+    }
+    assert_eq!(
+        Some(src.len()),
+        super::fp8::row_bytes(dst.len()),
+        "row length mismatch"
+    );
+    // SAFETY: the kernel table holding this function is handed out only after runtime
+    // detection of avx2/fma; every access stays inside `src`/`dst` (lengths checked above:
+    // each block's bytes follow its 4-byte scale, and `full <= len`).
+    unsafe { inner(src, dst) }
+}
+
+/// Fused dot of one packed row with `x` (safe wrapper; only reachable after AVX2 detection).
+pub(super) fn dot(row: &[u8], x: &[f32]) -> f32 {
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn inner(row: &[u8], x: &[f32]) -> f32 {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let n = x.len();
+        let rounds = n / ROUND * ROUND;
+        let mut tail = 0f32;
+        for (o, e0, len) in blocks(n) {
+            let sf = f32::from_le_bytes([row[o], row[o + 1], row[o + 2], row[o + 3]]);
+            let s = _mm256_set1_ps(sf);
+            let q = row.as_ptr().add(o + 4);
+            let mut k = 0;
+            while k + ROUND <= len && e0 + k < rounds {
+                for (a, acc_k) in acc.iter_mut().enumerate() {
+                    let w = dec8(q.add(k + 8 * a), s);
+                    let xv = _mm256_loadu_ps(x.as_ptr().add(e0 + k + 8 * a));
+                    *acc_k = _mm256_fmadd_ps(w, xv, *acc_k);
+                }
+                k += ROUND;
+            }
+            for j in k..len {
+                tail += e4m3_to_f32(row[o + 4 + j]) * sf * x[e0 + j];
+            }
+        }
+        super::x86_avx2::finish(&acc) + tail
+    }
+    assert_eq!(
+        Some(row.len()),
+        super::fp8::row_bytes(x.len()),
+        "row length mismatch"
+    );
+    // SAFETY: as for `decode`.
+    unsafe { inner(row, x) }
+}
