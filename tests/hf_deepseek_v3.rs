@@ -291,3 +291,116 @@ fn cli_run_and_inspect() {
         "{out}"
     );
 }
+
+/// Rewrites `model.safetensors` of a fixture copy: `edit` may change each tensor's bytes (by
+/// name and row length in bytes); `extra` tensors are added.
+fn rewrite(
+    dir: &std::path::Path,
+    edit: impl Fn(&str, usize, &mut Vec<u8>),
+    extra: &[(&str, Vec<usize>, Vec<u8>)],
+) {
+    use safetensors::tensor::TensorView;
+    let p = dir.join("model.safetensors");
+    let bytes = std::fs::read(&p).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            let mut b = t.data().to_vec();
+            let row = b.len() / t.shape()[0];
+            edit(&n, row, &mut b);
+            (n, t.dtype(), t.shape().to_vec(), b)
+        })
+        .collect();
+    for (n, s, b) in extra {
+        owned.push((
+            n.to_string(),
+            safetensors::Dtype::BF16,
+            s.clone(),
+            b.clone(),
+        ));
+    }
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    std::fs::write(&p, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+#[test]
+fn neox_rope_layout_equals_interleaved_with_permuted_rows() {
+    // With `rope_interleave: false` the rotary pairs are (i, i + 4) instead of (2i, 2i + 1);
+    // moving rotary row 2i to i and 2i + 1 to 4 + i in q_b_proj (per head: rows 16..24 of
+    // 24) and kv_a_proj_with_mqa (rows 16..24) gives the same model, bit for bit.
+    let name = "deepseek_v3";
+    let ids = u32s(&reference(name)["prompt_ids"]);
+    let want = session(name, None).prefill(&ids, Logits::All).unwrap();
+    let d = edited_copy(name, |c| c["rope_interleave"] = Value::Bool(false));
+    let permute = |b: &mut Vec<u8>, row: usize, first: usize| {
+        let old = b.clone();
+        for i in 0..4 {
+            for (to, from) in [
+                (first + i, first + 2 * i),
+                (first + 4 + i, first + 2 * i + 1),
+            ] {
+                b[to * row..(to + 1) * row].copy_from_slice(&old[from * row..(from + 1) * row]);
+            }
+        }
+    };
+    rewrite(
+        d.path(),
+        |n, row, b| {
+            if n.ends_with("q_b_proj.weight") {
+                (0..4).for_each(|h| permute(b, row, 24 * h + 16));
+            } else if n.ends_with("kv_a_proj_with_mqa.weight") {
+                permute(b, row, 16);
+            }
+        },
+        &[],
+    );
+    let opts = deltafin::models::LoadOptions {
+        ram_budget: None,
+        n_ctx: 128,
+        n_batch: 128,
+        direct_io: true,
+    };
+    let (m, st) = deltafin::models::load_hf(d.path(), &opts).unwrap();
+    let mut s = deltafin::engine::Session::new(m, st, 128, 128);
+    let got = s.prefill(&ids, Logits::All).unwrap();
+    assert!(got == want, "neox layout differs");
+}
+
+#[test]
+fn multi_token_prediction_layers_are_ignored_and_reported() {
+    let name = "deepseek_v3";
+    let ids = u32s(&reference(name)["prompt_ids"]);
+    let want = session(name, None).prefill(&ids, Logits::Last).unwrap();
+    let d = edited_copy(name, |_| {});
+    // a layer 3 (num_nextn_predict_layers = 1) as published checkpoints store it
+    rewrite(
+        d.path(),
+        |_, _, _| {},
+        &[
+            ("model.layers.3.enorm.weight", vec![64], vec![0; 128]),
+            (
+                "model.layers.3.eh_proj.weight",
+                vec![64, 128],
+                vec![0; 16384],
+            ),
+        ],
+    );
+    let opts = deltafin::models::LoadOptions {
+        ram_budget: None,
+        n_ctx: 128,
+        n_batch: 128,
+        direct_io: true,
+    };
+    let (m, st) = deltafin::models::load_hf(d.path(), &opts).unwrap();
+    assert_eq!(
+        m.placement().summary,
+        "3/3 layers and 16/16 experts resident, LM head resident, 1 multi-token-prediction layer(s) ignored"
+    );
+    let mut s = deltafin::engine::Session::new(m, st, 128, 128);
+    assert!(s.prefill(&ids, Logits::Last).unwrap() == want);
+}

@@ -466,6 +466,20 @@ impl DeepseekV3 {
             stream_buf / STREAM_SLOTS,
             opts.direct_io,
         )?;
+        // multi-token-prediction layers (`model.layers.{num_hidden_layers}..`) are not run
+        let mtp: std::collections::BTreeSet<&str> = hf
+            .tensors
+            .iter()
+            .filter_map(|t| {
+                let rest = t.name.strip_prefix("model.layers.")?;
+                let l = rest.split('.').next()?;
+                (l.parse::<usize>().ok()? >= c.num_hidden_layers).then_some(l)
+            })
+            .collect();
+        let mtp_note = match mtp.len() {
+            0 => String::new(),
+            k => format!(", {k} multi-token-prediction layer(s) ignored"),
+        };
         let placement = Placement {
             resident_bytes: store.resident_bytes(),
             streamed_bytes,
@@ -473,7 +487,7 @@ impl DeepseekV3 {
             kv_bytes,
             scratch_bytes: scratch_bytes + norms_bytes,
             summary: format!(
-                "{res_spine}/{} layers and {res_experts}/{} experts resident, LM head {}",
+                "{res_spine}/{} layers and {res_experts}/{} experts resident, LM head {}{mtp_note}",
                 c.num_hidden_layers,
                 n_weight_units - n_spine,
                 if head_resident {
