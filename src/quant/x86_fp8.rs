@@ -1,9 +1,9 @@
 //! AVX2 + FMA kernels of [`super::GgmlType::F8_E4M3_B128`] (layout in [`super::fp8`]).
 //!
-//! E4M3 → f32 in registers: the 7 magnitude bits shifted to f32 bits 20..27 are a float of
-//! value `e4m3 · 2^-120` (normal or subnormal alike), so one exact multiplication by `2^120`
-//! gives the magnitude; the sign bit is OR-ed in and `S.1111.111` replaced by the quiet NaN, as
-//! the scalar table does. Then one multiplication by the block scale. The fused dot uses the
+//! E4M3 → f32 in registers, in integer arithmetic for normal values (exponent rebased from
+//! bias 7 to 127, mantissa moved up) and as `m · 2^-9` for subnormals (no subnormal f32
+//! arithmetic, which costs microcode assists); `S.1111.111` becomes the quiet NaN and the sign
+//! bit is OR-ed in, as the scalar table does. Then one multiplication by the block scale. The fused dot uses the
 //! AVX2 level's accumulation order (element `32k + j` to accumulator `j / 8`, lane `j % 8`, fma;
 //! the last `n % 32` elements summed in order after the lane reduction), so it equals the AVX2
 //! f32 dot of the decoded row bit for bit.
@@ -19,19 +19,17 @@ use super::ROUND;
 unsafe fn dec8(p: *const u8, s: __m256) -> __m256 {
     let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
     let mag7 = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
-    let mag = _mm256_mul_ps(
-        _mm256_castsi256_ps(_mm256_slli_epi32::<20>(mag7)),
-        _mm256_set1_ps(f32::from_bits((120 + 127) << 23)),
-    );
-    let sign = _mm256_slli_epi32::<24>(_mm256_and_si256(b, _mm256_set1_epi32(0x80)));
+    // normal: exponent + (127 − 7), mantissa to the top of the f32 mantissa
+    let normal = _mm256_add_epi32(_mm256_slli_epi32::<20>(mag7), _mm256_set1_epi32(120 << 23));
+    // subnormal (exponent 0, zero included): m · 2^-9, exact
+    let m = _mm256_and_si256(b, _mm256_set1_epi32(7));
+    let sub = _mm256_mul_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(1.0 / 512.0));
+    let is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag7);
+    let v = _mm256_blendv_epi8(normal, _mm256_castps_si256(sub), is_sub);
     let nan = _mm256_cmpeq_epi32(mag7, _mm256_set1_epi32(0x7f));
-    let v = _mm256_or_si256(_mm256_castps_si256(mag), sign);
-    let v = _mm256_blendv_epi8(
-        v,
-        _mm256_or_si256(_mm256_set1_epi32(0x7FC0_0000), sign),
-        nan,
-    );
-    _mm256_mul_ps(_mm256_castsi256_ps(v), s)
+    let v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7FC0_0000), nan);
+    let sign = _mm256_slli_epi32::<24>(_mm256_and_si256(b, _mm256_set1_epi32(0x80)));
+    _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(v, sign)), s)
 }
 
 /// Iterates the blocks of a packed row of `n` elements: (byte offset of the block's scale,
