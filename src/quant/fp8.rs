@@ -164,12 +164,6 @@ fn dot_scalar(row: &[u8], x: &[f32]) -> f32 {
     )
 }
 
-#[cfg(target_arch = "x86_64")]
-fn dot_avx512(row: &[u8], x: &[f32]) -> f32 {
-    let dot = super::level_kernels(SimdLevel::Avx512).dot_f32;
-    dot_via(row, x, super::x86_fp8::decode, dot)
-}
-
 #[cfg(target_arch = "aarch64")]
 fn dot_neon(row: &[u8], x: &[f32]) -> f32 {
     let dot = super::level_kernels(SimdLevel::Neon).dot_f32;
@@ -177,14 +171,14 @@ fn dot_neon(row: &[u8], x: &[f32]) -> f32 {
 }
 
 /// The (dot, dequantize) kernels of [`GgmlType::F8_E4M3_B128`] at `level` (available).
-/// AVX2: fused decode + fma in the AVX2 accumulation order; AVX-512: AVX2 decode, then the
-/// AVX-512 f32 dot; scalar and NEON: scalar decode, then the level's f32 dot.
+/// AVX2 and AVX-512: fused decode + fma in the level's accumulation order (AVX2 decoder for
+/// dequantization); scalar and NEON: scalar decode, then the level's f32 dot.
 pub(crate) fn kernels(level: SimdLevel) -> (DotFn, DeqFn) {
     match level {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2 => (super::x86_fp8::dot, super::x86_fp8::decode),
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512 => (dot_avx512, super::x86_fp8::decode),
+        SimdLevel::Avx512 => (super::x86_fp8::dot512, super::x86_fp8::decode),
         #[cfg(target_arch = "aarch64")]
         SimdLevel::Neon => (dot_neon, decode_scalar),
         _ => (dot_scalar, decode_scalar),
