@@ -222,11 +222,59 @@ fn bench_dot_row(c: &mut Criterion) {
     g.finish();
 }
 
+/// FP8 E4M3 with 128-element block scales (`F8_E4M3_B128`, DeepSeek V3 weights repacked) at a
+/// DeepSeek-V3 expert's shapes: gate/up 2048×7168 and down 7168×2048, matvec on one thread and
+/// on the pool, plus one L1 row.
+fn bench_fp8(c: &mut Criterion) {
+    let ty = GgmlType::F8_E4M3_B128;
+    let pool1 = one_thread();
+    let mut g = c.benchmark_group("fp8");
+    let packed = |rows: usize, cols: usize| {
+        let mut s = 7u64;
+        let w: Vec<u8> = (0..rows * cols)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                // no NaN bytes (0x7f, 0xff)
+                ((s >> 33) as u8) & 0xfe | 0x02
+            })
+            .collect();
+        let nb = rows.div_ceil(128) * cols.div_ceil(128);
+        let sc: Vec<u8> = (0..nb).flat_map(|_| 0.01f32.to_le_bytes()).collect();
+        let mut out = vec![0u8; rows * ty.row_bytes(cols).unwrap()];
+        deltafin::quant::fp8::pack_rows(&w, &sc, GgmlType::F32, rows, cols, &mut out);
+        out
+    };
+    for (rows, cols) in [(2048, 7168), (7168, 2048)] {
+        let data = packed(rows, cols);
+        let w = Matrix::new(ty, rows, cols, &data).unwrap();
+        let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 * 0.1).collect();
+        let mut y = vec![0f32; rows];
+        g.throughput(Throughput::Bytes(data.len() as u64));
+        let id = format!("{rows}x{cols}");
+        g.bench_function(BenchmarkId::new("matvec_1t", &id), |b| {
+            pool1.install(|| b.iter(|| matvec(&w, black_box(&x), &mut y)))
+        });
+        g.bench_function(BenchmarkId::new("matvec_all", &id), |b| {
+            b.iter(|| matvec(&w, black_box(&x), &mut y))
+        });
+    }
+    let data = packed(1, 2048);
+    let x: Vec<f32> = (0..2048).map(|i| (i % 7) as f32 * 0.1).collect();
+    g.throughput(Throughput::Bytes(data.len() as u64));
+    g.bench_function(BenchmarkId::new("dot_row_l1", "2048"), |b| {
+        b.iter(|| dot_row(ty, black_box(&data), black_box(&x)))
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     bench_memory,
     bench_dot_row,
     bench_matvec,
-    bench_matmul
+    bench_matmul,
+    bench_fp8
 );
 criterion_main!(benches);

@@ -1,4 +1,5 @@
-//! The KV cache: keys and values of every past position, per layer, in f32.
+//! The KV cache: keys and values of every past position, per layer, in f32; or, for
+//! multi-head latent attention (DeepSeek V2/V3), one compressed latent row per position.
 
 /// Keys and values for `n_ctx` positions of `n_layers` layers, each position holding
 /// `kv_dim = n_kv_heads × head_dim` floats for K and for V. Memory:
@@ -26,6 +27,25 @@ impl KvCache {
             kv_dim,
             len: 0,
         }
+    }
+
+    /// A latent cache (multi-head latent attention, DeepSeek-V2 paper §2.1): per layer and
+    /// position one row of `width` floats (the normed KV latent followed by the shared rotary
+    /// key) kept in [`KvCache::k`]; [`KvCache::v`] stays empty. `kv_dim` is `width`. Memory:
+    /// `n_layers × n_ctx × width × 4` bytes.
+    pub fn new_latent(n_layers: usize, n_ctx: usize, width: usize) -> Self {
+        Self {
+            k: (0..n_layers).map(|_| vec![0.0; n_ctx * width]).collect(),
+            v: (0..n_layers).map(|_| Vec::new()).collect(),
+            n_ctx,
+            kv_dim: width,
+            len: 0,
+        }
+    }
+
+    /// Bytes a latent cache of these dimensions holds.
+    pub fn latent_bytes_for(n_layers: usize, n_ctx: usize, width: usize) -> usize {
+        n_layers * n_ctx * width * 4
     }
 
     /// Bytes a cache of these dimensions holds.

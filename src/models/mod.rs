@@ -1,12 +1,15 @@
 //! Model architectures: one file per family, each turning a checkpoint's tensor index into a
 //! forward pass over weights held by a [`WeightStore`].
 
+pub mod deepseek_v3;
+mod deepseek_v3_config;
 pub mod embed_head;
 pub mod gemma3;
 pub mod gpt_oss;
 mod gpt_oss_config;
 pub mod layers;
 pub mod loading;
+pub mod mla;
 pub mod moe;
 pub mod qwen3;
 mod qwen3_config;
@@ -163,8 +166,12 @@ pub fn load_hf_model(
             let (m, s) = gpt_oss::GptOss::load(hf, opts)?;
             Ok((Box::new(m), s))
         }
+        "deepseek_v3" | "kimi_k2" => {
+            let (m, s) = deepseek_v3::DeepseekV3::load(hf, opts)?;
+            Ok((Box::new(m), s))
+        }
         other => anyhow::bail!(
-            "{}: model_type '{other}' is not supported (supported: qwen3, qwen3_moe, llama, mixtral, gpt_oss)",
+            "{}: model_type '{other}' is not supported (supported: qwen3, qwen3_moe, llama, mixtral, gpt_oss, deepseek_v3, kimi_k2)",
             hf.config_path().display()
         ),
     }

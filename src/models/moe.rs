@@ -127,6 +127,63 @@ pub fn route_topk_softmax(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
     chosen
 }
 
+/// DeepSeek V3 routing of one token from its router logits (`n_experts`), as transformers'
+/// `DeepseekV3TopkRouter` (`models/deepseek_v3/modeling_deepseek_v3.py`) computes it:
+/// scores `s = sigmoid(logits)`; choice scores `s + bias` (`e_score_correction_bias`, used for
+/// selection only); experts split into `n_group` equal groups, each scored by the sum of its
+/// two largest choice scores; the `topk_group` best groups kept; the `k` best choice scores
+/// among their experts chosen. Weights are the unbiased `s` of the chosen experts, divided by
+/// their sum (+1e-20) when `norm_topk_prob`, times `scaling` (`routed_scaling_factor`).
+/// Returns (expert id, weight) pairs in ascending id order; ties keep the lower id.
+pub fn route_sigmoid_grouped(
+    logits: &[f32],
+    bias: &[f32],
+    k: usize,
+    n_group: usize,
+    topk_group: usize,
+    norm_topk_prob: bool,
+    scaling: f32,
+) -> Vec<(usize, f32)> {
+    let ne = logits.len();
+    let s: Vec<f32> = logits.iter().map(|&x| 1.0 / (1.0 + (-x).exp())).collect();
+    let choice: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
+    let per = ne / n_group.max(1);
+    // descending by value, lower index first on ties (stable sort)
+    let top = |v: &[f32], idx: &mut Vec<usize>| idx.sort_by(|&a, &b| v[b].total_cmp(&v[a]));
+    let mut keep = vec![true; ne];
+    if n_group > 1 {
+        let gs: Vec<f32> = choice
+            .chunks_exact(per)
+            .map(|g| {
+                let mut i: Vec<usize> = (0..g.len()).collect();
+                top(g, &mut i);
+                g[i[0]] + g[i[1]]
+            })
+            .collect();
+        let mut gi: Vec<usize> = (0..n_group).collect();
+        top(&gs, &mut gi);
+        keep = vec![false; ne];
+        for &g in &gi[..topk_group.min(n_group)] {
+            keep[g * per..(g + 1) * per].fill(true);
+        }
+    }
+    let masked: Vec<f32> = choice
+        .iter()
+        .zip(&keep)
+        .map(|(&c, &k)| if k { c } else { f32::NEG_INFINITY })
+        .collect();
+    let mut order: Vec<usize> = (0..ne).collect();
+    top(&masked, &mut order);
+    let mut chosen: Vec<(usize, f32)> = order[..k.min(ne)].iter().map(|&e| (e, s[e])).collect();
+    if norm_topk_prob {
+        let sum: f32 = chosen.iter().map(|c| c.1).sum::<f32>() + 1e-20;
+        chosen.iter_mut().for_each(|c| c.1 /= sum);
+    }
+    chosen.iter_mut().for_each(|c| c.1 *= scaling);
+    chosen.sort_by_key(|c| c.0);
+    chosen
+}
+
 /// The MoE feed-forward of layer `layer` for `n` tokens with SwiGLU experts
 /// ([`ExpertView`]): [`moe_forward_with`] computing `down(silu(gate(x)) · up(x))`.
 ///
@@ -232,6 +289,29 @@ mod tests {
             (r[0].1 - 0.25).abs() < 1e-6 && (r[1].1 - 0.75).abs() < 1e-6,
             "{r:?}"
         );
+    }
+
+    #[test]
+    fn sigmoid_routing_limits_groups_and_uses_unbiased_weights() {
+        // 4 groups of 2; logits 0 → s = 0.5 except where set
+        let mut l = [0f32; 8];
+        l[1] = 2.0; // group 0: s = 0.881
+        l[6] = 1.0; // group 3: s = 0.731
+        l[7] = 1.0;
+        let mut b = [0f32; 8];
+        b[2] = 0.6; // group 1 scores 1.1 + 0.5 = 1.6 (biased), beats group 0 (1.381)
+        b[3] = 0.0;
+        // groups by top-2 sum: g0 = 1.381, g1 = 1.6, g2 = 1.0, g3 = 1.462 → keep g1, g3
+        let r = route_sigmoid_grouped(&l, &b, 2, 4, 2, true, 2.5);
+        // best in {2, 3, 6, 7}: 2 (1.1 biased), then 6 (0.731, lower id than 7)
+        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), [2, 6]);
+        let s6 = 1.0 / (1.0 + (-1f32).exp());
+        let sum = 0.5 + s6 + 1e-20;
+        assert!((r[0].1 - 0.5 / sum * 2.5).abs() < 1e-6, "{r:?}");
+        assert!((r[1].1 - s6 / sum * 2.5).abs() < 1e-6, "{r:?}");
+        // one group: plain top-k of the biased scores, weights unnormalised
+        let r = route_sigmoid_grouped(&l, &b, 2, 1, 1, false, 1.0);
+        assert_eq!(r, vec![(1, 1.0 / (1.0 + (-2f32).exp())), (2, 0.5)]);
     }
 
     /// 1×1 experts (gate 1, up `id + 1`, down 1) recording the order they are planned and taken.

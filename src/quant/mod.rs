@@ -29,6 +29,13 @@ pub enum GgmlType {
     /// `*_blocks` / `*_scales`) are indexed with this type too: only their bytes are used,
     /// never their values as numbers, and no kernel computes with it.
     I8,
+    /// Stored FP8 E4M3 values without scales (a safetensors `F8_E4M3` tensor, one byte per
+    /// element); no kernels: computed only after repacking into [`GgmlType::F8_E4M3_B128`].
+    /// Internal, no GGUF id.
+    F8_E4M3,
+    /// FP8 E4M3 rows in blocks of 128 elements, each block an f32 scale followed by its 128
+    /// bytes (the last block of a row may be shorter); see [`fp8`]. Internal, no GGUF id.
+    F8_E4M3_B128,
 }
 
 impl GgmlType {
@@ -56,9 +63,11 @@ impl GgmlType {
         })
     }
 
-    /// The GGUF `ggml_type` id.
+    /// The GGUF `ggml_type` id; `u32::MAX` (never mapped by `from_u32`) for the internal
+    /// types without one.
     pub fn id(self) -> u32 {
         match self {
+            Self::F8_E4M3 | Self::F8_E4M3_B128 => u32::MAX,
             Self::F32 => 0,
             Self::F16 => 1,
             Self::Q4_0 => 2,
@@ -82,7 +91,8 @@ impl GgmlType {
     /// Elements per block (1 for plain float types, 32 for legacy quants, 256 for k-quants).
     pub fn block_elems(self) -> usize {
         match self {
-            Self::F32 | Self::F16 | Self::BF16 | Self::I8 => 1,
+            Self::F32 | Self::F16 | Self::BF16 | Self::I8 | Self::F8_E4M3 => 1,
+            Self::F8_E4M3_B128 => fp8::BLOCK,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
             Self::MXFP4 => 32,
             Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K => 256,
@@ -94,6 +104,8 @@ impl GgmlType {
         match self {
             Self::F32 => 4,
             Self::F16 | Self::BF16 => 2,
+            Self::F8_E4M3 => 1,
+            Self::F8_E4M3_B128 => fp8::BLOCK + 4,
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
             Self::Q5_0 => 22,
@@ -113,7 +125,11 @@ impl GgmlType {
 
     /// Bytes of a row of `n` elements; `None` when `n` is not a whole number of blocks
     /// or the size overflows.
+    /// `F8_E4M3_B128` rows take any `n`: the last block may be partial ([`fp8::row_bytes`]).
     pub fn row_bytes(self, n: usize) -> Option<usize> {
+        if self == Self::F8_E4M3_B128 {
+            return fp8::row_bytes(n);
+        }
         if !n.is_multiple_of(self.block_elems()) {
             return None;
         }
@@ -122,7 +138,7 @@ impl GgmlType {
 
     /// Whether this crate has dequantization and dot-product kernels for the type.
     pub fn has_kernels(self) -> bool {
-        SLOT_TYPES.contains(&self)
+        SLOT_TYPES.contains(&self) || self == Self::F8_E4M3_B128
     }
 
     /// The GGML name (`"Q4_K"`, `"F32"`, ...).
@@ -145,6 +161,8 @@ impl GgmlType {
             Self::BF16 => "BF16",
             Self::MXFP4 => "MXFP4",
             Self::I8 => "I8",
+            Self::F8_E4M3 => "F8_E4M3",
+            Self::F8_E4M3_B128 => "F8_E4M3_B128",
         }
     }
 }
@@ -155,6 +173,7 @@ impl std::fmt::Display for GgmlType {
     }
 }
 
+pub mod fp8;
 pub mod mxfp4;
 mod scalar;
 #[cfg(test)]
@@ -170,6 +189,8 @@ mod x86_avx2_q32;
 mod x86_avx512;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx512_q32;
+#[cfg(target_arch = "x86_64")]
+mod x86_fp8;
 
 use std::sync::OnceLock;
 
@@ -374,6 +395,10 @@ pub(crate) fn row_kernels(level: SimdLevel, ty: GgmlType) -> (DotFn, DeqFn, F32D
     } else {
         level_kernels(level)
     };
+    if ty == GgmlType::F8_E4M3_B128 {
+        let (dot, deq) = fp8::kernels(level);
+        return (dot, deq, k.dot_f32);
+    }
     let s = slot(ty).unwrap_or_else(|| panic!("no kernels for {ty}"));
     (k.dot[s], k.deq[s], k.dot_f32)
 }
@@ -395,6 +420,9 @@ pub(crate) fn row_plan(level: SimdLevel, ty: GgmlType) -> RowPlan {
     } else {
         level_kernels(level)
     };
+    if ty == GgmlType::F8_E4M3_B128 {
+        return RowPlan::Dequant(fp8::kernels(level).1, k.dot_f32);
+    }
     let s = slot(ty).unwrap_or_else(|| panic!("no kernels for {ty}"));
     match k.prep[s] {
         Some((prep, dot)) => RowPlan::Prepared(prep, dot),

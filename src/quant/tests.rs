@@ -188,6 +188,88 @@ proptest! {
     }
 }
 
+/// A random packed FP8 row of `n` elements: random E4M3 bytes (NaN bytes replaced by ±448),
+/// block scales of assorted magnitudes.
+fn random_fp8_row(n: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut row = Vec::new();
+    for b in 0..n.div_ceil(fp8::BLOCK) {
+        let mag = [1e-6f32, 1e-3, 0.01, 0.5, 3.0][(rng.next_u64() % 5) as usize];
+        row.extend_from_slice(&(rng.unit() * mag).to_le_bytes());
+        for _ in 0..fp8::BLOCK.min(n - b * fp8::BLOCK) {
+            let q = rng.next_u64() as u8;
+            row.push(if q & 0x7f == 0x7f { q - 1 } else { q });
+        }
+    }
+    row
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// FP8 rows of any length (partial last blocks, tails after whole rounds): every level's
+    /// decode equals the scalar one bit for bit, its dot is close to the exact dot, and equals
+    /// the level's f32 dot of the decoded row (what matmul computes) bit for bit; matvec and
+    /// matmul equal dot_row.
+    #[test]
+    fn fp8_every_level_matches_scalar_reference(n in 1usize..700, seed: u64) {
+        let ty = GgmlType::F8_E4M3_B128;
+        let mut rng = Rng::new(seed);
+        let row = random_fp8_row(n, &mut rng);
+        prop_assert_eq!(Some(row.len()), ty.row_bytes(n));
+        let x = random_x(n, &mut rng);
+        let (exact, mag) = reference(ty, &row, &x);
+        let mut scalar_w = vec![0f32; n];
+        dequantize_row_at(SimdLevel::Scalar, ty, &row, &mut scalar_w);
+        for level in SimdLevel::available() {
+            let got = dot_row_at(level, ty, &row, &x);
+            prop_assert!((got as f64 - exact).abs() <= 1e-5 * mag + 1e-30,
+                "{level:?}: {got} vs {exact} (sum |wx| {mag})");
+            let mut w = vec![0f32; n];
+            dequantize_row_at(level, ty, &row, &mut w);
+            for i in 0..n {
+                prop_assert_eq!(w[i].to_bits(), scalar_w[i].to_bits(), "{:?} element {}", level, i);
+            }
+            prop_assert_eq!(dot_f32_at(level, &w, &x).to_bits(), got.to_bits());
+            // three rows through matvec and matmul (2 tokens)
+            let rows: Vec<u8> = [row.clone(), random_fp8_row(n, &mut rng), random_fp8_row(n, &mut rng)].concat();
+            let m = crate::kernels::Matrix::new(ty, 3, n, &rows).unwrap();
+            let x2: Vec<f32> = [x.clone(), random_x(n, &mut rng)].concat();
+            let mut y = vec![0f32; 3];
+            crate::kernels::matvec_at(level, &m, &x, &mut y);
+            let mut y2 = vec![0f32; 6];
+            crate::kernels::matmul_at(level, &m, &x2, 2, &mut y2);
+            for r in 0..3 {
+                let d0 = dot_row_at(level, ty, m.row(r), &x);
+                let d1 = dot_row_at(level, ty, m.row(r), &x2[n..]);
+                prop_assert_eq!(y[r].to_bits(), d0.to_bits());
+                prop_assert_eq!(y2[r].to_bits(), d0.to_bits());
+                prop_assert_eq!(y2[3 + r].to_bits(), d1.to_bits());
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_nan_bytes_decode_to_nan_at_every_level() {
+    // one block of 40: a NaN of each sign among finite values
+    let mut row = 2.0f32.to_le_bytes().to_vec();
+    row.extend((0..40u8).map(|i| match i {
+        3 => 0x7f,
+        17 => 0xff,
+        _ => i,
+    }));
+    for level in SimdLevel::available() {
+        let mut w = vec![0f32; 40];
+        dequantize_row_at(level, GgmlType::F8_E4M3_B128, &row, &mut w);
+        assert!(w[3].is_nan() && w[17].is_nan(), "{level:?}");
+        assert_eq!(w[8], 2.0 * fp8::e4m3_to_f32(8), "{level:?}");
+        assert!(w
+            .iter()
+            .enumerate()
+            .all(|(i, v)| i == 3 || i == 17 || v.is_finite()));
+    }
+}
+
 /// The GFNI nibble decoders give the same dots (and prepared rows) as the plain AVX-512 ones.
 #[cfg(target_arch = "x86_64")]
 #[test]

@@ -50,8 +50,10 @@ pub fn ggml_type(tensor: &str, file: &Path, d: Dtype) -> Result<GgmlType> {
         Dtype::BF16 => GgmlType::BF16,
         // raw bytes (MXFP4 blocks and scales): indexed as I8, read only as bytes
         Dtype::U8 => GgmlType::I8,
+        // raw E4M3 bytes; architectures pair them with their block scales
+        Dtype::F8_E4M3 => GgmlType::F8_E4M3,
         other => bail!(
-            "{}: tensor '{tensor}' has dtype {other:?}, which Deltafin cannot read yet (supported: F32, F16, BF16, U8)",
+            "{}: tensor '{tensor}' has dtype {other:?}, which Deltafin cannot read yet (supported: F32, F16, BF16, F8_E4M3, U8)",
             file.display()
         ),
     })

@@ -10,4 +10,4 @@ pub mod weights;
 pub use aligned::{AlignedBuf, IO_ALIGN};
 pub use direct::DirectFile;
 pub use streamer::{load_resident, IoStats, ReadRange, Streamer, Unit, UnitBytes};
-pub use weights::WeightStore;
+pub use weights::{Fp8Pack, WeightStore};

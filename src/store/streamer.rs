@@ -63,6 +63,16 @@ impl UnitBytes {
         &self.buf.as_slice()[s..s + l]
     }
 
+    /// A unit's bytes from a filled buffer and its pieces (start, length) in it.
+    pub(crate) fn from_parts(buf: AlignedBuf, pieces: Vec<(usize, usize)>) -> Self {
+        Self { buf, pieces }
+    }
+
+    /// The backing buffer, given back (to reuse it).
+    pub(crate) fn into_buf(self) -> AlignedBuf {
+        self.buf
+    }
+
     /// Size of the backing buffer in bytes (what the unit costs in RAM).
     pub fn buffer_bytes(&self) -> usize {
         self.buf.capacity()

@@ -5,8 +5,72 @@ use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
 
+use super::aligned::{round_up, AlignedBuf, IO_ALIGN};
 use super::direct::DirectFile;
 use super::streamer::{load_resident, IoStats, Streamer, Unit, UnitBytes};
+use crate::quant::{fp8, GgmlType};
+
+/// An FP8 weight of a unit to repack after every read: the E4M3 bytes (`rows × cols`) are
+/// piece `weight_piece`, their 128×128 block scales (`ceil(rows/128) × ceil(cols/128)` of
+/// `scale_ty`, F32 or BF16) piece `scale_piece`. In the repacked unit both pieces are empty
+/// and the k-th pack's [`GgmlType::F8_E4M3_B128`] matrix is piece `ranges.len() + k`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8Pack {
+    pub weight_piece: usize,
+    pub scale_piece: usize,
+    pub scale_ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// Alignment of the pieces inside a repacked unit.
+const PIECE_ALIGN: usize = 64;
+
+/// Piece sizes of the repacked unit: every raw piece (0 for FP8 weights and scales), then the
+/// packed matrices.
+fn packed_lens(unit: &Unit, packs: &[Fp8Pack]) -> Vec<usize> {
+    let mut lens: Vec<usize> = unit.ranges.iter().map(|r| r.len).collect();
+    for p in packs {
+        lens[p.weight_piece] = 0;
+        lens[p.scale_piece] = 0;
+    }
+    lens.extend(
+        packs
+            .iter()
+            .map(|p| p.rows * fp8::row_bytes(p.cols).expect("row size")),
+    );
+    lens
+}
+
+/// Repacks the raw bytes of `unit` into `buf` (at least [`WeightStore::resident_size`]).
+fn repack(raw: &UnitBytes, unit: &Unit, packs: &[Fp8Pack], mut buf: AlignedBuf) -> UnitBytes {
+    let lens = packed_lens(unit, packs);
+    let mut pieces = Vec::with_capacity(lens.len());
+    let mut pos = 0;
+    for &l in &lens {
+        pieces.push((pos, l));
+        pos += round_up(l, PIECE_ALIGN);
+    }
+    let n = unit.ranges.len();
+    let out = buf.as_mut_slice();
+    for (i, &(start, l)) in pieces[..n].iter().enumerate() {
+        if l > 0 {
+            out[start..start + l].copy_from_slice(raw.piece(i));
+        }
+    }
+    for (k, p) in packs.iter().enumerate() {
+        let (start, l) = pieces[n + k];
+        fp8::pack_rows(
+            raw.piece(p.weight_piece),
+            raw.piece(p.scale_piece),
+            p.scale_ty,
+            p.rows,
+            p.cols,
+            &mut out[start..start + l],
+        );
+    }
+    UnitBytes::from_parts(buf, pieces)
+}
 
 /// Where a unit's bytes come from.
 pub enum Residency {
@@ -23,6 +87,10 @@ pub struct WeightStore {
     units: Vec<Arc<Unit>>,
     residency: Vec<Residency>,
     streamer: Option<Streamer>,
+    /// FP8 weights to repack, per unit (empty for most).
+    packs: Vec<Vec<Fp8Pack>>,
+    /// Reusable buffer for repacking streamed units.
+    pack_buf: Option<AlignedBuf>,
     expected: VecDeque<usize>,
     stats: Arc<IoStats>,
     resident_bytes: usize,
@@ -42,7 +110,48 @@ impl WeightStore {
         extra_slot_bytes: usize,
         direct: bool,
     ) -> io::Result<Self> {
+        let packs = vec![Vec::new(); units.len()];
+        Self::open_packed(
+            files,
+            units,
+            packs,
+            resident,
+            slots,
+            extra_slot_bytes,
+            direct,
+        )
+    }
+
+    /// Bytes of RAM unit `unit` holds when resident: its aligned read spans, or, with FP8
+    /// `packs`, its repacked pieces (FP8 weights as [`GgmlType::F8_E4M3_B128`], 3.1% over
+    /// the stored bytes).
+    pub fn resident_size(unit: &Unit, packs: &[Fp8Pack]) -> usize {
+        if packs.is_empty() {
+            return unit.buffer_bytes();
+        }
+        let total: usize = packed_lens(unit, packs)
+            .iter()
+            .map(|&l| round_up(l, PIECE_ALIGN))
+            .sum();
+        round_up(total.max(1), IO_ALIGN)
+    }
+
+    /// [`WeightStore::open`] with FP8 weights to repack (`packs[i]` for unit `i`): resident
+    /// units are repacked once at load (the raw bytes are dropped), streamed ones after each
+    /// read into one reusable buffer the size of the largest repacked streamed unit.
+    ///
+    /// Errors: as [`WeightStore::open`].
+    pub fn open_packed(
+        files: &[std::path::PathBuf],
+        units: Vec<Unit>,
+        packs: Vec<Vec<Fp8Pack>>,
+        resident: &[bool],
+        slots: usize,
+        extra_slot_bytes: usize,
+        direct: bool,
+    ) -> io::Result<Self> {
         assert_eq!(units.len(), resident.len());
+        assert_eq!(units.len(), packs.len());
         let open = |d: bool| -> io::Result<Vec<DirectFile>> {
             files
                 .iter()
@@ -59,7 +168,12 @@ impl WeightStore {
         let mut slot = extra_slot_bytes;
         for (u, &r) in units.iter().zip(resident) {
             if r {
-                let b = load_resident(&dfiles, u, &stats)?;
+                let mut b = load_resident(&dfiles, u, &stats)?;
+                if !packs[residency.len()].is_empty() {
+                    let p = &packs[residency.len()];
+                    let buf = AlignedBuf::new(Self::resident_size(u, p));
+                    b = repack(&b, u, p, buf);
+                }
                 resident_bytes += b.buffer_bytes();
                 residency.push(Residency::Resident(b));
             } else {
@@ -67,12 +181,21 @@ impl WeightStore {
                 residency.push(Residency::Streamed);
             }
         }
+        let pack_max = units
+            .iter()
+            .zip(&packs)
+            .zip(resident)
+            .filter(|((_, p), r)| !p.is_empty() && !**r)
+            .map(|((u, p), _)| Self::resident_size(u, p))
+            .max();
         let any_streamed = resident.iter().any(|r| !r) || extra_slot_bytes > 0;
         let streamer = any_streamed.then(|| Streamer::new(dfiles, slots, slot, stats.clone()));
         Ok(Self {
             units: units.into_iter().map(Arc::new).collect(),
             residency,
             streamer,
+            packs,
+            pack_buf: pack_max.map(AlignedBuf::new),
             expected: VecDeque::new(),
             stats,
             resident_bytes,
@@ -104,6 +227,7 @@ impl WeightStore {
         self.streamer
             .as_ref()
             .map_or(0, |s| s.slot_bytes() * s.slots())
+            + self.pack_buf.as_ref().map_or(0, |b| b.capacity())
     }
 
     /// Replaces the bytes of resident unit `id` by `f(bytes)` (a re-encoding done once at load,
@@ -181,6 +305,14 @@ impl WeightStore {
                 return Err(e);
             }
         };
+        if id != usize::MAX && !self.packs[id].is_empty() {
+            let buf = self.pack_buf.take().expect("repack buffer");
+            let p = repack(&b, &self.units[id], &self.packs[id], buf);
+            s.recycle(b);
+            let r = f(&p);
+            self.pack_buf = Some(p.into_buf());
+            return Ok(r);
+        }
         let r = f(&b);
         s.recycle(b);
         Ok(r)
