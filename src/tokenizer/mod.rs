@@ -9,6 +9,7 @@
 //! [`chat`], streamed detokenization in [`stream`].
 
 mod bpe;
+mod byte_bpe;
 pub mod chat;
 pub mod hf;
 mod packed;
@@ -54,18 +55,50 @@ impl Tokenizer {
     /// Builds a tokenizer from GGUF metadata (`tokenizer.ggml.*` keys, GGUF spec
     /// `docs/gguf.md` in the ggml repository).
     ///
-    /// Supported: `tokenizer.ggml.model = "llama"` (SentencePiece BPE). Errors: any other model
-    /// type (named in the message), missing `tokenizer.ggml.tokens`, arrays of the wrong type or
-    /// length, token ids outside the vocabulary.
+    /// Supported: `tokenizer.ggml.model = "llama"` (SentencePiece BPE) and `"gpt2"` (byte-level
+    /// BPE with `tokenizer.ggml.merges`, for the `tokenizer.ggml.pre` names of [`byte_bpe`]).
+    /// Errors: any other model type or pre-tokenizer (named in the message), missing
+    /// `tokenizer.ggml.tokens` or `tokenizer.ggml.merges`, arrays of the wrong type or length,
+    /// token ids outside the vocabulary.
     pub fn from_gguf_metadata(meta: &BTreeMap<String, Value>) -> Result<Tokenizer> {
         let vocab = Vocab::from_metadata(meta)?;
         match vocab.model.as_str() {
             "llama" => Self::build_spm(vocab),
+            "gpt2" => Self::build_byte_bpe(vocab, meta),
             other => bail!(
                 "unsupported tokenizer model type {other:?} (tokenizer.ggml.model); \
-                 only \"llama\" (SentencePiece BPE) is implemented"
+                 only \"llama\" (SentencePiece BPE) and \"gpt2\" (byte-level BPE) are implemented"
             ),
         }
+    }
+
+    /// A byte-level BPE vocabulary (`gpt2`): merges from `tokenizer.ggml.merges`, the
+    /// pre-tokenizer from `tokenizer.ggml.pre`.
+    fn build_byte_bpe(vocab: Vocab, meta: &BTreeMap<String, Value>) -> Result<Tokenizer> {
+        let merges: Vec<&str> = match meta.get("tokenizer.ggml.merges") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::String(s) => Ok(s.as_str()),
+                    other => bail!("tokenizer.ggml.merges[{i}] is not a string: {other:?}"),
+                })
+                .collect::<Result<_>>()?,
+            Some(other) => bail!("GGUF key tokenizer.ggml.merges is not an array: {other:?}"),
+            None => {
+                bail!("GGUF metadata has no tokenizer.ggml.merges (needed by a gpt2 vocabulary)")
+            }
+        };
+        let pre = vocab::opt_str(meta, "tokenizer.ggml.pre")?.unwrap_or("default");
+        let bpe = byte_bpe::build(&vocab, &merges, pre)?;
+        let pieces = byte_bpe::pieces(&vocab)?;
+        let specials = partition::SpecialMatcher::new(&vocab);
+        Ok(Tokenizer {
+            vocab,
+            bpe,
+            pieces,
+            specials,
+        })
     }
 
     /// Builds the BPE first (the large structures), then the small ones, then hands the
