@@ -37,6 +37,7 @@ Run (see tools/reference/README.md for the two virtual environments):
 """
 
 import argparse
+import ctypes
 import hashlib
 import json
 import os
@@ -171,7 +172,14 @@ def greedy(llm, ids):
 
 
 def pieces(llm, ids):
-    return b"".join(llm._model.token_to_piece(t, special=True) for t in ids)
+    """The tokens' bytes from llama_token_to_piece(special = true, lstrip = 0), concatenated."""
+    out = b""
+    for t in ids:
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(llm._model.vocab, t, buf, 256, 0, True)
+        assert 0 <= n <= 256, n
+        out += buf.raw[:n]
+    return out
 
 
 def reference_of(path, hf_ref, dequant_path=None):
