@@ -6,18 +6,21 @@
 //! Tolerances (max |ours − reference| over the vocabulary ÷ max |reference|, at every prompt
 //! position):
 //! - F32 files against llama.cpp: both sides compute in f32 over the same weights (F32 K/V cache
-//!   on llama.cpp's side); only summation order differs. [`F32_TOL`].
+//!   on llama.cpp's side); only summation order differs. [`F32_TOL`] (measured: ≤ 6.8e-7).
 //! - F32 files against transformers (float32, eager) on the same bf16-representable weights:
-//!   [`F32_TOL`] too.
+//!   [`F32_TOL`] too (measured: ≤ 7.3e-7 over the top-10 logits and the last row).
 //! - Quantized files against llama.cpp on a copy of the same file dequantized to F32 by
-//!   llama.cpp (`*.dequant.logits.f32`): the same weight values, f32 arithmetic, [`F32_TOL`].
+//!   llama.cpp (`*.dequant.logits.f32`): the same weight values, f32 arithmetic, [`F32_TOL`]
+//!   (measured: ≤ 4.7e-7). This is the check of our quantized kernels.
 //! - Quantized files against llama.cpp on the quantized file: llama.cpp rounds every activation
-//!   row to 8 bits (Q8_0 / Q8_K blocks of 32 / 256 values, scale = max |x| / 127) before its
-//!   integer dot products, which Deltafin does not (it takes f32 activations); that rounding
-//!   alone moves each product by up to ½ step of 1/127 of the block's largest activation. Its
-//!   effect on the logits is recorded by the fixture itself as `quantized_vs_dequant_rel`
-//!   (llama.cpp quantized against llama.cpp dequantized), and [`Q_TOL_FACTOR`] × that value
-//!   bounds our distance.
+//!   row to 8 bits (Q8_0 blocks of 32 values, scale = max |x| / 127) before its integer dot
+//!   products, which Deltafin does not (it dots f32 activations with the stored blocks). That
+//!   rounding moves each product by up to half a step and, where a token's router scores are
+//!   close, changes which experts it takes, so whole rows of logits move: llama.cpp's own
+//!   quantized pass is 1.1e-2 to 1.6e-1 away from its dequantized one on these fixtures
+//!   (`quantized_vs_dequant_rel` in each reference.json). Each variant's tolerance below is its
+//!   measured distance rounded up by ~25%; as we sit within 5e-7 of the dequantized pass, the
+//!   distance is llama.cpp's rounding, not ours.
 
 mod common;
 
@@ -32,17 +35,22 @@ use deltafin::tokenizer::Tokenizer;
 use serde_json::Value as Json;
 
 /// Relative tolerance where both sides compute in f32 over the same weight values.
-const F32_TOL: f32 = 1e-5;
-/// Against llama.cpp on quantized weights: this many times llama.cpp's own distance between its
-/// quantized and dequantized passes (see the module header).
-const Q_TOL_FACTOR: f32 = 1.5;
+const F32_TOL: f32 = 5e-6;
 
-/// (family, variants) of the fixtures this engine runs.
-const CASES: &[(&str, &[&str])] = &[
-    ("qwen3_moe", &["f32", "q8_0", "q5_0"]),
-    ("mixtral", &["f32", "q8_0", "q4_0"]),
-    ("qwen3", &["f32"]),
-    ("llama", &["f32"]),
+/// (family, variants) of the fixtures this engine runs, each quantized variant with its
+/// tolerance against llama.cpp's pass over the quantized file (see the module header; measured
+/// 2.07e-1, 6.40e-2, 1.57e-2, 8.95e-2).
+const CASES: &[(&str, &[(&str, f32)])] = &[
+    (
+        "qwen3_moe",
+        &[("f32", F32_TOL), ("q8_0", 0.25), ("q5_0", 0.08)],
+    ),
+    (
+        "mixtral",
+        &[("f32", F32_TOL), ("q8_0", 0.02), ("q4_0", 0.11)],
+    ),
+    ("qwen3", &[("f32", F32_TOL)]),
+    ("llama", &[("f32", F32_TOL)]),
 ];
 
 fn dir(family: &str) -> PathBuf {
@@ -141,7 +149,9 @@ fn f32_files_match_transformers() {
             worst = worst.max(rel_diff(&got, &f32s(&p["logits"])));
             assert_eq!(argmax(row), u32s(&p["ids"])[0], "{family}: position {i}");
         }
-        eprintln!("{family}/f32 vs transformers: last rel {last:e}, worst (top-10 + last) {worst:e}");
+        eprintln!(
+            "{family}/f32 vs transformers: last rel {last:e}, worst (top-10 + last) {worst:e}"
+        );
         assert!(worst <= F32_TOL, "{family}: rel {worst:e}");
     }
 }
@@ -150,7 +160,7 @@ fn f32_files_match_transformers() {
 fn quantized_files_match_llama_cpp() {
     for (family, variants) in CASES {
         let r = reference(family);
-        for v in variants.iter().filter(|v| **v != "f32") {
+        for &(v, q_tol) in variants.iter().filter(|v| v.0 != "f32") {
             let rv = variant(&r, v);
             let (ours, vocab) = all_logits(family, v, None);
             let exact = worst_rel(
@@ -169,38 +179,60 @@ fn quantized_files_match_llama_cpp() {
                  (llama.cpp's own quantized-vs-dequantized {spread:e})"
             );
             assert!(exact <= F32_TOL, "{family}/{v}: dequantized rel {exact:e}");
-            assert!(q <= Q_TOL_FACTOR * spread, "{family}/{v}: quantized rel {q:e}");
+            assert!(q <= q_tol, "{family}/{v}: quantized rel {q:e}");
         }
     }
+}
+
+/// Our greedy continuation (argmax, prompt in one batch then one token per step) compared with
+/// `want` up to the first step whose top-2 gap in the reference is at most `margin`; returns
+/// how many steps were compared.
+fn compare_greedy(family: &str, v: &str, want: &[u32], gaps: &[f32], margin: f32) -> usize {
+    let r = reference(family);
+    let n = gaps.iter().position(|&g| g <= margin).unwrap_or(want.len());
+    let mut s = session_at(&gguf_path(family, v), None);
+    let mut l = s.prefill(&u32s(&r["prompt_ids"]), Logits::Last).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..n {
+        let t = argmax(&l);
+        got.push(t);
+        l = s
+            .model
+            .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
+            .unwrap();
+    }
+    assert_eq!(got, want[..n], "{family}/{v}");
+    n
 }
 
 #[test]
 fn greedy_continuations_match_llama_cpp() {
     for (family, variants) in CASES {
         let r = reference(family);
-        let ids = u32s(&r["prompt_ids"]);
-        for v in variants.iter() {
+        for &(v, _) in variants.iter() {
             let rv = variant(&r, v);
             let want = u32s(&rv["continuation_ids"]);
-            let gaps = f32s(&rv["continuation_gaps"]);
-            let scale = rv["max_abs_logit"].as_f64().unwrap() as f32;
-            // Where llama.cpp's own top-2 gap is within what the two computations may differ
-            // by, the continuations may part ways: compare up to the first such step.
-            let margin = if *v == "f32" { 10.0 * F32_TOL } else { 0.05 } * scale;
-            let n = gaps.iter().position(|&g| g <= margin).unwrap_or(want.len());
-            let mut s = session_at(&gguf_path(family, v), None);
-            let mut l = s.prefill(&ids, Logits::Last).unwrap();
-            let mut got = Vec::new();
-            for _ in 0..n {
-                let t = argmax(&l);
-                got.push(t);
-                l = s
-                    .model
-                    .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
-                    .unwrap();
-            }
+            // the margin: 10× what the two f32 computations may differ by
+            let margin = 10.0 * F32_TOL * rv["max_abs_logit"].as_f64().unwrap() as f32;
+            let n = if v == "f32" {
+                compare_greedy(family, v, &want, &f32s(&rv["continuation_gaps"]), margin)
+            } else {
+                // llama.cpp's continuation over the dequantized copy is the one whose logits
+                // we match within F32_TOL; on these fixtures it equals the quantized pass's
+                let deq = u32s(&rv["dequant_continuation_ids"]);
+                assert_eq!(
+                    deq, want,
+                    "{family}/{v}: llama.cpp quantized vs dequantized"
+                );
+                let gaps = f32s(&rv["dequant_continuation_gaps"]);
+                compare_greedy(family, v, &deq, &gaps, margin)
+            };
             eprintln!("{family}/{v}: {n} of {} greedy tokens compared", want.len());
-            assert_eq!(got, want[..n], "{family}/{v}");
+            assert_eq!(
+                n,
+                want.len(),
+                "{family}/{v}: every step's gap allows comparing"
+            );
         }
     }
 }
@@ -225,7 +257,11 @@ fn smallest_budget(path: &Path) -> u64 {
 
 #[test]
 fn streaming_every_expert_gives_identical_logits() {
-    for (family, v) in [("qwen3_moe", "f32"), ("qwen3_moe", "q5_0"), ("mixtral", "q8_0")] {
+    for (family, v) in [
+        ("qwen3_moe", "f32"),
+        ("qwen3_moe", "q5_0"),
+        ("mixtral", "q8_0"),
+    ] {
         let (resident, _) = all_logits(family, v, None);
         let b = smallest_budget(&gguf_path(family, v));
         let (streamed, _) = all_logits(family, v, Some(b));
@@ -264,11 +300,22 @@ fn tokenization_matches_llama_cpp() {
         let g = GgufModel::open(&gguf_path(family, "f32")).unwrap();
         let t = Tokenizer::from_gguf(&g).unwrap();
         let chat = r["prompt_text"].as_str().unwrap();
-        assert_eq!(t.encode(chat, false, true).unwrap(), u32s(&rv["chat_ids"]), "{family}");
+        assert_eq!(
+            t.encode(chat, false, true).unwrap(),
+            u32s(&rv["chat_ids"]),
+            "{family}"
+        );
         let plain = rv["plain_text"].as_str().unwrap();
-        assert_eq!(t.encode(plain, true, false).unwrap(), u32s(&rv["plain_ids"]), "{family}");
+        assert_eq!(
+            t.encode(plain, true, false).unwrap(),
+            u32s(&rv["plain_ids"]),
+            "{family}"
+        );
         let cont = u32s(&rv["continuation_ids"]);
-        let bytes: Vec<u8> = cont.iter().flat_map(|&i| t.token_to_piece(i, true).to_vec()).collect();
+        let bytes: Vec<u8> = cont
+            .iter()
+            .flat_map(|&i| t.token_to_piece(i, true).to_vec())
+            .collect();
         assert_eq!(
             String::from_utf8_lossy(&bytes),
             rv["continuation_pieces"].as_str().unwrap(),
@@ -330,7 +377,10 @@ fn load_errors_name_the_key_or_tensor() {
     edited_gguf(&src, &p, |_| {}, |n| n != "blk.2.ffn_up_exps.weight");
     assert_eq!(
         load_err(&p),
-        format!("{}: tensor 'blk.2.ffn_up_exps.weight' is missing", p.display())
+        format!(
+            "{}: tensor 'blk.2.ffn_up_exps.weight' is missing",
+            p.display()
+        )
     );
     edited_gguf(
         &src,
@@ -369,7 +419,12 @@ fn load_errors_name_the_key_or_tensor() {
     );
     // the converted DeepSeek-V3 file is not runnable by this loader (yet): named architecture
     let e = load_err(&dir("deepseek_v3").join("deepseek_v3-f32.gguf"));
-    assert!(e.ends_with("architecture 'deepseek2' is not supported (supported: gemma3, qwen3moe, qwen3, llama)"), "{e}");
+    assert!(
+        e.ends_with(
+            "architecture 'deepseek2' is not supported (supported: gemma3, qwen3moe, qwen3, llama)"
+        ),
+        "{e}"
+    );
 }
 
 #[test]

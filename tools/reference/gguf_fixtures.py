@@ -12,7 +12,8 @@ For every family in `FAMILIES` this writes `tests/fixtures/gguf/<family>/`:
   `n_prompt x n_vocab` little-endian float32, row-major;
 - for quantized variants also `<variant>.dequant.logits.f32`: the same pass over a copy of the
   file whose tensors llama.cpp dequantized to F32 (`LLAMA_FTYPE_ALL_F32`, allow_requantize), i.e.
-  the quantized weights' exact values computed in float32 (that copy is not kept);
+  the quantized weights' exact values computed in float32 (that copy is not kept), with its own
+  greedy continuation;
 - `reference.json`: per variant the file's sha256, the type of every tensor (and counts per
   type), llama.cpp's tokenizations of the prompt text, the 16-token greedy continuation with
   each step's top-1 minus top-2 gap, and the settings.
@@ -205,6 +206,8 @@ def reference_of(path, hf_ref, dequant_path=None):
     if dequant_path is not None:
         llm = load(dequant_path)
         extra = prompt_logits(llm, ids)
+        dcont, dgaps = greedy(llm, ids)
+        ref.update(dequant_continuation_ids=dcont, dequant_continuation_gaps=[round(g, 6) for g in dgaps])
         del llm
     return ref, logits, extra
 
