@@ -1,4 +1,4 @@
-//! Qwen3 (dense) and Qwen3-MoE from Hugging Face checkpoints, as transformers 5 defines them
+//! Qwen3 (dense) and Qwen3-MoE, as transformers 5 defines them
 //! (`models/qwen3/modeling_qwen3.py`, `models/qwen3_moe/modeling_qwen3_moe.py`): RMSNorm with a
 //! plain weight before attention and before the feed-forward block, grouped-query attention
 //! with per-head q/k RMSNorm before NeoX-style RoPE (`rotate_half`), scores scaled by
@@ -11,6 +11,11 @@
 //! no q/k norm, every layer sparse with experts `block_sparse_moe.experts.E.{w1,w3,w2}` as
 //! gate/up/down, router `block_sparse_moe.gate`, top-k always renormalised, attention limited
 //! to `sliding_window` tokens when set).
+//!
+//! Checkpoints come as Hugging Face folders ([`Qwen3::load`]) or as GGUF files of llama.cpp's
+//! `qwen3moe`, `qwen3` and `llama` architectures ([`super::qwen3_gguf`]); each is resolved to a
+//! [`Checkpoint`] of tensors and built by the same code. GGUF `llama` files rotate interleaved
+//! pairs (llama.cpp's converter permuted their q/k rows), everything else NeoX pairs.
 //!
 //! Weight units: one *spine* unit per layer (q, k, v, o and either the dense MLP or the router)
 //! and one unit per (layer, expert) holding its gate/up/down matrices; embeddings and LM head

@@ -3,7 +3,9 @@
 //!
 //! The BPE itself runs in the `tokenizers` crate: a SentencePiece vocabulary (`llama` model in
 //! GGUF) becomes a `tokenizers` BPE whose merge ranks follow the scores of the merged tokens,
-//! with byte fallback through the `<0xNN>` tokens and `▁` for spaces. What lies around the BPE
+//! with byte fallback through the `<0xNN>` tokens and `▁` for spaces; a byte-level vocabulary
+//! (`gpt2` model) becomes a byte-level BPE with the file's merges and the pre-tokenizer regex
+//! of its `tokenizer.ggml.pre` ([`byte_bpe`]). What lies around the BPE
 //! follows llama.cpp: special and user-defined tokens are cut out of the raw text first (longest
 //! text first), and decoding concatenates llama.cpp's token pieces. Chat templates live in
 //! [`chat`], streamed detokenization in [`stream`].
