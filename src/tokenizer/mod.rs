@@ -5,7 +5,7 @@
 //! GGUF) becomes a `tokenizers` BPE whose merge ranks follow the scores of the merged tokens,
 //! with byte fallback through the `<0xNN>` tokens and `▁` for spaces; a byte-level vocabulary
 //! (`gpt2` model) becomes a byte-level BPE with the file's merges and the pre-tokenizer regex
-//! of its `tokenizer.ggml.pre` ([`byte_bpe`]). What lies around the BPE
+//! of its `tokenizer.ggml.pre` (`byte_bpe.rs`). What lies around the BPE
 //! follows llama.cpp: special and user-defined tokens are cut out of the raw text first (longest
 //! text first), and decoding concatenates llama.cpp's token pieces. Chat templates live in
 //! [`chat`], streamed detokenization in [`stream`].
@@ -58,7 +58,8 @@ impl Tokenizer {
     /// `docs/gguf.md` in the ggml repository).
     ///
     /// Supported: `tokenizer.ggml.model = "llama"` (SentencePiece BPE) and `"gpt2"` (byte-level
-    /// BPE with `tokenizer.ggml.merges`, for the `tokenizer.ggml.pre` names of [`byte_bpe`]).
+    /// BPE with `tokenizer.ggml.merges`, for the `tokenizer.ggml.pre` names `qwen2`,
+    /// `deepseek-r1-qwen`, `llama3`, `llama-v3` and `llama-bpe`).
     /// Errors: any other model type or pre-tokenizer (named in the message), missing
     /// `tokenizer.ggml.tokens` or `tokenizer.ggml.merges`, arrays of the wrong type or length,
     /// token ids outside the vocabulary.
