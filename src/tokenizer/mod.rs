@@ -309,6 +309,41 @@ mod tests {
         assert_eq!(t.encode("Ac", false, false).unwrap(), [7, 8]);
     }
 
+    /// A byte-level (`gpt2`) vocabulary: texts in GPT-2's byte alphabet (`Ġ` is the space).
+    fn byte_level(pre: &str) -> Result<Tokenizer> {
+        let texts = ["a", "b", "ab", "\u{120}", "\u{120}ab", "<|end|>"];
+        let types = [1, 1, 1, 1, 1, 3];
+        let mut m = BTreeMap::new();
+        m.insert("tokenizer.ggml.model".into(), Value::String("gpt2".into()));
+        m.insert("tokenizer.ggml.pre".into(), Value::String(pre.into()));
+        let strs =
+            |v: &[&str]| Value::Array(v.iter().map(|t| Value::String(t.to_string())).collect());
+        m.insert("tokenizer.ggml.tokens".into(), strs(&texts));
+        m.insert(
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(types.iter().map(|&t| Value::I32(t)).collect()),
+        );
+        m.insert("tokenizer.ggml.merges".into(), strs(&["a b", "\u{120} ab"]));
+        Tokenizer::from_gguf_metadata(&m)
+    }
+
+    #[test]
+    fn byte_level_vocabularies_split_merge_and_render_bytes() {
+        let t = byte_level("qwen2").unwrap();
+        // " ab" is one pre-token: Ġ a b → Ġ ab → Ġab
+        assert_eq!(t.encode("ab ab<|end|>", false, true).unwrap(), [2, 4, 5]);
+        assert_eq!(t.token_to_piece(4, false), b" ab");
+        assert_eq!(t.token_to_piece(5, false), b"");
+        assert_eq!(t.token_to_piece(5, true), b"<|end|>");
+        // qwen2 adds no BOS by default; an unknown pre-tokenizer is named
+        assert!(!t.vocab.add_bos);
+        let e = byte_level("gpt-4o").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "tokenizer.ggml.pre 'gpt-4o' is not supported (supported: qwen2, deepseek-r1-qwen, llama3, llama-v3, llama-bpe)"
+        );
+    }
+
     #[test]
     fn packed_pieces_follow_token_types() {
         let t = tok();
