@@ -382,6 +382,13 @@ fn load_errors_name_the_key_or_tensor() {
             p.display()
         )
     );
+    // a qwen3moe layer without a router is read as a dense layer (Qwen3-MoE's
+    // `mlp_only_layers`; llama.cpp itself would refuse it), which needs the dense tensors
+    edited_gguf(&src, &p, |_| {}, |n| n != "blk.1.ffn_gate_inp.weight");
+    assert_eq!(
+        load_err(&p),
+        format!("{}: tensor 'blk.1.ffn_gate.weight' is missing", p.display())
+    );
     edited_gguf(
         &src,
         &p,
