@@ -42,6 +42,7 @@ import ctypes
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,6 +80,14 @@ FAMILIES = {
     # the converter keeps the MXFP4 experts as they are (the "f32" file is F32 + MXFP4); requantizing
     # them is refused, MXFP4_MOE keeps them and makes the rest Q8_0.
     "gpt_oss": ("gpt_oss_mxfp4", {"mxfp4_moe": llama_cpp.LLAMA_FTYPE_MOSTLY_MXFP4_MOE}),
+}
+
+# Keys the published config.json of a family carries but transformers 5 does not write, added to
+# a copy of the fixture's config before conversion. DeepSeek-V3's `scoring_func` is what makes the
+# converter write `deepseek2.expert_gating_func = sigmoid`; without it llama.cpp routes DeepSeek
+# models with a softmax (its default for old DeepSeek-V2 files).
+PUBLISHED_CONFIG_KEYS = {
+    "deepseek_v3": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
 }
 
 CONVERT_WRAPPER = """
@@ -221,8 +230,20 @@ def build(family, out_root):
     os.makedirs(out, exist_ok=True)
     pre = pre_tokenizer_of(hf_dir)
     f32 = os.path.join(out, f"{family}-f32.gguf")
-    convert(ARGS, hf_dir, pre, f32)
     tmp = tempfile.mkdtemp()
+    src = hf_dir
+    if family in PUBLISHED_CONFIG_KEYS:
+        src = os.path.join(tmp, "hf")
+        os.makedirs(src)
+        for f in os.listdir(hf_dir):
+            os.symlink(os.path.abspath(os.path.join(hf_dir, f)), os.path.join(src, f))
+        with open(os.path.join(hf_dir, "config.json")) as f:
+            cfg = json.load(f)
+        cfg.update(PUBLISHED_CONFIG_KEYS[family])
+        os.unlink(os.path.join(src, "config.json"))
+        with open(os.path.join(src, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+    convert(ARGS, src, pre, f32)
     variants = {"f32": (f32, None)}
     if set(tensor_types(f32)[1]) - {"F32"}:  # MXFP4 experts: also a dequantized reference
         deq = os.path.join(tmp, f"{family}-f32-dequant.gguf")
@@ -236,6 +257,7 @@ def build(family, out_root):
         variants[q] = (dst, deq)
     result = dict(
         family=family, hf_fixture=f"tests/fixtures/hf/{hf_name}", pre_tokenizer=pre,
+        config_keys_added=PUBLISHED_CONFIG_KEYS.get(family, {}),
         versions=dict(llama_cpp_python=llama_cpp.__version__, numpy=np.__version__),
         settings=dict(threads=THREADS, n_ctx=N_CTX, n_batch=N_CTX, type_k="F32", type_v="F32",
                       flash_attn=False, logits_all=True,
@@ -261,9 +283,7 @@ def build(family, out_root):
             ref["dequant_logits_file"] = f"{v}.dequant.logits.f32"
             ref["quantized_vs_dequant_rel"] = float(np.abs(logits - deq_logits).max() / np.abs(deq_logits).max())
         result["variants"][v] = ref
-    for f in os.listdir(tmp):
-        os.unlink(os.path.join(tmp, f))
-    os.rmdir(tmp)
+    shutil.rmtree(tmp)
     with open(os.path.join(out, "reference.json"), "w") as f:
         json.dump(result, f, indent=1, ensure_ascii=False)
         f.write("\n")
