@@ -109,11 +109,17 @@ fn eog_tokens_are_found_by_text_and_become_control() {
 
 #[test]
 fn unsupported_model_types_are_named() {
+    let err = Tokenizer::from_gguf_metadata(&meta("bert", false)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "unsupported tokenizer model type \"bert\" (tokenizer.ggml.model); only \"llama\" \
+         (SentencePiece BPE) and \"gpt2\" (byte-level BPE) are implemented"
+    );
+    // a byte-level vocabulary needs its merges
     let err = Tokenizer::from_gguf_metadata(&meta("gpt2", false)).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "unsupported tokenizer model type \"gpt2\" (tokenizer.ggml.model); only \"llama\" \
-         (SentencePiece BPE) is implemented"
+        "GGUF metadata has no tokenizer.ggml.merges (needed by a gpt2 vocabulary)"
     );
 }
 

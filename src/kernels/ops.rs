@@ -1,4 +1,5 @@
-//! Element-wise and per-row operations of transformer blocks: RMSNorm, RoPE, GELU, softmax.
+//! Element-wise and per-row operations of transformer blocks: RMSNorm, RoPE (NeoX and
+//! interleaved layouts), GELU, softmax.
 //! Scalar, deterministic and independent of thread count; the heavy work is in the matrix
 //! kernels.
 
@@ -47,6 +48,22 @@ pub fn rope_neox(x: &mut [f32], pos: usize, inv_freq: &[f32]) {
         let (a, b) = (x[i], x[i + half]);
         x[i] = a * c - b * s;
         x[i + half] = a * s + b * c;
+    }
+}
+
+/// Applies rotary embeddings in the original interleaved layout (dimension `2i` pairs with
+/// `2i + 1`, as RoFormer defines it and llama.cpp's `LLAMA_ROPE_TYPE_NORM` computes it) to one
+/// head `x` of `2 * inv_freq.len()` values at position `pos`. llama.cpp's converter permutes the
+/// rows of Llama's q/k projections so that this layout on its GGUF weights equals the NeoX
+/// layout ([`rope_neox`]) on the Hugging Face weights. Angles are computed in f64.
+pub fn rope_interleaved(x: &mut [f32], pos: usize, inv_freq: &[f32]) {
+    debug_assert_eq!(x.len(), 2 * inv_freq.len());
+    for (pair, &f) in x.chunks_exact_mut(2).zip(inv_freq) {
+        let theta = pos as f64 * f as f64;
+        let (s, c) = (theta.sin() as f32, theta.cos() as f32);
+        let (a, b) = (pair[0], pair[1]);
+        pair[0] = a * c - b * s;
+        pair[1] = a * s + b * c;
     }
 }
 
@@ -109,6 +126,21 @@ mod tests {
         let mut z = [0.5f32, -1.0, 2.0, 0.25];
         rope_neox(&mut z, 0, &inv);
         assert_eq!(z, [0.5, -1.0, 2.0, 0.25]);
+    }
+
+    #[test]
+    fn interleaved_rope_rotates_adjacent_pairs_like_neox_on_permuted_rows() {
+        let inv = rope_inv_freq(4, 10000.0, 1.0);
+        let mut x = [1.0f32, 0.0, 0.0, 1.0];
+        rope_interleaved(&mut x, 1, &inv);
+        // pair (0,1) rotates by 1 rad, pair (2,3) by 0.01 rad
+        assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
+        assert!((x[2] + 0.01f32.sin()).abs() < 1e-6 && (x[3] - 0.01f32.cos()).abs() < 1e-6);
+        // NeoX on [a0, a1, b0, b1] equals interleaved on [a0, b0, a1, b1], reordered back
+        let (mut neox, mut inter) = ([0.3f32, -1.2, 0.7, 2.0], [0.3f32, 0.7, -1.2, 2.0]);
+        rope_neox(&mut neox, 5, &inv);
+        rope_interleaved(&mut inter, 5, &inv);
+        assert_eq!(neox, [inter[0], inter[2], inter[1], inter[3]]);
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub use super::gpt_oss_config::Config;
 
 use super::embed_head::{head_chunks, whole, Embedding, Head};
 use super::layers::{
-    add_into, attention_with_sinks, mm, norm_rope_heads, rms_norm_rows, AttnShape,
+    add_into, attention_with_sinks, mm, norm_rope_heads, rms_norm_rows, AttnShape, RopeStyle,
 };
 use super::loading::{mat, read_vector, slice_outer, unit_of, MatRef, Tensors};
 use super::moe::{moe_forward_with, route_topk_softmax, ExpertSource};
@@ -635,8 +635,28 @@ impl GptOss {
         // the YaRN attention factor multiplies cos and sin, so q and k each once
         let af = self.attn_factor;
         let scale = af / (hd as f32).sqrt();
-        norm_rope_heads(&mut q, n, hd, None, eps, pos0, &self.inv_freq, scale);
-        norm_rope_heads(&mut k, n, hd, None, eps, pos0, &self.inv_freq, af);
+        norm_rope_heads(
+            &mut q,
+            n,
+            hd,
+            None,
+            eps,
+            pos0,
+            &self.inv_freq,
+            RopeStyle::Neox,
+            scale,
+        );
+        norm_rope_heads(
+            &mut k,
+            n,
+            hd,
+            None,
+            eps,
+            pos0,
+            &self.inv_freq,
+            RopeStyle::Neox,
+            af,
+        );
         cache.k[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&k);
         cache.v[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&v);
         let shape = AttnShape {

@@ -4,7 +4,9 @@
 
 use rayon::prelude::*;
 
-use crate::kernels::ops::{rms_norm, rms_norm_inplace, rope_neox, softcap, softmax_inplace};
+use crate::kernels::ops::{
+    rms_norm, rms_norm_inplace, rope_interleaved, rope_neox, softcap, softmax_inplace,
+};
 use crate::kernels::{matmul, matvec, Matrix};
 
 /// `Y = X Wᵀ` for `n` rows of `x` (`n × w.cols`) into `y` (`n × w.rows`); matvec for one row.
@@ -53,8 +55,19 @@ pub fn swiglu_mlp(gate: &Matrix, up: &Matrix, down: &Matrix, x: &[f32], n: usize
     mm(down, &g, n, out);
 }
 
-/// Per-head RMSNorm (weight `w`, `head_dim` wide; skipped when `None`), then NeoX RoPE at
-/// positions `pos0 + t`, then a multiplication by `scale`, for every `head_dim` slice of the
+/// Which dimensions RoPE rotates together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// `i` with `i + head_dim/2` ([`rope_neox`]): Hugging Face checkpoints, llama.cpp's NeoX
+    /// architectures (`qwen3`, `qwen3moe`, `gemma3`).
+    Neox,
+    /// `2i` with `2i + 1` ([`rope_interleaved`]): llama.cpp's `llama` architecture, whose
+    /// converter permuted the q/k rows to match.
+    Interleaved,
+}
+
+/// Per-head RMSNorm (weight `w`, `head_dim` wide; skipped when `None`), then RoPE of `style`
+/// at positions `pos0 + t`, then a multiplication by `scale`, for every `head_dim` slice of the
 /// `n` rows of `x` (`n × heads × head_dim`). Qwen3 / Gemma 3 q/k norms come before RoPE.
 #[allow(clippy::too_many_arguments)]
 pub fn norm_rope_heads(
@@ -65,6 +78,7 @@ pub fn norm_rope_heads(
     eps: f32,
     pos0: usize,
     inv_freq: &[f32],
+    style: RopeStyle,
     scale: f32,
 ) {
     let row = x.len() / n.max(1);
@@ -73,7 +87,10 @@ pub fn norm_rope_heads(
             if let Some(w) = w {
                 rms_norm_inplace(h, w, eps);
             }
-            rope_neox(h, pos0 + t, inv_freq);
+            match style {
+                RopeStyle::Neox => rope_neox(h, pos0 + t, inv_freq),
+                RopeStyle::Interleaved => rope_interleaved(h, pos0 + t, inv_freq),
+            }
             if scale != 1.0 {
                 h.iter_mut().for_each(|v| *v *= scale);
             }

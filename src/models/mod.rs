@@ -13,6 +13,7 @@ pub mod mla;
 pub mod moe;
 pub mod qwen3;
 mod qwen3_config;
+pub mod qwen3_gguf;
 
 use crate::engine::KvCache;
 use crate::source::gguf::GgufModel;
@@ -132,8 +133,12 @@ pub fn load_gguf(
             let (m, s) = gemma3::Gemma3::load(gguf, opts)?;
             Ok((Box::new(m), s))
         }
+        "qwen3moe" | "qwen3" | "llama" => {
+            let (m, s) = qwen3_gguf::load(gguf, opts)?;
+            Ok((Box::new(m), s))
+        }
         other => anyhow::bail!(
-            "{}: architecture '{other}' is not supported (supported: gemma3)",
+            "{}: architecture '{other}' is not supported (supported: gemma3, qwen3moe, qwen3, llama)",
             gguf.files[0].display()
         ),
     }

@@ -1,4 +1,4 @@
-//! Qwen3 (dense) and Qwen3-MoE from Hugging Face checkpoints, as transformers 5 defines them
+//! Qwen3 (dense) and Qwen3-MoE, as transformers 5 defines them
 //! (`models/qwen3/modeling_qwen3.py`, `models/qwen3_moe/modeling_qwen3_moe.py`): RMSNorm with a
 //! plain weight before attention and before the feed-forward block, grouped-query attention
 //! with per-head q/k RMSNorm before NeoX-style RoPE (`rotate_half`), scores scaled by
@@ -12,6 +12,11 @@
 //! gate/up/down, router `block_sparse_moe.gate`, top-k always renormalised, attention limited
 //! to `sliding_window` tokens when set).
 //!
+//! Checkpoints come as Hugging Face folders ([`Qwen3::load`]) or as GGUF files of llama.cpp's
+//! `qwen3moe`, `qwen3` and `llama` architectures ([`super::qwen3_gguf`]); each is resolved to a
+//! [`Checkpoint`] of tensors and built by the same code. GGUF `llama` files rotate interleaved
+//! pairs (llama.cpp's converter permuted their q/k rows), everything else NeoX pairs.
+//!
 //! Weight units: one *spine* unit per layer (q, k, v, o and either the dense MLP or the router)
 //! and one unit per (layer, expert) holding its gate/up/down matrices; embeddings and LM head
 //! as in [`super::embed_head`]. Streamed reads are planned as the pass goes: a layer's experts
@@ -23,12 +28,13 @@ pub use super::qwen3_config::Config;
 
 use super::embed_head::{head_chunks, whole, Embedding, Head};
 use super::layers::{
-    add_into, attention, mm, norm_rope_heads, rms_norm_rows, swiglu_mlp, AttnShape,
+    add_into, attention, mm, norm_rope_heads, rms_norm_rows, swiglu_mlp, AttnShape, RopeStyle,
 };
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
 use super::moe::{moe_forward, route_softmax_topk, ExpertMats, StoreExperts, UnitExperts};
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
+use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
 use crate::store::plan::{choose_resident, Candidate};
 use crate::store::{DirectFile, Unit, UnitBytes, WeightStore, IO_ALIGN};
@@ -74,47 +80,164 @@ pub struct Qwen3 {
     embedding: Embedding,
     head: Head,
     inv_freq: Vec<f32>,
+    rope: RopeStyle,
     placement: Placement,
 }
 
+/// The feed-forward tensors of one layer.
+pub(super) enum FfnTensors {
+    /// SwiGLU MLP: gate, up (`[hidden, ff]` in GGML order), down (`[ff, hidden]`).
+    Dense([TensorInfo; 3]),
+    /// Router (`[hidden, n_experts]`) and each expert's gate, up, down (as for `Dense`, of
+    /// the expert width). An expert's tensors may be byte ranges inside stacked tensors.
+    Moe {
+        router: TensorInfo,
+        experts: Vec<[TensorInfo; 3]>,
+    },
+}
+
+/// The tensors of one decoder layer, already checked for presence, shape and type.
+pub(super) struct LayerTensors {
+    /// q (`[hidden, q_dim]`), k, v (`[hidden, kv_dim]`), o (`[q_dim, hidden]`).
+    pub attn: [TensorInfo; 4],
+    pub input_norm: TensorInfo,
+    /// Per-head q/k RMSNorm weights (`head_dim`), Qwen3 families only.
+    pub qk_norm: Option<[TensorInfo; 2]>,
+    pub post_attn_norm: TensorInfo,
+    pub ffn: FfnTensors,
+}
+
+/// A checkpoint resolved to tensors, whatever its format (Hugging Face folder or GGUF).
+pub(super) struct Checkpoint {
+    pub files: Vec<std::path::PathBuf>,
+    /// Token embeddings, `[hidden, vocab]`.
+    pub embd: TensorInfo,
+    /// LM head, `[hidden, vocab]`; `None` when tied to the embeddings.
+    pub head: Option<TensorInfo>,
+    pub final_norm: TensorInfo,
+    pub layers: Vec<LayerTensors>,
+    /// RoPE inverse frequencies (`head_dim / 2`, radians per token).
+    pub inv_freq: Vec<f32>,
+    pub rope: RopeStyle,
+}
+
+/// Resolves a Hugging Face folder's tensors (names of transformers' `Qwen3ForCausalLM`,
+/// `Qwen3MoeForCausalLM`, `LlamaForCausalLM`, `MixtralForCausalLM`).
+fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
+    let ts = Tensors::from_list(hf.dir.display().to_string(), &hf.tensors);
+    let (d, ff, qd, kvd, hd) = (
+        c.hidden_size,
+        c.intermediate_size,
+        c.q_dim(),
+        c.kv_dim(),
+        c.head_dim(),
+    );
+    let (ne, eff) = (c.n_experts(), c.expert_ff());
+    let mixtral = c.model_type == "mixtral";
+    // (router, expert prefix, gate, up, down) tensor names
+    let (router_name, expert_prefix, [eg, eu, ed]) = if mixtral {
+        (
+            "block_sparse_moe.gate",
+            "block_sparse_moe",
+            ["w1", "w3", "w2"],
+        )
+    } else {
+        ("mlp.gate", "mlp", ["gate_proj", "up_proj", "down_proj"])
+    };
+    let get = |name: &str, shape: &[usize]| ts.get(name, shape).cloned();
+    let embd = get("model.embed_tokens.weight", &[d, c.vocab_size])?;
+    let head = match c.tie_word_embeddings {
+        true => None,
+        false => Some(get("lm_head.weight", &[d, c.vocab_size])?),
+    };
+    let mut layers = Vec::with_capacity(c.num_hidden_layers);
+    for l in 0..c.num_hidden_layers {
+        let n = |s: &str| format!("model.layers.{l}.{s}.weight");
+        let attn = [
+            get(&n("self_attn.q_proj"), &[d, qd])?,
+            get(&n("self_attn.k_proj"), &[d, kvd])?,
+            get(&n("self_attn.v_proj"), &[d, kvd])?,
+            get(&n("self_attn.o_proj"), &[qd, d])?,
+        ];
+        let ffn = if c.is_moe_layer(l) {
+            let router = get(&n(router_name), &[d, ne])?;
+            let experts = (0..ne)
+                .map(|e| {
+                    let x = |s: &str| {
+                        format!("model.layers.{l}.{expert_prefix}.experts.{e}.{s}.weight")
+                    };
+                    Ok([
+                        get(&x(eg), &[d, eff])?,
+                        get(&x(eu), &[d, eff])?,
+                        get(&x(ed), &[eff, d])?,
+                    ])
+                })
+                .collect::<Result<_>>()?;
+            FfnTensors::Moe { router, experts }
+        } else {
+            FfnTensors::Dense([
+                get(&n("mlp.gate_proj"), &[d, ff])?,
+                get(&n("mlp.up_proj"), &[d, ff])?,
+                get(&n("mlp.down_proj"), &[ff, d])?,
+            ])
+        };
+        layers.push(LayerTensors {
+            attn,
+            input_norm: get(&n("input_layernorm"), &[d])?,
+            qk_norm: match c.has_qk_norm() {
+                true => Some([
+                    get(&n("self_attn.q_norm"), &[hd])?,
+                    get(&n("self_attn.k_norm"), &[hd])?,
+                ]),
+                false => None,
+            },
+            post_attn_norm: get(&n("post_attention_layernorm"), &[d])?,
+            ffn,
+        });
+    }
+    Ok(Checkpoint {
+        files: hf.files.clone(),
+        embd,
+        head,
+        final_norm: get("model.norm.weight", &[d])?,
+        layers,
+        inv_freq: c.rope_freqs(),
+        rope: RopeStyle::Neox,
+    })
+}
+
 impl Qwen3 {
-    /// Loads a `qwen3`, `qwen3_moe`, `llama` or `mixtral` checkpoint folder under `opts`: checks every tensor's
-    /// presence, shape and dtype, plans residency under the RAM budget (LM head, embeddings,
-    /// spine layers, then experts, greedily), reads the resident units and starts the streamer.
+    /// Loads a `qwen3`, `qwen3_moe`, `llama` or `mixtral` checkpoint folder under `opts`:
+    /// checks every tensor's presence, shape and dtype, plans residency under the RAM budget
+    /// (LM head, embeddings, spine layers, then experts, greedily), reads the resident units
+    /// and starts the streamer.
     ///
     /// Errors: config errors ([`Config::from_json`]), a missing or mis-shaped tensor (named
     /// with the folder), a budget too small for KV cache, activations and stream buffers, an
     /// unreadable file.
     pub fn load(hf: &HfModel, opts: &LoadOptions) -> Result<(Self, WeightStore)> {
-        let label = hf.dir.display().to_string();
         let c = Config::from_json(&hf.config, &hf.config_path().display().to_string())?;
-        let ts = Tensors::from_list(label, &hf.tensors);
-        let (d, ff, qd, kvd, hd) = (
-            c.hidden_size,
-            c.intermediate_size,
-            c.q_dim(),
-            c.kv_dim(),
-            c.head_dim(),
-        );
+        let ck = hf_checkpoint(&c, hf)?;
+        Self::build(c, ck, opts)
+    }
+
+    /// Builds the model over resolved tensors: groups them into units (one spine unit per
+    /// layer, one unit per (layer, expert)), plans residency under `opts.ram_budget`, reads
+    /// the norms and the resident units and opens the store.
+    ///
+    /// Errors: a budget too small for KV cache, activations and stream buffers; an unreadable
+    /// file.
+    pub(super) fn build(
+        c: Config,
+        ck: Checkpoint,
+        opts: &LoadOptions,
+    ) -> Result<(Self, WeightStore)> {
+        let (d, ff, qd, kvd) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim());
         let (ne, eff) = (c.n_experts(), c.expert_ff());
-        let mixtral = c.model_type == "mixtral";
-        // (router, expert prefix, gate, up, down) tensor names
-        let (router_name, expert_prefix, [eg, eu, ed]) = if mixtral {
-            (
-                "block_sparse_moe.gate",
-                "block_sparse_moe",
-                ["w1", "w3", "w2"],
-            )
-        } else {
-            ("mlp.gate", "mlp", ["gate_proj", "up_proj", "down_proj"])
-        };
-        let embd = ts.get("model.embed_tokens.weight", &[d, c.vocab_size])?;
-        let head_t = if c.tie_word_embeddings {
-            embd
-        } else {
-            ts.get("lm_head.weight", &[d, c.vocab_size])?
-        };
-        let files: Vec<DirectFile> = hf
+        let embd = &ck.embd;
+        let head_t = ck.head.as_ref().unwrap_or(embd);
+        let tied = ck.head.is_none();
+        let files: Vec<DirectFile> = ck
             .files
             .iter()
             .map(|p| {
@@ -122,41 +245,29 @@ impl Qwen3 {
                     .with_context(|| format!("opening {}", p.display()))
             })
             .collect::<Result<_>>()?;
-        let vec_of =
-            |name: &str, n: usize| -> Result<Vec<f32>> { read_vector(&files, ts.get(name, &[n])?) };
-        let final_norm = vec_of("model.norm.weight", d)?;
+        let vec_of = |t: &TensorInfo| -> Result<Vec<f32>> { read_vector(&files, t) };
+        let final_norm = vec_of(&ck.final_norm)?;
 
         let mut units: Vec<Unit> = Vec::new();
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         let mut norms = Vec::with_capacity(c.num_hidden_layers);
         let mut experts = UnitExperts { units: Vec::new() };
         let mut expert_units = Vec::new();
-        for l in 0..c.num_hidden_layers {
-            let n = |s: &str| format!("model.layers.{l}.{s}.weight");
-            let moe = c.is_moe_layer(l);
-            let mut list = vec![
-                ts.get(&n("self_attn.q_proj"), &[d, qd])?,
-                ts.get(&n("self_attn.k_proj"), &[d, kvd])?,
-                ts.get(&n("self_attn.v_proj"), &[d, kvd])?,
-                ts.get(&n("self_attn.o_proj"), &[qd, d])?,
-            ];
-            if moe {
-                list.push(ts.get(&n(router_name), &[d, ne])?);
-            } else {
-                list.push(ts.get(&n("mlp.gate_proj"), &[d, ff])?);
-                list.push(ts.get(&n("mlp.up_proj"), &[d, ff])?);
-                list.push(ts.get(&n("mlp.down_proj"), &[ff, d])?);
+        for lt in &ck.layers {
+            let mut list: Vec<&TensorInfo> = lt.attn.iter().collect();
+            match &lt.ffn {
+                FfnTensors::Dense(m) => list.extend(m.iter()),
+                FfnTensors::Moe { router, .. } => list.push(router),
             }
             let (unit, place) = unit_of(&list);
             let m: Vec<MatRef> = list.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
-            let ffn = if moe {
-                Ffn::Moe { router: m[4] }
-            } else {
-                Ffn::Dense {
+            let ffn = match &lt.ffn {
+                FfnTensors::Moe { .. } => Ffn::Moe { router: m[4] },
+                FfnTensors::Dense(_) => Ffn::Dense {
                     gate: m[4],
                     up: m[5],
                     down: m[6],
-                }
+                },
             };
             layers.push((
                 units.len(),
@@ -170,28 +281,15 @@ impl Qwen3 {
             ));
             units.push(unit);
             norms.push(LayerNorms {
-                input: vec_of(&n("input_layernorm"), d)?,
-                q: match c.has_qk_norm() {
-                    true => Some(vec_of(&n("self_attn.q_norm"), hd)?),
-                    false => None,
-                },
-                k: match c.has_qk_norm() {
-                    true => Some(vec_of(&n("self_attn.k_norm"), hd)?),
-                    false => None,
-                },
-                post_attn: vec_of(&n("post_attention_layernorm"), d)?,
+                input: vec_of(&lt.input_norm)?,
+                q: lt.qk_norm.as_ref().map(|t| vec_of(&t[0])).transpose()?,
+                k: lt.qk_norm.as_ref().map(|t| vec_of(&t[1])).transpose()?,
+                post_attn: vec_of(&lt.post_attn_norm)?,
             });
             let mut le = Vec::new();
-            if moe {
-                for e in 0..ne {
-                    let x = |s: &str| {
-                        format!("model.layers.{l}.{expert_prefix}.experts.{e}.{s}.weight")
-                    };
-                    let list = [
-                        ts.get(&x(eg), &[d, eff])?,
-                        ts.get(&x(eu), &[d, eff])?,
-                        ts.get(&x(ed), &[eff, d])?,
-                    ];
+            if let FfnTensors::Moe { experts: xs, .. } = &lt.ffn {
+                for x in xs {
+                    let list: Vec<&TensorInfo> = x.iter().collect();
                     let (unit, place) = unit_of(&list);
                     let m: Vec<MatRef> = list.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
                     le.push((
@@ -223,7 +321,12 @@ impl Qwen3 {
         let per_tok = 4 * d + 2 * qd + 2 * kvd + 2 * ff.max(eff) + ne;
         let scratch_bytes =
             4 * (nb * per_tok + c.vocab_size + rayon::current_num_threads() * n_ctx);
-        let qk_norms = if c.has_qk_norm() { 2 * hd } else { 0 };
+        let hd = c.head_dim();
+        let qk_norms = if ck.layers.iter().any(|l| l.qk_norm.is_some()) {
+            2 * hd
+        } else {
+            0
+        };
         let norms_bytes = 4 * (d * (2 * c.num_hidden_layers + 1) + qk_norms * c.num_hidden_layers);
         let head_unit = unit_of(&[head_t]).0;
         let embd_unit = unit_of(&[embd]).0;
@@ -231,7 +334,7 @@ impl Qwen3 {
             name: "LM head".into(),
             bytes: head_unit.buffer_bytes(),
         }];
-        if !c.tie_word_embeddings {
+        if !tied {
             cands.push(Candidate {
                 name: "embeddings".into(),
                 bytes: embd_unit.buffer_bytes(),
@@ -268,11 +371,7 @@ impl Qwen3 {
             _ => (vec![true; cands.len()], 0),
         };
         let head_resident = flags[0];
-        let embd_resident = if c.tie_word_embeddings {
-            head_resident
-        } else {
-            flags[1]
-        };
+        let embd_resident = if tied { head_resident } else { flags[1] };
         let mut resident: Vec<bool> = flags[n_head_cands..].to_vec();
         let head = if head_resident {
             units.push(head_unit);
@@ -290,7 +389,7 @@ impl Qwen3 {
             }
             Head::Chunks(chunks)
         };
-        let embedding = match (&head, embd_resident, c.tie_word_embeddings) {
+        let embedding = match (&head, embd_resident, tied) {
             (Head::Resident { unit, mat }, true, true) => Embedding::Resident {
                 unit: *unit,
                 mat: *mat,
@@ -317,7 +416,7 @@ impl Qwen3 {
             .filter(|r| **r)
             .count();
         let store = WeightStore::open(
-            &hf.files,
+            &ck.files,
             units,
             &resident,
             STREAM_SLOTS,
@@ -339,16 +438,13 @@ impl Qwen3 {
                 } else {
                     "streamed"
                 },
-                if c.tie_word_embeddings {
-                    " (tied to embeddings)"
-                } else {
-                    ""
-                }
+                if tied { " (tied to embeddings)" } else { "" }
             ),
         };
         Ok((
             Self {
-                inv_freq: c.rope_freqs(),
+                inv_freq: ck.inv_freq,
+                rope: ck.rope,
                 config: c,
                 layers,
                 norms,
@@ -406,6 +502,7 @@ impl Qwen3 {
             eps,
             pos0,
             &self.inv_freq,
+            self.rope,
             scale,
         );
         norm_rope_heads(
@@ -416,6 +513,7 @@ impl Qwen3 {
             eps,
             pos0,
             &self.inv_freq,
+            self.rope,
             1.0,
         );
         cache.k[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&k);

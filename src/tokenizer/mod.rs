@@ -3,12 +3,15 @@
 //!
 //! The BPE itself runs in the `tokenizers` crate: a SentencePiece vocabulary (`llama` model in
 //! GGUF) becomes a `tokenizers` BPE whose merge ranks follow the scores of the merged tokens,
-//! with byte fallback through the `<0xNN>` tokens and `▁` for spaces. What lies around the BPE
+//! with byte fallback through the `<0xNN>` tokens and `▁` for spaces; a byte-level vocabulary
+//! (`gpt2` model) becomes a byte-level BPE with the file's merges and the pre-tokenizer regex
+//! of its `tokenizer.ggml.pre` (`byte_bpe.rs`). What lies around the BPE
 //! follows llama.cpp: special and user-defined tokens are cut out of the raw text first (longest
 //! text first), and decoding concatenates llama.cpp's token pieces. Chat templates live in
 //! [`chat`], streamed detokenization in [`stream`].
 
 mod bpe;
+mod byte_bpe;
 pub mod chat;
 pub mod hf;
 mod packed;
@@ -54,18 +57,51 @@ impl Tokenizer {
     /// Builds a tokenizer from GGUF metadata (`tokenizer.ggml.*` keys, GGUF spec
     /// `docs/gguf.md` in the ggml repository).
     ///
-    /// Supported: `tokenizer.ggml.model = "llama"` (SentencePiece BPE). Errors: any other model
-    /// type (named in the message), missing `tokenizer.ggml.tokens`, arrays of the wrong type or
-    /// length, token ids outside the vocabulary.
+    /// Supported: `tokenizer.ggml.model = "llama"` (SentencePiece BPE) and `"gpt2"` (byte-level
+    /// BPE with `tokenizer.ggml.merges`, for the `tokenizer.ggml.pre` names `qwen2`,
+    /// `deepseek-r1-qwen`, `llama3`, `llama-v3` and `llama-bpe`).
+    /// Errors: any other model type or pre-tokenizer (named in the message), missing
+    /// `tokenizer.ggml.tokens` or `tokenizer.ggml.merges`, arrays of the wrong type or length,
+    /// token ids outside the vocabulary.
     pub fn from_gguf_metadata(meta: &BTreeMap<String, Value>) -> Result<Tokenizer> {
         let vocab = Vocab::from_metadata(meta)?;
         match vocab.model.as_str() {
             "llama" => Self::build_spm(vocab),
+            "gpt2" => Self::build_byte_bpe(vocab, meta),
             other => bail!(
                 "unsupported tokenizer model type {other:?} (tokenizer.ggml.model); \
-                 only \"llama\" (SentencePiece BPE) is implemented"
+                 only \"llama\" (SentencePiece BPE) and \"gpt2\" (byte-level BPE) are implemented"
             ),
         }
+    }
+
+    /// A byte-level BPE vocabulary (`gpt2`): merges from `tokenizer.ggml.merges`, the
+    /// pre-tokenizer from `tokenizer.ggml.pre`.
+    fn build_byte_bpe(vocab: Vocab, meta: &BTreeMap<String, Value>) -> Result<Tokenizer> {
+        let merges: Vec<&str> = match meta.get("tokenizer.ggml.merges") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::String(s) => Ok(s.as_str()),
+                    other => bail!("tokenizer.ggml.merges[{i}] is not a string: {other:?}"),
+                })
+                .collect::<Result<_>>()?,
+            Some(other) => bail!("GGUF key tokenizer.ggml.merges is not an array: {other:?}"),
+            None => {
+                bail!("GGUF metadata has no tokenizer.ggml.merges (needed by a gpt2 vocabulary)")
+            }
+        };
+        let pre = vocab::opt_str(meta, "tokenizer.ggml.pre")?.unwrap_or("default");
+        let bpe = byte_bpe::build(&vocab, &merges, pre)?;
+        let pieces = byte_bpe::pieces(&vocab)?;
+        let specials = partition::SpecialMatcher::new(&vocab);
+        Ok(Tokenizer {
+            vocab,
+            bpe,
+            pieces,
+            specials,
+        })
     }
 
     /// Builds the BPE first (the large structures), then the small ones, then hands the
@@ -271,6 +307,41 @@ mod tests {
         assert_eq!(t.encode("ab b", false, false).unwrap(), [4, 6]);
         // "A" is not a token: byte fallback.
         assert_eq!(t.encode("Ac", false, false).unwrap(), [7, 8]);
+    }
+
+    /// A byte-level (`gpt2`) vocabulary: texts in GPT-2's byte alphabet (`Ġ` is the space).
+    fn byte_level(pre: &str) -> Result<Tokenizer> {
+        let texts = ["a", "b", "ab", "\u{120}", "\u{120}ab", "<|end|>"];
+        let types = [1, 1, 1, 1, 1, 3];
+        let mut m = BTreeMap::new();
+        m.insert("tokenizer.ggml.model".into(), Value::String("gpt2".into()));
+        m.insert("tokenizer.ggml.pre".into(), Value::String(pre.into()));
+        let strs =
+            |v: &[&str]| Value::Array(v.iter().map(|t| Value::String(t.to_string())).collect());
+        m.insert("tokenizer.ggml.tokens".into(), strs(&texts));
+        m.insert(
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(types.iter().map(|&t| Value::I32(t)).collect()),
+        );
+        m.insert("tokenizer.ggml.merges".into(), strs(&["a b", "\u{120} ab"]));
+        Tokenizer::from_gguf_metadata(&m)
+    }
+
+    #[test]
+    fn byte_level_vocabularies_split_merge_and_render_bytes() {
+        let t = byte_level("qwen2").unwrap();
+        // " ab" is one pre-token: Ġ a b → Ġ ab → Ġab
+        assert_eq!(t.encode("ab ab<|end|>", false, true).unwrap(), [2, 4, 5]);
+        assert_eq!(t.token_to_piece(4, false), b" ab");
+        assert_eq!(t.token_to_piece(5, false), b"");
+        assert_eq!(t.token_to_piece(5, true), b"<|end|>");
+        // qwen2 adds no BOS by default; an unknown pre-tokenizer is named
+        assert!(!t.vocab.add_bos);
+        let e = byte_level("gpt-4o").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "tokenizer.ggml.pre 'gpt-4o' is not supported (supported: qwen2, deepseek-r1-qwen, llama3, llama-v3, llama-bpe)"
+        );
     }
 
     #[test]

@@ -249,7 +249,13 @@ impl Vocab {
 
         let default_space_prefix = model == "llama";
         Ok(Vocab {
-            add_bos: opt_bool(meta, "tokenizer.ggml.add_bos_token")?.unwrap_or(model == "llama"),
+            add_bos: opt_bool(meta, "tokenizer.ggml.add_bos_token")?.unwrap_or(
+                model == "llama"
+                    || (model == "gpt2"
+                        && super::byte_bpe::default_add_bos(
+                            opt_str(meta, "tokenizer.ggml.pre")?.unwrap_or(""),
+                        )),
+            ),
             add_eos: opt_bool(meta, "tokenizer.ggml.add_eos_token")?.unwrap_or(false),
             add_space_prefix: opt_bool(meta, "tokenizer.ggml.add_space_prefix")?
                 .unwrap_or(default_space_prefix),

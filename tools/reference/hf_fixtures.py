@@ -311,6 +311,11 @@ FAMILIES["deepseek_v3_fp8"] = dict(
     config=dict(FAMILIES["deepseek_v3"]["config"], num_attention_heads=8, num_key_value_heads=8,
                 intermediate_size=256))
 FAMILIES["gpt_oss_mxfp4"] = dict(FAMILIES["gpt_oss"], quant="mxfp4")
+# Qwen3-MoE with every layer sparse, as the published Qwen3-MoE models are: llama.cpp's converter
+# and its `qwen3moe` architecture have no dense layers, so the GGUF fixtures start from this one.
+FAMILIES["qwen3_moe_sparse"] = dict(
+    FAMILIES["qwen3_moe"], shards=1,
+    config=dict(FAMILIES["qwen3_moe"]["config"], mlp_only_layers=[]))
 
 LM_HEAD_GAIN = 4.0
 FP8_BLOCK = 128

@@ -1,0 +1,340 @@
+//! GGUF files of llama.cpp's architectures `qwen3moe`, `qwen3` and `llama` (dense Llama, and
+//! Mixtral, which llama.cpp's converter writes as `llama` with experts) into the forward pass
+//! of [`super::qwen3`].
+//!
+//! Metadata (keys `{arch}.*` as llama.cpp's `src/llama-arch.cpp` names them and its
+//! `convert_hf_to_gguf.py` writes them) becomes a [`Config`] with the Hugging Face field names.
+//! Tensor names are llama.cpp's: `token_embd`, `output` (absent when tied), `output_norm`,
+//! `rope_freqs` (Llama 3 RoPE factors), and per layer `blk.N.{attn_norm, attn_q, attn_k,
+//! attn_v, attn_output, attn_q_norm, attn_k_norm, ffn_norm}` plus either `ffn_{gate,up,down}`
+//! or the router `ffn_gate_inp` and the stacked experts `ffn_{gate,up,down}_exps` (GGML shape
+//! `[hidden, ff, n_experts]` / `[ff, hidden, n_experts]`). A stacked tensor is split by byte
+//! ranges into one matrix per expert, so the store still holds one unit per (layer, expert) and
+//! reads only the experts the router chose.
+//!
+//! RoPE: `qwen3` and `qwen3moe` use the NeoX layout; `llama` the interleaved one (the
+//! converter permuted the q/k rows for it), with the frequencies divided by `rope_freqs` when
+//! present (llama.cpp's `ggml_rope_ext` frequency factors). Routing is a softmax over the
+//! experts with the chosen weights renormalised, which llama.cpp applies to both MoE
+//! architectures (`build_moe_ffn` with `norm_w = true` in `src/models/{qwen3moe,llama}.cpp`).
+
+use anyhow::{anyhow, bail, Result};
+
+use super::loading::Tensors;
+use super::qwen3::{Checkpoint, Config, FfnTensors, LayerTensors, Qwen3};
+use super::LoadOptions;
+use crate::kernels::ops::rope_inv_freq;
+use crate::models::layers::RopeStyle;
+use crate::quant::{dequantize_row, GgmlType};
+use crate::source::gguf::{GgufModel, TensorInfo};
+use crate::store::WeightStore;
+
+/// Dimension limit checked at load (a hostile file must not make us allocate terabytes).
+const DIM_MAX: u64 = 1 << 20;
+
+/// The architectures this loader reads, as `general.architecture` names them.
+pub const ARCHITECTURES: [&str; 3] = ["qwen3moe", "qwen3", "llama"];
+
+/// The integer at `key`, at most `max`. Errors: missing, not an integer, or above `max`.
+fn get_usize(g: &GgufModel, key: &str, max: u64) -> Result<usize> {
+    let v = g.get_u64(key)?;
+    check_max(g, key, v, max)
+}
+
+/// Like [`get_usize`]; `None` when the key is absent.
+fn opt_usize(g: &GgufModel, key: &str, max: u64) -> Result<Option<usize>> {
+    g.opt_u64(key)?
+        .map(|v| check_max(g, key, v, max))
+        .transpose()
+}
+
+fn check_max(g: &GgufModel, key: &str, v: u64, max: u64) -> Result<usize> {
+    if v == 0 || v > max {
+        bail!(
+            "{}: metadata key '{key}' = {v} is outside 1..={max}",
+            g.file_name()
+        );
+    }
+    Ok(v as usize)
+}
+
+/// Reads the configuration of a `qwen3moe`, `qwen3` or `llama` GGUF. Fields follow the Hugging
+/// Face configs (`model_type` becomes `qwen3_moe`, `qwen3`, `mixtral` for `llama` with
+/// experts, or `llama`); `mlp_only_layers` lists the layers without a router tensor (llama.cpp
+/// itself requires one in every `qwen3moe` layer).
+///
+/// Errors name the file and the missing or invalid key: block count, embedding length, head
+/// counts, key/value lengths that differ or do not match `rope.dimension_count`, a missing
+/// `attention.layer_norm_rms_epsilon`, a RoPE scaling type other than `none` or `linear`,
+/// expert counts without experts' widths.
+pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
+    let file = g.file_name();
+    let arch = g.architecture()?.to_string();
+    if !ARCHITECTURES.contains(&arch.as_str()) {
+        bail!("{file}: architecture '{arch}' is not one of {ARCHITECTURES:?}");
+    }
+    let k = |s: &str| format!("{arch}.{s}");
+    let n_layer = get_usize(g, &k("block_count"), 4096)?;
+    let d = get_usize(g, &k("embedding_length"), DIM_MAX)?;
+    let n_head = get_usize(g, &k("attention.head_count"), 4096)?;
+    let n_kv = opt_usize(g, &k("attention.head_count_kv"), 4096)?.unwrap_or(n_head);
+    if !n_head.is_multiple_of(n_kv) {
+        bail!("{file}: metadata key '{arch}.attention.head_count' {n_head} is not a multiple of '{arch}.attention.head_count_kv' {n_kv}");
+    }
+    let head_dim = opt_usize(g, &k("attention.key_length"), 8192)?.unwrap_or(d / n_head);
+    let v_len = opt_usize(g, &k("attention.value_length"), 8192)?.unwrap_or(head_dim);
+    if v_len != head_dim {
+        bail!("{file}: metadata key '{arch}.attention.value_length' {v_len} differs from key_length {head_dim}: not supported");
+    }
+    let n_rot = opt_usize(g, &k("rope.dimension_count"), 8192)?.unwrap_or(head_dim);
+    if n_rot != head_dim || !head_dim.is_multiple_of(2) {
+        bail!("{file}: metadata key '{arch}.rope.dimension_count' {n_rot} must equal the (even) head size {head_dim}: partial rotary embeddings are not supported");
+    }
+    let eps = g.get_f32(&k("attention.layer_norm_rms_epsilon"))?;
+    let base = g.opt_f32(&k("rope.freq_base"))?.unwrap_or(10_000.0);
+    for (key, v) in [
+        ("attention.layer_norm_rms_epsilon", eps),
+        ("rope.freq_base", base),
+    ] {
+        if !(v.is_finite() && v > 0.0) {
+            bail!("{file}: metadata key '{arch}.{key}' = {v} must be a positive finite number");
+        }
+    }
+    let rope_scaling = match g.opt_str(&k("rope.scaling.type"))? {
+        None | Some("none") => None,
+        Some("linear") => {
+            let f = g.get_f32(&k("rope.scaling.factor"))?;
+            if !(f.is_finite() && f >= 1.0) {
+                bail!("{file}: metadata key '{arch}.rope.scaling.factor' = {f} must be at least 1");
+            }
+            Some(serde_json::json!({"rope_type": "linear", "factor": f}))
+        }
+        Some(t) => bail!(
+            "{file}: metadata key '{arch}.rope.scaling.type' = '{t}' is not supported (only none, linear)"
+        ),
+    };
+    let n_expert = g.opt_u64(&k("expert_count"))?.unwrap_or(0) as usize;
+    let embd = g.tensor("token_embd.weight").ok_or_else(|| {
+        anyhow!(
+            "{}: tensor 'token_embd.weight' is missing",
+            g.files[0].display()
+        )
+    })?;
+    let vocab = embd.shape.get(1).copied().unwrap_or(0) as usize;
+    let ff = opt_usize(g, &k("feed_forward_length"), DIM_MAX)?;
+    let (model_type, intermediate, moe_ff) = match (arch.as_str(), n_expert) {
+        ("qwen3moe", _) => {
+            if n_expert == 0 {
+                bail!("{file}: metadata key '{arch}.expert_count' is missing or 0 (qwen3moe needs experts)");
+            }
+            let used = get_usize(g, &k("expert_used_count"), n_expert as u64)?;
+            // llama.cpp's fallback when the expert width is absent: n_ff / n_expert_used
+            let eff = match opt_usize(g, &k("expert_feed_forward_length"), DIM_MAX)? {
+                Some(e) => e,
+                None => ff.map(|f| f / used).filter(|&e| e > 0).ok_or_else(|| {
+                    anyhow!("{file}: metadata key '{arch}.expert_feed_forward_length' is missing")
+                })?,
+            };
+            ("qwen3_moe", ff.unwrap_or(eff), Some(eff))
+        }
+        ("llama", e) if e > 0 => {
+            let ff = get_usize(g, &k("feed_forward_length"), DIM_MAX)?;
+            ("mixtral", ff, None)
+        }
+        _ => {
+            let ff = get_usize(g, &k("feed_forward_length"), DIM_MAX)?;
+            (if arch == "qwen3" { "qwen3" } else { "llama" }, ff, None)
+        }
+    };
+    let used = match n_expert {
+        0 => None,
+        _ => Some(get_usize(g, &k("expert_used_count"), n_expert as u64)?),
+    };
+    if n_expert > 1 << 16 {
+        bail!("{file}: metadata key '{arch}.expert_count' = {n_expert} is larger than 65536");
+    }
+    let mlp_only_layers = match model_type {
+        "qwen3_moe" => (0..n_layer)
+            .filter(|l| g.tensor(&format!("blk.{l}.ffn_gate_inp.weight")).is_none())
+            .collect(),
+        _ => vec![],
+    };
+    let max_pos = get_usize(g, &k("context_length"), 1 << 24)?;
+    let c = Config {
+        model_type: model_type.to_string(),
+        vocab_size: vocab,
+        hidden_size: d,
+        intermediate_size: intermediate,
+        num_hidden_layers: n_layer,
+        num_attention_heads: n_head,
+        num_key_value_heads: Some(n_kv),
+        head_dim: Some(head_dim),
+        rms_norm_eps: eps as f64,
+        rope_theta: Some(base as f64),
+        rope_scaling,
+        rope_parameters: None,
+        max_position_embeddings: max_pos,
+        tie_word_embeddings: g.tensor("output.weight").is_none(),
+        attention_bias: false,
+        hidden_act: "silu".into(),
+        mlp_bias: false,
+        use_sliding_window: false,
+        sliding_window: None,
+        num_experts: (n_expert > 0).then_some(n_expert),
+        num_local_experts: None,
+        num_experts_per_tok: used,
+        moe_intermediate_size: moe_ff,
+        norm_topk_prob: n_expert > 0,
+        decoder_sparse_step: 1,
+        mlp_only_layers,
+    };
+    if vocab == 0 || vocab as u64 > 1 << 24 {
+        bail!("{file}: tensor 'token_embd.weight' has {vocab} rows (vocabulary size)");
+    }
+    Ok(c)
+}
+
+/// Splits a stacked expert tensor (GGML shape `[cols, rows, n_experts]`) into one tensor per
+/// expert (`[cols, rows]`), each a byte range of the original.
+fn split_experts(t: &TensorInfo) -> Vec<TensorInfo> {
+    let ne = t.shape[2];
+    let per = t.n_bytes / ne;
+    (0..ne)
+        .map(|e| TensorInfo {
+            name: format!("{}[{e}]", t.name),
+            ty: t.ty,
+            shape: t.shape[..2].to_vec(),
+            file: t.file,
+            offset: t.offset + e * per,
+            n_bytes: per,
+        })
+        .collect()
+}
+
+/// Resolves the tensors of a `qwen3moe`, `qwen3` or `llama` GGUF for `c`
+/// ([`config_from_gguf`]), with shape and type checks; errors name the file and the tensor.
+fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
+    let ts = Tensors::new(g);
+    let (d, ff, qd, kvd, hd) = (
+        c.hidden_size,
+        c.intermediate_size,
+        c.q_dim(),
+        c.kv_dim(),
+        c.head_dim(),
+    );
+    let (ne, eff) = (c.n_experts(), c.expert_ff());
+    let label = g.files[0].display().to_string();
+    // Biases would be silently ignored: refuse them.
+    if let Some(b) = g.tensors.iter().find(|t| t.name.ends_with(".bias")) {
+        bail!("{label}: tensor '{}' (a bias) is not supported", b.name);
+    }
+    let get = |name: &str, shape: &[usize]| ts.get(name, shape).cloned();
+    let embd = get("token_embd.weight", &[d, c.vocab_size])?;
+    let head = match c.tie_word_embeddings {
+        true => None,
+        false => Some(get("output.weight", &[d, c.vocab_size])?),
+    };
+    let qk_norm = c.has_qk_norm();
+    let mut layers = Vec::with_capacity(c.num_hidden_layers);
+    for l in 0..c.num_hidden_layers {
+        let n = |s: &str| format!("blk.{l}.{s}.weight");
+        let attn = [
+            get(&n("attn_q"), &[d, qd])?,
+            get(&n("attn_k"), &[d, kvd])?,
+            get(&n("attn_v"), &[d, kvd])?,
+            get(&n("attn_output"), &[qd, d])?,
+        ];
+        let ffn = if c.is_moe_layer(l) {
+            let router = get(&n("ffn_gate_inp"), &[d, ne])?;
+            let gate = split_experts(&get(&n("ffn_gate_exps"), &[d, eff, ne])?);
+            let up = split_experts(&get(&n("ffn_up_exps"), &[d, eff, ne])?);
+            let down = split_experts(&get(&n("ffn_down_exps"), &[eff, d, ne])?);
+            let experts = gate
+                .into_iter()
+                .zip(up)
+                .zip(down)
+                .map(|((g, u), d)| [g, u, d])
+                .collect();
+            FfnTensors::Moe { router, experts }
+        } else {
+            FfnTensors::Dense([
+                get(&n("ffn_gate"), &[d, ff])?,
+                get(&n("ffn_up"), &[d, ff])?,
+                get(&n("ffn_down"), &[ff, d])?,
+            ])
+        };
+        layers.push(LayerTensors {
+            attn,
+            input_norm: get(&n("attn_norm"), &[d])?,
+            qk_norm: match qk_norm {
+                true => Some([
+                    get(&n("attn_q_norm"), &[hd])?,
+                    get(&n("attn_k_norm"), &[hd])?,
+                ]),
+                false => None,
+            },
+            post_attn_norm: get(&n("ffn_norm"), &[d])?,
+            ffn,
+        });
+    }
+    let llama = g.architecture()? == "llama";
+    let freq_scale = match &c.rope_scaling {
+        Some(s) => 1.0 / s["factor"].as_f64().unwrap_or(1.0) as f32,
+        None => 1.0,
+    };
+    let mut inv_freq = rope_inv_freq(hd, c.rope_base() as f32, freq_scale);
+    if let Some(t) = g.tensor("rope_freqs.weight") {
+        let t = ts.get(&t.name, &[hd / 2])?;
+        if t.ty != GgmlType::F32 {
+            bail!(
+                "{label}: tensor 'rope_freqs.weight' has type {}, expected F32",
+                t.ty
+            );
+        }
+        let factors = read_small(g, t)?;
+        for (f, &s) in inv_freq.iter_mut().zip(&factors) {
+            if !(s.is_finite() && s > 0.0) {
+                bail!("{label}: tensor 'rope_freqs.weight' holds {s}, expected positive factors");
+            }
+            *f /= s;
+        }
+    }
+    Ok(Checkpoint {
+        files: g.files.clone(),
+        embd,
+        head,
+        final_norm: get("output_norm.weight", &[d])?,
+        layers,
+        inv_freq,
+        rope: if llama {
+            RopeStyle::Interleaved
+        } else {
+            RopeStyle::Neox
+        },
+    })
+}
+
+/// Reads a small F32 tensor with a plain read (no direct I/O needed for a few bytes).
+fn read_small(g: &GgufModel, t: &TensorInfo) -> Result<Vec<f32>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let p = &g.files[t.file];
+    let mut f = std::fs::File::open(p).map_err(|e| anyhow!("{}: {e}", p.display()))?;
+    let mut b = vec![0u8; t.n_bytes as usize];
+    f.seek(SeekFrom::Start(t.offset))
+        .and_then(|_| f.read_exact(&mut b))
+        .map_err(|e| anyhow!("{}: reading tensor '{}': {e}", p.display(), t.name))?;
+    let mut out = vec![0f32; t.shape.iter().product::<u64>() as usize];
+    dequantize_row(t.ty, &b, &mut out);
+    Ok(out)
+}
+
+/// Loads a `qwen3moe`, `qwen3` or `llama` GGUF under `opts` (see [`Qwen3::load`] for what
+/// loading does).
+///
+/// Errors: metadata errors ([`config_from_gguf`]), a missing, mis-shaped or unsupported tensor
+/// (named with the file), a budget too small to run, an unreadable file.
+pub fn load(g: &GgufModel, opts: &LoadOptions) -> Result<(Qwen3, WeightStore)> {
+    let c = config_from_gguf(g)?;
+    let ck = gguf_checkpoint(&c, g)?;
+    Qwen3::build(c, ck, opts)
+}
