@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 pub mod inspect;
 pub mod pull;
 pub mod run;
+pub mod store_args;
 
 /// Deltafin: run language models larger than RAM by streaming weights from disk.
 #[derive(Parser, Debug)]

@@ -76,6 +76,8 @@ pub struct RunArgs {
     /// Read weights through the page cache instead of O_DIRECT.
     #[arg(long)]
     pub no_direct_io: bool,
+    #[command(flatten)]
+    pub store: super::store_args::StoreArgs,
     /// Print statistics to standard error when done.
     #[arg(long)]
     pub stats: bool,
@@ -296,6 +298,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         n_ctx,
         n_batch: a.batch_size.min(ids.len()).max(1),
         direct_io: !a.no_direct_io,
+        experts: a.store.options(a.model.as_deref()),
     };
     let (model, store) = match &opened {
         OpenedModel::Gguf(g) => load_gguf(g, &opts)?,

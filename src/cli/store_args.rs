@@ -1,0 +1,67 @@
+//! Options of the expert store shared by `run` and `bench`.
+
+use std::path::{Path, PathBuf};
+
+use crate::store::io_engine::{DEFAULT_DEPTH, DEFAULT_REQUEST_BYTES};
+use crate::store::plan::parse_size;
+use crate::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions};
+
+/// Expert store flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StoreArgs {
+    /// Expert cache policy when experts do not all fit the budget: lfu-da (LFU with dynamic
+    /// aging, seeded from the heat file), lru, or none.
+    #[arg(long, default_value = "lfu-da")]
+    pub cache: CachePolicy,
+    /// Heat file (per-(layer, expert) use counts, read at start to seed the cache and merged
+    /// at the end). Default: `deltafin-heat.json` inside a Hugging Face folder, `FILE.heat.json`
+    /// next to a GGUF file; `none` turns it off.
+    #[arg(long)]
+    pub heat_file: Option<String>,
+    /// Expert read engine: auto (io_uring, else a pread thread pool), uring, or pool.
+    #[arg(long, default_value = "auto")]
+    pub io_engine: EngineChoice,
+    /// Expert reads in flight at most (io_uring queue depth or pread threads).
+    #[arg(long, default_value_t = DEFAULT_DEPTH)]
+    pub io_depth: usize,
+    /// Largest single expert read request, e.g. 1M (rounded up to 4 KiB).
+    #[arg(long, default_value_t = DEFAULT_REQUEST_BYTES as u64, value_parser = parse_size)]
+    pub io_request_size: u64,
+    /// The drives' read bandwidth in bytes/s (e.g. from fio, `1.3G`) for the fraction of the
+    /// physical limit in the statistics; default: the store's own busy-time bandwidth.
+    #[arg(long, value_parser = parse_size)]
+    pub drive_bandwidth: Option<u64>,
+}
+
+impl StoreArgs {
+    /// The heat file for the model at `model` (None when off).
+    pub fn heat_path(&self, model: Option<&Path>) -> Option<PathBuf> {
+        match self.heat_file.as_deref() {
+            Some("none") => None,
+            Some(p) => Some(PathBuf::from(p)),
+            None => {
+                let m = model?;
+                if m.is_dir() {
+                    Some(m.join("deltafin-heat.json"))
+                } else {
+                    let mut s = m.as_os_str().to_owned();
+                    s.push(".heat.json");
+                    Some(PathBuf::from(s))
+                }
+            }
+        }
+    }
+
+    /// The store options for the model at `model`.
+    pub fn options(&self, model: Option<&Path>) -> ExpertStoreOptions {
+        ExpertStoreOptions {
+            cache: self.cache,
+            io: IoOptions {
+                engine: self.io_engine,
+                depth: self.io_depth.max(1),
+                request_bytes: self.io_request_size as usize,
+            },
+            heat_file: self.heat_path(model),
+        }
+    }
+}
