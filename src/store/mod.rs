@@ -9,6 +9,7 @@ pub mod heat;
 pub mod io_engine;
 pub mod plan;
 pub mod streamer;
+pub mod telemetry;
 pub mod weights;
 
 pub use aligned::{AlignedBuf, IO_ALIGN};
