@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod bench;
 pub mod inspect;
 pub mod pull;
 pub mod run;
@@ -24,6 +25,8 @@ pub enum Command {
     Run(Box<run::RunArgs>),
     /// Print a model's architecture, tensors and byte totals.
     Inspect(inspect::InspectArgs),
+    /// Run decode and prefill scenarios and report tok/s, bytes/token, hit rate, bandwidth.
+    Bench(bench::BenchArgs),
     /// Write a random-weight checkpoint of a real architecture (for benchmarks).
     Synth(synth::SynthArgs),
 }
@@ -42,6 +45,7 @@ pub fn main() -> std::process::ExitCode {
         Command::Run(a) => run::run(*a),
         Command::Inspect(a) => inspect::run(a),
         Command::Synth(a) => synth::run(a),
+        Command::Bench(a) => bench::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
