@@ -175,7 +175,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 } else {
                     &e.decode
                 };
-                let bw = e.drives().iter().map(|d| d.1 as f64).sum::<f64>() / run_s.max(1e-12);
+                let bw = c.bytes as f64 / run_s.max(1e-12);
                 (
                     100.0 * c.hit_rate,
                     100.0 * c.io_wait_s / run_s.max(1e-12),
