@@ -147,7 +147,7 @@ fn a_cache_serves_repeated_experts_within_its_budget() {
     let run = |cache| {
         let mut s = session(
             dir.path(),
-            &opts(Some(BUDGET), cache, EngineChoice::Auto, 1 << 20),
+            &opts(Some(ROOMY), cache, EngineChoice::Auto, 1 << 20),
         );
         // the same token again and again routes to the same experts
         s.prefill(&PROMPT[..1], Logits::Last).unwrap();

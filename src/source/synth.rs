@@ -262,7 +262,7 @@ pub fn write_qwen3_moe(
             off += t.bytes();
         }
         let mut h = serde_json::Value::Object(header).to_string().into_bytes();
-        while (8 + h.len()) % 8 != 0 {
+        while !(8 + h.len()).is_multiple_of(8) {
             h.push(b' ');
         }
         let f =

@@ -351,7 +351,7 @@ impl Uring {
 }
 
 enum Backend {
-    Uring(Uring),
+    Uring(Box<Uring>),
     Pool(Pool),
 }
 
@@ -378,9 +378,9 @@ impl IoEngine {
         };
         let backend = match opts.engine {
             EngineChoice::Pool => pool(&files, &counters),
-            EngineChoice::Uring => Backend::Uring(Uring::new(depth)?),
+            EngineChoice::Uring => Backend::Uring(Box::new(Uring::new(depth)?)),
             EngineChoice::Auto => match Uring::new(depth) {
-                Ok(u) => Backend::Uring(u),
+                Ok(u) => Backend::Uring(Box::new(u)),
                 Err(_) => pool(&files, &counters),
             },
         };
@@ -404,7 +404,7 @@ impl IoEngine {
 
     /// Reads the first 4 KiB of the first non-empty file; false when that fails.
     fn probe(&mut self) -> bool {
-        let Some(i) = self.files.iter().position(|f| f.len() > 0) else {
+        let Some(i) = self.files.iter().position(|f| !f.is_empty()) else {
             return true;
         };
         let mut b = super::aligned::AlignedBuf::new(4096);
