@@ -294,3 +294,61 @@ fn an_io_error_mid_run_ends_the_pass_naming_file_and_expert_for_both_engines() {
         assert_eq!(s.store.experts().unwrap().engine().outstanding(), 0);
     }
 }
+
+#[test]
+fn cli_stats_json_reports_the_engine_the_cache_and_per_token_reads() {
+    let dir = tiny();
+    let json = dir.path().join("stats.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args(["run", "-m"])
+        .arg(dir.path())
+        .args([
+            "-p",
+            "hello",
+            "-n",
+            "3",
+            "--temp",
+            "0",
+            "--ram-budget",
+            "800K",
+            "-c",
+            "64",
+            "--cache",
+            "none",
+            "--io-engine",
+            "pool",
+            "--heat-file",
+            "none",
+            "--stats-json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let e = &v["experts"];
+    assert_eq!(e["backend"], "pread-pool");
+    assert_eq!(e["cache_policy"], "none");
+    // 3 generated tokens: 2 decode passes of 12 misses each, one read per expert
+    assert_eq!(e["decode"]["misses"], 24);
+    assert_eq!(e["decode"]["hits"], 0);
+    assert_eq!(e["decode"]["reads"], 24);
+    let per_token = e["per_token"].as_array().unwrap();
+    assert_eq!(per_token.len(), 3, "the prompt's pass and 2 decode passes");
+    assert!(per_token[1..]
+        .iter()
+        .all(|t| t["phase"] == "decode" && t["misses"] == 12));
+    let drive_bytes: u64 = e["drives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(drive_bytes, e["decode"]["bytes"].as_u64().unwrap());
+    assert!(v["physical_limit"]["fraction"].as_f64().unwrap() > 0.0);
+}

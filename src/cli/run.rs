@@ -241,6 +241,7 @@ pub fn init_threads(threads: Option<usize>) {
 /// Runs `deltafin run`.
 pub fn run(a: RunArgs) -> Result<()> {
     init_threads(a.threads);
+    a.store.init_tracing();
     let t_load = std::time::Instant::now();
     let opened = open_any(a.model.as_ref())?;
     let tok = match &opened {

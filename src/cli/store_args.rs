@@ -31,9 +31,24 @@ pub struct StoreArgs {
     /// physical limit in the statistics; default: the store's own busy-time bandwidth.
     #[arg(long, value_parser = parse_size)]
     pub drive_bandwidth: Option<u64>,
+    /// Print the expert store's tracing spans to standard error (one `experts` span per MoE
+    /// layer and pass, with hits, misses, bytes, I/O wait and compute time, and its duration).
+    #[arg(long)]
+    pub trace: bool,
 }
 
 impl StoreArgs {
+    /// Installs a stderr subscriber for the store's `tracing` spans when `--trace` is given.
+    pub fn init_tracing(&self) {
+        if self.trace {
+            let _ = tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .with_env_filter(tracing_subscriber::EnvFilter::new("deltafin=debug"))
+                .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+                .try_init();
+        }
+    }
+
     /// The heat file for the model at `model` (None when off).
     pub fn heat_path(&self, model: Option<&Path>) -> Option<PathBuf> {
         match self.heat_file.as_deref() {
