@@ -43,6 +43,7 @@ impl StoreArgs {
         if self.trace {
             let _ = tracing_subscriber::fmt()
                 .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .with_env_filter(tracing_subscriber::EnvFilter::new("deltafin=debug"))
                 .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
                 .try_init();

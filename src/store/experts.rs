@@ -281,7 +281,7 @@ impl ExpertStore {
             "experts",
             layer,
             hits = self.hits_now.len(),
-            misses = tracing::field::Empty
+            misses = self.landing.len() + self.pending.len()
         )
         .entered();
         let c0 = self.counters.clone();
@@ -337,7 +337,6 @@ impl ExpertStore {
             self.issue(layer);
         }
         let c1 = &self.counters;
-        span.record("misses", c1.misses - c0.misses);
         tracing::debug!(
             parent: &span,
             bytes = c1.bytes - c0.bytes,
