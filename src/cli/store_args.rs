@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use sha2::Digest;
+
 use crate::store::io_engine::{DEFAULT_DEPTH, DEFAULT_REQUEST_BYTES};
 use crate::store::plan::parse_size;
 use crate::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions};
@@ -14,8 +16,9 @@ pub struct StoreArgs {
     #[arg(long, default_value = "lfu-da")]
     pub cache: CachePolicy,
     /// Heat file (per-(layer, expert) use counts, read at start to seed the cache and merged
-    /// at the end). Default: `deltafin-heat.json` inside a Hugging Face folder, `FILE.heat.json`
-    /// next to a GGUF file; `none` turns it off.
+    /// at the end). Default: `$DELTAFIN_HOME/heat/NAME-HASH.json` (NAME: the model folder or
+    /// file name, HASH: of its absolute path), so model folders are never written to; `none`
+    /// turns it off.
     #[arg(long)]
     pub heat_file: Option<String>,
     /// Expert read engine: auto (io_uring, else a pread thread pool), uring, or pool.
@@ -57,13 +60,18 @@ impl StoreArgs {
             Some(p) => Some(PathBuf::from(p)),
             None => {
                 let m = model?;
-                if m.is_dir() {
-                    Some(m.join("deltafin-heat.json"))
-                } else {
-                    let mut s = m.as_os_str().to_owned();
-                    s.push(".heat.json");
-                    Some(PathBuf::from(s))
-                }
+                let abs = std::fs::canonicalize(m).unwrap_or_else(|_| m.to_path_buf());
+                let name = abs
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "model".into());
+                let digest = sha2::Sha256::digest(abs.as_os_str().as_encoded_bytes());
+                let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+                Some(
+                    crate::source::pull::home_dir()
+                        .join("heat")
+                        .join(format!("{name}-{hash}.json")),
+                )
             }
         }
     }

@@ -89,6 +89,9 @@ impl Heat {
         let tmp = path.with_extension("json.tmp");
         let wrap =
             |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(wrap)?;
+        }
         std::fs::write(&tmp, v.to_string()).map_err(wrap)?;
         std::fs::rename(&tmp, path).map_err(wrap)
     }
@@ -101,7 +104,8 @@ mod tests {
     #[test]
     fn runs_add_up_and_seed_scales_per_layer() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("heat.json");
+        // the folder is created on the first save
+        let p = dir.path().join("sub").join("heat.json");
         let mut run = Heat::zeros(2, 3);
         run.counts[0] = vec![4, 1, 0];
         run.counts[1] = vec![0, 0, 2];
