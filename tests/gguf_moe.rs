@@ -78,6 +78,7 @@ fn opts(ram_budget: Option<u64>) -> LoadOptions {
         n_ctx: 128,
         n_batch: 128,
         direct_io: true,
+        ..Default::default()
     }
 }
 

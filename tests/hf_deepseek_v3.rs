@@ -364,6 +364,7 @@ fn neox_rope_layout_equals_interleaved_with_permuted_rows() {
         n_ctx: 128,
         n_batch: 128,
         direct_io: true,
+        ..Default::default()
     };
     let (m, st) = deltafin::models::load_hf(d.path(), &opts).unwrap();
     let mut s = deltafin::engine::Session::new(m, st, 128, 128);
@@ -395,6 +396,7 @@ fn multi_token_prediction_layers_are_ignored_and_reported() {
         n_ctx: 128,
         n_batch: 128,
         direct_io: true,
+        ..Default::default()
     };
     let (m, st) = deltafin::models::load_hf(d.path(), &opts).unwrap();
     assert_eq!(

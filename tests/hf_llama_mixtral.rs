@@ -50,6 +50,7 @@ fn last_logits(dir: &Path) -> Vec<f32> {
         n_ctx: 128,
         n_batch: 128,
         direct_io: true,
+        ..Default::default()
     };
     let (m, st) = load_hf(dir, &opts).unwrap();
     Session::new(m, st, 128, 128)
@@ -83,6 +84,7 @@ fn llama3_rope_scaling_is_applied() {
         n_ctx: 128,
         n_batch: 128,
         direct_io: true,
+        ..Default::default()
     };
     let (m, st) = load_hf(d.path(), &opts).unwrap();
     let last = Session::new(m, st, 128, 128)

@@ -163,6 +163,7 @@ fn published_config_dialect_gives_the_same_logits() {
         n_ctx: 128,
         n_batch: 128,
         direct_io: true,
+        ..Default::default()
     };
     let (m, st) = load_hf(d.path(), &opts).unwrap();
     let mut s = Session::new(m, st, 128, 128);

@@ -2,9 +2,12 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod bench;
 pub mod inspect;
 pub mod pull;
 pub mod run;
+pub mod store_args;
+pub mod synth;
 
 /// Deltafin: run language models larger than RAM by streaming weights from disk.
 #[derive(Parser, Debug)]
@@ -22,6 +25,10 @@ pub enum Command {
     Run(Box<run::RunArgs>),
     /// Print a model's architecture, tensors and byte totals.
     Inspect(inspect::InspectArgs),
+    /// Run decode and prefill scenarios and report tok/s, bytes/token, hit rate, bandwidth.
+    Bench(bench::BenchArgs),
+    /// Write a random-weight checkpoint of a real architecture (for benchmarks).
+    Synth(synth::SynthArgs),
 }
 
 /// Parses the command line, runs the command and maps errors to exit code 1.
@@ -37,6 +44,8 @@ pub fn main() -> std::process::ExitCode {
         Command::Pull(a) => pull::run(a),
         Command::Run(a) => run::run(*a),
         Command::Inspect(a) => inspect::run(a),
+        Command::Synth(a) => synth::run(a),
+        Command::Bench(a) => bench::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -78,6 +78,8 @@ pub struct RunArgs {
     /// Read weights through the page cache instead of O_DIRECT.
     #[arg(long)]
     pub no_direct_io: bool,
+    #[command(flatten)]
+    pub store: super::store_args::StoreArgs,
     /// Print statistics to standard error when done.
     #[arg(long)]
     pub stats: bool,
@@ -245,6 +247,7 @@ pub fn init_threads(threads: Option<usize>) {
 /// Runs `deltafin run`.
 pub fn run(a: RunArgs) -> Result<()> {
     init_threads(a.threads);
+    a.store.init_tracing();
     let t_load = std::time::Instant::now();
     let opened = open_any(a.model.as_ref())?;
     let tok = match &opened {
@@ -306,6 +309,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         n_ctx,
         n_batch: a.batch_size.min(ids.len()).max(1),
         direct_io: !a.no_direct_io,
+        experts: a.store.options(a.model.as_deref()),
     };
     let (model, store) = match &opened {
         OpenedModel::Gguf(g) => load_gguf(g, &opts)?,
@@ -358,11 +362,20 @@ pub fn run(a: RunArgs) -> Result<()> {
     drop(stdout);
     if a.stats {
         eprint!("{}", stats_table(&stats, &placement, &finish, seed, load_s));
+        eprint!("{}", expert_table(&stats, a.store.drive_bandwidth));
     }
     if let Some(p) = &a.stats_json {
         std::fs::write(
             p,
-            stats_json(&stats, &placement, &finish, seed, load_s).to_string(),
+            stats_json(
+                &stats,
+                &placement,
+                &finish,
+                seed,
+                load_s,
+                a.store.drive_bandwidth,
+            )
+            .to_string(),
         )
         .with_context(|| format!("writing {}", p.display()))?;
     }
@@ -459,6 +472,104 @@ pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64, load
 
 /// The `--stats-json` object.
 pub fn stats_json(
+    s: &GenStats,
+    p: &Placement,
+    finish: &Finish,
+    seed: u64,
+    load_s: f64,
+    bandwidth: Option<u64>,
+) -> serde_json::Value {
+    let mut v = stats_json_base(s, p, finish, seed, load_s);
+    if let Some(e) = &s.experts {
+        let (b, b_source) = limit_bandwidth(s, bandwidth);
+        let limit = e.limit_tok_s(b, s.generated_tokens.saturating_sub(1));
+        v["experts"] = serde_json::to_value(e).expect("serializable");
+        v["experts"]["drives"] = e
+            .drives()
+            .iter()
+            .map(|(d, bytes, reads, busy, bw)| {
+                serde_json::json!({"drive": d, "bytes": bytes, "reads": reads, "busy_s": busy, "bandwidth_bytes_per_s": bw})
+            })
+            .collect();
+        v["physical_limit"] = serde_json::json!({
+            "bandwidth_bytes_per_s": b,
+            "bandwidth_source": b_source,
+            "limit_tok_s": limit,
+            "fraction": if limit.is_finite() && limit > 0.0 { s.decode_tok_s() / limit } else { 0.0 },
+        });
+    }
+    v
+}
+
+/// `B` for the physical limit: the given drive bandwidth, else the expert reads' own
+/// bandwidth while the drives were busy (decode), with where it came from.
+pub fn limit_bandwidth(s: &GenStats, given: Option<u64>) -> (f64, &'static str) {
+    if let Some(b) = given {
+        return (b as f64, "--drive-bandwidth");
+    }
+    let Some(e) = &s.experts else {
+        return (0.0, "none");
+    };
+    let (bytes, busy) = e
+        .drives()
+        .iter()
+        .fold((0u64, 0f64), |a, d| (a.0 + d.1, a.1.max(d.3)));
+    if busy > 0.0 {
+        (bytes as f64 / busy, "measured busy-time bandwidth")
+    } else {
+        (0.0, "none")
+    }
+}
+
+/// The expert store part of `--stats` (empty when every expert is resident).
+pub fn expert_table(s: &GenStats, bandwidth: Option<u64>) -> String {
+    let Some(e) = &s.experts else {
+        return String::new();
+    };
+    let n = s.generated_tokens.saturating_sub(1).max(1) as f64;
+    let d = &e.decode;
+    let mut out = format!(
+        "--- experts ---\n\
+         engine               {}\n\
+         cache                {} ({} of {} used)\n\
+         hit rate             {:.1}% decode ({} hits, {} misses), {:.1}% prefill\n\
+         expert reads / token {:.1} ({} per expert read of {})\n\
+         I/O wait / compute   {:.3} s / {:.3} s in decode ({:.0}% waiting)\n",
+        e.engine,
+        e.cache_policy,
+        mib(e.cache_used_bytes as f64),
+        mib(e.cache_budget_bytes as f64),
+        100.0 * d.hit_rate,
+        d.hits,
+        d.misses,
+        100.0 * e.prefill.hit_rate,
+        d.misses as f64 / n,
+        mib(d.bytes as f64 / (d.misses.max(1)) as f64),
+        mib(e.expert_bytes as f64),
+        d.io_wait_s,
+        d.compute_s,
+        100.0 * d.io_wait_s / (d.io_wait_s + d.compute_s).max(1e-12),
+    );
+    for (drive, bytes, reads, busy, bw) in e.drives() {
+        out += &format!(
+            "drive {drive:14} {} in {reads} reads, busy {busy:.3} s, {:.1} MB/s while busy\n",
+            mib(bytes as f64),
+            bw / 1e6
+        );
+    }
+    let (b, src) = limit_bandwidth(s, bandwidth);
+    let limit = e.limit_tok_s(b, s.generated_tokens.saturating_sub(1));
+    if limit.is_finite() && limit > 0.0 {
+        out += &format!(
+            "physical limit       {limit:.2} tok/s at B = {:.1} MB/s ({src}): {:.0}% reached\n",
+            b / 1e6,
+            100.0 * s.decode_tok_s() / limit
+        );
+    }
+    out
+}
+
+fn stats_json_base(
     s: &GenStats,
     p: &Placement,
     finish: &Finish,

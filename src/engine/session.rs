@@ -8,6 +8,7 @@ use anyhow::Result;
 use super::kv::KvCache;
 use super::sampler::Sampler;
 use crate::models::{Logits, Model};
+use crate::store::telemetry::{ExpertRunStats, Snapshot, TokenIo};
 use crate::store::WeightStore;
 
 /// A model with its weights and KV cache.
@@ -48,6 +49,8 @@ pub struct GenStats {
     pub io_wait_s: f64,
     /// Peak resident set size of the process, in bytes (`VmHWM`).
     pub peak_rss: u64,
+    /// The expert store's statistics, when the model's experts are read on demand.
+    pub experts: Option<ExpertRunStats>,
 }
 
 impl GenStats {
@@ -141,6 +144,9 @@ impl Session {
         emit: &mut dyn FnMut(&str),
     ) -> Result<(Vec<u32>, Finish, GenStats)> {
         let io0 = self.store.stats().snapshot();
+        let snap = |s: &Self| s.store.experts().map(Snapshot::of);
+        let es0 = snap(self);
+        let mut per_token = Vec::new();
         let t0 = Instant::now();
         let mut history = prompt.to_vec();
         let mut stats = GenStats {
@@ -148,6 +154,11 @@ impl Session {
             ..Default::default()
         };
         let mut logits = self.prefill(prompt, Logits::Last)?;
+        let mut es_prev = snap(self);
+        if let (Some(a), Some(b)) = (&es0, &es_prev) {
+            per_token.push(TokenIo::between("prefill", a, b));
+        }
+        let es_first = es_prev.clone();
         let mut out = Vec::new();
         let mut pending = String::new();
         let hold = opts.stop.iter().map(|s| s.len()).max().unwrap_or(0);
@@ -197,6 +208,11 @@ impl Session {
             logits = self
                 .model
                 .forward(&mut self.store, &mut self.cache, &[tok], Logits::Last)?;
+            let now = snap(self);
+            if let (Some(a), Some(b)) = (&es_prev, &now) {
+                per_token.push(TokenIo::between("decode", a, b));
+            }
+            es_prev = now;
         }
         if !pending.is_empty() {
             emit(&pending);
@@ -212,6 +228,11 @@ impl Session {
         stats.reads = io_end.1 - io0.1;
         stats.io_wait_s = (io_end.3 - io0.3) as f64 / 1e9;
         stats.peak_rss = peak_rss_bytes();
+        if let (Some(es), Some(a), Some(f), Some(e)) =
+            (self.store.experts(), &es0, &es_first, &es_prev)
+        {
+            stats.experts = Some(ExpertRunStats::new(es, a, f, e, per_token));
+        }
         Ok((out, finish, stats))
     }
 }

@@ -18,7 +18,7 @@ pub mod qwen3_gguf;
 use crate::engine::KvCache;
 use crate::source::gguf::GgufModel;
 use crate::source::hf::HfModel;
-use crate::store::WeightStore;
+use crate::store::{ExpertStoreOptions, WeightStore};
 
 /// How to load a model's weights.
 #[derive(Clone, Debug)]
@@ -32,6 +32,21 @@ pub struct LoadOptions {
     pub n_batch: usize,
     /// Use `O_DIRECT` reads where the filesystem allows them.
     pub direct_io: bool,
+    /// How routed experts are read and cached when they do not all fit the budget.
+    pub experts: ExpertStoreOptions,
+}
+
+impl Default for LoadOptions {
+    /// Everything resident, a 4096-token cache, batches of 512, `O_DIRECT`, default expert store.
+    fn default() -> Self {
+        Self {
+            ram_budget: None,
+            n_ctx: 4096,
+            n_batch: 512,
+            direct_io: true,
+            experts: ExpertStoreOptions::default(),
+        }
+    }
 }
 
 /// Which positions' logits a forward pass returns.

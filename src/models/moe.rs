@@ -8,8 +8,10 @@
 //!
 //! Reduction order: for every token, expert outputs (each already multiplied by its routing
 //! weight) are added in **ascending expert id** order, which is also the order transformers'
-//! expert loop adds them in. Experts are fetched in ascending id order, each at most once per
-//! layer per batch.
+//! expert loop adds them in. Experts are planned in ascending id order, each at most once per
+//! layer per batch, and computed in the order their bytes land
+//! ([`ExpertSource::for_each_landed`]); each expert's output is kept until the reduction, so the
+//! result never depends on arrival order.
 
 use std::io;
 
@@ -52,6 +54,23 @@ pub trait ExpertSource {
         id: usize,
         f: impl FnOnce(&Self::View<'_>) -> R,
     ) -> io::Result<R>;
+
+    /// Runs `f(id, expert)` once for each of the experts `ids` of `layer` planned last, in the
+    /// order their bytes become available (any order). The default takes them in planned order
+    /// through [`ExpertSource::with_expert`].
+    ///
+    /// Errors: an expert's bytes could not be read (the message names the file and expert).
+    fn for_each_landed(
+        &mut self,
+        layer: usize,
+        ids: &[usize],
+        f: &mut impl FnMut(usize, &Self::View<'_>),
+    ) -> io::Result<()> {
+        for &id in ids {
+            self.with_expert(layer, id, |v| f(id, v))?;
+        }
+        Ok(())
+    }
 }
 
 /// Experts held as [`WeightStore`] units, one unit per expert holding its three matrices:
@@ -70,8 +89,38 @@ impl ExpertSource for StoreExperts<'_> {
     type View<'a> = ExpertView<'a>;
 
     fn plan_experts(&mut self, layer: usize, ids: &[usize]) {
+        if let Some(es) = self.store.experts_mut() {
+            es.plan(layer, ids);
+            return;
+        }
         let l = &self.table.units[layer];
         self.store.plan(ids.iter().map(|&e| l[e].0));
+    }
+
+    fn for_each_landed(
+        &mut self,
+        layer: usize,
+        ids: &[usize],
+        f: &mut impl FnMut(usize, &ExpertView),
+    ) -> io::Result<()> {
+        let table = self.table;
+        let Some(es) = self.store.experts_mut() else {
+            for &id in ids {
+                self.with_expert(layer, id, |v| f(id, v))?;
+            }
+            return Ok(());
+        };
+        es.for_each_landed(layer, &mut |id, u| {
+            let m = table.units[layer][id].1;
+            f(
+                id,
+                &ExpertView {
+                    gate: m.gate.view(u),
+                    up: m.up.view(u),
+                    down: m.down.view(u),
+                },
+            )
+        })
     }
 
     fn with_expert<R>(
@@ -240,14 +289,24 @@ pub fn moe_forward_with<S: ExpertSource>(
     let ids: Vec<usize> = groups.keys().copied().collect();
     src.plan_experts(layer, &ids);
     after_plan(src);
-    for (e, group) in &groups {
+    // each expert's output rows (group order), computed as its bytes land
+    let mut outs: std::collections::BTreeMap<usize, Vec<f32>> = Default::default();
+    src.for_each_landed(layer, &ids, &mut |e, w| {
+        let group = &groups[&e];
         let m = group.len();
         let mut xg = vec![0f32; m * d];
         for (i, &(t, _)) in group.iter().enumerate() {
             xg[i * d..(i + 1) * d].copy_from_slice(&x[t * d..(t + 1) * d]);
         }
         let mut y = vec![0f32; m * d];
-        src.with_expert(layer, *e, |w| expert(w, &xg, m, &mut y))?;
+        expert(w, &xg, m, &mut y);
+        outs.insert(e, y);
+    })?;
+    // the reduction, in ascending expert id order whatever the arrival order
+    for (e, group) in &groups {
+        let y = outs.get(e).ok_or_else(|| {
+            io::Error::other(format!("expert {e} of layer {layer} never arrived"))
+        })?;
         for (i, &(t, wt)) in group.iter().enumerate() {
             for (o, v) in out[t * d..(t + 1) * d]
                 .iter_mut()

@@ -37,7 +37,7 @@ use crate::engine::KvCache;
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
 use crate::store::plan::{choose_resident, Candidate};
-use crate::store::{DirectFile, Unit, UnitBytes, WeightStore, IO_ALIGN};
+use crate::store::{DirectFile, ExpertStore, Unit, UnitBytes, WeightStore, IO_ALIGN};
 
 /// Stream buffers used when any weight is streamed.
 const STREAM_SLOTS: usize = 2;
@@ -341,35 +341,70 @@ impl Qwen3 {
             });
         }
         let n_head_cands = cands.len();
-        for (i, u) in units.iter().enumerate() {
+        let total_all: usize = cands.iter().map(|c| c.bytes).sum::<usize>()
+            + units.iter().map(|u| u.buffer_bytes()).sum::<usize>();
+        let fixed = kv_bytes + scratch_bytes + norms_bytes;
+        // Routed experts go to the expert store whenever the budget cannot hold every weight:
+        // they are never loaded at start-up, and what the spine leaves becomes their cache.
+        let use_expert_store = matches!(opts.ram_budget, Some(b) if fixed + total_all > b as usize)
+            && n_weight_units > n_spine;
+        let n_cands = if use_expert_store {
+            n_spine
+        } else {
+            n_weight_units
+        };
+        for (i, u) in units[..n_cands].iter().enumerate() {
             cands.push(Candidate {
                 name: format!("unit {i}"),
                 bytes: u.buffer_bytes(),
             });
         }
-        let total: usize = cands.iter().map(|c| c.bytes).sum();
-        let fixed = kv_bytes + scratch_bytes + norms_bytes;
-        let slot = unit_max.max(IO_ALIGN * 4);
-        let (flags, stream_buf) = match opts.ram_budget {
-            Some(b) if fixed + total > b as usize => {
+        let spine_max = units[..n_spine]
+            .iter()
+            .map(|u| u.buffer_bytes())
+            .max()
+            .unwrap_or(0);
+        let slot = if use_expert_store {
+            spine_max
+        } else {
+            unit_max
+        }
+        .max(IO_ALIGN * 4);
+        let expert_buf = units[n_spine..n_weight_units]
+            .iter()
+            .map(|u| u.buffer_bytes())
+            .max()
+            .unwrap_or(0);
+        // one I/O buffer per expert a token takes, so a decode step's misses read together
+        let io_slots = c.num_experts_per_tok.unwrap_or(1).max(1);
+        let io_bytes = if use_expert_store {
+            io_slots * expert_buf
+        } else {
+            0
+        };
+        let (flags, stream_buf, cache_bytes) = match opts.ram_budget {
+            Some(b) if fixed + total_all > b as usize => {
                 let b = b as usize;
                 let stream_buf = STREAM_SLOTS * slot;
-                if fixed + stream_buf > b {
+                if fixed + stream_buf + io_bytes > b {
                     bail!(
-                        "--ram-budget {b} is too small: the KV cache for {n_ctx} tokens ({:.1} MiB), activations ({:.1} MiB) and stream buffers ({:.1} MiB) need at least {:.1} MiB",
+                        "--ram-budget {b} is too small: the KV cache for {n_ctx} tokens ({:.1} MiB), activations ({:.1} MiB), stream buffers ({:.1} MiB) and expert I/O buffers ({:.1} MiB) need at least {:.1} MiB",
                         kv_bytes as f64 / 1048576.0,
                         (scratch_bytes + norms_bytes) as f64 / 1048576.0,
                         stream_buf as f64 / 1048576.0,
-                        (fixed + stream_buf) as f64 / 1048576.0
+                        io_bytes as f64 / 1048576.0,
+                        (fixed + stream_buf + io_bytes) as f64 / 1048576.0
                     );
                 }
-                (
-                    choose_resident(&cands, b - fixed - stream_buf).0,
-                    stream_buf,
-                )
+                let avail = b - fixed - stream_buf - io_bytes;
+                let (flags, used) = choose_resident(&cands, avail);
+                (flags, stream_buf, avail - used)
             }
-            _ => (vec![true; cands.len()], 0),
+            _ => (vec![true; cands.len()], 0, 0),
         };
+        let mut flags = flags;
+        // experts handled by the expert store are not resident here
+        flags.resize(n_head_cands + n_weight_units, false);
         let head_resident = flags[0];
         let embd_resident = if tied { head_resident } else { flags[1] };
         let mut resident: Vec<bool> = flags[n_head_cands..].to_vec();
@@ -415,22 +450,59 @@ impl Qwen3 {
             .iter()
             .filter(|r| **r)
             .count();
-        let store = WeightStore::open(
+        let n_units = units.len();
+        let elsewhere: Vec<bool> = (0..n_units)
+            .map(|i| use_expert_store && (n_spine..n_weight_units).contains(&i))
+            .collect();
+        let expert_table: Vec<Vec<std::sync::Arc<Unit>>> = if use_expert_store {
+            experts
+                .units
+                .iter()
+                .map(|le| {
+                    le.iter()
+                        .map(|(u, _)| std::sync::Arc::new(units[*u].clone()))
+                        .collect()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut store = WeightStore::open_with_elsewhere(
             &ck.files,
             units,
             &resident,
+            &elsewhere,
             STREAM_SLOTS,
             stream_buf / STREAM_SLOTS,
             opts.direct_io,
         )?;
+        let mut expert_note = String::new();
+        if use_expert_store {
+            let es = ExpertStore::new(
+                &ck.files,
+                opts.direct_io,
+                expert_table,
+                io_slots,
+                cache_bytes,
+                &opts.experts,
+                store.stats().clone(),
+            )?;
+            expert_note = format!(
+                "; experts read on demand through {}, cache {} of {:.1} MiB",
+                es.engine().describe(),
+                es.cache().policy(),
+                es.cache().budget() as f64 / 1048576.0
+            );
+            store.attach_experts(es);
+        }
         let placement = Placement {
             resident_bytes: store.resident_bytes(),
             streamed_bytes,
-            stream_buffer_bytes: store.stream_buffer_bytes(),
+            stream_buffer_bytes: store.stream_buffer_bytes() + io_bytes,
             kv_bytes,
             scratch_bytes: scratch_bytes + norms_bytes,
             summary: format!(
-                "{res_spine}/{} layers and {res_experts}/{} experts resident, LM head {}{}",
+                "{res_spine}/{} layers and {res_experts}/{} experts resident, LM head {}{}{}",
                 c.num_hidden_layers,
                 n_weight_units - n_spine,
                 if head_resident {
@@ -438,7 +510,8 @@ impl Qwen3 {
                 } else {
                     "streamed"
                 },
-                if tied { " (tied to embeddings)" } else { "" }
+                if tied { " (tied to embeddings)" } else { "" },
+                expert_note
             ),
         };
         Ok((

@@ -8,3 +8,4 @@ mod gguf_parse;
 pub mod gguf_writer;
 pub mod hf;
 pub mod pull;
+pub mod synth;

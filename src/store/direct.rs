@@ -94,6 +94,11 @@ impl DirectFile {
         self.len == 0
     }
 
+    /// The open file (for reads issued elsewhere, e.g. through io_uring).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path

@@ -3,11 +3,19 @@
 
 pub mod aligned;
 pub mod direct;
+pub mod expert_cache;
+pub mod experts;
+pub mod heat;
+pub mod io_engine;
 pub mod plan;
 pub mod streamer;
+pub mod telemetry;
 pub mod weights;
 
 pub use aligned::{AlignedBuf, IO_ALIGN};
 pub use direct::DirectFile;
+pub use expert_cache::CachePolicy;
+pub use experts::{ExpertCounters, ExpertStore, ExpertStoreOptions};
+pub use io_engine::{EngineChoice, IoOptions};
 pub use streamer::{load_resident, IoStats, ReadRange, Streamer, Unit, UnitBytes};
 pub use weights::{Fp8Pack, WeightStore};

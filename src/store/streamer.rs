@@ -57,6 +57,39 @@ pub struct UnitBytes {
 }
 
 impl UnitBytes {
+    /// Bytes of `unit` in `buf`, laid out as [`Unit::buffer_bytes`] describes (each range's
+    /// aligned span at an [`IO_ALIGN`] boundary, in order).
+    pub(crate) fn laid_out(unit: &Unit, buf: AlignedBuf) -> Self {
+        let mut pieces = Vec::with_capacity(unit.ranges.len());
+        let mut pos = 0usize;
+        for r in &unit.ranges {
+            let span = AlignedSpan::covering(r.offset, r.len);
+            pieces.push((pos + span.skip, r.len));
+            pos += span.len;
+        }
+        assert!(pos <= buf.capacity(), "unit larger than its buffer");
+        Self { buf, pieces }
+    }
+
+    /// A unit-less buffer of `bytes` (for tests of the cache).
+    #[cfg(test)]
+    pub(crate) fn empty(bytes: usize) -> Self {
+        Self {
+            buf: AlignedBuf::new(bytes),
+            pieces: vec![],
+        }
+    }
+
+    /// Takes the buffer back.
+    pub(crate) fn into_buf(self) -> AlignedBuf {
+        self.buf
+    }
+
+    /// The start of the buffer, for reads landing in it.
+    pub(crate) fn buf_ptr(&mut self) -> *mut u8 {
+        self.buf.as_mut_slice().as_mut_ptr()
+    }
+
     /// The bytes of range `i` of the unit.
     pub fn piece(&self, i: usize) -> &[u8] {
         let (s, l) = self.pieces[i];
@@ -66,11 +99,6 @@ impl UnitBytes {
     /// A unit's bytes from a filled buffer and its pieces (start, length) in it.
     pub(crate) fn from_parts(buf: AlignedBuf, pieces: Vec<(usize, usize)>) -> Self {
         Self { buf, pieces }
-    }
-
-    /// The backing buffer, given back (to reuse it).
-    pub(crate) fn into_buf(self) -> AlignedBuf {
-        self.buf
     }
 
     /// Size of the backing buffer in bytes (what the unit costs in RAM).

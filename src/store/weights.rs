@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::aligned::{round_up, AlignedBuf, IO_ALIGN};
 use super::direct::DirectFile;
+use super::experts::ExpertStore;
 use super::streamer::{load_resident, IoStats, Streamer, Unit, UnitBytes};
 use crate::quant::{fp8, GgmlType};
 
@@ -78,6 +79,8 @@ pub enum Residency {
     Resident(UnitBytes),
     /// Read on every use through the streamer.
     Streamed,
+    /// Held by the [`ExpertStore`] (a routed expert), never read through the streamer.
+    Elsewhere,
 }
 
 /// The units of one model and their residency. Streamed units must be announced with
@@ -94,6 +97,7 @@ pub struct WeightStore {
     expected: VecDeque<usize>,
     stats: Arc<IoStats>,
     resident_bytes: usize,
+    experts: Option<ExpertStore>,
 }
 
 impl WeightStore {
@@ -111,11 +115,13 @@ impl WeightStore {
         direct: bool,
     ) -> io::Result<Self> {
         let packs = vec![Vec::new(); units.len()];
-        Self::open_packed(
+        let elsewhere = vec![false; units.len()];
+        Self::open_full(
             files,
             units,
             packs,
             resident,
+            &elsewhere,
             slots,
             extra_slot_bytes,
             direct,
@@ -150,8 +156,65 @@ impl WeightStore {
         extra_slot_bytes: usize,
         direct: bool,
     ) -> io::Result<Self> {
+        let elsewhere = vec![false; units.len()];
+        Self::open_full(
+            files,
+            units,
+            packs,
+            resident,
+            &elsewhere,
+            slots,
+            extra_slot_bytes,
+            direct,
+        )
+    }
+
+    /// [`WeightStore::open`] where units flagged in `elsewhere` belong to an [`ExpertStore`]
+    /// (attach it with [`WeightStore::attach_experts`]): they are neither read nor streamed here
+    /// and do not size the stream buffers.
+    ///
+    /// Errors: as [`WeightStore::open`].
+    pub fn open_with_elsewhere(
+        files: &[std::path::PathBuf],
+        units: Vec<Unit>,
+        resident: &[bool],
+        elsewhere: &[bool],
+        slots: usize,
+        extra_slot_bytes: usize,
+        direct: bool,
+    ) -> io::Result<Self> {
+        let packs = vec![Vec::new(); units.len()];
+        Self::open_full(
+            files,
+            units,
+            packs,
+            resident,
+            elsewhere,
+            slots,
+            extra_slot_bytes,
+            direct,
+        )
+    }
+
+    /// The general form of [`WeightStore::open`]: FP8 `packs` as in
+    /// [`WeightStore::open_packed`], `elsewhere` units as in
+    /// [`WeightStore::open_with_elsewhere`].
+    ///
+    /// Errors: as [`WeightStore::open`].
+    #[allow(clippy::too_many_arguments)]
+    fn open_full(
+        files: &[std::path::PathBuf],
+        units: Vec<Unit>,
+        packs: Vec<Vec<Fp8Pack>>,
+        resident: &[bool],
+        elsewhere: &[bool],
+        slots: usize,
+        extra_slot_bytes: usize,
+        direct: bool,
+    ) -> io::Result<Self> {
         assert_eq!(units.len(), resident.len());
         assert_eq!(units.len(), packs.len());
+        assert_eq!(units.len(), elsewhere.len());
         let open = |d: bool| -> io::Result<Vec<DirectFile>> {
             files
                 .iter()
@@ -166,8 +229,10 @@ impl WeightStore {
         let mut residency = Vec::with_capacity(units.len());
         let mut resident_bytes = 0;
         let mut slot = extra_slot_bytes;
-        for (u, &r) in units.iter().zip(resident) {
-            if r {
+        for ((u, &r), &x) in units.iter().zip(resident).zip(elsewhere) {
+            if x {
+                residency.push(Residency::Elsewhere);
+            } else if r {
                 let mut b = load_resident(&dfiles, u, &stats)?;
                 if !packs[residency.len()].is_empty() {
                     let p = &packs[residency.len()];
@@ -188,7 +253,8 @@ impl WeightStore {
             .filter(|((_, p), r)| !p.is_empty() && !**r)
             .map(|((u, p), _)| Self::resident_size(u, p))
             .max();
-        let any_streamed = resident.iter().any(|r| !r) || extra_slot_bytes > 0;
+        let any_streamed =
+            resident.iter().zip(elsewhere).any(|(r, x)| !r && !x) || extra_slot_bytes > 0;
         let streamer = any_streamed.then(|| Streamer::new(dfiles, slots, slot, stats.clone()));
         Ok(Self {
             units: units.into_iter().map(Arc::new).collect(),
@@ -199,6 +265,7 @@ impl WeightStore {
             expected: VecDeque::new(),
             stats,
             resident_bytes,
+            experts: None,
         })
     }
 
@@ -256,6 +323,10 @@ impl WeightStore {
     /// reading at once. Resident ones are skipped.
     pub fn plan(&mut self, ids: impl IntoIterator<Item = usize>) {
         for id in ids {
+            assert!(
+                !matches!(self.residency[id], Residency::Elsewhere),
+                "unit {id} belongs to the expert store"
+            );
             if !self.is_resident(id) {
                 self.expected.push_back(id);
                 let u = self.units[id].clone();
@@ -318,8 +389,27 @@ impl WeightStore {
         Ok(r)
     }
 
+    /// Hands the routed experts to an [`ExpertStore`]; units it covers must not be resident
+    /// or planned through [`WeightStore::plan`].
+    pub fn attach_experts(&mut self, experts: ExpertStore) {
+        self.experts = Some(experts);
+    }
+
+    /// The expert store, when the model's experts are read on demand.
+    pub fn experts(&self) -> Option<&ExpertStore> {
+        self.experts.as_ref()
+    }
+
+    /// The expert store, mutably.
+    pub fn experts_mut(&mut self) -> Option<&mut ExpertStore> {
+        self.experts.as_mut()
+    }
+
     /// Drops every queued read (after an error mid-pass) so the next pass starts clean.
     pub fn reset(&mut self) {
+        if let Some(e) = self.experts.as_mut() {
+            e.reset();
+        }
         self.expected.clear();
         if let Some(s) = self.streamer.as_mut() {
             s.drain();

@@ -44,6 +44,7 @@ pub fn session(name: &str, ram_budget: Option<u64>) -> Session {
         n_ctx: 128,
         n_batch: 128,
         direct_io: true,
+        ..Default::default()
     };
     let (m, s) = load_hf(&fixture(name), &opts).unwrap();
     Session::new(m, s, 128, 128)
@@ -131,6 +132,7 @@ pub fn smallest_budget(name: &str) -> u64 {
         n_ctx: 128,
         n_batch: 128,
         direct_io: true,
+        ..Default::default()
     };
     let mut b = 4 << 10;
     loop {
@@ -168,6 +170,7 @@ pub fn load_err(dir: &Path) -> String {
         n_ctx: 16,
         n_batch: 16,
         direct_io: true,
+        ..Default::default()
     };
     match load_hf(dir, &opts) {
         Ok(_) => panic!("loading {} should fail", dir.display()),

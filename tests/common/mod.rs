@@ -35,6 +35,7 @@ pub fn demo_session(
         n_ctx,
         n_batch,
         direct_io: true,
+        ..Default::default()
     };
     let (model, store) = load_gguf(g, &opts).expect("loading the demo model");
     Session::new(model, store, n_ctx, n_batch)

@@ -1,0 +1,226 @@
+//! `deltafin bench`: end-to-end scenarios on one model under one RAM budget, written as JSON
+//! and a table: tok/s, time to first token, bytes/token, cache hit rate, per-drive bandwidth,
+//! I/O wait share and the fraction of the physical limit reached.
+//!
+//! Scenarios (each loads the model afresh, so the expert cache starts empty):
+//! - `cold-decode`: the page cache is dropped first (when root: `sync`, then `3` written to
+//!   `/proc/sys/vm/drop_caches`), a short prompt, then `-n` greedy tokens;
+//! - `warm-decode`: the same, after a first generation of `-n` tokens in the same session, so
+//!   the expert cache holds what that run left;
+//! - `prefill`: one prompt of `--prompt-tokens` tokens (time to first token, bytes).
+//!
+//! Prompts are fixed token ids (`(37·i + 11) mod vocab`), end-of-generation tokens are ignored,
+//! so every run does the same work.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+use super::run::{init_threads, open_any, stats_json, OpenedModel};
+use super::store_args::StoreArgs;
+use crate::engine::{GenStats, GenerateOptions, Sampler, SamplerConfig, Session};
+use crate::models::{load_gguf, load_hf_model, LoadOptions, Placement};
+use crate::store::plan::parse_size;
+
+/// Arguments of `deltafin bench`.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Model path (as for `run`).
+    #[arg(short, long)]
+    pub model: PathBuf,
+    /// Scenarios, comma-separated: cold-decode, warm-decode, prefill.
+    #[arg(
+        long,
+        default_value = "cold-decode,warm-decode,prefill",
+        value_delimiter = ','
+    )]
+    pub scenarios: Vec<String>,
+    /// RAM budget (as for `run`).
+    #[arg(long, value_parser = parse_size)]
+    pub ram_budget: Option<u64>,
+    /// Tokens to decode per decode scenario.
+    #[arg(short = 'n', long, default_value_t = 32)]
+    pub tokens: usize,
+    /// Prompt tokens of the decode scenarios.
+    #[arg(long, default_value_t = 8)]
+    pub decode_prompt_tokens: usize,
+    /// Prompt tokens of the prefill scenario.
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    /// Worker threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Empties the page cache when running as root; returns whether it did.
+pub fn drop_page_cache() -> bool {
+    // SAFETY: sync(2) has no preconditions.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
+}
+
+fn prompt(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((37 * i + 11) % vocab) as u32).collect()
+}
+
+/// One scenario's run: statistics and placement.
+fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64)> {
+    let dropped = name == "cold-decode" && drop_page_cache();
+    let t = std::time::Instant::now();
+    let opened = open_any(Some(&a.model))?;
+    let (decode_p, warm) = match name {
+        "cold-decode" => (a.decode_prompt_tokens, false),
+        "warm-decode" => (a.decode_prompt_tokens, true),
+        "prefill" => (a.prompt_tokens, false),
+        other => bail!("unknown scenario '{other}' (expected cold-decode, warm-decode or prefill)"),
+    };
+    let n_gen = if name == "prefill" { 1 } else { a.tokens };
+    let n_ctx = decode_p + n_gen * if warm { 2 } else { 1 } + 1;
+    let opts = LoadOptions {
+        ram_budget: a.ram_budget,
+        n_ctx,
+        n_batch: decode_p.max(1),
+        direct_io: true,
+        experts: a.store.options(Some(&a.model)),
+    };
+    let (model, store) = match &opened {
+        OpenedModel::Gguf(g) => load_gguf(g, &opts)?,
+        OpenedModel::Hf(h) => load_hf_model(h, &opts)?,
+    };
+    let load_s = t.elapsed().as_secs_f64();
+    let placement = model.placement().clone();
+    let vocab = model.vocab_size();
+    drop(opened);
+    let mut session = Session::new(model, store, n_ctx, decode_p.max(1));
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        repeat_last_n: 0,
+        seed: 0,
+    });
+    let never = |_: u32| false;
+    let gen = GenerateOptions {
+        max_tokens: n_gen,
+        stop: &[],
+        is_eog: &never,
+    };
+    let ids = prompt(decode_p, vocab);
+    let mut go = |s: &mut Session, ids: &[u32]| {
+        s.generate(ids, &mut sampler, &gen, &mut |_| String::new(), &mut |_| {})
+    };
+    if warm {
+        let (out, _, _) = go(&mut session, &ids).context("warm-up generation")?;
+        let (_, _, st) = go(&mut session, &out[out.len() - 1..])?;
+        return Ok((st, placement, dropped, load_s));
+    }
+    let (_, _, st) = go(&mut session, &ids)?;
+    Ok((st, placement, dropped, load_s))
+}
+
+/// Runs `deltafin bench`.
+pub fn run(a: BenchArgs) -> Result<()> {
+    init_threads(a.threads);
+    a.store.init_tracing();
+    let mut rows = Vec::new();
+    let mut table = format!(
+        "{:12} {:>8} {:>8} {:>10} {:>6} {:>10} {:>6} {:>7}  {}\n",
+        "scenario",
+        "tok/s",
+        "TTFT s",
+        "MiB/token",
+        "hit %",
+        "drive MB/s",
+        "wait %",
+        "limit %",
+        "engine"
+    );
+    for name in &a.scenarios {
+        let (st, placement, dropped, load_s) = scenario(&a, name)?;
+        let mut v = stats_json(
+            &st,
+            &placement,
+            &crate::engine::Finish::Length,
+            0,
+            load_s,
+            a.store.drive_bandwidth,
+        );
+        v["scenario"] = name.as_str().into();
+        v["page_cache_dropped"] = dropped.into();
+        let tok_s = if name == "prefill" {
+            st.prompt_tokens as f64 / st.ttft_s.max(1e-12)
+        } else {
+            st.decode_tok_s()
+        };
+        let per_tok = if name == "prefill" {
+            st.prefill_bytes as f64 / st.prompt_tokens.max(1) as f64
+        } else {
+            st.decode_bytes_per_token()
+        };
+        let run_s = if name == "prefill" {
+            st.ttft_s
+        } else {
+            st.decode_s
+        };
+        let (hit, wait, engine, drive_bw) = match &st.experts {
+            Some(e) => {
+                let c = if name == "prefill" {
+                    &e.prefill
+                } else {
+                    &e.decode
+                };
+                let bw = c.bytes as f64 / run_s.max(1e-12);
+                (
+                    100.0 * c.hit_rate,
+                    100.0 * c.io_wait_s / run_s.max(1e-12),
+                    e.engine.clone(),
+                    bw,
+                )
+            }
+            None => (0.0, 0.0, "all experts resident".to_string(), 0.0),
+        };
+        let limit = v["physical_limit"]["fraction"].as_f64().map(|f| 100.0 * f);
+        v["summary"] = serde_json::json!({
+            "tok_s": tok_s, "ttft_s": st.ttft_s, "bytes_per_token": per_tok,
+            "hit_rate": hit / 100.0, "expert_read_bytes_per_s": drive_bw,
+            "io_wait_share": wait / 100.0,
+        });
+        table += &format!(
+            "{:12} {:>8.2} {:>8.3} {:>10.1} {:>6.1} {:>10.1} {:>6.0} {:>7}  {}\n",
+            name,
+            tok_s,
+            st.ttft_s,
+            per_tok / 1048576.0,
+            hit,
+            drive_bw / 1e6,
+            wait,
+            match (name.as_str(), limit) {
+                ("prefill", _) | (_, None) => "-".to_string(),
+                (_, Some(l)) => format!("{l:.0}"),
+            },
+            engine
+        );
+        rows.push(v);
+    }
+    print!("{table}");
+    if let Some(p) = &a.json {
+        let out = serde_json::json!({
+            "model": a.model.display().to_string(),
+            "ram_budget": a.ram_budget,
+            "cache": a.store.cache.to_string(),
+            "io_depth": a.store.io_depth,
+            "io_request_size": a.store.io_request_size,
+            "scenarios": rows,
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&out)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}

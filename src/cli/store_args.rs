@@ -1,0 +1,91 @@
+//! Options of the expert store shared by `run` and `bench`.
+
+use std::path::{Path, PathBuf};
+
+use sha2::Digest;
+
+use crate::store::io_engine::{DEFAULT_DEPTH, DEFAULT_REQUEST_BYTES};
+use crate::store::plan::parse_size;
+use crate::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions};
+
+/// Expert store flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StoreArgs {
+    /// Expert cache policy when experts do not all fit the budget: lfu-da (LFU with dynamic
+    /// aging, seeded from the heat file), lru, or none.
+    #[arg(long, default_value = "lfu-da")]
+    pub cache: CachePolicy,
+    /// Heat file (per-(layer, expert) use counts, read at start to seed the cache and merged
+    /// at the end). Default: `$DELTAFIN_HOME/heat/NAME-HASH.json` (NAME: the model folder or
+    /// file name, HASH: of its absolute path), so model folders are never written to; `none`
+    /// turns it off.
+    #[arg(long)]
+    pub heat_file: Option<String>,
+    /// Expert read engine: auto (io_uring, else a pread thread pool), uring, or pool.
+    #[arg(long, default_value = "auto")]
+    pub io_engine: EngineChoice,
+    /// Expert reads in flight at most (io_uring queue depth or pread threads).
+    #[arg(long, default_value_t = DEFAULT_DEPTH)]
+    pub io_depth: usize,
+    /// Largest single expert read request, e.g. 1M (rounded up to 4 KiB).
+    #[arg(long, default_value_t = DEFAULT_REQUEST_BYTES as u64, value_parser = parse_size)]
+    pub io_request_size: u64,
+    /// The drives' read bandwidth in bytes/s (e.g. from fio, `1.3G`) for the fraction of the
+    /// physical limit in the statistics; default: the store's own busy-time bandwidth.
+    #[arg(long, value_parser = parse_size)]
+    pub drive_bandwidth: Option<u64>,
+    /// Print the expert store's tracing spans to standard error (one `experts` span per MoE
+    /// layer and pass, with hits, misses, bytes, I/O wait and compute time, and its duration).
+    #[arg(long)]
+    pub trace: bool,
+}
+
+impl StoreArgs {
+    /// Installs a stderr subscriber for the store's `tracing` spans when `--trace` is given.
+    pub fn init_tracing(&self) {
+        if self.trace {
+            let _ = tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_env_filter(tracing_subscriber::EnvFilter::new("deltafin=debug"))
+                .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+                .try_init();
+        }
+    }
+
+    /// The heat file for the model at `model` (None when off).
+    pub fn heat_path(&self, model: Option<&Path>) -> Option<PathBuf> {
+        match self.heat_file.as_deref() {
+            Some("none") => None,
+            Some(p) => Some(PathBuf::from(p)),
+            None => {
+                let m = model?;
+                let abs = std::fs::canonicalize(m).unwrap_or_else(|_| m.to_path_buf());
+                let name = abs
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "model".into());
+                let digest = sha2::Sha256::digest(abs.as_os_str().as_encoded_bytes());
+                let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+                Some(
+                    crate::source::pull::home_dir()
+                        .join("heat")
+                        .join(format!("{name}-{hash}.json")),
+                )
+            }
+        }
+    }
+
+    /// The store options for the model at `model`.
+    pub fn options(&self, model: Option<&Path>) -> ExpertStoreOptions {
+        ExpertStoreOptions {
+            cache: self.cache,
+            io: IoOptions {
+                engine: self.io_engine,
+                depth: self.io_depth.max(1),
+                request_bytes: self.io_request_size as usize,
+            },
+            heat_file: self.heat_path(model),
+        }
+    }
+}

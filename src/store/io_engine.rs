@@ -1,0 +1,614 @@
+//! The read engine of the expert store: positional reads into caller-owned, 4 KiB-aligned
+//! memory, many in flight at once, completed in arrival order. Two backends:
+//!
+//! - **io_uring** (`io-uring` crate, `IORING_OP_READ`): one ring owned by the calling thread,
+//!   at most `depth` reads submitted at a time;
+//! - **pread pool**: `depth` threads each doing blocking `pread(2)`, used where io_uring is
+//!   unavailable (old kernels, seccomp filters) or when forced (`--io-engine pool`).
+//!
+//! Both read files opened with `O_DIRECT` where the filesystem allows it ([`DirectFile`]), so
+//! expert bytes bypass the page cache. Per-file counters record bytes, reads and busy time
+//! (time with at least one read of that file outstanding, as seen by the engine).
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use super::direct::DirectFile;
+
+/// Which backend to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum EngineChoice {
+    /// io_uring when the kernel allows it, else the pread pool.
+    #[default]
+    Auto,
+    /// io_uring or an error.
+    Uring,
+    /// The pread thread pool.
+    Pool,
+}
+
+impl std::str::FromStr for EngineChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "uring" | "io_uring" => Ok(Self::Uring),
+            "pool" | "pread" => Ok(Self::Pool),
+            _ => Err(format!(
+                "unknown I/O engine '{s}' (expected auto, uring or pool)"
+            )),
+        }
+    }
+}
+
+/// Default reads in flight. Measured on a drivelab drive (see BENCHMARKS.md).
+pub const DEFAULT_DEPTH: usize = 32;
+/// Default largest single read request in bytes. Measured (see BENCHMARKS.md).
+pub const DEFAULT_REQUEST_BYTES: usize = 1 << 20;
+
+/// Options of the read engine.
+#[derive(Clone, Debug)]
+pub struct IoOptions {
+    pub engine: EngineChoice,
+    /// Reads in flight at most (io_uring submissions, or pool threads).
+    pub depth: usize,
+    /// Largest single read in bytes (a multiple of 4 KiB); larger spans are split.
+    pub request_bytes: usize,
+}
+
+impl Default for IoOptions {
+    fn default() -> Self {
+        Self {
+            engine: EngineChoice::Auto,
+            depth: DEFAULT_DEPTH,
+            request_bytes: DEFAULT_REQUEST_BYTES,
+        }
+    }
+}
+
+/// One read: `len` bytes at `offset` of file `file` into `dst`; at least `need` bytes must
+/// arrive (less than `len` where the aligned span passes the end of the file).
+#[derive(Clone, Copy, Debug)]
+pub struct Req {
+    pub file: usize,
+    pub offset: u64,
+    pub len: usize,
+    pub need: usize,
+    pub dst: *mut u8,
+    /// The caller's tag, returned with the completion.
+    pub tag: usize,
+}
+
+// SAFETY: `dst` points into a buffer the caller keeps alive, untouched, until the request's
+// completion has been returned (the engine drains every request before it is dropped).
+unsafe impl Send for Req {}
+
+/// A finished read: the request's tag, the bytes read, or the error (naming file and range).
+#[derive(Debug)]
+pub struct Done {
+    pub tag: usize,
+    pub result: io::Result<u64>,
+}
+
+/// Counters of one file.
+#[derive(Clone, Debug, Default)]
+pub struct FileCounters {
+    /// Bytes read from the device.
+    pub bytes: u64,
+    /// Read requests completed.
+    pub reads: u64,
+    /// Nanoseconds with at least one read of this file outstanding.
+    pub busy_ns: u64,
+    inflight: usize,
+    since: Option<Instant>,
+}
+
+/// Per-file counters shared with the pool threads.
+type Counters = Arc<Mutex<Vec<FileCounters>>>;
+
+fn begin(c: &Counters, file: usize) {
+    let mut v = c.lock().unwrap();
+    let f = &mut v[file];
+    if f.inflight == 0 {
+        f.since = Some(Instant::now());
+    }
+    f.inflight += 1;
+}
+
+fn end(c: &Counters, file: usize, bytes: u64) {
+    let mut v = c.lock().unwrap();
+    let f = &mut v[file];
+    f.inflight -= 1;
+    f.bytes += bytes;
+    f.reads += 1;
+    if f.inflight == 0 {
+        if let Some(s) = f.since.take() {
+            f.busy_ns += s.elapsed().as_nanos() as u64;
+        }
+    }
+}
+
+fn read_error(files: &[DirectFile], r: &Req, e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!(
+        "{}: read of {} bytes at offset {} failed: {e}",
+        files[r.file].path().display(),
+        r.len,
+        r.offset
+    ))
+}
+
+fn short_read(files: &[DirectFile], r: &Req, got: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        format!(
+            "{}: short read at offset {} ({got} of {} bytes; the file is {} bytes)",
+            files[r.file].path().display(),
+            r.offset,
+            r.need,
+            files[r.file].len()
+        ),
+    )
+}
+
+/// Blocking read of one request (pool threads), retrying partial reads.
+fn pread_req(files: &[DirectFile], r: &Req) -> io::Result<u64> {
+    let f = files[r.file].file();
+    // SAFETY: the caller guarantees dst is valid for len bytes until completion.
+    let dst = unsafe { std::slice::from_raw_parts_mut(r.dst, r.len) };
+    let mut done = 0usize;
+    while done < r.need {
+        match f.read_at(&mut dst[done..], r.offset + done as u64) {
+            Ok(0) => return Err(short_read(files, r, done)),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(read_error(files, r, e)),
+        }
+    }
+    Ok(done as u64)
+}
+
+struct Pool {
+    jobs: Option<Sender<Req>>,
+    done: Receiver<Done>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    fn new(files: Arc<Vec<DirectFile>>, counters: Counters, n: usize) -> Self {
+        let (jtx, jrx) = channel::<Req>();
+        let jrx = Arc::new(Mutex::new(jrx));
+        let (dtx, drx) = channel::<Done>();
+        let threads = (0..n.max(1))
+            .map(|i| {
+                let (jrx, dtx, files, counters) =
+                    (jrx.clone(), dtx.clone(), files.clone(), counters.clone());
+                std::thread::Builder::new()
+                    .name(format!("deltafin-pread-{i}"))
+                    .spawn(move || loop {
+                        let job = jrx.lock().unwrap().recv();
+                        let Ok(r) = job else { return };
+                        begin(&counters, r.file);
+                        let res = pread_req(&files, &r);
+                        end(&counters, r.file, *res.as_ref().unwrap_or(&0));
+                        if dtx
+                            .send(Done {
+                                tag: r.tag,
+                                result: res,
+                            })
+                            .is_err()
+                        {
+                            return;
+                        }
+                    })
+                    .expect("spawn pread thread")
+            })
+            .collect();
+        Self {
+            jobs: Some(jtx),
+            done: drx,
+            threads,
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.jobs.take();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Uring {
+    ring: io_uring::IoUring,
+    /// Requests not yet handed to the kernel, with the bytes earlier partial reads of the same
+    /// request already brought in.
+    queued: VecDeque<(Req, usize)>,
+    /// Requests in the kernel, by slot (the SQE's user data).
+    slots: Vec<Option<(Req, usize)>>,
+    free: Vec<usize>,
+    depth: usize,
+}
+
+impl Uring {
+    fn new(depth: usize) -> io::Result<Self> {
+        let ring = io_uring::IoUring::new(depth.next_power_of_two() as u32)?;
+        Ok(Self {
+            ring,
+            queued: VecDeque::new(),
+            slots: (0..depth).map(|_| None).collect(),
+            free: (0..depth).rev().collect(),
+            depth,
+        })
+    }
+
+    /// Hands queued requests to the kernel while slots are free.
+    fn fill(&mut self, files: &[DirectFile], counters: &Counters) -> io::Result<()> {
+        let mut pushed = false;
+        while !self.free.is_empty() {
+            let Some((r, before)) = self.queued.pop_front() else {
+                break;
+            };
+            let slot = self.free.pop().unwrap();
+            let e = io_uring::opcode::Read::new(
+                io_uring::types::Fd(files[r.file].file().as_raw_fd()),
+                r.dst,
+                r.len as u32,
+            )
+            .offset(r.offset)
+            .build()
+            .user_data(slot as u64);
+            // SAFETY: dst stays valid until the completion is reaped (see Req).
+            unsafe {
+                self.ring
+                    .submission()
+                    .push(&e)
+                    .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+            }
+            begin(counters, r.file);
+            self.slots[slot] = Some((r, before));
+            pushed = true;
+        }
+        if pushed {
+            loop {
+                match self.ring.submit() {
+                    Ok(_) => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn in_kernel(&self) -> usize {
+        self.depth - self.free.len()
+    }
+
+    fn wait(&mut self, files: &[DirectFile], counters: &Counters) -> Done {
+        loop {
+            let cqe = self.ring.completion().next();
+            let Some(cqe) = cqe else {
+                match self.ring.submit_and_wait(1) {
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => panic!("io_uring wait failed: {e}"),
+                }
+            };
+            let slot = cqe.user_data() as usize;
+            let (r, before) = self.slots[slot]
+                .take()
+                .expect("completion of a live request");
+            self.free.push(slot);
+            let res = cqe.result();
+            if res < 0 {
+                end(counters, r.file, 0);
+                let e = io::Error::from_raw_os_error(-res);
+                return Done {
+                    tag: r.tag,
+                    result: Err(read_error(files, &r, e)),
+                };
+            }
+            let n = res as usize;
+            end(counters, r.file, n as u64);
+            if n >= r.need {
+                return Done {
+                    tag: r.tag,
+                    result: Ok((before + n) as u64),
+                };
+            }
+            if n == 0 {
+                return Done {
+                    tag: r.tag,
+                    result: Err(short_read(files, &r, before)),
+                };
+            }
+            // a partial read: the rest goes to the front of the queue
+            let rest = Req {
+                offset: r.offset + n as u64,
+                len: r.len - n,
+                need: r.need - n,
+                // SAFETY: n < len, inside the same buffer.
+                dst: unsafe { r.dst.add(n) },
+                ..r
+            };
+            self.queued.push_front((rest, before + n));
+            if let Err(e) = self.fill(files, counters) {
+                return Done {
+                    tag: r.tag,
+                    result: Err(e),
+                };
+            }
+        }
+    }
+}
+
+enum Backend {
+    Uring(Box<Uring>),
+    Pool(Pool),
+}
+
+/// The read engine over a set of open files.
+pub struct IoEngine {
+    backend: Backend,
+    files: Arc<Vec<DirectFile>>,
+    counters: Counters,
+    outstanding: usize,
+    depth: usize,
+}
+
+impl IoEngine {
+    /// Starts the engine over `files` with `opts`; `Auto` falls back to the pool when io_uring
+    /// cannot be set up or its first read fails.
+    ///
+    /// Errors: `EngineChoice::Uring` and io_uring is unavailable.
+    pub fn new(files: Vec<DirectFile>, opts: &IoOptions) -> io::Result<Self> {
+        let depth = opts.depth.max(1);
+        let files = Arc::new(files);
+        let counters: Counters = Arc::new(Mutex::new(vec![FileCounters::default(); files.len()]));
+        let pool = |files: &Arc<Vec<DirectFile>>, c: &Counters| {
+            Backend::Pool(Pool::new(files.clone(), c.clone(), depth))
+        };
+        let backend = match opts.engine {
+            EngineChoice::Pool => pool(&files, &counters),
+            EngineChoice::Uring => Backend::Uring(Box::new(Uring::new(depth)?)),
+            EngineChoice::Auto => match Uring::new(depth) {
+                Ok(u) => Backend::Uring(Box::new(u)),
+                Err(_) => pool(&files, &counters),
+            },
+        };
+        let mut e = Self {
+            backend,
+            files,
+            counters,
+            outstanding: 0,
+            depth,
+        };
+        if opts.engine == EngineChoice::Auto && matches!(e.backend, Backend::Uring(_)) && !e.probe()
+        {
+            e.backend = pool(&e.files, &e.counters);
+        }
+        // the probe's read is not part of the run
+        for c in e.counters.lock().unwrap().iter_mut() {
+            *c = FileCounters::default();
+        }
+        Ok(e)
+    }
+
+    /// Reads the first 4 KiB of the first non-empty file; false when that fails.
+    fn probe(&mut self) -> bool {
+        let Some(i) = self.files.iter().position(|f| !f.is_empty()) else {
+            return true;
+        };
+        let mut b = super::aligned::AlignedBuf::new(4096);
+        let need = (self.files[i].len() as usize).min(4096);
+        self.submit(Req {
+            file: i,
+            offset: 0,
+            len: 4096,
+            need,
+            dst: b.as_mut_slice().as_mut_ptr(),
+            tag: 0,
+        });
+        self.wait().result.is_ok()
+    }
+
+    /// What runs, e.g. `io_uring (depth 32), O_DIRECT`.
+    pub fn describe(&self) -> String {
+        let direct = self.files.iter().filter(|f| f.is_direct()).count();
+        let mode = if direct == self.files.len() {
+            "O_DIRECT".to_string()
+        } else if direct == 0 {
+            "buffered (O_DIRECT refused)".to_string()
+        } else {
+            format!("O_DIRECT on {direct} of {} files", self.files.len())
+        };
+        format!("{} (depth {}), {mode}", self.backend_name(), self.depth)
+    }
+
+    /// `"io_uring"` or `"pread-pool"`.
+    pub fn backend_name(&self) -> &'static str {
+        match self.backend {
+            Backend::Uring(_) => "io_uring",
+            Backend::Pool(_) => "pread-pool",
+        }
+    }
+
+    /// Whether every file bypasses the page cache.
+    pub fn all_direct(&self) -> bool {
+        self.files.iter().all(|f| f.is_direct())
+    }
+
+    /// The open files.
+    pub fn files(&self) -> &[DirectFile] {
+        &self.files
+    }
+
+    /// Reads queued or in flight.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// Queues `r`; it starts as soon as fewer than `depth` reads are in flight.
+    pub fn submit(&mut self, r: Req) {
+        self.outstanding += 1;
+        match &mut self.backend {
+            Backend::Uring(u) => {
+                u.queued.push_back((r, 0));
+                if let Err(e) = u.fill(&self.files, &self.counters) {
+                    // the request stays queued; the next wait reports through a completion
+                    tracing::warn!("io_uring submit failed: {e}");
+                }
+            }
+            Backend::Pool(p) => {
+                let _ = p.jobs.as_ref().expect("pool running").send(r);
+            }
+        }
+    }
+
+    /// Waits for the next completed read (any order). Panics when nothing is outstanding.
+    pub fn wait(&mut self) -> Done {
+        assert!(self.outstanding > 0, "wait() with no read outstanding");
+        let d = match &mut self.backend {
+            Backend::Uring(u) => {
+                if u.in_kernel() == 0 {
+                    if let Err(e) = u.fill(&self.files, &self.counters) {
+                        let (r, _) = u.queued.pop_front().expect("queued request");
+                        self.outstanding -= 1;
+                        return Done {
+                            tag: r.tag,
+                            result: Err(e),
+                        };
+                    }
+                }
+                u.wait(&self.files, &self.counters)
+            }
+            Backend::Pool(p) => p.done.recv().unwrap_or_else(|_| Done {
+                tag: usize::MAX,
+                result: Err(io::Error::other("the pread pool stopped")),
+            }),
+        };
+        self.outstanding -= 1;
+        d
+    }
+
+    /// Waits for every outstanding read (after an error), discarding results.
+    pub fn drain(&mut self) {
+        while self.outstanding > 0 {
+            let _ = self.wait();
+        }
+    }
+
+    /// A copy of the per-file counters (busy time includes reads still running).
+    pub fn counters(&self) -> Vec<FileCounters> {
+        let v = self.counters.lock().unwrap();
+        v.iter()
+            .map(|c| {
+                let mut c = c.clone();
+                if let Some(s) = c.since {
+                    c.busy_ns += s.elapsed().as_nanos() as u64;
+                }
+                c
+            })
+            .collect()
+    }
+}
+
+impl Drop for IoEngine {
+    fn drop(&mut self) {
+        // the kernel or a pool thread may still write into the caller's buffers
+        self.drain();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::aligned::AlignedBuf;
+    use std::io::Write;
+
+    fn engines(p: &std::path::Path) -> Vec<IoEngine> {
+        [EngineChoice::Auto, EngineChoice::Pool]
+            .iter()
+            .map(|&engine| {
+                IoEngine::new(
+                    vec![DirectFile::open(p, true).unwrap()],
+                    &IoOptions {
+                        engine,
+                        depth: 3,
+                        request_bytes: 4096,
+                    },
+                )
+                .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn many_reads_complete_with_the_right_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f.bin");
+        let data: Vec<u8> = (0..40_000u32).map(|i| (i * 13 % 251) as u8).collect();
+        std::fs::File::create(&p).unwrap().write_all(&data).unwrap();
+        for mut e in engines(&p) {
+            let mut b = AlignedBuf::new(40960);
+            let base = b.as_mut_slice().as_mut_ptr();
+            for i in 0..10 {
+                let len = 4096;
+                let need = (data.len() - i * 4096).min(len);
+                e.submit(Req {
+                    file: 0,
+                    offset: (i * 4096) as u64,
+                    len,
+                    need,
+                    dst: unsafe { base.add(i * 4096) },
+                    tag: i,
+                });
+            }
+            let mut tags: Vec<usize> = (0..10).map(|_| e.wait().tag).collect();
+            tags.sort();
+            assert_eq!(tags, (0..10).collect::<Vec<_>>());
+            assert_eq!(&b.as_slice()[..40_000], &data[..]);
+            let c = e.counters();
+            assert_eq!(c[0].reads, 10, "{}", e.describe());
+            assert_eq!(c[0].bytes, 40_000);
+        }
+    }
+
+    #[test]
+    fn a_read_past_the_end_is_a_short_read_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("g.bin");
+        std::fs::File::create(&p)
+            .unwrap()
+            .write_all(&[7u8; 5000])
+            .unwrap();
+        for mut e in engines(&p) {
+            let mut b = AlignedBuf::new(8192);
+            e.submit(Req {
+                file: 0,
+                offset: 8192,
+                len: 4096,
+                need: 4096,
+                dst: b.as_mut_slice().as_mut_ptr(),
+                tag: 5,
+            });
+            let d = e.wait();
+            assert_eq!(d.tag, 5);
+            let m = d.result.unwrap_err().to_string();
+            assert!(
+                m.contains(
+                    "g.bin: short read at offset 8192 (0 of 4096 bytes; the file is 5000 bytes)"
+                ),
+                "{m}"
+            );
+        }
+    }
+}

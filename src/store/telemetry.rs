@@ -1,0 +1,208 @@
+//! What the expert store did during a generation: per token and per run, bytes and reads per
+//! file and drive, busy time, cache hit rate, I/O wait against compute, and the fraction of the
+//! physical decode limit reached.
+//!
+//! The physical limit (DESIGN.md, "Measuring"): `tok/s ≤ B / (L · k · (1 − h) · S)`, with `B`
+//! the drives' read bandwidth, `L · k` the expert uses per token (MoE layers × experts per
+//! token, measured), `h` the cache hit rate and `S` the bytes of one expert read.
+
+use std::os::unix::fs::MetadataExt;
+use std::time::Instant;
+
+use super::experts::{ExpertCounters, ExpertStore};
+use super::io_engine::FileCounters;
+
+/// A point-in-time copy of the store's counters.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub counters: ExpertCounters,
+    pub files: Vec<FileCounters>,
+    pub at: Instant,
+}
+
+impl Snapshot {
+    /// The counters of `es` now.
+    pub fn of(es: &ExpertStore) -> Self {
+        Self {
+            counters: es.counters(),
+            files: es.file_counters(),
+            at: Instant::now(),
+        }
+    }
+}
+
+/// Counter differences `b − a`.
+pub fn delta(a: &ExpertCounters, b: &ExpertCounters) -> ExpertCounters {
+    ExpertCounters {
+        hits: b.hits - a.hits,
+        misses: b.misses - a.misses,
+        bytes: b.bytes - a.bytes,
+        reads: b.reads - a.reads,
+        wait_ns: b.wait_ns - a.wait_ns,
+        compute_ns: b.compute_ns - a.compute_ns,
+    }
+}
+
+/// One forward pass (the prompt's passes, or one decode token).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TokenIo {
+    /// `"prefill"` or `"decode"`.
+    pub phase: &'static str,
+    pub seconds: f64,
+    pub bytes: u64,
+    pub reads: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub io_wait_s: f64,
+    pub compute_s: f64,
+}
+
+impl TokenIo {
+    /// The pass between two snapshots.
+    pub fn between(phase: &'static str, a: &Snapshot, b: &Snapshot) -> Self {
+        let d = delta(&a.counters, &b.counters);
+        Self {
+            phase,
+            seconds: (b.at - a.at).as_secs_f64(),
+            bytes: d.bytes,
+            reads: d.reads,
+            hits: d.hits,
+            misses: d.misses,
+            io_wait_s: d.wait_ns as f64 / 1e9,
+            compute_s: d.compute_ns as f64 / 1e9,
+        }
+    }
+}
+
+/// One file's share of a phase.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FileIo {
+    pub path: String,
+    /// The device holding the file, `major:minor`.
+    pub drive: String,
+    pub bytes: u64,
+    pub reads: u64,
+    pub busy_s: f64,
+}
+
+/// The expert store's part of a generation's statistics.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ExpertRunStats {
+    /// The engine, e.g. `io_uring (depth 32), O_DIRECT`.
+    pub engine: String,
+    /// `"io_uring"` or `"pread-pool"`.
+    pub backend: String,
+    pub direct_io: bool,
+    pub cache_policy: String,
+    pub cache_budget_bytes: usize,
+    pub cache_used_bytes: usize,
+    /// `S`: bytes of one expert read (its aligned buffer).
+    pub expert_bytes: usize,
+    pub prefill: ExpertCountersJson,
+    pub decode: ExpertCountersJson,
+    /// Per file, decode only.
+    pub decode_files: Vec<FileIo>,
+    pub per_token: Vec<TokenIo>,
+}
+
+/// [`ExpertCounters`] with derived rates.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ExpertCountersJson {
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_rate: f64,
+    pub bytes: u64,
+    pub reads: u64,
+    pub io_wait_s: f64,
+    pub compute_s: f64,
+}
+
+impl From<&ExpertCounters> for ExpertCountersJson {
+    fn from(c: &ExpertCounters) -> Self {
+        let uses = c.hits + c.misses;
+        Self {
+            hits: c.hits,
+            misses: c.misses,
+            hit_rate: if uses > 0 {
+                c.hits as f64 / uses as f64
+            } else {
+                0.0
+            },
+            bytes: c.bytes,
+            reads: c.reads,
+            io_wait_s: c.wait_ns as f64 / 1e9,
+            compute_s: c.compute_ns as f64 / 1e9,
+        }
+    }
+}
+
+impl ExpertRunStats {
+    /// The statistics of a generation from snapshots at its start, first token and end.
+    pub fn new(
+        es: &ExpertStore,
+        start: &Snapshot,
+        first: &Snapshot,
+        end: &Snapshot,
+        per_token: Vec<TokenIo>,
+    ) -> Self {
+        let e = es.engine();
+        let decode_files = e
+            .files()
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let (a, b) = (&first.files[i], &end.files[i]);
+                FileIo {
+                    path: f.path().display().to_string(),
+                    drive: std::fs::metadata(f.path())
+                        .map(|m| format!("{}:{}", libc::major(m.dev()), libc::minor(m.dev())))
+                        .unwrap_or_else(|_| "?".into()),
+                    bytes: b.bytes - a.bytes,
+                    reads: b.reads - a.reads,
+                    busy_s: (b.busy_ns - a.busy_ns) as f64 / 1e9,
+                }
+            })
+            .collect();
+        Self {
+            engine: e.describe(),
+            backend: e.backend_name().into(),
+            direct_io: e.all_direct(),
+            cache_policy: es.cache().policy().to_string(),
+            cache_budget_bytes: es.cache().budget(),
+            cache_used_bytes: es.cache().used(),
+            expert_bytes: es.expert_bytes(),
+            prefill: (&delta(&start.counters, &first.counters)).into(),
+            decode: (&delta(&first.counters, &end.counters)).into(),
+            decode_files,
+            per_token,
+        }
+    }
+
+    /// Per-drive decode bytes, reads and busy seconds (sum over the drive's files), and the
+    /// drive's bandwidth while busy (bytes/s).
+    pub fn drives(&self) -> Vec<(String, u64, u64, f64, f64)> {
+        let mut m: std::collections::BTreeMap<String, (u64, u64, f64)> = Default::default();
+        for f in &self.decode_files {
+            let e = m.entry(f.drive.clone()).or_default();
+            e.0 += f.bytes;
+            e.1 += f.reads;
+            e.2 += f.busy_s;
+        }
+        m.into_iter()
+            .map(|(d, (b, r, s))| (d, b, r, s, if s > 0.0 { b as f64 / s } else { 0.0 }))
+            .collect()
+    }
+
+    /// The physical decode limit in tok/s for bandwidth `b` (bytes/s) over `tokens` decoded
+    /// tokens: `B / (L·k·(1−h)·S)`, with `L·k` the measured expert uses per token.
+    pub fn limit_tok_s(&self, b: f64, tokens: usize) -> f64 {
+        let uses = (self.decode.hits + self.decode.misses) as f64 / tokens.max(1) as f64;
+        let miss = 1.0 - self.decode.hit_rate;
+        let per_token = uses * miss * self.expert_bytes as f64;
+        if per_token > 0.0 {
+            b / per_token
+        } else {
+            f64::INFINITY
+        }
+    }
+}
