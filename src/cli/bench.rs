@@ -35,7 +35,7 @@ pub struct BenchArgs {
         value_delimiter = ','
     )]
     pub scenarios: Vec<String>,
-    /// RAM budget (as for `run`).
+    /// RAM budget (as for `run`, and the same default).
     #[arg(long, value_parser = parse_size)]
     pub ram_budget: Option<u64>,
     /// Tokens to decode per decode scenario.
@@ -82,7 +82,7 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
     let n_gen = if name == "prefill" { 1 } else { a.tokens };
     let n_ctx = decode_p + n_gen * if warm { 2 } else { 1 } + 1;
     let opts = LoadOptions {
-        ram_budget: a.ram_budget,
+        ram_budget: a.ram_budget.or_else(crate::store::plan::default_ram_budget),
         n_ctx,
         n_batch: decode_p.max(1),
         direct_io: true,
@@ -213,7 +213,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(p) = &a.json {
         let out = serde_json::json!({
             "model": a.model.display().to_string(),
-            "ram_budget": a.ram_budget,
+            "ram_budget": a.ram_budget.or_else(crate::store::plan::default_ram_budget),
             "cache": a.store.cache.to_string(),
             "io_depth": a.store.io_depth,
             "io_request_size": a.store.io_request_size,

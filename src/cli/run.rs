@@ -10,7 +10,7 @@ use crate::engine::{Finish, GenStats, GenerateOptions, Sampler, SamplerConfig, S
 use crate::models::{load_gguf, load_hf_model, LoadOptions, Placement};
 use crate::source::gguf::GgufModel;
 use crate::source::hf::{is_hf_folder, HfModel};
-use crate::store::plan::parse_size;
+use crate::store::plan::{default_ram_budget, parse_size};
 use crate::tokenizer::chat::{ChatTemplate, Message};
 use crate::tokenizer::hf::{HfStreamDecoder, HfTokenizer};
 use crate::tokenizer::stream::StreamDecoder;
@@ -62,8 +62,9 @@ pub struct RunArgs {
     #[arg(long, value_parser = non_empty)]
     pub stop: Vec<String>,
     /// RAM for resident weights, KV cache, activations and I/O buffers together, e.g. 64M or
-    /// 2G; weights that do not fit are read from disk on every forward pass. Default: all
-    /// weights resident.
+    /// 2G; weights that do not fit are read from disk on every forward pass. Default: 90% of
+    /// the memory this process may use (`MemAvailable`, or the cgroup limit when lower) less
+    /// 256 MiB, so a model that fits is loaded whole and a larger one is streamed.
     #[arg(long, value_parser = parse_size)]
     pub ram_budget: Option<u64>,
     /// KV cache size in tokens (default: prompt + max tokens, capped by the model's context).
@@ -305,7 +306,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         None => ids.len().saturating_add(a.max_tokens.max(1)),
     };
     let opts = LoadOptions {
-        ram_budget: a.ram_budget,
+        ram_budget: a.ram_budget.or_else(default_ram_budget),
         n_ctx,
         n_batch: a.batch_size.min(ids.len()).max(1),
         direct_io: !a.no_direct_io,
