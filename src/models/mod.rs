@@ -3,6 +3,8 @@
 
 pub mod deepseek_v3;
 mod deepseek_v3_config;
+pub mod deepseek_v3_gguf;
+mod deepseek_v3_tensors;
 pub mod embed_head;
 pub mod gemma3;
 pub mod gpt_oss;
