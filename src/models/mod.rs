@@ -154,8 +154,12 @@ pub fn load_gguf(
             let (m, s) = qwen3_gguf::load(gguf, opts)?;
             Ok((Box::new(m), s))
         }
+        "deepseek2" => {
+            let (m, s) = deepseek_v3_gguf::load(gguf, opts)?;
+            Ok((Box::new(m), s))
+        }
         other => anyhow::bail!(
-            "{}: architecture '{other}' is not supported (supported: gemma3, qwen3moe, qwen3, llama)",
+            "{}: architecture '{other}' is not supported (supported: gemma3, qwen3moe, qwen3, llama, deepseek2)",
             gguf.files[0].display()
         ),
     }
