@@ -118,7 +118,7 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
         ),
     }
     let groups = opt_usize(g, &k("expert_group_count"), 1 << 16)?.unwrap_or(1);
-    let groups_used = opt_usize(g, &k("expert_group_used_count"), 1 << 16)?.unwrap_or(1);
+    let groups_used = opt_usize(g, &k("expert_group_used_count"), groups as u64)?.unwrap_or(1);
     let scale = g.opt_f32(&k("expert_weights_scale"))?.unwrap_or(0.0);
     // llama.cpp skips the scaling when the key is absent or 0
     let scale = if scale == 0.0 { 1.0 } else { scale };
@@ -251,7 +251,9 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
         let ffn = if moe {
             let split = |s: &str, shape: &[usize]| -> Result<Vec<Lin>> {
                 let t = get(&n(s), shape)?;
-                Ok((0..ne).map(|e| Lin::Plain(slice_outer(&t, e, ne))).collect())
+                Ok((0..ne)
+                    .map(|e| Lin::Plain(slice_outer(&t, e, ne)))
+                    .collect())
             };
             let gate = split("ffn_gate_exps", &[d, eff, ne])?;
             let up = split("ffn_up_exps", &[d, eff, ne])?;
