@@ -15,6 +15,10 @@
 //! when read into [`GgmlType::F8_E4M3_B128`] rows (see [`crate::quant::fp8`]). Multi-token-
 //! prediction layers (`num_nextn_predict_layers`, stored as `model.layers.{N..}`) are ignored.
 //!
+//! The same forward pass runs llama.cpp's `deepseek2` GGUF files: the tensors of either format
+//! are resolved into one checked list ([`super::deepseek_v3_tensors`], and
+//! [`super::deepseek_v3_gguf`] for GGUF) and [`DeepseekV3::build`] makes the units.
+//!
 //! Weight units: one spine unit per layer (attention, and the dense MLP or the router and
 //! shared experts) and one unit per (layer, routed expert); embeddings and LM head as in
 //! [`super::embed_head`].
