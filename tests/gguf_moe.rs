@@ -286,25 +286,30 @@ fn streaming_every_expert_gives_identical_logits() {
 
 #[test]
 fn one_streamed_decode_step_reads_only_the_chosen_experts() {
-    let family = "qwen3_moe";
-    let r = reference(family);
-    let path = gguf_path(family, "f32");
-    let mut s = session_at(&path, Some(smallest_budget(&path)));
-    s.prefill(&u32s(&r["prompt_ids"]), Logits::Last).unwrap();
-    let before = s.store.stats().snapshot().0;
-    let t = u32s(&variant(&r, "f32")["continuation_ids"])[0];
-    s.model
-        .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
-        .unwrap();
-    let read = s.store.stats().snapshot().0 - before;
-    let all: u64 = (0..s.store.len())
-        .filter(|&i| !s.store.is_resident(i))
-        .map(|i| s.store.unit(i).buffer_bytes() as u64)
-        .sum();
-    // 3 MoE layers × 8 experts of 3 × 64 × 32 f32 (24 KiB each, sliced out of the stacked
-    // `ffn_*_exps` tensors); one token takes 2 per layer, so 18 expert reads (≥ 432 KiB) are
-    // skipped.
-    assert!(read > 0 && read + 18 * 24576 <= all, "read {read} of {all}");
+    // qwen3_moe: 3 MoE layers × 8 experts of 3 × 64 × 32 f32 (24 KiB each, sliced out of the
+    // stacked `ffn_*_exps` tensors); one token takes 2 per layer, so 18 expert reads
+    // (≥ 432 KiB) are skipped. deepseek_v3: 2 MoE layers (the first is dense) of the same
+    // experts, 12 reads (≥ 288 KiB) skipped.
+    for (family, skipped) in [("qwen3_moe", 18), ("deepseek_v3", 12)] {
+        let r = reference(family);
+        let path = gguf_path(family, "f32");
+        let mut s = session_at(&path, Some(smallest_budget(&path)));
+        s.prefill(&u32s(&r["prompt_ids"]), Logits::Last).unwrap();
+        let before = s.store.stats().snapshot().0;
+        let t = u32s(&variant(&r, "f32")["continuation_ids"])[0];
+        s.model
+            .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
+            .unwrap();
+        let read = s.store.stats().snapshot().0 - before;
+        let all: u64 = (0..s.store.len())
+            .filter(|&i| !s.store.is_resident(i))
+            .map(|i| s.store.unit(i).buffer_bytes() as u64)
+            .sum();
+        assert!(
+            read > 0 && read + skipped * 24576 <= all,
+            "{family}: read {read} of {all}"
+        );
+    }
 }
 
 #[test]
