@@ -1,4 +1,5 @@
-//! GGUF files of the `qwen3moe`, `qwen3` and `llama` (dense Llama and Mixtral) architectures,
+//! GGUF files of the `qwen3moe`, `qwen3`, `llama` (dense Llama and Mixtral) and `deepseek2`
+//! (DeepSeek V3) architectures,
 //! converted from the tiny Hugging Face fixtures by llama.cpp's own converter and referenced by
 //! llama-cpp-python 0.3.36 (`tests/fixtures/gguf/<family>/`, written by
 //! tools/reference/gguf_fixtures.py; see tools/reference/README.md).
@@ -19,8 +20,11 @@
 //!   close, changes which experts it takes, so whole rows of logits move: llama.cpp's own
 //!   quantized pass is 1.1e-2 to 1.6e-1 away from its dequantized one on these fixtures
 //!   (`quantized_vs_dequant_rel` in each reference.json). Each variant's tolerance below is its
-//!   measured distance rounded up by ~25%; as we sit within 5e-7 of the dequantized pass, the
-//!   distance is llama.cpp's rounding, not ours.
+//!   measured distance rounded up by ~25%; as we sit within 1e-6 of the dequantized pass, the
+//!   distance is llama.cpp's rounding, not ours. DeepSeek V3's group-limited sigmoid routing
+//!   flips more easily (llama.cpp's own spread there is 3.3e-1, and its quantized greedy
+//!   continuation leaves the dequantized one at the second token, where the top-2 gap is
+//!   3.5e-3), hence its larger bound.
 
 mod common;
 
@@ -39,7 +43,7 @@ const F32_TOL: f32 = 5e-6;
 
 /// (family, variants) of the fixtures this engine runs, each quantized variant with its
 /// tolerance against llama.cpp's pass over the quantized file (see the module header; measured
-/// 2.07e-1, 6.40e-2, 1.57e-2, 8.95e-2).
+/// 2.07e-1, 6.40e-2, 1.57e-2, 8.95e-2, 5.10e-1).
 const CASES: &[(&str, &[(&str, f32)])] = &[
     (
         "qwen3_moe",
@@ -51,6 +55,7 @@ const CASES: &[(&str, &[(&str, f32)])] = &[
     ),
     ("qwen3", &[("f32", F32_TOL)]),
     ("llama", &[("f32", F32_TOL)]),
+    ("deepseek_v3", &[("f32", F32_TOL), ("q8_0", 0.64)]),
 ];
 
 fn dir(family: &str) -> PathBuf {
@@ -185,6 +190,11 @@ fn quantized_files_match_llama_cpp() {
     }
 }
 
+/// Quantized variants whose llama.cpp continuation over the quantized file differs from the
+/// one over its dequantized copy (a near tie decided by llama.cpp's 8-bit activations; see
+/// the module header).
+const QUANT_CONTINUATION_DIVERGES: &[(&str, &str)] = &[("deepseek_v3", "q8_0")];
+
 /// Our greedy continuation (argmax, prompt in one batch then one token per step) compared with
 /// `want` up to the first step whose top-2 gap in the reference is at most `margin`; returns
 /// how many steps were compared.
@@ -219,11 +229,13 @@ fn greedy_continuations_match_llama_cpp() {
                 compare_greedy(family, v, &want, &f32s(&rv["continuation_gaps"]), margin)
             } else {
                 // llama.cpp's continuation over the dequantized copy is the one whose logits
-                // we match within F32_TOL; on these fixtures it equals the quantized pass's
+                // we match within F32_TOL; on most fixtures it equals the quantized pass's
                 let deq = u32s(&rv["dequant_continuation_ids"]);
+                let diverges = QUANT_CONTINUATION_DIVERGES.contains(&(*family, v));
                 assert_eq!(
-                    deq, want,
-                    "{family}/{v}: llama.cpp quantized vs dequantized"
+                    deq != want,
+                    diverges,
+                    "{family}/{v}: llama.cpp quantized {want:?} vs dequantized {deq:?}"
                 );
                 let gaps = f32s(&rv["dequant_continuation_gaps"]);
                 compare_greedy(family, v, &deq, &gaps, margin)
@@ -262,6 +274,8 @@ fn streaming_every_expert_gives_identical_logits() {
         ("qwen3_moe", "f32"),
         ("qwen3_moe", "q5_0"),
         ("mixtral", "q8_0"),
+        ("deepseek_v3", "f32"),
+        ("deepseek_v3", "q8_0"),
     ] {
         let (resident, _) = all_logits(family, v, None);
         let b = smallest_budget(&gguf_path(family, v));
@@ -272,25 +286,30 @@ fn streaming_every_expert_gives_identical_logits() {
 
 #[test]
 fn one_streamed_decode_step_reads_only_the_chosen_experts() {
-    let family = "qwen3_moe";
-    let r = reference(family);
-    let path = gguf_path(family, "f32");
-    let mut s = session_at(&path, Some(smallest_budget(&path)));
-    s.prefill(&u32s(&r["prompt_ids"]), Logits::Last).unwrap();
-    let before = s.store.stats().snapshot().0;
-    let t = u32s(&variant(&r, "f32")["continuation_ids"])[0];
-    s.model
-        .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
-        .unwrap();
-    let read = s.store.stats().snapshot().0 - before;
-    let all: u64 = (0..s.store.len())
-        .filter(|&i| !s.store.is_resident(i))
-        .map(|i| s.store.unit(i).buffer_bytes() as u64)
-        .sum();
-    // 3 MoE layers × 8 experts of 3 × 64 × 32 f32 (24 KiB each, sliced out of the stacked
-    // `ffn_*_exps` tensors); one token takes 2 per layer, so 18 expert reads (≥ 432 KiB) are
-    // skipped.
-    assert!(read > 0 && read + 18 * 24576 <= all, "read {read} of {all}");
+    // qwen3_moe: 3 MoE layers × 8 experts of 3 × 64 × 32 f32 (24 KiB each, sliced out of the
+    // stacked `ffn_*_exps` tensors); one token takes 2 per layer, so 18 expert reads
+    // (≥ 432 KiB) are skipped. deepseek_v3: 2 MoE layers (the first is dense) of the same
+    // experts, 12 reads (≥ 288 KiB) skipped.
+    for (family, skipped) in [("qwen3_moe", 18), ("deepseek_v3", 12)] {
+        let r = reference(family);
+        let path = gguf_path(family, "f32");
+        let mut s = session_at(&path, Some(smallest_budget(&path)));
+        s.prefill(&u32s(&r["prompt_ids"]), Logits::Last).unwrap();
+        let before = s.store.stats().snapshot().0;
+        let t = u32s(&variant(&r, "f32")["continuation_ids"])[0];
+        s.model
+            .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
+            .unwrap();
+        let read = s.store.stats().snapshot().0 - before;
+        let all: u64 = (0..s.store.len())
+            .filter(|&i| !s.store.is_resident(i))
+            .map(|i| s.store.unit(i).buffer_bytes() as u64)
+            .sum();
+        assert!(
+            read > 0 && read + skipped * 24576 <= all,
+            "{family}: read {read} of {all}"
+        );
+    }
 }
 
 #[test]
@@ -425,13 +444,83 @@ fn load_errors_name_the_key_or_tensor() {
         load_err(&p),
         "edited.gguf: metadata key 'llama.rope.dimension_count' 8 must equal the (even) head size 16: partial rotary embeddings are not supported"
     );
-    // the converted DeepSeek-V3 file is not runnable by this loader (yet): named architecture
-    let e = load_err(&dir("deepseek_v3").join("deepseek_v3-f32.gguf"));
-    assert!(
-        e.ends_with(
-            "architecture 'deepseek2' is not supported (supported: gemma3, qwen3moe, qwen3, llama)"
-        ),
-        "{e}"
+    // an architecture no loader reads
+    edited_gguf(
+        &src,
+        &p,
+        |m| {
+            for (k, v) in m.iter_mut() {
+                if k == "general.architecture" {
+                    *v = Value::String("deepseek4".into());
+                }
+            }
+        },
+        |_| true,
+    );
+    assert!(load_err(&p).ends_with(
+        "architecture 'deepseek4' is not supported (supported: gemma3, qwen3moe, qwen3, llama, deepseek2)"
+    ));
+}
+
+#[test]
+fn deepseek2_load_errors_name_the_key_or_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = gguf_path("deepseek_v3", "q8_0");
+    let p = tmp.path().join("edited.gguf");
+    let drop_key =
+        |key: &'static str| move |m: &mut Vec<(String, Value)>| m.retain(|(k, _)| k != key);
+    edited_gguf(
+        &src,
+        &p,
+        drop_key("deepseek2.attention.kv_lora_rank"),
+        |_| true,
+    );
+    assert_eq!(
+        load_err(&p),
+        "edited.gguf: metadata key 'deepseek2.attention.kv_lora_rank' is missing"
+    );
+    edited_gguf(&src, &p, drop_key("deepseek2.expert_gating_func"), |_| true);
+    assert_eq!(
+        load_err(&p),
+        "edited.gguf: metadata key 'deepseek2.expert_gating_func' = missing (llama.cpp: softmax) is not supported (only 2, sigmoid)"
+    );
+    edited_gguf(
+        &src,
+        &p,
+        drop_key("deepseek2.rope.scaling.yarn_log_multiplier"),
+        |_| true,
+    );
+    assert!(load_err(&p).starts_with(
+        "edited.gguf: metadata key 'deepseek2.rope.scaling.yarn_log_multiplier' is missing or 0"
+    ));
+    for missing in [
+        "blk.1.attn_k_b.weight",
+        "blk.2.exp_probs_b.bias",
+        "blk.2.ffn_down_exps.weight",
+        "blk.1.ffn_up_shexp.weight",
+    ] {
+        edited_gguf(&src, &p, |_| {}, |n| n != missing);
+        assert_eq!(
+            load_err(&p),
+            format!("{}: tensor '{missing}' is missing", p.display())
+        );
+    }
+    // 4 groups of 2 experts cannot supply 2 experts from 0 groups
+    edited_gguf(
+        &src,
+        &p,
+        |m| {
+            for (k, v) in m.iter_mut() {
+                if k == "deepseek2.expert_group_used_count" {
+                    *v = Value::U32(5);
+                }
+            }
+        },
+        |_| true,
+    );
+    assert_eq!(
+        load_err(&p),
+        "edited.gguf: metadata key 'deepseek2.expert_group_used_count' = 5 is outside 1..=4"
     );
 }
 
@@ -456,4 +545,35 @@ fn cli_runs_and_inspects_the_gguf() {
     let text = String::from_utf8(o.stdout).unwrap();
     assert!(text.contains("architecture: qwen3moe"), "{text}");
     assert!(text.contains("qwen3moe.expert_count = 8"), "{text}");
+}
+
+#[test]
+fn cli_runs_and_inspects_the_deepseek2_gguf() {
+    let r = reference("deepseek_v3");
+    let model = gguf_path("deepseek_v3", "f32");
+    // the first token, <｜tool▁output▁begin｜>, is special and not printed
+    let want = variant(&r, "f32")["continuation_pieces"].as_str().unwrap();
+    let want = want.strip_prefix("<｜tool▁output▁begin｜>").unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args(["run", "-m", model.to_str().unwrap(), "--chat", "-p"])
+        .arg("Which experts does the router keep for café? Answer in 3 words.")
+        .args(["--temp", "0", "-n", "16", "--ram-budget", "1M"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{want}\n"));
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args([
+            "inspect",
+            "-m",
+            gguf_path("deepseek_v3", "q8_0").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(text.contains("architecture: deepseek2"), "{text}");
+    // 2 MoE layers × 8 experts of 3 Q8_0 matrices of 32 × 64 (34 bytes per 32 values)
+    assert!(text.contains("experts:      104448 bytes"), "{text}");
+    assert!(text.contains("per expert:   6528 bytes"), "{text}");
 }

@@ -15,93 +15,33 @@
 //! when read into [`GgmlType::F8_E4M3_B128`] rows (see [`crate::quant::fp8`]). Multi-token-
 //! prediction layers (`num_nextn_predict_layers`, stored as `model.layers.{N..}`) are ignored.
 //!
+//! The same forward pass runs llama.cpp's `deepseek2` GGUF files: the tensors of either format
+//! are resolved into one checked list ([`super::deepseek_v3_tensors`], and
+//! [`super::deepseek_v3_gguf`] for GGUF) and [`DeepseekV3::build`] makes the units.
+//!
 //! Weight units: one spine unit per layer (attention, and the dense MLP or the router and
 //! shared experts) and one unit per (layer, routed expert); embeddings and LM head as in
 //! [`super::embed_head`].
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 
 pub use super::deepseek_v3_config::Config;
 
+use super::deepseek_v3_tensors::{hf_checkpoint, unit_of_lins, Checkpoint, FfnTensors, KvB, Lin};
 use super::embed_head::{head_chunks, whole, Embedding, Head};
 use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
-use super::loading::{read_vector, unit_of, MatRef, Tensors};
-use super::mla::{mla_attention, rope_slice, MlaShape};
+use super::loading::{read_vector, unit_of, MatRef};
+use super::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
 use super::moe::{moe_forward, route_sigmoid_grouped, ExpertMats, StoreExperts, UnitExperts};
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
-use crate::quant::GgmlType;
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
 use crate::store::plan::{choose_resident, Candidate};
-use crate::store::{DirectFile, Fp8Pack, ReadRange, Unit, UnitBytes, WeightStore, IO_ALIGN};
+use crate::store::{DirectFile, Fp8Pack, Unit, UnitBytes, WeightStore, IO_ALIGN};
 
 /// Stream buffers used when any weight is streamed.
 const STREAM_SLOTS: usize = 2;
-
-/// `eps` of `q_a_layernorm` and `kv_a_layernorm` (transformers builds them with the
-/// `DeepseekV3RMSNorm` default, not `rms_norm_eps`).
-const LORA_NORM_EPS: f32 = 1e-6;
-
-/// A linear weight as stored: a plain tensor, or FP8 E4M3 with its block scales.
-#[derive(Clone, Copy)]
-enum Lin<'a> {
-    Plain(&'a TensorInfo),
-    Fp8 {
-        w: &'a TensorInfo,
-        s: &'a TensorInfo,
-    },
-}
-
-/// One read range per tensor; FP8 weights are repacked into extra pieces after the raw ones
-/// (piece `ranges.len() + k` for the k-th FP8 weight). Returns the unit, its FP8 packs and
-/// every weight's matrix view.
-fn unit_of_lins(lins: &[Lin]) -> (Unit, Vec<Fp8Pack>, Vec<MatRef>) {
-    let mut ranges = Vec::new();
-    let mut packs = Vec::new();
-    let range = |t: &TensorInfo| ReadRange {
-        file: t.file,
-        offset: t.offset,
-        len: t.n_bytes as usize,
-    };
-    let mut mats = Vec::new();
-    for l in lins {
-        match *l {
-            Lin::Plain(t) => {
-                ranges.push(range(t));
-                mats.push(super::loading::mat(t, (ranges.len() - 1, 0)));
-            }
-            Lin::Fp8 { w, s } => {
-                ranges.push(range(w));
-                ranges.push(range(s));
-                let (rows, cols) = (w.shape[1] as usize, w.shape[0] as usize);
-                packs.push(Fp8Pack {
-                    weight_piece: ranges.len() - 2,
-                    scale_piece: ranges.len() - 1,
-                    scale_ty: s.ty,
-                    rows,
-                    cols,
-                });
-                let ty = GgmlType::F8_E4M3_B128;
-                mats.push(MatRef {
-                    piece: usize::MAX - (packs.len() - 1),
-                    offset: 0,
-                    ty,
-                    rows,
-                    cols,
-                    bytes: rows * ty.row_bytes(cols).expect("any width"),
-                });
-            }
-        }
-    }
-    let n = ranges.len();
-    for m in &mut mats {
-        if m.piece > usize::MAX / 2 {
-            m.piece = n + (usize::MAX - m.piece);
-        }
-    }
-    (Unit { ranges }, packs, mats)
-}
 
 /// Attention weights of one layer.
 struct Attn {
@@ -109,8 +49,14 @@ struct Attn {
     q_a: Option<MatRef>,
     q_b: MatRef,
     kv_a: MatRef,
-    kv_b: MatRef,
+    kv_b: KvBRef,
     o: MatRef,
+}
+
+/// Where the latent's key/value up-projection lives ([`KvB`] as matrix views).
+enum KvBRef {
+    Joint(MatRef),
+    Split { k: MatRef, v: MatRef },
 }
 
 /// The feed-forward part of a spine unit.
@@ -149,23 +95,36 @@ pub struct DeepseekV3 {
     head: Head,
     inv_freq: Vec<f32>,
     rope_att: f32,
+    /// `eps` of the q/kv latent RMSNorms.
+    lora_norm_eps: f32,
     placement: Placement,
 }
 
 impl DeepseekV3 {
     /// Loads a `deepseek_v3` / `kimi_k2` checkpoint folder under `opts`: checks every tensor's
-    /// presence, shape and dtype (FP8 weights with their `weight_scale_inv` of shape
-    /// `[ceil(out/128), ceil(in/128)]`), plans residency under the RAM budget (LM head,
-    /// embeddings, then spine layers and experts, greedily), reads the resident units and
-    /// starts the streamer.
+    /// presence, shape and dtype ([`hf_checkpoint`]), then [`Self::build`].
     ///
     /// Errors: config errors ([`Config::from_json`]), a missing or mis-shaped tensor or scale
     /// (named with the folder), a budget too small for KV cache, activations and stream
     /// buffers, an unreadable file.
     pub fn load(hf: &HfModel, opts: &LoadOptions) -> Result<(Self, WeightStore)> {
-        let label = hf.dir.display().to_string();
         let c = Config::from_json(&hf.config, &hf.config_path().display().to_string())?;
-        let ts = Tensors::from_list(label.clone(), &hf.tensors);
+        let ck = hf_checkpoint(&c, hf)?;
+        Self::build(c, ck, opts)
+    }
+
+    /// Builds the model over checked tensors `ck` (from either format): one spine unit per
+    /// layer and one unit per (layer, routed expert), residency planned under the RAM budget
+    /// (LM head, embeddings, then spine layers and experts, greedily), the resident units read
+    /// and the streamer started.
+    ///
+    /// Errors: a budget too small for KV cache, activations and stream buffers; an unreadable
+    /// file.
+    pub(crate) fn build(
+        c: Config,
+        ck: Checkpoint,
+        opts: &LoadOptions,
+    ) -> Result<(Self, WeightStore)> {
         let (d, nh) = (c.hidden_size, c.num_attention_heads);
         let (ne, eff, dff) = (
             c.n_routed_experts,
@@ -173,47 +132,8 @@ impl DeepseekV3 {
             c.intermediate_size,
         );
         let sff = eff * c.n_shared_experts;
-        // `name.weight` of `rows × cols`, plain or FP8 with its scales
-        let lin = |name: &str, rows: usize, cols: usize| -> Result<Lin> {
-            let wn = format!("{name}.weight");
-            let t = ts
-                .by_name
-                .get(wn.as_str())
-                .copied()
-                .ok_or_else(|| anyhow!("{label}: tensor '{wn}' is missing"))?;
-            if t.ty != GgmlType::F8_E4M3 {
-                return Ok(Lin::Plain(ts.get(&wn, &[cols, rows])?));
-            }
-            let got: Vec<usize> = t.shape.iter().map(|&x| x as usize).collect();
-            if got != [cols, rows] {
-                bail!(
-                    "{label}: tensor '{wn}' has shape {got:?}, expected {:?}",
-                    [cols, rows]
-                );
-            }
-            let sn = format!("{name}.weight_scale_inv");
-            let s = ts.by_name.get(sn.as_str()).copied().ok_or_else(|| {
-                anyhow!(
-                    "{label}: tensor '{sn}' is missing (FP8 weight '{wn}' needs its block scales)"
-                )
-            })?;
-            let want = [cols.div_ceil(128), rows.div_ceil(128)];
-            let got: Vec<usize> = s.shape.iter().map(|&x| x as usize).collect();
-            if got != want || !matches!(s.ty, GgmlType::F32 | GgmlType::BF16) {
-                bail!(
-                    "{label}: tensor '{sn}' has shape {got:?} and type {}, expected {want:?} F32 or BF16 (128×128 blocks of '{wn}')",
-                    s.ty
-                );
-            }
-            Ok(Lin::Fp8 { w: t, s })
-        };
-        let embd = ts.get("model.embed_tokens.weight", &[d, c.vocab_size])?;
-        let head_t = if c.tie_word_embeddings {
-            embd
-        } else {
-            ts.get("lm_head.weight", &[d, c.vocab_size])?
-        };
-        let files: Vec<DirectFile> = hf
+        let (embd, head_t) = (&ck.embd, &ck.head);
+        let files: Vec<DirectFile> = ck
             .files
             .iter()
             .map(|p| {
@@ -221,9 +141,8 @@ impl DeepseekV3 {
                     .with_context(|| format!("opening {}", p.display()))
             })
             .collect::<Result<_>>()?;
-        let vec_of =
-            |name: &str, n: usize| -> Result<Vec<f32>> { read_vector(&files, ts.get(name, &[n])?) };
-        let final_norm = vec_of("model.norm.weight", d)?;
+        let vec_of = |t: &TensorInfo| -> Result<Vec<f32>> { read_vector(&files, t) };
+        let final_norm = vec_of(&ck.final_norm)?;
 
         let (qh, vd, rank) = (c.qk_head_dim(), c.v_head_dim, c.kv_lora_rank);
         let mut units: Vec<Unit> = Vec::new();
@@ -233,94 +152,88 @@ impl DeepseekV3 {
         let mut experts = UnitExperts { units: Vec::new() };
         let mut expert_units = Vec::new();
         let mut expert_packs = Vec::new();
-        for l in 0..c.num_hidden_layers {
-            let p = |s: &str| format!("model.layers.{l}.{s}");
-            let moe = c.is_moe_layer(l);
-            let mut list = Vec::new();
-            if let Some(r) = c.q_lora_rank {
-                list.push(lin(&p("self_attn.q_a_proj"), r, d)?);
-                list.push(lin(&p("self_attn.q_b_proj"), nh * qh, r)?);
-            } else {
-                list.push(lin(&p("self_attn.q_proj"), nh * qh, d)?);
+        for lt in &ck.layers {
+            let mut list: Vec<&Lin> = Vec::new();
+            list.extend(lt.q_a.iter());
+            list.push(&lt.q_b);
+            list.push(&lt.kv_a);
+            match &lt.kv_b {
+                KvB::Joint(w) => list.push(w),
+                KvB::Split { k, v } => list.extend([k, v]),
             }
-            list.push(lin(&p("self_attn.kv_a_proj_with_mqa"), c.latent_dim(), d)?);
-            list.push(lin(
-                &p("self_attn.kv_b_proj"),
-                nh * (c.qk_nope_head_dim + vd),
-                rank,
-            )?);
-            list.push(lin(&p("self_attn.o_proj"), d, nh * vd)?);
-            if moe {
-                list.push(Lin::Plain(ts.get(&p("mlp.gate.weight"), &[d, ne])?));
-                list.push(lin(&p("mlp.shared_experts.gate_proj"), sff, d)?);
-                list.push(lin(&p("mlp.shared_experts.up_proj"), sff, d)?);
-                list.push(lin(&p("mlp.shared_experts.down_proj"), d, sff)?);
-            } else {
-                list.push(lin(&p("mlp.gate_proj"), dff, d)?);
-                list.push(lin(&p("mlp.up_proj"), dff, d)?);
-                list.push(lin(&p("mlp.down_proj"), d, dff)?);
+            list.push(&lt.o);
+            let mut routed: &[[Lin; 3]] = &[];
+            match &lt.ffn {
+                FfnTensors::Dense(m) => list.extend(m.iter()),
+                FfnTensors::Moe {
+                    router,
+                    shared,
+                    experts,
+                } => {
+                    list.push(router);
+                    list.extend(shared.iter());
+                    routed = experts;
+                }
             }
             let (unit, pk, m) = unit_of_lins(&list);
-            let a = usize::from(c.q_lora_rank.is_some());
-            let attn = Attn {
-                q_a: (a == 1).then_some(m[0]),
-                q_b: m[a],
-                kv_a: m[a + 1],
-                kv_b: m[a + 2],
-                o: m[a + 3],
+            let mut m = m.into_iter();
+            let mut next = || m.next().expect("one view per tensor");
+            let q_a = lt.q_a.as_ref().map(|_| next());
+            let q_b = next();
+            let kv_a = next();
+            let kv_b = match lt.kv_b {
+                KvB::Joint(_) => KvBRef::Joint(next()),
+                KvB::Split { .. } => KvBRef::Split {
+                    k: next(),
+                    v: next(),
+                },
             };
-            let f = &m[a + 4..];
-            let ffn = if moe {
-                Ffn::Moe {
-                    router: f[0],
-                    gate: f[1],
-                    up: f[2],
-                    down: f[3],
-                }
-            } else {
-                Ffn::Dense {
-                    gate: f[0],
-                    up: f[1],
-                    down: f[2],
-                }
+            let attn = Attn {
+                q_a,
+                q_b,
+                kv_a,
+                kv_b,
+                o: next(),
+            };
+            let ffn = match lt.ffn {
+                FfnTensors::Dense(_) => Ffn::Dense {
+                    gate: next(),
+                    up: next(),
+                    down: next(),
+                },
+                FfnTensors::Moe { .. } => Ffn::Moe {
+                    router: next(),
+                    gate: next(),
+                    up: next(),
+                    down: next(),
+                },
             };
             layers.push((units.len(), attn, ffn));
             units.push(unit);
             packs.push(pk);
             norms.push(LayerNorms {
-                input: vec_of(&p("input_layernorm.weight"), d)?,
-                q_a: match c.q_lora_rank {
-                    Some(r) => Some(vec_of(&p("self_attn.q_a_layernorm.weight"), r)?),
-                    None => None,
-                },
-                kv_a: vec_of(&p("self_attn.kv_a_layernorm.weight"), rank)?,
-                post_attn: vec_of(&p("post_attention_layernorm.weight"), d)?,
-                bias: match moe {
-                    true => vec_of(&p("mlp.gate.e_score_correction_bias"), ne)?,
-                    false => Vec::new(),
+                input: vec_of(&lt.input_norm)?,
+                q_a: lt.q_a_norm.as_ref().map(vec_of).transpose()?,
+                kv_a: vec_of(&lt.kv_a_norm)?,
+                post_attn: vec_of(&lt.post_attn_norm)?,
+                bias: match &lt.bias {
+                    Some(b) => vec_of(b)?,
+                    None => Vec::new(),
                 },
             });
             let mut le = Vec::new();
-            if moe {
-                for e in 0..ne {
-                    let x = |s: &str| p(&format!("mlp.experts.{e}.{s}"));
-                    let list = [
-                        lin(&x("gate_proj"), eff, d)?,
-                        lin(&x("up_proj"), eff, d)?,
-                        lin(&x("down_proj"), d, eff)?,
-                    ];
-                    let (unit, pk, m) = unit_of_lins(&list);
-                    le.push((
-                        expert_units.len(),
-                        ExpertMats {
-                            gate: m[0],
-                            up: m[1],
-                            down: m[2],
-                        },
-                    ));
-                    expert_units.push(unit);
-                    expert_packs.push(pk);
-                }
+            for [g, u, dn] in routed {
+                let (unit, pk, m) = unit_of_lins(&[g, u, dn]);
+                le.push((
+                    expert_units.len(),
+                    ExpertMats {
+                        gate: m[0],
+                        up: m[1],
+                        down: m[2],
+                    },
+                ));
+                expert_units.push(unit);
+                expert_packs.push(pk);
             }
             experts.units.push(le);
         }
@@ -458,7 +371,7 @@ impl DeepseekV3 {
             .filter(|r| **r)
             .count();
         let store = WeightStore::open_packed(
-            &hf.files,
+            &ck.files,
             units,
             packs,
             &resident,
@@ -466,20 +379,7 @@ impl DeepseekV3 {
             stream_buf / STREAM_SLOTS,
             opts.direct_io,
         )?;
-        // multi-token-prediction layers (`model.layers.{num_hidden_layers}..`) are not run
-        let mtp: std::collections::BTreeSet<&str> = hf
-            .tensors
-            .iter()
-            .filter_map(|t| {
-                let rest = t.name.strip_prefix("model.layers.")?;
-                let l = rest.split('.').next()?;
-                (l.parse::<usize>().ok()? >= c.num_hidden_layers).then_some(l)
-            })
-            .collect();
-        let mtp_note = match mtp.len() {
-            0 => String::new(),
-            k => format!(", {k} multi-token-prediction layer(s) ignored"),
-        };
+        let mtp_note = &ck.note;
         let placement = Placement {
             resident_bytes: store.resident_bytes(),
             streamed_bytes,
@@ -500,6 +400,7 @@ impl DeepseekV3 {
         let (inv_freq, rope_att) = c.rope_freqs();
         Ok((
             Self {
+                lora_norm_eps: ck.lora_norm_eps,
                 inv_freq,
                 rope_att,
                 config: c,
@@ -561,7 +462,7 @@ impl DeepseekV3 {
                 let mut t = vec![0f32; n * qa.rows];
                 mm(&qa.view(u), xn, n, &mut t);
                 let mut tn = vec![0f32; t.len()];
-                rms_norm_rows(&t, w, LORA_NORM_EPS, &mut tn);
+                rms_norm_rows(&t, w, self.lora_norm_eps, &mut tn);
                 mm(&a.q_b.view(u), &tn, n, &mut q);
             }
             _ => mm(&a.q_b.view(u), xn, n, &mut q),
@@ -586,7 +487,7 @@ impl DeepseekV3 {
             let row = &mut kv[t * width..(t + 1) * width];
             let (lat, kr) = row.split_at_mut(rank);
             let mut normed = vec![0f32; rank];
-            rms_norm_rows(lat, &nrm.kv_a, LORA_NORM_EPS, &mut normed);
+            rms_norm_rows(lat, &nrm.kv_a, self.lora_norm_eps, &mut normed);
             lat.copy_from_slice(&normed);
             rope_slice(
                 kr,
@@ -606,10 +507,21 @@ impl DeepseekV3 {
             scale: c.softmax_scale(),
         };
         let mut att = vec![0f32; n * nh * vd];
+        let (kv_joint, k_b, v_b);
+        let w = match &a.kv_b {
+            KvBRef::Joint(m) => {
+                kv_joint = m.view(u);
+                MlaWeights::Joint(&kv_joint)
+            }
+            KvBRef::Split { k, v } => {
+                (k_b, v_b) = (k.view(u), v.view(u));
+                MlaWeights::Split { k: &k_b, v: &v_b }
+            }
+        };
         mla_attention(
             &shape,
             &q,
-            &a.kv_b.view(u),
+            w,
             &cache.k[l][..(pos0 + n) * width],
             pos0,
             &mut att,

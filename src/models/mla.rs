@@ -55,22 +55,38 @@ pub fn rope_slice(x: &mut [f32], pos: usize, inv_freq: &[f32], interleave: bool,
     }
 }
 
+/// The up-projections from the latent to per-head keys (no position) and values.
+#[derive(Clone, Copy)]
+pub enum MlaWeights<'a> {
+    /// `kv_b_proj` as Hugging Face stores it: `n_heads · (nope + v)` rows × `rank` columns,
+    /// per head `nope` key rows then `v` value rows.
+    Joint(&'a Matrix<'a>),
+    /// llama.cpp's split form (`convert_hf_to_gguf.py` for `deepseek2`): `k_b` is each head's
+    /// key block transposed, `n_heads · rank` rows × `nope` columns (GGML shape
+    /// `[nope, rank, n_heads]`), and `v_b` the value rows, `n_heads · v` rows × `rank` columns
+    /// (GGML shape `[rank, v, n_heads]`).
+    Split {
+        k: &'a Matrix<'a>,
+        v: &'a Matrix<'a>,
+    },
+}
+
 /// Causal MLA for `n` query tokens at positions `pos0..pos0+n`.
 ///
 /// * `q`: `n × n_heads × (nope + rope)`, rotary parts already rotated;
-/// * `kv_b`: `kv_b_proj` (`n_heads · (nope + v)` rows × `rank` columns, per head `nope` key
-///   rows then `v` value rows);
+/// * `w`: the latent's key and value up-projections ([`MlaWeights`]);
 /// * `cache`: position-major rows of `rank + rope` floats (latent, rotary key) for positions
 ///   `0..pos0+n`;
 /// * `out`: `n × n_heads × v`.
 ///
 /// Scores `scale · ((W_kᵀ q_nope) · c_j + q_rot · k_rot,j)`, softmax in f32 in position order,
-/// latent context `Σ_j p_j c_j`, output rows `dot_row(W_v row, context)`. One task per head for
-/// the absorbed queries, one per (token, head) for the rest.
+/// latent context `Σ_j p_j c_j`, output rows `dot_row(W_v row, context)`. The absorbed query
+/// is summed over the key rows in order (joint form) or one `dot_row` per latent index (split
+/// form). One task per head for the absorbed queries, one per (token, head) for the rest.
 pub fn mla_attention(
     s: &MlaShape,
     q: &[f32],
-    kv_b: &Matrix,
+    w: MlaWeights,
     cache: &[f32],
     pos0: usize,
     out: &mut [f32],
@@ -79,24 +95,40 @@ pub fn mla_attention(
     let qh = nope + rope;
     let n = q.len() / (nh * qh);
     let width = rank + rope;
-    // absorbed queries, per head: n × rank, summed over the key rows in order
+    // absorbed queries, per head: n × rank
     let q_abs: Vec<Vec<f32>> = (0..nh)
         .into_par_iter()
         .map(|h| {
             let mut acc = vec![0f32; n * rank];
-            let mut w = vec![0f32; rank];
-            for i in 0..nope {
-                dequantize_row(kv_b.ty, kv_b.row(h * (nope + vd) + i), &mut w);
-                for t in 0..n {
-                    let qi = q[(t * nh + h) * qh + i];
-                    for (a, &wv) in acc[t * rank..(t + 1) * rank].iter_mut().zip(&w) {
-                        *a += qi * wv;
+            match w {
+                MlaWeights::Joint(kv_b) => {
+                    let mut wr = vec![0f32; rank];
+                    for i in 0..nope {
+                        dequantize_row(kv_b.ty, kv_b.row(h * (nope + vd) + i), &mut wr);
+                        for t in 0..n {
+                            let qi = q[(t * nh + h) * qh + i];
+                            for (a, &wv) in acc[t * rank..(t + 1) * rank].iter_mut().zip(&wr) {
+                                *a += qi * wv;
+                            }
+                        }
+                    }
+                }
+                MlaWeights::Split { k, .. } => {
+                    for t in 0..n {
+                        let qn = &q[(t * nh + h) * qh..(t * nh + h) * qh + nope];
+                        for (r, a) in acc[t * rank..(t + 1) * rank].iter_mut().enumerate() {
+                            *a = dot_row(k.ty, k.row(h * rank + r), qn);
+                        }
                     }
                 }
             }
             acc
         })
         .collect();
+    let (v_mat, v_row0, v_stride) = match w {
+        MlaWeights::Joint(kv_b) => (kv_b, nope, nope + vd),
+        MlaWeights::Split { v, .. } => (v, 0, vd),
+    };
     out.par_chunks_mut(vd).enumerate().for_each(|(i, o)| {
         let (t, h) = (i / nh, i % nh);
         let p = pos0 + t;
@@ -118,7 +150,7 @@ pub fn mla_attention(
             }
         }
         for (k, ov) in o.iter_mut().enumerate() {
-            *ov = dot_row(kv_b.ty, kv_b.row(h * (nope + vd) + nope + k), &ctx);
+            *ov = dot_row(v_mat.ty, v_mat.row(h * v_stride + v_row0 + k), &ctx);
         }
     });
 }
@@ -150,7 +182,7 @@ mod tests {
             .map(|i| f(i + 200))
             .collect();
         let mut out = vec![0f32; n * s.n_heads * s.v];
-        mla_attention(&s, &q, &kv_b, &cache, 0, &mut out);
+        mla_attention(&s, &q, MlaWeights::Joint(&kv_b), &cache, 0, &mut out);
         // expanded reference in f64
         let wr = |r: usize, c: usize| w[r * s.rank + c] as f64;
         for t in 0..n {
@@ -185,6 +217,57 @@ mod tests {
                     assert!((got - o).abs() < 1e-5, "t{t} h{h} k{k}: {got} vs {o}");
                 }
             }
+        }
+    }
+
+    /// llama.cpp's split `k_b` (transposed per head) / `v_b` give the joint `kv_b`'s output.
+    #[test]
+    fn split_weights_equal_joint_weights() {
+        let s = MlaShape {
+            n_heads: 2,
+            nope: 3,
+            rope: 2,
+            v: 2,
+            rank: 4,
+            scale: 0.7,
+        };
+        let f = |i: usize| ((i * 37 % 23) as f32 - 11.0) / 9.0;
+        let per = s.nope + s.v;
+        let w: Vec<f32> = (0..s.n_heads * per * s.rank).map(|i| f(i + 5)).collect();
+        let (mut kb, mut vb) = (Vec::new(), Vec::new());
+        for h in 0..s.n_heads {
+            for r in 0..s.rank {
+                for i in 0..s.nope {
+                    kb.push(w[(h * per + i) * s.rank + r]);
+                }
+            }
+            for k in 0..s.v {
+                vb.extend_from_slice(&w[(h * per + s.nope + k) * s.rank..][..s.rank]);
+            }
+        }
+        let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let (wb, kbb, vbb) = (bytes(&w), bytes(&kb), bytes(&vb));
+        let joint = Matrix::new(GgmlType::F32, s.n_heads * per, s.rank, &wb).unwrap();
+        let k = Matrix::new(GgmlType::F32, s.n_heads * s.rank, s.nope, &kbb).unwrap();
+        let v = Matrix::new(GgmlType::F32, s.n_heads * s.v, s.rank, &vbb).unwrap();
+        let n = 3;
+        let cache: Vec<f32> = (0..n * (s.rank + s.rope)).map(|i| f(i + 100)).collect();
+        let q: Vec<f32> = (0..n * s.n_heads * (s.nope + s.rope))
+            .map(|i| f(i + 200))
+            .collect();
+        let mut a = vec![0f32; n * s.n_heads * s.v];
+        let mut b = a.clone();
+        mla_attention(&s, &q, MlaWeights::Joint(&joint), &cache, 0, &mut a);
+        mla_attention(
+            &s,
+            &q,
+            MlaWeights::Split { k: &k, v: &v },
+            &cache,
+            0,
+            &mut b,
+        );
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
         }
     }
 

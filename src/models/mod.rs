@@ -3,6 +3,8 @@
 
 pub mod deepseek_v3;
 mod deepseek_v3_config;
+pub mod deepseek_v3_gguf;
+mod deepseek_v3_tensors;
 pub mod embed_head;
 pub mod gemma3;
 pub mod gpt_oss;
@@ -152,8 +154,12 @@ pub fn load_gguf(
             let (m, s) = qwen3_gguf::load(gguf, opts)?;
             Ok((Box::new(m), s))
         }
+        "deepseek2" => {
+            let (m, s) = deepseek_v3_gguf::load(gguf, opts)?;
+            Ok((Box::new(m), s))
+        }
         other => anyhow::bail!(
-            "{}: architecture '{other}' is not supported (supported: gemma3, qwen3moe, qwen3, llama)",
+            "{}: architecture '{other}' is not supported (supported: gemma3, qwen3moe, qwen3, llama, deepseek2)",
             gguf.files[0].display()
         ),
     }
