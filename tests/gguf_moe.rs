@@ -429,7 +429,7 @@ fn load_errors_name_the_key_or_tensor() {
     let e = load_err(&dir("deepseek_v3").join("deepseek_v3-f32.gguf"));
     assert!(
         e.ends_with(
-            "architecture 'deepseek2' is not supported (supported: gemma3, qwen3moe, qwen3, llama)"
+            "architecture 'deepseek2' is not supported (supported: gemma3, qwen3moe, qwen3, llama, gpt-oss)"
         ),
         "{e}"
     );

@@ -7,6 +7,8 @@ pub mod embed_head;
 pub mod gemma3;
 pub mod gpt_oss;
 mod gpt_oss_config;
+mod gpt_oss_experts;
+pub mod gpt_oss_gguf;
 pub mod layers;
 pub mod loading;
 pub mod mla;
@@ -148,12 +150,16 @@ pub fn load_gguf(
             let (m, s) = gemma3::Gemma3::load(gguf, opts)?;
             Ok((Box::new(m), s))
         }
+        "gpt-oss" => {
+            let (m, s) = gpt_oss_gguf::load(gguf, opts)?;
+            Ok((Box::new(m), s))
+        }
         "qwen3moe" | "qwen3" | "llama" => {
             let (m, s) = qwen3_gguf::load(gguf, opts)?;
             Ok((Box::new(m), s))
         }
         other => anyhow::bail!(
-            "{}: architecture '{other}' is not supported (supported: gemma3, qwen3moe, qwen3, llama)",
+            "{}: architecture '{other}' is not supported (supported: gemma3, qwen3moe, qwen3, llama, gpt-oss)",
             gguf.files[0].display()
         ),
     }

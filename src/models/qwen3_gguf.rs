@@ -36,13 +36,13 @@ const DIM_MAX: u64 = 1 << 20;
 pub const ARCHITECTURES: [&str; 3] = ["qwen3moe", "qwen3", "llama"];
 
 /// The integer at `key`, at most `max`. Errors: missing, not an integer, or above `max`.
-fn get_usize(g: &GgufModel, key: &str, max: u64) -> Result<usize> {
+pub(super) fn get_usize(g: &GgufModel, key: &str, max: u64) -> Result<usize> {
     let v = g.get_u64(key)?;
     check_max(g, key, v, max)
 }
 
 /// Like [`get_usize`]; `None` when the key is absent.
-fn opt_usize(g: &GgufModel, key: &str, max: u64) -> Result<Option<usize>> {
+pub(super) fn opt_usize(g: &GgufModel, key: &str, max: u64) -> Result<Option<usize>> {
     g.opt_u64(key)?
         .map(|v| check_max(g, key, v, max))
         .transpose()
