@@ -1,4 +1,5 @@
-//! GPT-OSS from Hugging Face checkpoints, as transformers 5 defines it
+//! GPT-OSS (from Hugging Face checkpoints here, from GGUF in [`super::gpt_oss_gguf`]), as
+//! transformers 5 defines it
 //! (`models/gpt_oss/modeling_gpt_oss.py`): RMSNorm before attention and before the MoE block;
 //! grouped-query attention with biases on q/k/v/o, NeoX-style RoPE (`rotate_half` over the two
 //! halves of a head) with YaRN frequencies whose attention factor multiplies cos and sin (so
@@ -13,13 +14,16 @@
 //!
 //! Expert storage: BF16 checkpoints stack every layer's experts input-major
 //! (`gate_up_proj [E, H, 2I]`, `down_proj [E, I, H]`); one expert's slice is computed in place
-//! with [`matmul_t`] (each stored row read once, no transposed copy, the same code for
+//! with `kernels::matmul_t` (each stored row read once, no transposed copy, the same code for
 //! resident and streamed experts, so streaming cannot change a bit). MXFP4 checkpoints store
 //! `*_blocks [E, R, G, 16]` + `*_scales [E, R, G]` output-major; they are repacked into GGML
-//! `MXFP4` rows ([`repack_hf_mxfp4`]) once at load for resident experts and after each read
-//! for streamed ones (into one reusable buffer), then computed by the MXFP4 kernels. Each
-//! (layer, expert) is one weight unit holding its matrices and biases; spine units hold a
-//! layer's q/k/v/o and router weights.
+//! `MXFP4` rows (`quant::mxfp4::repack_hf_mxfp4`) once at load for resident experts and after each read
+//! for streamed ones (into one reusable buffer), then computed by the MXFP4 kernels. GGUF files
+//! hold separate output-major gate and up matrices, used as stored. The layouts and the expert
+//! FFN live in [`super::gpt_oss_experts`]. Each (layer, expert) is one weight unit holding its
+//! matrices and biases; spine units hold a layer's q/k/v/o and router weights. A format's
+//! loader resolves and checks its tensors into a [`Checkpoint`]; [`GptOss::build`] does the
+//! rest for both.
 
 use std::path::PathBuf;
 
