@@ -20,9 +20,9 @@
 //! `MXFP4` rows (`quant::mxfp4::repack_hf_mxfp4`) once at load for resident experts and after each read
 //! for streamed ones (into one reusable buffer), then computed by the MXFP4 kernels. GGUF files
 //! hold separate output-major gate and up matrices, used as stored. The layouts and the expert
-//! FFN live in [`super::gpt_oss_experts`]. Each (layer, expert) is one weight unit holding its
+//! FFN live in `gpt_oss_experts.rs`. Each (layer, expert) is one weight unit holding its
 //! matrices and biases; spine units hold a layer's q/k/v/o and router weights. A format's
-//! loader resolves and checks its tensors into a [`Checkpoint`]; [`GptOss::build`] does the
+//! loader resolves and checks its tensors into a `Checkpoint`; `GptOss::build` does the
 //! rest for both.
 
 use std::path::PathBuf;
@@ -131,7 +131,8 @@ pub(super) struct Checkpoint {
 impl GptOss {
     /// Loads a `gpt_oss` checkpoint folder (BF16/F16/F32 experts, or MXFP4 experts when
     /// `quantization_config.quant_method` is `mxfp4`) under `opts`: checks every tensor's
-    /// presence, shape and dtype, then [`GptOss::build`].
+    /// presence, shape and dtype, then builds the model as GGUF files are (see the module
+    /// header): store units, residency under the RAM budget, resident reads, the streamer.
     ///
     /// Errors: config errors ([`Config::from_json`]), a missing or mis-shaped tensor (named
     /// with the folder), a hidden or intermediate size not a multiple of 32 for MXFP4, a

@@ -241,7 +241,9 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
     })
 }
 
-/// Loads a `gpt-oss` GGUF under `opts` (see [`GptOss::build`] for what loading does).
+/// Loads a `gpt-oss` GGUF under `opts`: one store unit per layer's spine and per (layer,
+/// expert), residency planned under the RAM budget (LM head, embeddings, spine, then experts),
+/// resident units read, the streamer started (as [`GptOss::load`] does for folders).
 ///
 /// Errors: metadata errors ([`config_from_gguf`]), a missing, mis-shaped or unsupported tensor
 /// (named with the file), a budget too small to run, an unreadable file.
