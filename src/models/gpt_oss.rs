@@ -1,4 +1,5 @@
-//! GPT-OSS from Hugging Face checkpoints, as transformers 5 defines it
+//! GPT-OSS (from Hugging Face checkpoints here, from GGUF in [`super::gpt_oss_gguf`]), as
+//! transformers 5 defines it
 //! (`models/gpt_oss/modeling_gpt_oss.py`): RMSNorm before attention and before the MoE block;
 //! grouped-query attention with biases on q/k/v/o, NeoX-style RoPE (`rotate_half` over the two
 //! halves of a head) with YaRN frequencies whose attention factor multiplies cos and sin (so
@@ -13,29 +14,36 @@
 //!
 //! Expert storage: BF16 checkpoints stack every layer's experts input-major
 //! (`gate_up_proj [E, H, 2I]`, `down_proj [E, I, H]`); one expert's slice is computed in place
-//! with [`matmul_t`] (each stored row read once, no transposed copy, the same code for
+//! with `kernels::matmul_t` (each stored row read once, no transposed copy, the same code for
 //! resident and streamed experts, so streaming cannot change a bit). MXFP4 checkpoints store
 //! `*_blocks [E, R, G, 16]` + `*_scales [E, R, G]` output-major; they are repacked into GGML
-//! `MXFP4` rows ([`repack_hf_mxfp4`]) once at load for resident experts and after each read
-//! for streamed ones (into one reusable buffer), then computed by the MXFP4 kernels. Each
-//! (layer, expert) is one weight unit holding its matrices and biases; spine units hold a
-//! layer's q/k/v/o and router weights.
+//! `MXFP4` rows (`quant::mxfp4::repack_hf_mxfp4`) once at load for resident experts and after each read
+//! for streamed ones (into one reusable buffer), then computed by the MXFP4 kernels. GGUF files
+//! hold separate output-major gate and up matrices, used as stored. The layouts and the expert
+//! FFN live in `gpt_oss_experts.rs`. Each (layer, expert) is one weight unit holding its
+//! matrices and biases; spine units hold a layer's q/k/v/o and router weights. A format's
+//! loader resolves and checks its tensors into a `Checkpoint`; `GptOss::build` does the
+//! rest for both.
+
+use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
 pub use super::gpt_oss_config::Config;
 
 use super::embed_head::{head_chunks, whole, Embedding, Head};
+use super::gpt_oss_experts::{
+    add_bias, expert_ffn, repack_expert, ExpertRef, ExpertTable, OssExperts, Packed,
+};
 use super::layers::{
     add_into, attention_with_sinks, mm, norm_rope_heads, rms_norm_rows, AttnShape, RopeStyle,
 };
 use super::loading::{mat, read_vector, slice_outer, unit_of, MatRef, Tensors};
-use super::moe::{moe_forward_with, route_topk_softmax, ExpertSource};
+use super::moe::{moe_forward_with, route_topk_softmax};
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
-use crate::kernels::{matmul_t, Matrix};
-use crate::quant::mxfp4::repack_hf_mxfp4;
-use crate::quant::{dequantize_row, GgmlType};
+use crate::quant::GgmlType;
+use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
 use crate::store::plan::{choose_resident, Candidate};
 use crate::store::{DirectFile, Unit, UnitBytes, WeightStore, IO_ALIGN};
@@ -65,207 +73,6 @@ struct LayerVecs {
     sinks: Vec<f32>,
 }
 
-/// Where one expert's tensors lie in its unit as read.
-#[derive(Clone, Copy, Debug)]
-enum ExpertRef {
-    /// Float experts, input-major: `gate_up` (`H` rows × `2I`), `down` (`I` rows × `H`).
-    Float {
-        gate_up: MatRef,
-        down: MatRef,
-        gate_up_bias: MatRef,
-        down_bias: MatRef,
-    },
-    /// MXFP4 blocks and scales as Hugging Face stores them (byte spans in the unit), to be
-    /// repacked into [`Packed`] layout.
-    Mxfp4 {
-        gate_up_blocks: MatRef,
-        gate_up_scales: MatRef,
-        down_blocks: MatRef,
-        down_scales: MatRef,
-        gate_up_bias: MatRef,
-        down_bias: MatRef,
-    },
-}
-
-/// The layout of a repacked MXFP4 expert (one piece): `gate_up` MXFP4 rows (`2I × H`), `down`
-/// MXFP4 rows (`H × I`), then the two biases in their stored encoding.
-#[derive(Clone, Copy, Debug)]
-struct Packed {
-    gate_up: usize,
-    down: usize,
-    gate_up_bias: usize,
-    down_bias: usize,
-    bias_ty: GgmlType,
-}
-
-impl Packed {
-    fn total(&self) -> usize {
-        self.gate_up + self.down + self.gate_up_bias + self.down_bias
-    }
-}
-
-/// One expert's weights, ready to compute.
-pub struct OssExpertView<'a> {
-    /// `2I` outputs from `H` inputs: input-major (`H` rows) when `transposed`, else
-    /// output-major (`2I` rows).
-    gate_up: Matrix<'a>,
-    /// `H` outputs from `I` inputs, oriented as `gate_up`.
-    down: Matrix<'a>,
-    transposed: bool,
-    /// `2I` values.
-    gate_up_bias: Matrix<'a>,
-    /// `H` values.
-    down_bias: Matrix<'a>,
-}
-
-/// The experts of every layer: `units[layer][id] = (unit, where its tensors are)`.
-struct ExpertTable {
-    units: Vec<Vec<(usize, ExpertRef)>>,
-    /// Set for MXFP4 experts.
-    packed: Option<Packed>,
-    hidden: usize,
-    ff: usize,
-}
-
-/// An [`ExpertSource`] over the expert table, the store and the repack buffer of streamed
-/// MXFP4 experts.
-struct OssExperts<'a> {
-    table: &'a ExpertTable,
-    store: &'a mut WeightStore,
-    scratch: &'a mut Vec<u8>,
-}
-
-/// The view of a repacked MXFP4 expert in `b`.
-fn packed_view<'a>(b: &'a [u8], p: &Packed, h: usize, ff: usize) -> OssExpertView<'a> {
-    let (a, rest) = b.split_at(p.gate_up);
-    let (d, rest) = rest.split_at(p.down);
-    let (gb, rest) = rest.split_at(p.gate_up_bias);
-    let db = &rest[..p.down_bias];
-    let m = |ty, rows, cols, data| Matrix {
-        ty,
-        rows,
-        cols,
-        data,
-    };
-    OssExpertView {
-        gate_up: m(GgmlType::MXFP4, 2 * ff, h, a),
-        down: m(GgmlType::MXFP4, h, ff, d),
-        transposed: false,
-        gate_up_bias: m(p.bias_ty, 1, 2 * ff, gb),
-        down_bias: m(p.bias_ty, 1, h, db),
-    }
-}
-
-/// Repacks the MXFP4 expert `r` read into `u` into `out` (resized to `p.total()`).
-fn repack_expert(u: &UnitBytes, r: &ExpertRef, p: &Packed, out: &mut Vec<u8>) {
-    let ExpertRef::Mxfp4 {
-        gate_up_blocks,
-        gate_up_scales,
-        down_blocks,
-        down_scales,
-        gate_up_bias,
-        down_bias,
-    } = r
-    else {
-        unreachable!("repack of a float expert")
-    };
-    out.resize(p.total(), 0);
-    let span = |m: &MatRef| &u.piece(m.piece)[m.offset..m.offset + m.bytes];
-    let (a, rest) = out.split_at_mut(p.gate_up);
-    let (d, rest) = rest.split_at_mut(p.down);
-    let (gb, db) = rest.split_at_mut(p.gate_up_bias);
-    repack_hf_mxfp4(span(gate_up_blocks), span(gate_up_scales), a);
-    repack_hf_mxfp4(span(down_blocks), span(down_scales), d);
-    gb.copy_from_slice(span(gate_up_bias));
-    db.copy_from_slice(span(down_bias));
-}
-
-impl ExpertSource for OssExperts<'_> {
-    type View<'a> = OssExpertView<'a>;
-
-    fn plan_experts(&mut self, layer: usize, ids: &[usize]) {
-        let l = &self.table.units[layer];
-        self.store.plan(ids.iter().map(|&e| l[e].0));
-    }
-
-    fn with_expert<R>(
-        &mut self,
-        layer: usize,
-        id: usize,
-        f: impl FnOnce(&OssExpertView<'_>) -> R,
-    ) -> std::io::Result<R> {
-        let (unit, r) = self.table.units[layer][id];
-        let (h, ff) = (self.table.hidden, self.table.ff);
-        let resident = self.store.is_resident(unit);
-        let scratch = &mut *self.scratch;
-        let packed = self.table.packed;
-        self.store.with_unit(unit, |u| match (&r, packed) {
-            (
-                ExpertRef::Float {
-                    gate_up,
-                    down,
-                    gate_up_bias,
-                    down_bias,
-                },
-                _,
-            ) => f(&OssExpertView {
-                gate_up: gate_up.view(u),
-                down: down.view(u),
-                transposed: true,
-                gate_up_bias: gate_up_bias.view(u),
-                down_bias: down_bias.view(u),
-            }),
-            // resident MXFP4 experts were repacked at load
-            (ExpertRef::Mxfp4 { .. }, Some(p)) if resident => {
-                f(&packed_view(u.piece(0), &p, h, ff))
-            }
-            (ExpertRef::Mxfp4 { .. }, Some(p)) => {
-                repack_expert(u, &r, &p, scratch);
-                f(&packed_view(scratch, &p, h, ff))
-            }
-            (ExpertRef::Mxfp4 { .. }, None) => unreachable!("MXFP4 expert without a layout"),
-        })
-    }
-}
-
-/// Adds the bias `b` to every `b.len()`-wide row of `y`.
-fn add_bias(y: &mut [f32], b: &[f32]) {
-    for r in y.chunks_exact_mut(b.len()) {
-        add_into(r, b);
-    }
-}
-
-/// One GPT-OSS expert over `m` gathered rows `x` (`m × H`) into `y` (`m × H`).
-fn expert_ffn(w: &OssExpertView, alpha: f32, limit: f32, x: &[f32], m: usize, y: &mut [f32]) {
-    let proj = |mat: &Matrix, x: &[f32], out: &mut [f32]| {
-        if w.transposed {
-            matmul_t(mat, x, m, out)
-        } else {
-            mm(mat, x, m, out)
-        }
-    };
-    let bias = |b: &Matrix| {
-        let mut v = vec![0f32; b.cols];
-        dequantize_row(b.ty, b.data, &mut v);
-        v
-    };
-    let (gu_b, d_b) = (bias(&w.gate_up_bias), bias(&w.down_bias));
-    let (ff2, h) = (gu_b.len(), d_b.len());
-    let mut gu = vec![0f32; m * ff2];
-    proj(&w.gate_up, x, &mut gu);
-    add_bias(&mut gu, &gu_b);
-    let act: Vec<f32> = gu
-        .chunks_exact(2)
-        .map(|p| {
-            let g = p[0].min(limit);
-            let u = p[1].clamp(-limit, limit);
-            (u + 1.0) * (g / (1.0 + (-(g * alpha)).exp()))
-        })
-        .collect();
-    proj(&w.down, &act, &mut y[..m * h]);
-    add_bias(y, &d_b);
-}
-
 /// A loaded GPT-OSS model.
 pub struct GptOss {
     pub config: Config,
@@ -282,12 +89,50 @@ pub struct GptOss {
     scratch: std::sync::Mutex<Vec<u8>>,
 }
 
+/// The tensors of one layer of a GPT-OSS checkpoint, checked by its format's loader.
+pub(super) struct LayerTensors {
+    /// `q` (`[H, q_dim]`), `k`, `v` (`[H, kv_dim]`), `o` (`[q_dim, H]`), router
+    /// (`[H, n_experts]`), GGML shape order.
+    pub spine: [TensorInfo; 5],
+    /// Input norm and post-attention norm (`H`), q/k/v/o biases (`q_dim`, `kv_dim`, `kv_dim`,
+    /// `H`), router bias (`n_experts`), sinks (`n_heads`).
+    pub vecs: [TensorInfo; 8],
+    /// One entry per expert, sliced out of the stacked tensors.
+    pub experts: Vec<ExpertTensors>,
+}
+
+/// One expert's tensors in their stored layout (see [`super::gpt_oss_experts`]).
+pub(super) enum ExpertTensors {
+    /// Hugging Face float experts: `gate_up`, `down`, `gate_up_bias`, `down_bias`.
+    Float([TensorInfo; 4]),
+    /// Hugging Face MXFP4 experts: `gate_up` blocks and scales, `down` blocks and scales,
+    /// `gate_up_bias`, `down_bias`.
+    Mxfp4([TensorInfo; 6]),
+    /// GGUF experts: `gate`, `up`, `down`, and their three biases.
+    Split([TensorInfo; 6]),
+}
+
+/// A GPT-OSS checkpoint's tensors, resolved and checked (presence, shape, type) by a format's
+/// loader ([`GptOss::load`] for Hugging Face folders, [`super::gpt_oss_gguf`] for GGUF), for
+/// the shared [`GptOss::build`].
+pub(super) struct Checkpoint {
+    pub files: Vec<PathBuf>,
+    /// `[H, vocab]`.
+    pub embd: TensorInfo,
+    /// `[H, vocab]`; the embedding itself when tied.
+    pub head: TensorInfo,
+    /// `H`.
+    pub final_norm: TensorInfo,
+    pub layers: Vec<LayerTensors>,
+    /// The repacked layout of Hugging Face MXFP4 experts.
+    pub packed: Option<Packed>,
+}
+
 impl GptOss {
     /// Loads a `gpt_oss` checkpoint folder (BF16/F16/F32 experts, or MXFP4 experts when
     /// `quantization_config.quant_method` is `mxfp4`) under `opts`: checks every tensor's
-    /// presence, shape and dtype, plans residency under the RAM budget (LM head, embeddings,
-    /// spine layers, then experts, greedily), reads the resident units (repacking resident
-    /// MXFP4 experts) and starts the streamer.
+    /// presence, shape and dtype, then builds the model as GGUF files are (see the module
+    /// header): store units, residency under the RAM budget, resident reads, the streamer.
     ///
     /// Errors: config errors ([`Config::from_json`]), a missing or mis-shaped tensor (named
     /// with the folder), a hidden or intermediate size not a multiple of 32 for MXFP4, a
@@ -301,71 +146,39 @@ impl GptOss {
         if c.mxfp4() && !(d.is_multiple_of(32) && ff.is_multiple_of(32)) {
             bail!("{label}: MXFP4 experts need hidden_size and intermediate_size divisible by 32 (got {d}, {ff})");
         }
-        let embd = ts.get("model.embed_tokens.weight", &[d, c.vocab_size])?;
-        let head_t = if c.tie_word_embeddings {
-            embd
+        let get = |name: &str, shape: &[usize]| ts.get(name, shape).cloned();
+        let embd = get("model.embed_tokens.weight", &[d, c.vocab_size])?;
+        let head = if c.tie_word_embeddings {
+            embd.clone()
         } else {
-            ts.get("lm_head.weight", &[d, c.vocab_size])?
+            get("lm_head.weight", &[d, c.vocab_size])?
         };
-        let files: Vec<DirectFile> = hf
-            .files
-            .iter()
-            .map(|p| {
-                DirectFile::open(p, opts.direct_io)
-                    .with_context(|| format!("opening {}", p.display()))
-            })
-            .collect::<Result<_>>()?;
-        let vec_of =
-            |name: &str, n: usize| -> Result<Vec<f32>> { read_vector(&files, ts.get(name, &[n])?) };
-        let final_norm = vec_of("model.norm.weight", d)?;
-
-        let mut units: Vec<Unit> = Vec::new();
+        let final_norm = get("model.norm.weight", &[d])?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
-        let mut vecs = Vec::with_capacity(c.num_hidden_layers);
-        let mut table = ExpertTable {
-            units: Vec::new(),
-            packed: None,
-            hidden: d,
-            ff,
-        };
-        let mut expert_units = Vec::new();
+        let mut packed = None;
         for l in 0..c.num_hidden_layers {
             let n = |s: &str| format!("model.layers.{l}.{s}");
-            let list = [
-                ts.get(&n("self_attn.q_proj.weight"), &[d, qd])?,
-                ts.get(&n("self_attn.k_proj.weight"), &[d, kvd])?,
-                ts.get(&n("self_attn.v_proj.weight"), &[d, kvd])?,
-                ts.get(&n("self_attn.o_proj.weight"), &[qd, d])?,
-                ts.get(&n("mlp.router.weight"), &[d, ne])?,
+            let spine = [
+                get(&n("self_attn.q_proj.weight"), &[d, qd])?,
+                get(&n("self_attn.k_proj.weight"), &[d, kvd])?,
+                get(&n("self_attn.v_proj.weight"), &[d, kvd])?,
+                get(&n("self_attn.o_proj.weight"), &[qd, d])?,
+                get(&n("mlp.router.weight"), &[d, ne])?,
             ];
-            let (unit, place) = unit_of(&list);
-            let m: Vec<MatRef> = list.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
-            layers.push((
-                units.len(),
-                LayerMats {
-                    q: m[0],
-                    k: m[1],
-                    v: m[2],
-                    o: m[3],
-                    router: m[4],
-                },
-            ));
-            units.push(unit);
-            vecs.push(LayerVecs {
-                input_norm: vec_of(&n("input_layernorm.weight"), d)?,
-                post_norm: vec_of(&n("post_attention_layernorm.weight"), d)?,
-                q_bias: vec_of(&n("self_attn.q_proj.bias"), qd)?,
-                k_bias: vec_of(&n("self_attn.k_proj.bias"), kvd)?,
-                v_bias: vec_of(&n("self_attn.v_proj.bias"), kvd)?,
-                o_bias: vec_of(&n("self_attn.o_proj.bias"), d)?,
-                router_bias: vec_of(&n("mlp.router.bias"), ne)?,
-                sinks: vec_of(&n("self_attn.sinks"), nh)?,
-            });
+            let vecs = [
+                get(&n("input_layernorm.weight"), &[d])?,
+                get(&n("post_attention_layernorm.weight"), &[d])?,
+                get(&n("self_attn.q_proj.bias"), &[qd])?,
+                get(&n("self_attn.k_proj.bias"), &[kvd])?,
+                get(&n("self_attn.v_proj.bias"), &[kvd])?,
+                get(&n("self_attn.o_proj.bias"), &[d])?,
+                get(&n("mlp.router.bias"), &[ne])?,
+                get(&n("self_attn.sinks"), &[nh])?,
+            ];
             let x = |s: &str| format!("model.layers.{l}.mlp.experts.{s}");
             let gub = ts.get(&x("gate_up_proj_bias"), &[2 * ff, ne])?;
             let db = ts.get(&x("down_proj_bias"), &[d, ne])?;
-            let mut le = Vec::with_capacity(ne);
-            if c.mxfp4() {
+            let experts = if c.mxfp4() {
                 let (gd, gf) = (d / 32, ff / 32);
                 let i8 = GgmlType::I8;
                 let gb = ts.get_raw(&x("gate_up_proj_blocks"), &[16, gd, 2 * ff, ne], i8)?;
@@ -379,50 +192,150 @@ impl GptOss {
                         db.name
                     );
                 }
-                table.packed = Some(Packed {
+                packed = Some(Packed {
                     gate_up: 2 * ff * gd * 17,
                     down: d * gf * 17,
                     gate_up_bias: (gub.n_bytes / ne as u64) as usize,
                     down_bias: (db.n_bytes / ne as u64) as usize,
                     bias_ty: gub.ty,
                 });
-                for e in 0..ne {
-                    let list = [gb, gs, dbk, ds, gub, db].map(|t| slice_outer(t, e, ne));
-                    let refs: Vec<&_> = list.iter().collect();
-                    let (unit, place) = unit_of(&refs);
-                    let m: Vec<MatRef> = refs.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
-                    le.push((
-                        expert_units.len(),
-                        ExpertRef::Mxfp4 {
-                            gate_up_blocks: m[0],
-                            gate_up_scales: m[1],
-                            down_blocks: m[2],
-                            down_scales: m[3],
-                            gate_up_bias: m[4],
-                            down_bias: m[5],
-                        },
-                    ));
-                    expert_units.push(unit);
-                }
+                (0..ne)
+                    .map(|e| {
+                        ExpertTensors::Mxfp4(
+                            [gb, gs, dbk, ds, gub, db].map(|t| slice_outer(t, e, ne)),
+                        )
+                    })
+                    .collect()
             } else {
                 let gu = ts.get(&x("gate_up_proj"), &[2 * ff, d, ne])?;
                 let dn = ts.get(&x("down_proj"), &[d, ff, ne])?;
-                for e in 0..ne {
-                    let list = [gu, dn, gub, db].map(|t| slice_outer(t, e, ne));
-                    let refs: Vec<&_> = list.iter().collect();
-                    let (unit, place) = unit_of(&refs);
-                    let m: Vec<MatRef> = refs.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
-                    le.push((
-                        expert_units.len(),
-                        ExpertRef::Float {
-                            gate_up: m[0],
-                            down: m[1],
-                            gate_up_bias: m[2],
-                            down_bias: m[3],
-                        },
-                    ));
-                    expert_units.push(unit);
-                }
+                (0..ne)
+                    .map(|e| ExpertTensors::Float([gu, dn, gub, db].map(|t| slice_outer(t, e, ne))))
+                    .collect()
+            };
+            layers.push(LayerTensors {
+                spine,
+                vecs,
+                experts,
+            });
+        }
+        let ck = Checkpoint {
+            files: hf.files.clone(),
+            embd,
+            head,
+            final_norm,
+            layers,
+            packed,
+        };
+        Self::build(c, ck, opts)
+    }
+
+    /// Builds the model from a checked checkpoint under `opts`: groups the tensors into store
+    /// units (one per layer's spine, one per (layer, expert)), plans residency under the RAM
+    /// budget (LM head, embeddings, spine layers, then experts, greedily), reads the resident
+    /// units (repacking resident Hugging Face MXFP4 experts) and starts the streamer.
+    ///
+    /// Errors: a budget too small for KV cache, activations and stream buffers, an unreadable
+    /// file.
+    pub(super) fn build(
+        c: Config,
+        ck: Checkpoint,
+        opts: &LoadOptions,
+    ) -> Result<(Self, WeightStore)> {
+        let (d, ff, qd, kvd) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim());
+        let (ne, nh) = (c.num_local_experts, c.num_attention_heads);
+        let files: Vec<DirectFile> = ck
+            .files
+            .iter()
+            .map(|p| {
+                DirectFile::open(p, opts.direct_io)
+                    .with_context(|| format!("opening {}", p.display()))
+            })
+            .collect::<Result<_>>()?;
+        let (embd, head_t) = (&ck.embd, &ck.head);
+        let final_norm = read_vector(&files, &ck.final_norm)?;
+        let mxfp4 = ck.layers.iter().flat_map(|l| &l.experts).any(|e| match e {
+            ExpertTensors::Float(_) => false,
+            ExpertTensors::Mxfp4(_) => true,
+            ExpertTensors::Split(t) => t[0].ty == GgmlType::MXFP4,
+        });
+        let mut units: Vec<Unit> = Vec::new();
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut vecs = Vec::with_capacity(c.num_hidden_layers);
+        let mut table = ExpertTable {
+            units: Vec::new(),
+            packed: ck.packed,
+            hidden: d,
+            ff,
+        };
+        let mut expert_units = Vec::new();
+        for lt in &ck.layers {
+            let refs: Vec<&TensorInfo> = lt.spine.iter().collect();
+            let (unit, place) = unit_of(&refs);
+            let m: Vec<MatRef> = refs.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
+            layers.push((
+                units.len(),
+                LayerMats {
+                    q: m[0],
+                    k: m[1],
+                    v: m[2],
+                    o: m[3],
+                    router: m[4],
+                },
+            ));
+            units.push(unit);
+            let v: Vec<Vec<f32>> = lt
+                .vecs
+                .iter()
+                .map(|t| read_vector(&files, t))
+                .collect::<Result<_>>()?;
+            let [input_norm, post_norm, q_bias, k_bias, v_bias, o_bias, router_bias, sinks] =
+                <[Vec<f32>; 8]>::try_from(v).expect("eight vectors");
+            vecs.push(LayerVecs {
+                input_norm,
+                post_norm,
+                q_bias,
+                k_bias,
+                v_bias,
+                o_bias,
+                router_bias,
+                sinks,
+            });
+            let mut le = Vec::with_capacity(ne);
+            for et in &lt.experts {
+                let list: &[TensorInfo] = match et {
+                    ExpertTensors::Float(t) => t,
+                    ExpertTensors::Mxfp4(t) | ExpertTensors::Split(t) => t,
+                };
+                let refs: Vec<&TensorInfo> = list.iter().collect();
+                let (unit, place) = unit_of(&refs);
+                let m: Vec<MatRef> = refs.iter().zip(&place).map(|(t, &p)| mat(t, p)).collect();
+                let r = match et {
+                    ExpertTensors::Float(_) => ExpertRef::Float {
+                        gate_up: m[0],
+                        down: m[1],
+                        gate_up_bias: m[2],
+                        down_bias: m[3],
+                    },
+                    ExpertTensors::Mxfp4(_) => ExpertRef::Mxfp4 {
+                        gate_up_blocks: m[0],
+                        gate_up_scales: m[1],
+                        down_blocks: m[2],
+                        down_scales: m[3],
+                        gate_up_bias: m[4],
+                        down_bias: m[5],
+                    },
+                    ExpertTensors::Split(_) => ExpertRef::Split {
+                        gate: m[0],
+                        up: m[1],
+                        down: m[2],
+                        gate_bias: m[3],
+                        up_bias: m[4],
+                        down_bias: m[5],
+                    },
+                };
+                le.push((expert_units.len(), r));
+                expert_units.push(unit);
             }
             table.units.push(le);
         }
@@ -536,7 +449,7 @@ impl GptOss {
             .filter(|r| **r)
             .count();
         let mut store = WeightStore::open(
-            &hf.files,
+            &ck.files,
             units,
             &resident,
             STREAM_SLOTS,
@@ -567,7 +480,7 @@ impl GptOss {
                 "{res_spine}/{} layers and {res_experts}/{} experts resident{}, LM head {}",
                 c.num_hidden_layers,
                 n_weight_units - n_spine,
-                if c.mxfp4() { " (MXFP4)" } else { "" },
+                if mxfp4 { " (MXFP4)" } else { "" },
                 if head_resident {
                     "resident"
                 } else {

@@ -9,6 +9,8 @@ pub mod embed_head;
 pub mod gemma3;
 pub mod gpt_oss;
 mod gpt_oss_config;
+mod gpt_oss_experts;
+pub mod gpt_oss_gguf;
 pub mod layers;
 pub mod loading;
 pub mod mla;
@@ -150,6 +152,10 @@ pub fn load_gguf(
             let (m, s) = gemma3::Gemma3::load(gguf, opts)?;
             Ok((Box::new(m), s))
         }
+        "gpt-oss" => {
+            let (m, s) = gpt_oss_gguf::load(gguf, opts)?;
+            Ok((Box::new(m), s))
+        }
         "qwen3moe" | "qwen3" | "llama" => {
             let (m, s) = qwen3_gguf::load(gguf, opts)?;
             Ok((Box::new(m), s))
@@ -159,7 +165,7 @@ pub fn load_gguf(
             Ok((Box::new(m), s))
         }
         other => anyhow::bail!(
-            "{}: architecture '{other}' is not supported (supported: gemma3, qwen3moe, qwen3, llama, deepseek2)",
+            "{}: architecture '{other}' is not supported (supported: gemma3, qwen3moe, qwen3, llama, deepseek2, gpt-oss)",
             gguf.files[0].display()
         ),
     }

@@ -1,0 +1,275 @@
+//! GPT-OSS experts: where one expert's tensors lie in its store unit, in each encoding the
+//! loaders produce, and the expert FFN itself (clamped SwiGLU with biases, see
+//! [`super::gpt_oss`]).
+//!
+//! Three layouts: Hugging Face float experts (input-major `gate_up` with gate in the even and
+//! up in the odd outputs, computed in place with [`matmul_t`]); Hugging Face MXFP4 experts
+//! (`*_blocks` + `*_scales`, repacked into GGML `MXFP4` rows); and GGUF experts as llama.cpp's
+//! converter writes them (`convert_hf_to_gguf.py`, `conversion/gpt_oss.py`): separate
+//! output-major `gate` and `up` matrices (the even and odd rows of Hugging Face's `gate_up`)
+//! and `down`, in any GGML type (MXFP4 as stored), with separate `gate`/`up`/`down` biases.
+
+use super::layers::{add_into, mm};
+use super::loading::MatRef;
+use super::moe::ExpertSource;
+use crate::kernels::{matmul_t, Matrix};
+use crate::quant::mxfp4::repack_hf_mxfp4;
+use crate::quant::{dequantize_row, GgmlType};
+use crate::store::{UnitBytes, WeightStore};
+
+/// Where one expert's tensors lie in its unit as read.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum ExpertRef {
+    /// Float experts, input-major: `gate_up` (`H` rows × `2I`), `down` (`I` rows × `H`).
+    Float {
+        gate_up: MatRef,
+        down: MatRef,
+        gate_up_bias: MatRef,
+        down_bias: MatRef,
+    },
+    /// MXFP4 blocks and scales as Hugging Face stores them (byte spans in the unit), to be
+    /// repacked into [`Packed`] layout.
+    Mxfp4 {
+        gate_up_blocks: MatRef,
+        gate_up_scales: MatRef,
+        down_blocks: MatRef,
+        down_scales: MatRef,
+        gate_up_bias: MatRef,
+        down_bias: MatRef,
+    },
+    /// GGUF experts, output-major in any GGML type: `gate` and `up` (`I` rows × `H`), `down`
+    /// (`H` rows × `I`), and their biases (`I`, `I`, `H` values).
+    Split {
+        gate: MatRef,
+        up: MatRef,
+        down: MatRef,
+        gate_bias: MatRef,
+        up_bias: MatRef,
+        down_bias: MatRef,
+    },
+}
+
+/// The layout of a repacked MXFP4 expert (one piece): `gate_up` MXFP4 rows (`2I × H`), `down`
+/// MXFP4 rows (`H × I`), then the two biases in their stored encoding.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Packed {
+    pub gate_up: usize,
+    pub down: usize,
+    pub gate_up_bias: usize,
+    pub down_bias: usize,
+    pub bias_ty: GgmlType,
+}
+
+impl Packed {
+    /// Bytes of one repacked expert.
+    pub fn total(&self) -> usize {
+        self.gate_up + self.down + self.gate_up_bias + self.down_bias
+    }
+}
+
+/// One expert's weights, ready to compute.
+pub struct OssExpertView<'a> {
+    /// `2I` outputs from `H` inputs: input-major (`H` rows) when `transposed`, else
+    /// output-major (`2I` rows); with `up` set, only the gate's `I` output-major rows.
+    gate_up: Matrix<'a>,
+    /// The up projection (`I` output-major rows) and its bias (`I` values) when gate and up
+    /// are stored apart (GGUF).
+    up: Option<(Matrix<'a>, Matrix<'a>)>,
+    /// `H` outputs from `I` inputs, oriented as `gate_up`.
+    down: Matrix<'a>,
+    transposed: bool,
+    /// `2I` values (`I` with `up` set).
+    gate_up_bias: Matrix<'a>,
+    /// `H` values.
+    down_bias: Matrix<'a>,
+}
+
+/// The experts of every layer: `units[layer][id] = (unit, where its tensors are)`.
+pub(super) struct ExpertTable {
+    pub units: Vec<Vec<(usize, ExpertRef)>>,
+    /// Set for Hugging Face MXFP4 experts.
+    pub packed: Option<Packed>,
+    pub hidden: usize,
+    pub ff: usize,
+}
+
+/// An [`ExpertSource`] over the expert table, the store and the repack buffer of streamed
+/// MXFP4 experts.
+pub(super) struct OssExperts<'a> {
+    pub table: &'a ExpertTable,
+    pub store: &'a mut WeightStore,
+    pub scratch: &'a mut Vec<u8>,
+}
+
+/// The view of a repacked MXFP4 expert in `b`.
+fn packed_view<'a>(b: &'a [u8], p: &Packed, h: usize, ff: usize) -> OssExpertView<'a> {
+    let (a, rest) = b.split_at(p.gate_up);
+    let (d, rest) = rest.split_at(p.down);
+    let (gb, rest) = rest.split_at(p.gate_up_bias);
+    let db = &rest[..p.down_bias];
+    let m = |ty, rows, cols, data| Matrix {
+        ty,
+        rows,
+        cols,
+        data,
+    };
+    OssExpertView {
+        gate_up: m(GgmlType::MXFP4, 2 * ff, h, a),
+        down: m(GgmlType::MXFP4, h, ff, d),
+        up: None,
+        transposed: false,
+        gate_up_bias: m(p.bias_ty, 1, 2 * ff, gb),
+        down_bias: m(p.bias_ty, 1, h, db),
+    }
+}
+
+/// Repacks the MXFP4 expert `r` read into `u` into `out` (resized to `p.total()`).
+pub(super) fn repack_expert(u: &UnitBytes, r: &ExpertRef, p: &Packed, out: &mut Vec<u8>) {
+    let ExpertRef::Mxfp4 {
+        gate_up_blocks,
+        gate_up_scales,
+        down_blocks,
+        down_scales,
+        gate_up_bias,
+        down_bias,
+    } = r
+    else {
+        unreachable!("repack of a float expert")
+    };
+    out.resize(p.total(), 0);
+    let span = |m: &MatRef| &u.piece(m.piece)[m.offset..m.offset + m.bytes];
+    let (a, rest) = out.split_at_mut(p.gate_up);
+    let (d, rest) = rest.split_at_mut(p.down);
+    let (gb, db) = rest.split_at_mut(p.gate_up_bias);
+    repack_hf_mxfp4(span(gate_up_blocks), span(gate_up_scales), a);
+    repack_hf_mxfp4(span(down_blocks), span(down_scales), d);
+    gb.copy_from_slice(span(gate_up_bias));
+    db.copy_from_slice(span(down_bias));
+}
+
+impl ExpertSource for OssExperts<'_> {
+    type View<'a> = OssExpertView<'a>;
+
+    fn plan_experts(&mut self, layer: usize, ids: &[usize]) {
+        let l = &self.table.units[layer];
+        self.store.plan(ids.iter().map(|&e| l[e].0));
+    }
+
+    fn with_expert<R>(
+        &mut self,
+        layer: usize,
+        id: usize,
+        f: impl FnOnce(&OssExpertView<'_>) -> R,
+    ) -> std::io::Result<R> {
+        let (unit, r) = self.table.units[layer][id];
+        let (h, ff) = (self.table.hidden, self.table.ff);
+        let resident = self.store.is_resident(unit);
+        let scratch = &mut *self.scratch;
+        let packed = self.table.packed;
+        self.store.with_unit(unit, |u| match (&r, packed) {
+            (
+                ExpertRef::Float {
+                    gate_up,
+                    down,
+                    gate_up_bias,
+                    down_bias,
+                },
+                _,
+            ) => f(&OssExpertView {
+                gate_up: gate_up.view(u),
+                down: down.view(u),
+                up: None,
+                transposed: true,
+                gate_up_bias: gate_up_bias.view(u),
+                down_bias: down_bias.view(u),
+            }),
+            (
+                ExpertRef::Split {
+                    gate,
+                    up,
+                    down,
+                    gate_bias,
+                    up_bias,
+                    down_bias,
+                },
+                _,
+            ) => f(&OssExpertView {
+                gate_up: gate.view(u),
+                down: down.view(u),
+                up: Some((up.view(u), up_bias.view(u))),
+                transposed: false,
+                gate_up_bias: gate_bias.view(u),
+                down_bias: down_bias.view(u),
+            }),
+            // resident MXFP4 experts were repacked at load
+            (ExpertRef::Mxfp4 { .. }, Some(p)) if resident => {
+                f(&packed_view(u.piece(0), &p, h, ff))
+            }
+            (ExpertRef::Mxfp4 { .. }, Some(p)) => {
+                repack_expert(u, &r, &p, scratch);
+                f(&packed_view(scratch, &p, h, ff))
+            }
+            (ExpertRef::Mxfp4 { .. }, None) => unreachable!("MXFP4 expert without a layout"),
+        })
+    }
+}
+
+/// Adds the bias `b` to every `b.len()`-wide row of `y`.
+pub(super) fn add_bias(y: &mut [f32], b: &[f32]) {
+    for r in y.chunks_exact_mut(b.len()) {
+        add_into(r, b);
+    }
+}
+
+/// The clamped SwiGLU of GPT-OSS on one gate and up value: `gate = min(gate, limit)`,
+/// `up = clamp(up, −limit, limit)`, `(up + 1) · gate · σ(α · gate)`.
+fn swiglu_oai(g: f32, u: f32, alpha: f32, limit: f32) -> f32 {
+    let g = g.min(limit);
+    let u = u.clamp(-limit, limit);
+    (u + 1.0) * (g / (1.0 + (-(g * alpha)).exp()))
+}
+
+/// One GPT-OSS expert over `m` gathered rows `x` (`m × H`) into `y` (`m × H`).
+pub(super) fn expert_ffn(
+    w: &OssExpertView,
+    alpha: f32,
+    limit: f32,
+    x: &[f32],
+    m: usize,
+    y: &mut [f32],
+) {
+    let proj = |mat: &Matrix, x: &[f32], out: &mut [f32]| {
+        if w.transposed {
+            matmul_t(mat, x, m, out)
+        } else {
+            mm(mat, x, m, out)
+        }
+    };
+    let bias = |b: &Matrix| {
+        let mut v = vec![0f32; b.cols];
+        dequantize_row(b.ty, b.data, &mut v);
+        v
+    };
+    let (gu_b, d_b) = (bias(&w.gate_up_bias), bias(&w.down_bias));
+    let (ff2, h) = (gu_b.len(), d_b.len());
+    let mut gu = vec![0f32; m * ff2];
+    proj(&w.gate_up, x, &mut gu);
+    add_bias(&mut gu, &gu_b);
+    let act: Vec<f32> = match &w.up {
+        None => gu
+            .chunks_exact(2)
+            .map(|p| swiglu_oai(p[0], p[1], alpha, limit))
+            .collect(),
+        Some((up, up_b)) => {
+            let mut uv = vec![0f32; m * ff2];
+            proj(up, x, &mut uv);
+            add_bias(&mut uv, &bias(up_b));
+            gu.iter()
+                .zip(&uv)
+                .map(|(&g, &u)| swiglu_oai(g, u, alpha, limit))
+                .collect()
+        }
+    };
+    proj(&w.down, &act, &mut y[..m * h]);
+    add_bias(y, &d_b);
+}
