@@ -7,7 +7,8 @@
 //! Matrices are Q4_0 or Q8_0 (ggml `ggml-quants.c` block layouts: an f16 scale `d` then 32
 //! quants; Q4_0 values are `(q − 8)·d` with `q` a nibble, Q8_0 values `q·d` with `q` an i8).
 //! Quants are random bytes and `d` is chosen so values span about `±1/√fan_in` (the token
-//! embedding `±1`), which keeps activations finite through the layers. Norm weights are F32
+//! embedding `±1`), with a random sign per block so rows have no common bias (which would
+//! make every token route alike), which keeps activations finite through the layers. Norm weights are F32
 //! ones; routers (`ffn_gate_inp`) stay F32 as llama.cpp's quantizer leaves them. The
 //! tokenizer (byte-level BPE, `tokenizer.ggml.model = gpt2`, pre-tokenizer `qwen2`, 512 tokens,
 //! ChatML template) is copied from the committed llama.cpp-converted fixture
@@ -172,9 +173,18 @@ fn fill(rng: &mut Rng, ty: GgmlType, scale: f32, out: &mut [u8]) {
                 GgmlType::Q4_0 => (18, 8.0),
                 _ => (34, 127.0),
             };
-            let d = half::f16::from_f32(scale / qmax).to_le_bytes();
-            for b in out.chunks_mut(block) {
-                b[..2].copy_from_slice(&d);
+            // a random sign per block: Q4_0's levels −8..7 average −½·d, which with one sign
+            // would give every row the same bias and every token the same experts
+            let d = [
+                half::f16::from_f32(scale / qmax).to_le_bytes(),
+                half::f16::from_f32(-scale / qmax).to_le_bytes(),
+            ];
+            let mut signs = 0u64;
+            for (i, b) in out.chunks_mut(block).enumerate() {
+                if i % 64 == 0 {
+                    signs = rng.next();
+                }
+                b[..2].copy_from_slice(&d[((signs >> (i % 64)) & 1) as usize]);
                 for c in b[2..].chunks_mut(8) {
                     let r = rng.next().to_le_bytes();
                     c.copy_from_slice(&r[..c.len()]);
