@@ -198,28 +198,19 @@ impl GgufWriter {
         meta: &[(String, Value)],
         tensors: &[&PendingTensor],
     ) -> io::Result<()> {
-        let mut header = Vec::new();
-        header.extend_from_slice(b"GGUF");
-        header.extend_from_slice(&self.version.to_le_bytes());
-        header.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
-        header.extend_from_slice(&(meta.len() as u64).to_le_bytes());
-        for (k, v) in meta {
-            put_str(&mut header, k);
-            header.extend_from_slice(&type_id(v).to_le_bytes());
-            put_value(&mut header, v);
-        }
+        let infos: Vec<(&str, GgmlType, &[u64], u64)> = tensors
+            .iter()
+            .map(|t| {
+                (
+                    t.name.as_str(),
+                    t.ty,
+                    t.shape.as_slice(),
+                    t.data.len() as u64,
+                )
+            })
+            .collect();
+        let header = header_bytes(self.version, self.alignment, meta, &infos);
         let a = self.alignment;
-        let mut offset = 0u64;
-        for t in tensors {
-            put_str(&mut header, &t.name);
-            header.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
-            for d in &t.shape {
-                header.extend_from_slice(&d.to_le_bytes());
-            }
-            header.extend_from_slice(&t.ty.id().to_le_bytes());
-            header.extend_from_slice(&offset.to_le_bytes());
-            offset = (offset + t.data.len() as u64).next_multiple_of(a);
-        }
         w.write_all(&header)?;
         let mut pos = header.len() as u64;
         for t in tensors {
@@ -230,6 +221,95 @@ impl GgufWriter {
         }
         Ok(())
     }
+}
+
+/// The header, metadata and tensor infos of a GGUF file whose tensors (name, type, GGML shape,
+/// data bytes) follow in order, each at the next multiple of `alignment`.
+fn header_bytes(
+    version: u32,
+    alignment: u64,
+    meta: &[(String, Value)],
+    tensors: &[(&str, GgmlType, &[u64], u64)],
+) -> Vec<u8> {
+    let mut header = Vec::new();
+    header.extend_from_slice(b"GGUF");
+    header.extend_from_slice(&version.to_le_bytes());
+    header.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    header.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+    for (k, v) in meta {
+        put_str(&mut header, k);
+        header.extend_from_slice(&type_id(v).to_le_bytes());
+        put_value(&mut header, v);
+    }
+    let mut offset = 0u64;
+    for (name, ty, shape, n_bytes) in tensors {
+        put_str(&mut header, name);
+        header.extend_from_slice(&(shape.len() as u32).to_le_bytes());
+        for d in *shape {
+            header.extend_from_slice(&d.to_le_bytes());
+        }
+        header.extend_from_slice(&ty.id().to_le_bytes());
+        header.extend_from_slice(&offset.to_le_bytes());
+        offset = (offset + n_bytes).next_multiple_of(alignment);
+    }
+    header
+}
+
+/// One tensor of a streamed GGUF file: name, type and shape in GGML order (`shape[0]` is the
+/// row length); its bytes come from the fill callback of [`write_streamed`].
+#[derive(Clone, Debug)]
+pub struct StreamTensor {
+    pub name: String,
+    pub ty: GgmlType,
+    pub shape: Vec<u64>,
+}
+
+impl StreamTensor {
+    /// Encoded bytes (`ty.row_bytes(shape[0]) × rows`). Panics when the row length is not a
+    /// whole number of blocks.
+    pub fn n_bytes(&self) -> u64 {
+        let cols = self.shape.first().copied().unwrap_or(1) as usize;
+        let rows: u64 = self.shape.iter().skip(1).product();
+        let row = self.ty.row_bytes(cols).unwrap_or_else(|| {
+            panic!(
+                "tensor {}: row length {cols} is not whole {} blocks",
+                self.name, self.ty
+            )
+        });
+        row as u64 * rows
+    }
+}
+
+/// Writes a version-3 GGUF file (32-byte alignment, the layout of [`GgufWriter`]) to `w`
+/// without holding it in memory: the header from `meta` and `tensors`, then each tensor's
+/// bytes as `fill(index, buffer)` writes them into a reused buffer of exactly
+/// [`StreamTensor::n_bytes`]. Memory use is the largest tensor. Returns the bytes written.
+///
+/// Errors: a write fails.
+pub fn write_streamed(
+    w: &mut impl Write,
+    meta: &[(String, Value)],
+    tensors: &[StreamTensor],
+    fill: &mut dyn FnMut(usize, &mut [u8]),
+) -> io::Result<u64> {
+    let a = DEFAULT_ALIGNMENT;
+    let infos: Vec<(&str, GgmlType, &[u64], u64)> = tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t.ty, t.shape.as_slice(), t.n_bytes()))
+        .collect();
+    let header = header_bytes(3, a, meta, &infos);
+    w.write_all(&header)?;
+    let mut pos = header.len() as u64;
+    let mut buf = Vec::new();
+    for (i, t) in tensors.iter().enumerate() {
+        let pad = pos.next_multiple_of(a) - pos;
+        w.write_all(&vec![0u8; pad as usize])?;
+        buf.resize(t.n_bytes() as usize, 0);
+        fill(i, &mut buf);
+        w.write_all(&buf)?;
+        pos += pad + buf.len() as u64;
+    }
+    Ok(pos)
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {

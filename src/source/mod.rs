@@ -5,6 +5,7 @@
 pub mod gguf;
 mod gguf_meta;
 mod gguf_parse;
+pub mod gguf_synth;
 pub mod gguf_writer;
 pub mod hf;
 pub mod pull;

@@ -89,10 +89,10 @@ pub fn presets() -> Vec<(&'static str, &'static str, Qwen3MoeShape)> {
 }
 
 /// A fast pseudo-random generator (xorshift64*, Vigna 2016).
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
