@@ -100,7 +100,7 @@ fn unit_of_lins(lins: &[Lin]) -> (Unit, Vec<Fp8Pack>, Vec<MatRef>) {
             m.piece = n + (usize::MAX - m.piece);
         }
     }
-    (Unit { ranges }, packs, mats)
+    (Unit::of(ranges), packs, mats)
 }
 
 /// Attention weights of one layer.

@@ -7,5 +7,7 @@ mod gguf_meta;
 mod gguf_parse;
 pub mod gguf_writer;
 pub mod hf;
+pub mod pack;
+pub mod pack_write;
 pub mod pull;
 pub mod synth;
