@@ -61,6 +61,7 @@ pub fn run(a: PackArgs) -> Result<()> {
             placement: a.placement,
             heat_file: heat,
             progress: true,
+            stop_after: None,
         },
     )?;
     println!(
