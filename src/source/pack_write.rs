@@ -117,6 +117,9 @@ fn absolute(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
+/// One record's key (layer, expert), its tensors (index, offset in the record) and its length.
+type RecordLayout = ((usize, usize), Vec<(usize, u64)>, u64);
+
 /// Plans the pack of `hf` under `o`: the manifest without checksums.
 fn plan(hf: &HfModel, src: &Path, o: &PackOptions) -> Result<Manifest> {
     let nd = o.drives.len();
@@ -151,7 +154,7 @@ fn plan(hf: &HfModel, src: &Path, o: &PackOptions) -> Result<Manifest> {
         spine_len = round_up((spine_len + hf.tensors[i].n_bytes) as usize, ALIGN as usize) as u64;
     }
     // each record's tensors (role order) and their offsets inside it
-    let mut layout: Vec<((usize, usize), Vec<(usize, u64)>, u64)> = Vec::new();
+    let mut layout: Vec<RecordLayout> = Vec::new();
     for (k, mut ids) in records {
         ids.sort_by_key(|&i| (role(&hf.tensors[i].name), hf.tensors[i].name.clone()));
         let mut off = 0u64;
@@ -177,7 +180,7 @@ fn plan(hf: &HfModel, src: &Path, o: &PackOptions) -> Result<Manifest> {
                     tensors[i] = Some(entry(i, nd + 1, base + off));
                 }
                 let mut extents = Vec::new();
-                for d in 0..nd {
+                for (d, dl) in drive_len.iter_mut().enumerate() {
                     let from = d as u64 * chunk;
                     if from >= *len {
                         break;
@@ -189,7 +192,7 @@ fn plan(hf: &HfModel, src: &Path, o: &PackOptions) -> Result<Manifest> {
                         len: n,
                         record_offset: from,
                     });
-                    drive_len[d] = drive_len[d].max(r as u64 * chunk + n);
+                    *dl = (*dl).max(r as u64 * chunk + n);
                 }
                 experts.push(ExpertRecord {
                     layer: k.0,
