@@ -342,6 +342,13 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
         bail!("--out must differ from the source model folder");
     }
     let hf = HfModel::open(src)?;
+    let mt = hf.model_type()?;
+    if !matches!(mt, "qwen3" | "qwen3_moe" | "llama" | "mixtral") {
+        bail!(
+            "{}: packing model_type '{mt}' is not supported yet (supported: qwen3, qwen3_moe, llama, mixtral)",
+            src.display()
+        );
+    }
     std::fs::create_dir_all(&o.out).with_context(|| format!("{}", o.out.display()))?;
     let finished = Manifest::read(&o.out).ok();
     let _ = std::fs::remove_file(o.out.join(MANIFEST));

@@ -16,7 +16,7 @@ $DL status | grep -q "d3" || $DL up 4 --size 8G --mbps 200
 [ -f $W/src/config.json ] || $DF synth --arch qwen3_moe --preset qwen3-30b-a3b --layers 4 --out $W/src
 du -sh $W/src
 $DL drop
-$DL run --ram 2G -- fio --name=rr --filename=$D/d0/fio.bin --size=2G --rw=randread --bs=1M --iodepth=32 --ioengine=io_uring --direct=1 --runtime=10 --time_based --output-format=json > $O/fio-d0.json
+[ -n "$SKIP_FIO" ] || $DL run --ram 2G -- fio --name=rr --filename=$D/d0/fio.bin --size=2G --rw=randread --bs=1M --iodepth=32 --ioengine=io_uring --direct=1 --runtime=10 --time_based --output-format=json > $O/fio-d0.json
 rm -f $D/d0/fio.bin
 run() { # NAME PACKARGS...
   n=$1; shift
