@@ -37,6 +37,7 @@ fn opts(budget: Option<u64>, cache: CachePolicy, engine: EngineChoice, req: usiz
                 request_bytes: req,
             },
             heat_file: None,
+            verify: false,
         },
     }
 }

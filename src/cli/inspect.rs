@@ -75,7 +75,18 @@ pub fn run(a: InspectArgs) -> Result<()> {
             }
         }
         OpenedModel::Hf(h) => {
-            println!("format:       Hugging Face folder (safetensors)");
+            match crate::source::pack::Manifest::read(&h.dir) {
+                Ok(m) if h.pack.is_some() => println!(
+                    "format:       Deltafin pack v{} ({} over {} drive(s), {} expert records) of {} ({})",
+                    m.format_version,
+                    m.placement,
+                    m.drives.len(),
+                    m.experts.len(),
+                    m.source.path,
+                    m.source.format
+                ),
+                _ => println!("format:       Hugging Face folder (safetensors)"),
+            }
             let mt = h
                 .config
                 .get("model_type")

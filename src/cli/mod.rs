@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 pub mod bench;
 pub mod inspect;
+pub mod pack;
 pub mod pull;
 pub mod run;
 pub mod store_args;
@@ -27,6 +28,8 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Run decode and prefill scenarios and report tok/s, bytes/token, hit rate, bandwidth.
     Bench(bench::BenchArgs),
+    /// Re-lay a model out for one read per expert across drives, or verify a pack.
+    Pack(pack::PackArgs),
     /// Write a random-weight checkpoint of a real architecture (for benchmarks).
     Synth(synth::SynthArgs),
 }
@@ -45,6 +48,7 @@ pub fn main() -> std::process::ExitCode {
         Command::Run(a) => run::run(*a),
         Command::Inspect(a) => inspect::run(a),
         Command::Synth(a) => synth::run(a),
+        Command::Pack(a) => pack::run(a),
         Command::Bench(a) => bench::run(a),
     };
     match result {

@@ -183,10 +183,15 @@ pub enum OpenedModel {
     Hf(HfModel),
 }
 
-/// Opens `path` as a Hugging Face folder when it is a directory with a `config.json`, else as
-/// GGUF (see [`open_model`], which also fetches the demo model when `path` is `None`).
+/// Opens `path` as a pack when it holds a `manifest.json` (or refuses an unfinished pack), as
+/// a Hugging Face folder when it is a directory with a `config.json`, else as GGUF (see
+/// [`open_model`], which also fetches the demo model when `path` is `None`).
 pub fn open_any(path: Option<&PathBuf>) -> Result<OpenedModel> {
+    use crate::source::pack;
     match path {
+        Some(p) if pack::is_pack(p) || pack::is_incomplete_pack(p) => {
+            Ok(OpenedModel::Hf(pack::open_pack(p)?))
+        }
         Some(p) if is_hf_folder(p) => Ok(OpenedModel::Hf(HfModel::open(p)?)),
         _ => Ok(OpenedModel::Gguf(open_model(path)?)),
     }

@@ -38,6 +38,10 @@ pub struct StoreArgs {
     /// layer and pass, with hits, misses, bytes, I/O wait and compute time, and its duration).
     #[arg(long)]
     pub trace: bool,
+    /// With a pack: check every expert read against its manifest checksum (SHA-256) as it
+    /// lands; a mismatch ends the generation with an error naming the files and the expert.
+    #[arg(long)]
+    pub verify_experts: bool,
 }
 
 impl StoreArgs {
@@ -55,7 +59,13 @@ impl StoreArgs {
 
     /// The heat file for the model at `model` (None when off).
     pub fn heat_path(&self, model: Option<&Path>) -> Option<PathBuf> {
-        match self.heat_file.as_deref() {
+        Self::heat_path_for(self.heat_file.as_deref(), model)
+    }
+
+    /// The heat file `flag` names (`none`: off) or, without the flag, the default one for
+    /// the model at `model`.
+    pub fn heat_path_for(flag: Option<&str>, model: Option<&Path>) -> Option<PathBuf> {
+        match flag {
             Some("none") => None,
             Some(p) => Some(PathBuf::from(p)),
             None => {
@@ -86,6 +96,7 @@ impl StoreArgs {
                 request_bytes: self.io_request_size as usize,
             },
             heat_file: self.heat_path(model),
+            verify: self.verify_experts,
         }
     }
 }

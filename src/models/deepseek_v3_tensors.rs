@@ -127,7 +127,7 @@ pub(crate) fn unit_of_lins(lins: &[&Lin]) -> (Unit, Vec<Fp8Pack>, Vec<MatRef>) {
             m.piece = n + (usize::MAX - m.piece);
         }
     }
-    (Unit { ranges }, packs, mats)
+    (Unit::of(ranges), packs, mats)
 }
 
 /// Resolves the tensors of a `deepseek_v3` / `kimi_k2` checkpoint folder for `c`: presence,

@@ -40,6 +40,7 @@ pub fn head_chunks(t: &TensorInfo, slot: usize) -> Vec<(Unit, usize, MatRef)> {
         let rows = rows_per.min(vocab - r0);
         out.push((
             Unit {
+                pieces: None,
                 ranges: vec![ReadRange {
                     file: t.file,
                     offset: t.offset + (r0 * row_bytes) as u64,
@@ -144,6 +145,7 @@ impl Embedding {
             let rb = t.ty.row_bytes(d).expect("validated row size");
             for &tok in tokens {
                 store.plan_adhoc(Unit {
+                    pieces: None,
                     ranges: vec![ReadRange {
                         file: t.file,
                         offset: t.offset + (tok as usize * rb) as u64,

@@ -160,7 +160,7 @@ pub fn unit_of(tensors: &[&TensorInfo]) -> (Unit, Vec<(usize, usize)>) {
             }
         }
     }
-    (Unit { ranges }, place)
+    (Unit::of(ranges), place)
 }
 
 /// The matrix view of tensor `t` at `place` (piece, offset) of its unit.
@@ -178,6 +178,7 @@ pub fn mat(t: &TensorInfo, place: (usize, usize)) -> MatRef {
 /// Reads a small tensor (a norm weight) into f32.
 pub fn read_vector(files: &[DirectFile], t: &TensorInfo) -> Result<Vec<f32>> {
     let unit = Unit {
+        pieces: None,
         ranges: vec![ReadRange {
             file: t.file,
             offset: t.offset,

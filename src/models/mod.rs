@@ -189,7 +189,14 @@ pub fn load_hf_model(
     hf: &HfModel,
     opts: &LoadOptions,
 ) -> anyhow::Result<(Box<dyn Model>, WeightStore)> {
-    match hf.model_type()? {
+    let mt = hf.model_type()?;
+    if hf.pack.is_some() && !matches!(mt, "qwen3" | "qwen3_moe" | "llama" | "mixtral") {
+        anyhow::bail!(
+            "{}: packs of model_type '{mt}' cannot be loaded yet (supported: qwen3, qwen3_moe, llama, mixtral)",
+            hf.dir.display()
+        );
+    }
+    match mt {
         "qwen3" | "qwen3_moe" | "llama" | "mixtral" => {
             let (m, s) = qwen3::Qwen3::load(hf, opts)?;
             Ok((Box::new(m), s))

@@ -110,6 +110,8 @@ pub(super) struct LayerTensors {
 /// A checkpoint resolved to tensors, whatever its format (Hugging Face folder or GGUF).
 pub(super) struct Checkpoint {
     pub files: Vec<std::path::PathBuf>,
+    /// The pack `files` belong to (its relocation to physical files and expert checksums).
+    pub pack: Option<std::sync::Arc<crate::source::pack::PackInfo>>,
     /// Token embeddings, `[hidden, vocab]`.
     pub embd: TensorInfo,
     /// LM head, `[hidden, vocab]`; `None` when tied to the embeddings.
@@ -197,6 +199,7 @@ fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
     }
     Ok(Checkpoint {
         files: hf.files.clone(),
+        pack: hf.pack.clone(),
         embd,
         head,
         final_norm: get("model.norm.weight", &[d])?,
@@ -237,8 +240,16 @@ impl Qwen3 {
         let embd = &ck.embd;
         let head_t = ck.head.as_ref().unwrap_or(embd);
         let tied = ck.head.is_none();
-        let files: Vec<DirectFile> = ck
-            .files
+        // a pack's logical units are read from its physical files
+        let phys_files = match &ck.pack {
+            Some(p) => p.relocation.files.clone(),
+            None => ck.files.clone(),
+        };
+        let relocate = |u: &Unit| match &ck.pack {
+            Some(p) => p.relocation.apply(u),
+            None => u.clone(),
+        };
+        let files: Vec<DirectFile> = phys_files
             .iter()
             .map(|p| {
                 DirectFile::open(p, opts.direct_io)
@@ -311,6 +322,7 @@ impl Qwen3 {
             le.iter_mut().for_each(|(u, _)| *u += n_spine);
         }
         units.extend(expert_units);
+        let mut units: Vec<Unit> = units.iter().map(relocate).collect();
         let n_weight_units = units.len();
         let unit_max = units.iter().map(|u| u.buffer_bytes()).max().unwrap_or(0);
 
@@ -328,8 +340,8 @@ impl Qwen3 {
             0
         };
         let norms_bytes = 4 * (d * (2 * c.num_hidden_layers + 1) + qk_norms * c.num_hidden_layers);
-        let head_unit = unit_of(&[head_t]).0;
-        let embd_unit = unit_of(&[embd]).0;
+        let head_unit = relocate(&unit_of(&[head_t]).0);
+        let embd_unit = relocate(&unit_of(&[embd]).0);
         let mut cands = vec![Candidate {
             name: "LM head".into(),
             bytes: head_unit.buffer_bytes(),
@@ -468,7 +480,7 @@ impl Qwen3 {
             Vec::new()
         };
         let mut store = WeightStore::open_with_elsewhere(
-            &ck.files,
+            &phys_files,
             units,
             &resident,
             &elsewhere,
@@ -478,8 +490,8 @@ impl Qwen3 {
         )?;
         let mut expert_note = String::new();
         if use_expert_store {
-            let es = ExpertStore::new(
-                &ck.files,
+            let mut es = ExpertStore::new(
+                &phys_files,
                 opts.direct_io,
                 expert_table,
                 io_slots,
@@ -487,6 +499,9 @@ impl Qwen3 {
                 &opts.experts,
                 store.stats().clone(),
             )?;
+            if let (true, Some(p)) = (opts.experts.verify, &ck.pack) {
+                es.set_checksums(p.checksums.clone());
+            }
             expert_note = format!(
                 "; experts read on demand through {}, cache {} of {:.1} MiB",
                 es.engine().describe(),

@@ -301,6 +301,7 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
     }
     Ok(Checkpoint {
         files: g.files.clone(),
+        pack: None,
         embd,
         head,
         final_norm: get("output_norm.weight", &[d])?,

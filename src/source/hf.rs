@@ -33,6 +33,9 @@ pub struct HfModel {
     pub files: Vec<PathBuf>,
     /// Every tensor of every file, file by file, in data-offset order.
     pub tensors: Vec<TensorInfo>,
+    /// Set when the folder is a Deltafin pack (see [`super::pack`]): `files` and `tensors` are
+    /// then the pack's logical files, mapped to physical reads by the pack's relocation.
+    pub pack: Option<std::sync::Arc<super::pack::PackInfo>>,
 }
 
 /// Whether `path` is a Hugging Face checkpoint folder (a directory holding `config.json`).
@@ -218,6 +221,7 @@ impl HfModel {
             config,
             files,
             tensors,
+            pack: None,
         })
     }
 

@@ -8,5 +8,7 @@ mod gguf_parse;
 pub mod gguf_synth;
 pub mod gguf_writer;
 pub mod hf;
+pub mod pack;
+pub mod pack_write;
 pub mod pull;
 pub mod synth;

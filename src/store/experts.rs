@@ -36,6 +36,9 @@ pub struct ExpertStoreOptions {
     /// Where per-(layer, expert) use counts are read at start and merged at the end;
     /// `None`: no heat file.
     pub heat_file: Option<PathBuf>,
+    /// Check each expert read from a pack against its manifest checksum as it lands
+    /// (`--verify-experts`); ignored for models that are not packs.
+    pub verify: bool,
 }
 
 /// Cumulative counters of the expert store.
@@ -83,6 +86,30 @@ pub struct ExpertStore {
     io_stats: Arc<IoStats>,
     heat: Heat,
     heat_file: Option<PathBuf>,
+    /// `checksums[layer][expert]`: SHA-256 of the bytes from the unit's first piece to the end
+    /// of its last (a pack record), checked as each miss lands; `None`: not checked.
+    checksums: Option<Vec<Vec<[u8; 32]>>>,
+}
+
+/// The aligned reads of `unit` with byte-adjacent ranges of one file merged (a pack record's
+/// tensors, or its chunk on one drive, become one read): `(file, aligned start, aligned
+/// length, position in the unit's buffer, end of the payload in the file)`.
+fn coalesced_spans(unit: &Unit) -> Vec<(usize, u64, usize, usize, u64)> {
+    let mut out: Vec<(usize, u64, usize, usize, u64)> = Vec::new();
+    let mut pos = 0usize;
+    for r in &unit.ranges {
+        let span = AlignedSpan::covering(r.offset, r.len);
+        let end = r.offset + r.len as u64;
+        match out.last_mut() {
+            Some(last) if last.0 == r.file && last.1 + last.2 as u64 == span.start => {
+                last.2 += span.len;
+                last.4 = end;
+            }
+            _ => out.push((r.file, span.start, span.len, pos, end)),
+        }
+        pos += span.len;
+    }
+    out
 }
 
 impl ExpertStore {
@@ -160,7 +187,15 @@ impl ExpertStore {
             io_stats,
             heat: Heat::zeros(n_layers, n_experts),
             heat_file: opts.heat_file.clone(),
+            checksums: None,
         })
+    }
+
+    /// Checks every expert read from now on against `sums[layer][expert]` (SHA-256 of the
+    /// bytes from its unit's first piece to the end of its last, as a pack's manifest records
+    /// them); a mismatch ends the fetch with an error naming the file(s) and the expert.
+    pub fn set_checksums(&mut self, sums: Vec<Vec<[u8; 32]>>) {
+        self.checksums = Some(sums);
     }
 
     /// Bytes of the I/O buffers (`slots` × the largest expert's buffer).
@@ -230,28 +265,24 @@ impl ExpertStore {
             let tag = self.next_tag;
             self.next_tag += 1;
             let mut n = 0;
-            let mut pos = 0usize;
-            for r in &unit.ranges {
-                let span = AlignedSpan::covering(r.offset, r.len);
-                let range_end = r.offset + r.len as u64;
+            for (file, start, len, pos, end) in coalesced_spans(&unit) {
                 let mut c = 0usize;
-                while c < span.len {
-                    let len = self.request_bytes.min(span.len - c);
-                    let c0 = span.start + c as u64;
-                    let need = (range_end.saturating_sub(c0) as usize).min(len);
+                while c < len {
+                    let rl = self.request_bytes.min(len - c);
+                    let c0 = start + c as u64;
+                    let need = (end.saturating_sub(c0) as usize).min(rl);
                     self.engine.submit(Req {
-                        file: r.file,
+                        file,
                         offset: c0,
-                        len,
+                        len: rl,
                         need,
-                        // SAFETY: pos + c + len ≤ the unit's buffer_bytes ≤ the buffer's size.
+                        // SAFETY: pos + c + rl ≤ the unit's buffer_bytes ≤ the buffer's size.
                         dst: unsafe { base.add(pos + c) },
                         tag,
                     });
                     n += 1;
-                    c += len;
+                    c += rl;
                 }
-                pos += span.len;
             }
             self.landing.insert(
                 tag,
@@ -329,6 +360,12 @@ impl ExpertStore {
                 self.free.push(l.bytes.into_buf());
                 return Err(self.fail(io::Error::new(e.kind(), msg)));
             }
+            if let Some(sums) = &self.checksums {
+                if let Some(msg) = self.check_sum(sums, layer, l.expert, &l.bytes) {
+                    self.free.push(l.bytes.into_buf());
+                    return Err(self.fail(io::Error::new(io::ErrorKind::InvalidData, msg)));
+                }
+            }
             let t = Instant::now();
             f(l.expert, &l.bytes);
             self.counters.compute_ns += t.elapsed().as_nanos() as u64;
@@ -345,6 +382,31 @@ impl ExpertStore {
             "layer experts done"
         );
         Ok(())
+    }
+
+    /// The error message when expert `e` of `layer` in `b` does not match its checksum.
+    fn check_sum(
+        &self,
+        sums: &[Vec<[u8; 32]>],
+        layer: usize,
+        e: usize,
+        b: &UnitBytes,
+    ) -> Option<String> {
+        use sha2::Digest;
+        let want = sums.get(layer).and_then(|r| r.get(e))?;
+        let got: [u8; 32] = sha2::Sha256::digest(b.record()).into();
+        if &got == want {
+            return None;
+        }
+        let files: Vec<String> = self.units[layer][e]
+            .ranges
+            .iter()
+            .map(|r| format!("{}", self.engine.files()[r.file].path().display()))
+            .collect();
+        Some(format!(
+            "checksum mismatch in expert {e} of layer {layer} read from {}",
+            files.join(", ")
+        ))
     }
 
     /// Brings the free I/O buffers back to `slots` after a miss left the engine: from the

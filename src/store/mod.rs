@@ -8,6 +8,7 @@ pub mod experts;
 pub mod heat;
 pub mod io_engine;
 pub mod plan;
+pub mod relocate;
 pub mod streamer;
 pub mod telemetry;
 pub mod weights;

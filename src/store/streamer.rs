@@ -28,13 +28,42 @@ pub struct ReadRange {
     pub len: usize,
 }
 
-/// The ranges of one unit; piece `i` of a filled unit holds the bytes of `ranges[i]`.
+/// The ranges of one unit. Ranges land in the unit's buffer one after the other, each at an
+/// [`IO_ALIGN`] boundary (see [`Unit::buffer_bytes`]). Piece `i` of a filled unit holds the
+/// bytes of `ranges[i]`, unless `pieces` names the pieces explicitly.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Unit {
     pub ranges: Vec<ReadRange>,
+    /// Explicit pieces as (byte offset in the buffer, length), for a unit whose ranges are
+    /// physical reads of something addressed otherwise (a pack record striped over drives:
+    /// one piece may span several ranges). `None`: one piece per range.
+    pub pieces: Option<Vec<(usize, usize)>>,
 }
 
 impl Unit {
+    /// A unit with one piece per range.
+    pub fn of(ranges: Vec<ReadRange>) -> Self {
+        Self {
+            ranges,
+            pieces: None,
+        }
+    }
+
+    /// The pieces (buffer offset, length) a buffer filled with this unit's ranges holds.
+    pub fn piece_layout(&self) -> Vec<(usize, usize)> {
+        if let Some(p) = &self.pieces {
+            return p.clone();
+        }
+        let mut pieces = Vec::with_capacity(self.ranges.len());
+        let mut pos = 0usize;
+        for r in &self.ranges {
+            let span = AlignedSpan::covering(r.offset, r.len);
+            pieces.push((pos + span.skip, r.len));
+            pos += span.len;
+        }
+        pieces
+    }
+
     /// Bytes of buffer the unit needs: every range's aligned span, each placed at an
     /// [`IO_ALIGN`] boundary.
     pub fn buffer_bytes(&self) -> usize {
@@ -60,15 +89,14 @@ impl UnitBytes {
     /// Bytes of `unit` in `buf`, laid out as [`Unit::buffer_bytes`] describes (each range's
     /// aligned span at an [`IO_ALIGN`] boundary, in order).
     pub(crate) fn laid_out(unit: &Unit, buf: AlignedBuf) -> Self {
-        let mut pieces = Vec::with_capacity(unit.ranges.len());
-        let mut pos = 0usize;
-        for r in &unit.ranges {
-            let span = AlignedSpan::covering(r.offset, r.len);
-            pieces.push((pos + span.skip, r.len));
-            pos += span.len;
+        assert!(
+            unit.buffer_bytes() <= buf.capacity(),
+            "unit larger than its buffer"
+        );
+        Self {
+            buf,
+            pieces: unit.piece_layout(),
         }
-        assert!(pos <= buf.capacity(), "unit larger than its buffer");
-        Self { buf, pieces }
     }
 
     /// A unit-less buffer of `bytes` (for tests of the cache).
@@ -99,6 +127,16 @@ impl UnitBytes {
     /// A unit's bytes from a filled buffer and its pieces (start, length) in it.
     pub(crate) fn from_parts(buf: AlignedBuf, pieces: Vec<(usize, usize)>) -> Self {
         Self { buf, pieces }
+    }
+
+    /// The bytes from the start of the first piece to the end of the last (a pack record,
+    /// padding between pieces included).
+    pub fn record(&self) -> &[u8] {
+        let Some(&(s, _)) = self.pieces.first() else {
+            return &[];
+        };
+        let end = self.pieces.iter().map(|&(s, l)| s + l).max().unwrap_or(s);
+        &self.buf.as_slice()[s..end]
     }
 
     /// Size of the backing buffer in bytes (what the unit costs in RAM).
@@ -155,7 +193,6 @@ fn read_unit(
         buf.capacity() >= unit.buffer_bytes(),
         "unit larger than its buffer"
     );
-    let mut pieces = Vec::with_capacity(unit.ranges.len());
     let mut pos = 0usize;
     let t = Instant::now();
     for r in &unit.ranges {
@@ -172,13 +209,15 @@ fn read_unit(
         };
         stats.bytes_read.fetch_add(n, Ordering::Relaxed);
         stats.reads.fetch_add(1, Ordering::Relaxed);
-        pieces.push((pos + skip, r.len));
         pos += round_up(skip + r.len, IO_ALIGN);
     }
     stats
         .busy_ns
         .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    Ok(UnitBytes { buf, pieces })
+    Ok(UnitBytes {
+        buf,
+        pieces: unit.piece_layout(),
+    })
 }
 
 /// Reads `unit` once into a buffer of its own (for resident weights).
@@ -341,6 +380,7 @@ mod tests {
         let units: Vec<Arc<Unit>> = (0..10)
             .map(|i| {
                 Arc::new(Unit {
+                    pieces: None,
                     ranges: vec![
                         ReadRange {
                             file: 0,
@@ -388,6 +428,7 @@ mod tests {
         let stats = Arc::new(IoStats::default());
         let mut s = Streamer::new(vec![DirectFile::open(&p, true).unwrap()], 2, 8192, stats);
         s.submit(Arc::new(Unit {
+            pieces: None,
             ranges: vec![ReadRange {
                 file: 0,
                 offset: 900,

@@ -1,0 +1,75 @@
+//! `deltafin pack`: writes a pack of a Hugging Face model across drives, or verifies one
+//! (see [`crate::source::pack`] for the format).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+
+use super::store_args::StoreArgs;
+use crate::source::pack_write::{verify_pack, write_pack, PackOptions, PackPlacement};
+
+/// `deltafin pack` flags.
+#[derive(clap::Args, Debug)]
+pub struct PackArgs {
+    /// The model to pack (a Hugging Face safetensors folder); it is only read.
+    #[arg(short, long, required_unless_present = "verify")]
+    pub model: Option<PathBuf>,
+    /// The pack folder (manifest, spine, config and tokenizer files).
+    #[arg(long, required_unless_present = "verify")]
+    pub out: Option<PathBuf>,
+    /// Folders, one per drive, that receive the expert data files (comma-separated).
+    #[arg(long, value_delimiter = ',', required_unless_present = "verify")]
+    pub drives: Vec<PathBuf>,
+    /// stripe: every expert cut evenly over all drives; spread: whole experts balanced per
+    /// layer over the drives, hottest first when a heat file exists.
+    #[arg(long, default_value = "stripe")]
+    pub placement: PackPlacement,
+    /// Heat file to balance `spread` by; default: the one `run` keeps for the model; `none`.
+    #[arg(long)]
+    pub heat_file: Option<String>,
+    /// Verify the pack in this folder (every checksum) instead of writing one.
+    #[arg(long, conflicts_with_all = ["model", "out"])]
+    pub verify: Option<PathBuf>,
+}
+
+/// Runs `deltafin pack`.
+pub fn run(a: PackArgs) -> Result<()> {
+    if let Some(dir) = &a.verify {
+        let (n, bad) = verify_pack(dir)?;
+        for b in &bad {
+            eprintln!("{b}");
+        }
+        if !bad.is_empty() {
+            bail!(
+                "{}: {} of {n} checksums do not match",
+                dir.display(),
+                bad.len()
+            );
+        }
+        println!("{}: all {n} checksums match", dir.display());
+        return Ok(());
+    }
+    let (Some(model), Some(out)) = (a.model, a.out) else {
+        bail!("pack needs -m MODEL and --out DIR");
+    };
+    let heat = StoreArgs::heat_path_for(a.heat_file.as_deref(), Some(&model));
+    let rep = write_pack(
+        &model,
+        &PackOptions {
+            out: out.clone(),
+            drives: a.drives,
+            placement: a.placement,
+            heat_file: heat,
+            progress: true,
+            stop_after: None,
+        },
+    )?;
+    println!(
+        "{}: {} items written ({:.1} MiB), {} already done",
+        out.display(),
+        rep.written,
+        rep.bytes_written as f64 / 1048576.0,
+        rep.skipped
+    );
+    Ok(())
+}
