@@ -681,11 +681,12 @@ impl Model for GptOss {
         logits: Logits,
     ) -> Result<Vec<f32>> {
         let c = &self.config;
-        let n = tokens.len();
-        super::check_forward(tokens, cache, c.vocab_size)?;
-        self.embedding.plan(store, tokens, c.hidden_size);
-        store.plan([self.layers[0].0]);
-        let r = self.forward_planned(store, cache, tokens, logits);
-        super::finish_pass(store, cache, n, r)
+        let plan = |s: &mut WeightStore| {
+            self.embedding.plan(s, tokens, c.hidden_size);
+            s.plan([self.layers[0].0]);
+        };
+        super::run_pass(store, cache, tokens, c.vocab_size, plan, |s, k| {
+            self.forward_planned(s, k, tokens, logits)
+        })
     }
 }

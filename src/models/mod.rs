@@ -81,7 +81,7 @@ pub struct Placement {
 
 /// Checks a forward pass's input before any weight is read: at least one token, room in the
 /// KV cache, every id inside the vocabulary of `vocab` tokens.
-pub fn check_forward(tokens: &[u32], cache: &KvCache, vocab: usize) -> anyhow::Result<()> {
+fn check_forward(tokens: &[u32], cache: &KvCache, vocab: usize) -> anyhow::Result<()> {
     let (n, pos0) = (tokens.len(), cache.len);
     if n == 0 {
         anyhow::bail!("forward pass over zero tokens");
@@ -100,7 +100,7 @@ pub fn check_forward(tokens: &[u32], cache: &KvCache, vocab: usize) -> anyhow::R
 
 /// Ends a forward pass over `n` tokens: on success the tokens join the KV cache; on failure
 /// the reads still queued for the pass are dropped so the next pass starts clean.
-pub fn finish_pass(
+fn finish_pass(
     store: &mut WeightStore,
     cache: &mut KvCache,
     n: usize,
@@ -111,6 +111,26 @@ pub fn finish_pass(
         Err(_) => store.reset(),
     }
     r
+}
+
+/// One forward pass over `tokens` as every architecture runs it: checks the input
+/// ([`check_forward`], against a vocabulary of `vocab` tokens) before any weight is read, lets
+/// `plan` announce the pass's first streamed reads, runs `body`, and ends the pass
+/// ([`finish_pass`]: the tokens join the cache on success, queued reads are dropped on error).
+///
+/// Errors: those of [`check_forward`] and of `body`.
+pub fn run_pass(
+    store: &mut WeightStore,
+    cache: &mut KvCache,
+    tokens: &[u32],
+    vocab: usize,
+    plan: impl FnOnce(&mut WeightStore),
+    body: impl FnOnce(&mut WeightStore, &mut KvCache) -> anyhow::Result<Vec<f32>>,
+) -> anyhow::Result<Vec<f32>> {
+    check_forward(tokens, cache, vocab)?;
+    plan(store);
+    let r = body(store, cache);
+    finish_pass(store, cache, tokens.len(), r)
 }
 
 /// A loaded model: the forward pass of one architecture.
