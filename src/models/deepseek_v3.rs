@@ -12,12 +12,12 @@
 //! ([`KvCache::new_latent`]: `kv_lora_rank + qk_rope_head_dim` floats).
 //!
 //! Weights: BF16/F16/F32, or FP8 E4M3 with `weight_scale_inv` 128×128 block scales, repacked
-//! when read into [`GgmlType::F8_E4M3_B128`] rows (see [`crate::quant::fp8`]). Multi-token-
+//! when read into `GgmlType::F8_E4M3_B128` rows (see [`crate::quant::fp8`]). Multi-token-
 //! prediction layers (`num_nextn_predict_layers`, stored as `model.layers.{N..}`) are ignored.
 //!
 //! The same forward pass runs llama.cpp's `deepseek2` GGUF files: the tensors of either format
-//! are resolved into one checked list ([`super::deepseek_v3_tensors`], and
-//! [`super::deepseek_v3_gguf`] for GGUF) and [`DeepseekV3::build`] makes the units.
+//! are resolved into one checked list (`super::deepseek_v3_tensors`, and
+//! [`super::deepseek_v3_gguf`] for GGUF) and `DeepseekV3::build` makes the units.
 //!
 //! Weight units: one spine unit per layer (attention, and the dense MLP or the router and
 //! shared experts) and one unit per (layer, routed expert); embeddings and LM head as in
@@ -102,7 +102,7 @@ pub struct DeepseekV3 {
 
 impl DeepseekV3 {
     /// Loads a `deepseek_v3` / `kimi_k2` checkpoint folder under `opts`: checks every tensor's
-    /// presence, shape and dtype ([`hf_checkpoint`]), then [`Self::build`].
+    /// presence, shape and dtype (`hf_checkpoint`), then `Self::build`.
     ///
     /// Errors: config errors ([`Config::from_json`]), a missing or mis-shaped tensor or scale
     /// (named with the folder), a budget too small for KV cache, activations and stream

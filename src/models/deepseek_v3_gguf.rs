@@ -312,7 +312,7 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
     })
 }
 
-/// Loads a `deepseek2` GGUF under `opts` (see [`DeepseekV3::build`] for what loading does).
+/// Loads a `deepseek2` GGUF under `opts` (see `DeepseekV3::build` for what loading does).
 ///
 /// Errors: metadata errors ([`config_from_gguf`]), a missing, mis-shaped or unsupported tensor
 /// (named with the file), a budget too small to run, an unreadable file.

@@ -114,11 +114,11 @@ fn finish_pass(
 }
 
 /// One forward pass over `tokens` as every architecture runs it: checks the input
-/// ([`check_forward`], against a vocabulary of `vocab` tokens) before any weight is read, lets
+/// (`check_forward`, against a vocabulary of `vocab` tokens) before any weight is read, lets
 /// `plan` announce the pass's first streamed reads, runs `body`, and ends the pass
-/// ([`finish_pass`]: the tokens join the cache on success, queued reads are dropped on error).
+/// (`finish_pass`: the tokens join the cache on success, queued reads are dropped on error).
 ///
-/// Errors: those of [`check_forward`] and of `body`.
+/// Errors: those of `check_forward` and of `body`.
 pub fn run_pass(
     store: &mut WeightStore,
     cache: &mut KvCache,

@@ -14,7 +14,7 @@
 //!
 //! Checkpoints come as Hugging Face folders ([`Qwen3::load`]) or as GGUF files of llama.cpp's
 //! `qwen3moe`, `qwen3` and `llama` architectures ([`super::qwen3_gguf`]); each is resolved to a
-//! [`Checkpoint`] of tensors and built by the same code. GGUF `llama` files rotate interleaved
+//! `Checkpoint` of tensors and built by the same code. GGUF `llama` files rotate interleaved
 //! pairs (llama.cpp's converter permuted their q/k rows), everything else NeoX pairs.
 //!
 //! Weight units: one *spine* unit per layer (q, k, v, o and either the dense MLP or the router)
