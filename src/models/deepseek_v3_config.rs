@@ -100,9 +100,6 @@ fn default_act() -> String {
     "silu".into()
 }
 
-/// Dimension limits checked at load.
-const DIM_MAX: usize = 1 << 20;
-
 /// Parameters of YaRN RoPE as read from the config.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Yarn {
@@ -157,11 +154,7 @@ impl Config {
             ("topk_group", c.topk_group),
             ("q_lora_rank", c.q_lora_rank.unwrap_or(1)),
         ];
-        for (k, d) in dims {
-            if d == 0 || d > DIM_MAX {
-                bail!("{label}: '{k}' = {d} is outside 1..={DIM_MAX}");
-            }
-        }
+        super::loading::check_config_dims(label, &dims)?;
         if !c.qk_rope_head_dim.is_multiple_of(2) || c.qk_rope_head_dim > 512 {
             bail!(
                 "{label}: 'qk_rope_head_dim' = {} must be even and at most 512",

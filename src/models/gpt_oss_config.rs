@@ -78,9 +78,6 @@ fn default_act() -> String {
     "silu".into()
 }
 
-/// Dimension limits checked at load (a hostile config must not make us allocate terabytes).
-const DIM_MAX: usize = 1 << 20;
-
 /// YaRN parameters (`rope_type: yarn`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Yarn {
@@ -114,11 +111,7 @@ impl Config {
             ("head_dim", c.head_dim()),
             ("sliding_window", c.sliding_window),
         ];
-        for (k, d) in dims {
-            if d == 0 || d > DIM_MAX {
-                bail!("{label}: '{k}' = {d} is outside 1..={DIM_MAX}");
-            }
-        }
+        super::loading::check_config_dims(label, &dims)?;
         if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
             bail!(
                 "{label}: num_attention_heads {} is not a multiple of num_key_value_heads {}",

@@ -88,8 +88,7 @@ fn one() -> usize {
     1
 }
 
-/// Dimension limits checked at load (a hostile config must not make us allocate terabytes).
-const DIM_MAX: usize = 1 << 20;
+use super::loading::CONFIG_DIM_MAX as DIM_MAX;
 
 impl Config {
     /// Parses and checks `config.json` (`label` names the file in errors).
@@ -110,11 +109,7 @@ impl Config {
             ("num_key_value_heads", c.n_kv_heads()),
             ("head_dim", c.head_dim()),
         ];
-        for (k, d) in dims {
-            if d == 0 || d > DIM_MAX {
-                bail!("{label}: '{k}' = {d} is outside 1..={DIM_MAX}");
-            }
-        }
+        super::loading::check_config_dims(label, &dims)?;
         if !c.num_attention_heads.is_multiple_of(c.n_kv_heads()) {
             bail!(
                 "{label}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
