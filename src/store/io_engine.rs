@@ -10,12 +10,15 @@
 //! expert bytes bypass the page cache. Per-file counters record bytes, reads and busy time
 //! (time with at least one read of that file outstanding, as seen by the engine).
 //!
+//! Files are grouped by the device holding them (a *drive*). io_uring hands queued reads to the
+//! kernel round-robin over drives, so one drive's backlog never keeps another drive idle.
+//!
 //! Reads have two priorities. Demand reads ([`IoEngine::submit`]) go to the backend at once.
 //! Low-priority reads ([`IoEngine::submit_low`], prefetch) wait in the engine and start only
-//! while fewer than `prefetch_depth` reads of any kind are in the backend, so they use idle
-//! queue slots and a later demand read queues behind at most that many of them; a low read
-//! that has not started can be cancelled ([`IoEngine::cancel_low`]) or raised to demand
-//! ([`IoEngine::promote`]).
+//! while their drive has fewer than `prefetch_depth` reads in the backend (and the backend has
+//! a free slot), so they use idle drives and a later demand read queues behind at most that
+//! many of them per drive; a low read that has not started can be cancelled
+//! ([`IoEngine::cancel_low`]) or raised to demand ([`IoEngine::promote`]).
 
 use std::collections::VecDeque;
 use std::io;
@@ -58,8 +61,9 @@ impl std::str::FromStr for EngineChoice {
 pub const DEFAULT_DEPTH: usize = 32;
 /// Default largest single read request in bytes. Measured (see BENCHMARKS.md).
 pub const DEFAULT_REQUEST_BYTES: usize = 1 << 20;
-/// Default bound on reads in flight under which a prefetch read may start (see BENCHMARKS.md).
-pub const DEFAULT_PREFETCH_DEPTH: usize = 16;
+/// Default bound on reads in flight on a drive under which a prefetch read of that drive may
+/// start (see BENCHMARKS.md).
+pub const DEFAULT_PREFETCH_DEPTH: usize = 4;
 
 /// Options of the read engine.
 #[derive(Clone, Debug)]
@@ -69,7 +73,8 @@ pub struct IoOptions {
     pub depth: usize,
     /// Largest single read in bytes (a multiple of 4 KiB); larger spans are split.
     pub request_bytes: usize,
-    /// A low-priority (prefetch) read starts only while fewer reads than this are in flight.
+    /// A low-priority (prefetch) read starts only while fewer reads than this are in flight on
+    /// its drive.
     pub prefetch_depth: usize,
 }
 
@@ -101,10 +106,12 @@ pub struct Req {
 // completion has been returned (the engine drains every request before it is dropped).
 unsafe impl Send for Req {}
 
-/// A finished read: the request's tag, the bytes read, or the error (naming file and range).
+/// A finished read: the request's tag and file, the bytes read, or the error (naming file and
+/// range).
 #[derive(Debug)]
 pub struct Done {
     pub tag: usize,
+    pub file: usize,
     pub result: io::Result<u64>,
 }
 
@@ -211,6 +218,7 @@ impl Pool {
                         if dtx
                             .send(Done {
                                 tag: r.tag,
+                                file: r.file,
                                 result: res,
                             })
                             .is_err()
@@ -238,11 +246,49 @@ impl Drop for Pool {
     }
 }
 
+/// Requests not yet handed to the kernel, one queue per drive, with the bytes earlier partial
+/// reads of the same request already brought in; taken round-robin over drives.
+struct DriveQueues {
+    q: Vec<VecDeque<(Req, usize)>>,
+    drive_of: Arc<Vec<usize>>,
+    next: usize,
+}
+
+impl DriveQueues {
+    fn new(drive_of: Arc<Vec<usize>>) -> Self {
+        let n = drive_of.iter().max().map_or(1, |m| m + 1);
+        Self {
+            q: (0..n).map(|_| VecDeque::new()).collect(),
+            drive_of,
+            next: 0,
+        }
+    }
+
+    fn push_back(&mut self, r: (Req, usize)) {
+        self.q[self.drive_of[r.0.file]].push_back(r);
+    }
+
+    fn push_front(&mut self, r: (Req, usize)) {
+        self.q[self.drive_of[r.0.file]].push_front(r);
+    }
+
+    /// The oldest request of the next drive (round-robin) that has one.
+    fn pop_front(&mut self) -> Option<(Req, usize)> {
+        let n = self.q.len();
+        for i in 0..n {
+            let d = (self.next + i) % n;
+            if let Some(r) = self.q[d].pop_front() {
+                self.next = (d + 1) % n;
+                return Some(r);
+            }
+        }
+        None
+    }
+}
+
 struct Uring {
     ring: io_uring::IoUring,
-    /// Requests not yet handed to the kernel, with the bytes earlier partial reads of the same
-    /// request already brought in.
-    queued: VecDeque<(Req, usize)>,
+    queued: DriveQueues,
     /// Requests in the kernel, by slot (the SQE's user data).
     slots: Vec<Option<(Req, usize)>>,
     free: Vec<usize>,
@@ -250,11 +296,11 @@ struct Uring {
 }
 
 impl Uring {
-    fn new(depth: usize) -> io::Result<Self> {
+    fn new(depth: usize, drive_of: Arc<Vec<usize>>) -> io::Result<Self> {
         let ring = io_uring::IoUring::new(depth.next_power_of_two() as u32)?;
         Ok(Self {
             ring,
-            queued: VecDeque::new(),
+            queued: DriveQueues::new(drive_of),
             slots: (0..depth).map(|_| None).collect(),
             free: (0..depth).rev().collect(),
             depth,
@@ -325,6 +371,7 @@ impl Uring {
                 let e = io::Error::from_raw_os_error(-res);
                 return Done {
                     tag: r.tag,
+                    file: r.file,
                     result: Err(read_error(files, &r, e)),
                 };
             }
@@ -333,12 +380,14 @@ impl Uring {
             if n >= r.need {
                 return Done {
                     tag: r.tag,
+                    file: r.file,
                     result: Ok((before + n) as u64),
                 };
             }
             if n == 0 {
                 return Done {
                     tag: r.tag,
+                    file: r.file,
                     result: Err(short_read(files, &r, before)),
                 };
             }
@@ -355,6 +404,7 @@ impl Uring {
             if let Err(e) = self.fill(files, counters) {
                 return Done {
                     tag: r.tag,
+                    file: r.file,
                     result: Err(e),
                 };
             }
@@ -378,6 +428,26 @@ pub struct IoEngine {
     /// Low-priority reads not yet handed to the backend, oldest first.
     low: VecDeque<Req>,
     prefetch_depth: usize,
+    /// The drive of each file (files on one device share a drive).
+    drive_of: Arc<Vec<usize>>,
+    /// Reads handed to the backend and not yet returned, per drive.
+    busy: Vec<usize>,
+}
+
+/// Numbers the devices holding `files` in order of first appearance: the drive of each file.
+fn drives_of(files: &[DirectFile]) -> Vec<usize> {
+    use std::os::unix::fs::MetadataExt;
+    let mut devs: Vec<u64> = Vec::new();
+    files
+        .iter()
+        .map(|f| {
+            let dev = f.file().metadata().map_or(u64::MAX, |m| m.dev());
+            devs.iter().position(|&d| d == dev).unwrap_or_else(|| {
+                devs.push(dev);
+                devs.len() - 1
+            })
+        })
+        .collect()
 }
 
 impl IoEngine {
@@ -387,6 +457,8 @@ impl IoEngine {
     /// Errors: `EngineChoice::Uring` and io_uring is unavailable.
     pub fn new(files: Vec<DirectFile>, opts: &IoOptions) -> io::Result<Self> {
         let depth = opts.depth.max(1);
+        let drive_of = Arc::new(drives_of(&files));
+        let n_drives = drive_of.iter().max().map_or(1, |m| m + 1);
         let files = Arc::new(files);
         let counters: Counters = Arc::new(Mutex::new(vec![FileCounters::default(); files.len()]));
         let pool = |files: &Arc<Vec<DirectFile>>, c: &Counters| {
@@ -394,8 +466,8 @@ impl IoEngine {
         };
         let backend = match opts.engine {
             EngineChoice::Pool => pool(&files, &counters),
-            EngineChoice::Uring => Backend::Uring(Box::new(Uring::new(depth)?)),
-            EngineChoice::Auto => match Uring::new(depth) {
+            EngineChoice::Uring => Backend::Uring(Box::new(Uring::new(depth, drive_of.clone())?)),
+            EngineChoice::Auto => match Uring::new(depth, drive_of.clone()) {
                 Ok(u) => Backend::Uring(Box::new(u)),
                 Err(_) => pool(&files, &counters),
             },
@@ -408,6 +480,8 @@ impl IoEngine {
             depth,
             low: VecDeque::new(),
             prefetch_depth: opts.prefetch_depth.clamp(1, depth),
+            drive_of,
+            busy: vec![0; n_drives],
         };
         if opts.engine == EngineChoice::Auto && matches!(e.backend, Backend::Uring(_)) && !e.probe()
         {
@@ -482,6 +556,7 @@ impl IoEngine {
 
     /// Hands `r` to the backend (already counted in `outstanding`).
     fn hand_over(&mut self, r: Req) {
+        self.busy[self.drive_of[r.file]] += 1;
         match &mut self.backend {
             Backend::Uring(u) => {
                 u.queued.push_back((r, 0));
@@ -504,11 +579,17 @@ impl IoEngine {
         self.pump();
     }
 
-    /// Moves low-priority reads to the backend while it has fewer than `prefetch_depth`.
+    /// Moves low-priority reads, oldest first, to the backend while it has a free slot and
+    /// their drive has fewer than `prefetch_depth` reads in it.
     fn pump(&mut self) {
-        while !self.low.is_empty() && self.outstanding - self.low.len() < self.prefetch_depth {
-            let r = self.low.pop_front().expect("non-empty");
-            self.hand_over(r);
+        let mut i = 0;
+        while i < self.low.len() && self.outstanding - self.low.len() < self.depth {
+            if self.busy[self.drive_of[self.low[i].file]] < self.prefetch_depth {
+                let r = self.low.remove(i).expect("index in range");
+                self.hand_over(r);
+            } else {
+                i += 1;
+            }
         }
     }
 
@@ -544,8 +625,10 @@ impl IoEngine {
                     if u.in_kernel() == 0 {
                         let (r, _) = u.queued.pop_front().expect("queued request");
                         self.outstanding -= 1;
+                        self.busy[self.drive_of[r.file]] -= 1;
                         return Done {
                             tag: r.tag,
+                            file: r.file,
                             result: Err(e),
                         };
                     }
@@ -554,10 +637,14 @@ impl IoEngine {
             }
             Backend::Pool(p) => p.done.recv().unwrap_or_else(|_| Done {
                 tag: usize::MAX,
+                file: usize::MAX,
                 result: Err(io::Error::other("the pread pool stopped")),
             }),
         };
         self.outstanding -= 1;
+        if let Some(&dr) = self.drive_of.get(d.file) {
+            self.busy[dr] -= 1;
+        }
         self.pump();
         d
     }
@@ -695,7 +782,8 @@ mod tests {
             };
             e.submit(req(0));
             e.submit(req(1));
-            // two demand reads fill the prefetch depth (2): the low ones wait in the engine
+            // two demand reads fill the prefetch depth (2) of the file's drive: the low ones
+            // wait in the engine
             e.submit_low(req(2));
             e.submit_low(req(3));
             e.submit_low(req(4));
@@ -726,5 +814,25 @@ mod tests {
             );
             assert_eq!(e.counters()[0].reads, 4);
         }
+    }
+
+    #[test]
+    fn queued_reads_go_to_the_kernel_round_robin_over_drives() {
+        // files 0 and 2 on drive 0, file 1 on drive 1
+        let mut q = DriveQueues::new(Arc::new(vec![0, 1, 0]));
+        let r = |file: usize, tag: usize| Req {
+            file,
+            offset: 0,
+            len: 4096,
+            need: 4096,
+            dst: std::ptr::null_mut(),
+            tag,
+        };
+        for (file, tag) in [(0, 0), (2, 1), (0, 2), (1, 3), (1, 4)] {
+            q.push_back((r(file, tag), 0));
+        }
+        q.push_front((r(1, 5), 4096));
+        let order: Vec<usize> = std::iter::from_fn(|| q.pop_front().map(|(r, _)| r.tag)).collect();
+        assert_eq!(order, vec![0, 5, 1, 3, 2, 4]);
     }
 }
