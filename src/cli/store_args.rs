@@ -6,7 +6,7 @@ use sha2::Digest;
 
 use crate::store::io_engine::{DEFAULT_DEPTH, DEFAULT_PREFETCH_DEPTH, DEFAULT_REQUEST_BYTES};
 use crate::store::plan::parse_size;
-use crate::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions};
+use crate::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions, PrefetchMode};
 
 /// Expert store flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -43,20 +43,15 @@ pub struct StoreArgs {
     #[arg(long)]
     pub verify_experts: bool,
     /// Prefetch: guess the next MoE layer's experts by applying its router to this layer's
-    /// hidden state and read the guesses at low priority into idle queue slots (on or off).
-    #[arg(long, default_value = "on")]
-    pub prefetch: OnOff,
-    /// A prefetch read starts only while fewer expert reads than this are in flight, so a
-    /// demand read waits behind at most this many prefetch reads.
+    /// hidden state (and the next token's first MoE layer from this token's) and read the
+    /// guesses at low priority on idle drives: auto (on when the experts lie on two drives or
+    /// more), on, or off.
+    #[arg(long, default_value = "auto")]
+    pub prefetch: PrefetchMode,
+    /// A prefetch read starts only while fewer expert reads than this are in flight on its
+    /// drive, so a demand read waits behind at most this many prefetch reads per drive.
     #[arg(long, default_value_t = DEFAULT_PREFETCH_DEPTH)]
     pub prefetch_depth: usize,
-}
-
-/// A switch given as `on` or `off`.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnOff {
-    On,
-    Off,
 }
 
 impl StoreArgs {
@@ -113,7 +108,7 @@ impl StoreArgs {
             },
             heat_file: self.heat_path(model),
             verify: self.verify_experts,
-            prefetch: self.prefetch == OnOff::On,
+            prefetch: self.prefetch,
         }
     }
 }

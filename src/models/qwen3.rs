@@ -392,8 +392,15 @@ impl Qwen3 {
         // one I/O buffer per expert a token takes, so a decode step's misses read together
         let io_slots = c.num_experts_per_tok.unwrap_or(1).max(1);
         // (and as many again for prefetched experts when prefetch is on)
+        let prefetch = opts
+            .experts
+            .prefetch
+            .enabled(crate::store::experts::drives_holding(
+                &phys_files,
+                &units[n_spine..n_weight_units],
+            ));
         let io_bytes = if use_expert_store {
-            io_slots * expert_buf * if opts.experts.prefetch { 2 } else { 1 }
+            io_slots * expert_buf * if prefetch { 2 } else { 1 }
         } else {
             0
         };

@@ -48,8 +48,78 @@ pub struct ExpertStoreOptions {
     /// Check each expert read from a pack against its manifest checksum as it lands
     /// (`--verify-experts`); ignored for models that are not packs.
     pub verify: bool,
-    /// Read the next MoE layer's guessed experts at low priority (`--prefetch on|off`).
-    pub prefetch: bool,
+    /// Whether the next MoE layer's guessed experts are read at low priority (`--prefetch`).
+    pub prefetch: PrefetchMode,
+}
+
+/// When prefetch runs (`--prefetch auto|on|off`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefetchMode {
+    /// On when the experts lie on two drives or more. On one drive that is already busy
+    /// nearly all the time, wrong guesses cost more than the idle time right ones fill
+    /// (measured: BENCHMARKS.md, "Prefetch").
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl PrefetchMode {
+    /// Whether prefetch runs for experts whose bytes lie on `drives` devices.
+    pub fn enabled(self, drives: usize) -> bool {
+        match self {
+            Self::Auto => drives >= 2,
+            Self::On => true,
+            Self::Off => false,
+        }
+    }
+}
+
+impl std::str::FromStr for PrefetchMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "on" => Ok(Self::On),
+            "off" => Ok(Self::Off),
+            _ => Err(format!(
+                "unknown prefetch mode '{s}' (expected auto, on or off)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for PrefetchMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::On => "on",
+            Self::Off => "off",
+        })
+    }
+}
+
+/// The number of devices (drives) holding the bytes of `units`, whose ranges index `files`.
+/// A file that cannot be examined counts as a drive of its own.
+pub fn drives_holding<'a>(files: &[PathBuf], units: impl IntoIterator<Item = &'a Unit>) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let mut used = vec![false; files.len()];
+    for u in units {
+        for r in &u.ranges {
+            used[r.file] = true;
+        }
+    }
+    let mut devs: Vec<Option<u64>> = files
+        .iter()
+        .zip(&used)
+        .filter(|(_, &u)| u)
+        .map(|(p, _)| std::fs::metadata(p).ok().map(|m| m.dev()))
+        .collect();
+    let unknown = devs.iter().filter(|d| d.is_none()).count();
+    devs.retain(|d| d.is_some());
+    devs.sort_unstable();
+    devs.dedup();
+    devs.len() + unknown
 }
 
 /// Cumulative counters of the expert store.
@@ -171,8 +241,8 @@ fn coalesced_spans(unit: &Unit) -> Vec<(usize, u64, usize, usize, u64)> {
 impl ExpertStore {
     /// A store over `files` (the model's files, opened here with `O_DIRECT` when `direct`) for
     /// `units[layer][expert]`, with `slots` I/O buffers (at least one) sized for the largest
-    /// expert, a cache of `cache_bytes`, and `opts`. With `opts.prefetch`, `slots` more buffers
-    /// may hold prefetched experts. Expert reads are also added to `io_stats`.
+    /// expert, a cache of `cache_bytes`, and `opts`. With prefetch on (`opts.prefetch` for the
+    /// number of drives holding the experts), `slots` more buffers may hold prefetched experts. Expert reads are also added to `io_stats`.
     ///
     /// Errors: a file cannot be opened, or is shorter than an expert's byte range (the message
     /// names the file and the (layer, expert)), or `--io-engine uring` and io_uring is
@@ -227,7 +297,12 @@ impl ExpertStore {
             .unwrap_or_default();
         let engine = IoEngine::new(dfiles, &opts.io)?;
         let slots = slots.max(1);
-        let prefetch_slots = if opts.prefetch { slots } else { 0 };
+        let drives = drives_holding(files, units.iter().flatten().map(|u| &**u));
+        let prefetch_slots = if opts.prefetch.enabled(drives) {
+            slots
+        } else {
+            0
+        };
         Ok(Self {
             engine,
             units,
@@ -713,5 +788,45 @@ impl Drop for ExpertStore {
         if let Err(e) = self.save_heat() {
             tracing::warn!("could not save the expert heat file: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_prefetch_needs_two_drives() {
+        assert!(!PrefetchMode::Auto.enabled(1));
+        assert!(PrefetchMode::Auto.enabled(2));
+        assert!(PrefetchMode::On.enabled(1));
+        assert!(!PrefetchMode::Off.enabled(4));
+        assert_eq!("auto".parse::<PrefetchMode>(), Ok(PrefetchMode::Auto));
+        assert_eq!(
+            "sometimes".parse::<PrefetchMode>().unwrap_err(),
+            "unknown prefetch mode 'sometimes' (expected auto, on or off)"
+        );
+    }
+
+    #[test]
+    fn drives_are_counted_over_the_files_experts_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<PathBuf> = ["a", "b"].iter().map(|n| dir.path().join(n)).collect();
+        for f in &files {
+            std::fs::write(f, [0u8; 8]).unwrap();
+        }
+        let unit = |file| {
+            Unit::of(vec![super::super::ReadRange {
+                file,
+                offset: 0,
+                len: 8,
+            }])
+        };
+        // two files on one device are one drive; a file that cannot be examined counts alone
+        assert_eq!(drives_holding(&files, &[unit(0), unit(1)]), 1);
+        let mut more = files.clone();
+        more.push(dir.path().join("missing"));
+        assert_eq!(drives_holding(&more, &[unit(0), unit(2)]), 2);
+        assert_eq!(drives_holding(&more, &[unit(1)]), 1);
     }
 }
