@@ -194,23 +194,6 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
     Ok(c)
 }
 
-/// Splits a stacked expert tensor (GGML shape `[cols, rows, n_experts]`) into one tensor per
-/// expert (`[cols, rows]`), each a byte range of the original.
-fn split_experts(t: &TensorInfo) -> Vec<TensorInfo> {
-    let ne = t.shape[2];
-    let per = t.n_bytes / ne;
-    (0..ne)
-        .map(|e| TensorInfo {
-            name: format!("{}[{e}]", t.name),
-            ty: t.ty,
-            shape: t.shape[..2].to_vec(),
-            file: t.file,
-            offset: t.offset + e * per,
-            n_bytes: per,
-        })
-        .collect()
-}
-
 /// Resolves the tensors of a `qwen3moe`, `qwen3` or `llama` GGUF for `c`
 /// ([`config_from_gguf`]), with shape and type checks; errors name the file and the tensor.
 fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
@@ -246,9 +229,9 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
         ];
         let ffn = if c.is_moe_layer(l) {
             let router = get(&n("ffn_gate_inp"), &[d, ne])?;
-            let gate = split_experts(&get(&n("ffn_gate_exps"), &[d, eff, ne])?);
-            let up = split_experts(&get(&n("ffn_up_exps"), &[d, eff, ne])?);
-            let down = split_experts(&get(&n("ffn_down_exps"), &[eff, d, ne])?);
+            let gate = ts.stacked(&n("ffn_gate_exps"), &[d, eff, ne])?;
+            let up = ts.stacked(&n("ffn_up_exps"), &[d, eff, ne])?;
+            let down = ts.stacked(&n("ffn_down_exps"), &[eff, d, ne])?;
             let experts = gate
                 .into_iter()
                 .zip(up)
@@ -301,7 +284,7 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
     }
     Ok(Checkpoint {
         files: g.files.clone(),
-        pack: None,
+        pack: g.pack.clone(),
         embd,
         head,
         final_norm: get("output_norm.weight", &[d])?,
