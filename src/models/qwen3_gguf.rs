@@ -9,8 +9,9 @@
 //! attn_v, attn_output, attn_q_norm, attn_k_norm, ffn_norm}` plus either `ffn_{gate,up,down}`
 //! or the router `ffn_gate_inp` and the stacked experts `ffn_{gate,up,down}_exps` (GGML shape
 //! `[hidden, ff, n_experts]` / `[ff, hidden, n_experts]`). A stacked tensor is split by byte
-//! ranges into one matrix per expert, so the store still holds one unit per (layer, expert) and
-//! reads only the experts the router chose.
+//! ranges into one matrix per expert (a pack of the file lists them so already, each expert's
+//! three slices one record), so the store still holds one unit per (layer, expert) and reads
+//! only the experts the router chose.
 //!
 //! RoPE: `qwen3` and `qwen3moe` use the NeoX layout; `llama` the interleaved one (the
 //! converter permuted the q/k rows for it), with the frequencies divided by `rope_freqs` when

@@ -13,12 +13,16 @@
 //! `stripe`, `D + 1` a virtual file striped over the drives (see [`crate::store::relocate`]).
 //! Model loaders build units from that index exactly as for the source; the stores map them to
 //! physical reads, and name a drive file in their errors as `drive D (PATH), file FILE`.
+//! Checksums are SHA-256 (already a dependency, hardware-accelerated on x86 with SHA-NI at over
+//! 1 GB/s, and strong enough that a corrupt record can never pass): one per expert record over
+//! its bytes up to the end of its last tensor, one per spine tensor.
 //!
 //! Sources: Hugging Face folders (`format: "hf"`, opened with [`open_pack`]) and GGUF files
-//! (`format: "gguf"`, opened with [`open_gguf_pack`]); for the latter the spine file is itself
-//! a GGUF file carrying the source's metadata (see [`super::pack_gguf`]). Checksums are SHA-256 (already a dependency, hardware-accelerated on x86
-//! with SHA-NI at over 1 GB/s, and strong enough that a corrupt record can never pass):
-//! one per expert record over its bytes up to the end of its last tensor, one per spine tensor.
+//! (`format: "gguf"`, opened with [`open_gguf_pack`]). For GGUF the stacked experts
+//! `blk.L.ffn_{gate,up,down}_exps.weight` are listed per expert (`NAME[E]`, expert E's three
+//! slices its record), and the spine file is itself a GGUF file: the source's metadata
+//! (tokenizer included, `split.*` keys dropped) and a tensor table of the spine tensors,
+//! whose header the manifest checksums too (`source/pack_gguf.rs`).
 //!
 //! A pack is complete only once `manifest.json` exists; it is written last, by rename. A folder
 //! with `pack.journal` and no manifest is a pack being written and is refused.
@@ -110,7 +114,7 @@ pub struct ExpertRecord {
     pub sha256: String,
 }
 
-/// The GGUF header at the start of a GGUF source's spine file (see [`super::pack_gguf`]).
+/// The GGUF header at the start of a GGUF source's spine file (see the module docs).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SpineHeader {
     /// Bytes of the header (magic, metadata, tensor infos), before any padding.

@@ -6,7 +6,8 @@
 //! checksum are skipped. Data files are synced before their records enter the journal, and
 //! `manifest.json` is written last, by rename, so an unfinished pack is never loadable. The
 //! source is only ever read. Hugging Face folders and GGUF files are packed by the same code
-//! over a [`PackSource`]; what is particular to GGUF lives in [`super::pack_gguf`].
+//! over one description of the source (its files and tensor index); what is particular to GGUF
+//! lives in `pack_gguf.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
