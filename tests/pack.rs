@@ -650,3 +650,32 @@ fn a_file_truncated_mid_run_ends_the_pass_naming_the_drive_file_and_expert() {
         assert_eq!(s.store.experts().unwrap().engine().outstanding(), 0);
     }
 }
+
+#[test]
+fn other_architectures_are_refused_by_name_and_a_pack_opens_as_its_source_kind() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (src, want) in [
+        (
+            fixture("deepseek_v3/deepseek_v3-q8_0.gguf"),
+            "packing GGUF architecture 'deepseek2' is not supported yet (supported: qwen3moe, qwen3, llama)",
+        ),
+        (
+            fixture("../hf/gpt_oss"),
+            "packing model_type 'gpt_oss' is not supported yet (supported: qwen3, qwen3_moe, llama, mixtral)",
+        ),
+    ] {
+        let o = pack_opts(tmp.path(), 1, PackPlacement::Stripe);
+        let e = format!("{:#}", write_pack(&src, &o).unwrap_err());
+        assert_eq!(e, format!("{}: {want}", src.display()));
+    }
+    let p = packed(Kind::Gguf, 1, PackPlacement::Stripe);
+    let e = format!("{:#}", open_pack(&p.pack).unwrap_err());
+    assert_eq!(
+        e,
+        format!(
+            "{}: a pack of a 'gguf' model, not of a 'hf' one",
+            p.pack.display()
+        )
+    );
+    assert!(open_gguf_pack(&p.pack).unwrap().pack.is_some());
+}

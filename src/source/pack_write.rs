@@ -175,8 +175,9 @@ pub(super) fn absolute(p: &Path) -> PathBuf {
 /// One record's key (layer, expert), its tensors (index, offset in the record) and its length.
 type RecordLayout = ((usize, usize), Vec<(usize, u64)>, u64);
 
-/// Plans the pack of `src` under `o`: the manifest without checksums.
-fn plan(src: &PackSource, o: &PackOptions) -> Result<Manifest> {
+/// Plans the pack of `src` under `o`: the manifest without checksums, and for a GGUF source
+/// the GGUF header that starts the spine file.
+fn plan(src: &PackSource, o: &PackOptions) -> Result<(Manifest, Option<Vec<u8>>)> {
     let nd = o.drives.len();
     if nd == 0 {
         bail!("--drives needs at least one path");
@@ -332,16 +333,16 @@ fn plan(src: &PackSource, o: &PackOptions) -> Result<Manifest> {
         .into_iter()
         .map(|t| t.expect("every tensor placed"))
         .collect();
-    let spine_header = src
+    let header = src
         .gguf
         .as_ref()
         .map(|g| pack_gguf::spine_header(g, &tensors))
-        .transpose()?
-        .map(|h| super::pack::SpineHeader {
-            len: h.len() as u64,
-            sha256: hex(&Sha256::digest(&h)),
-        });
-    Ok(Manifest {
+        .transpose()?;
+    let spine_header = header.as_ref().map(|h| super::pack::SpineHeader {
+        len: h.len() as u64,
+        sha256: hex(&Sha256::digest(h)),
+    });
+    let m = Manifest {
         format_version: FORMAT_VERSION,
         source: src.identity.clone(),
         placement: match o.placement {
@@ -358,7 +359,8 @@ fn plan(src: &PackSource, o: &PackOptions) -> Result<Manifest> {
         drives,
         tensors,
         experts,
-    })
+    };
+    Ok((m, header))
 }
 
 /// Reads `len` bytes at `offset` of `f` into `out` (error names `label`).
@@ -429,7 +431,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
             bail!("drive {}: not a folder", d.display());
         }
     }
-    let mut m = plan(&source, o)?;
+    let (mut m, header) = plan(&source, o)?;
     let plan_text = serde_json::to_string_pretty(&m)?;
     let plan_path = o.out.join(PLAN);
     let journal_path = o.out.join(JOURNAL);
@@ -559,9 +561,9 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
         rep.written += 1;
         rep.bytes_written += pt.n_bytes;
     }
-    if let Some(g) = &source.gguf {
+    if let Some(h) = &header {
         spine
-            .write_all_at(&pack_gguf::spine_header(g, &m.tensors)?, 0)
+            .write_all_at(h, 0)
             .with_context(|| format!("{}", spine_path.display()))?;
     }
     spine.sync_data()?;
