@@ -121,9 +121,11 @@ fn opts(budget: Option<u64>, verify: bool) -> LoadOptions {
                 engine: EngineChoice::Auto,
                 depth: 8,
                 request_bytes: 1 << 20,
+                ..IoOptions::default()
             },
             heat_file: None,
             verify,
+            ..ExpertStoreOptions::default()
         },
     }
 }

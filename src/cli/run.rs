@@ -560,6 +560,20 @@ pub fn expert_table(s: &GenStats, bandwidth: Option<u64>) -> String {
         d.compute_s,
         100.0 * d.io_wait_s / (d.io_wait_s + d.compute_s).max(1e-12),
     );
+    if e.prefetch {
+        out += &format!(
+            "prefetch             recall {:.1}% ({} of {} misses), {} guesses read, {} wasted ({}), {} cancelled\n",
+            100.0 * d.prefetch_recall,
+            d.prefetch_hits,
+            d.misses,
+            d.prefetch_reads,
+            d.prefetch_wasted,
+            mib(d.prefetch_wasted_bytes as f64),
+            d.prefetch_cancelled
+        );
+    } else {
+        out += "prefetch             off\n";
+    }
     for (drive, bytes, reads, busy, bw) in e.drives() {
         out += &format!(
             "drive {drive:14} {} in {reads} reads, busy {busy:.3} s, {:.1} MB/s while busy\n",

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::Digest;
 
-use crate::store::io_engine::{DEFAULT_DEPTH, DEFAULT_REQUEST_BYTES};
+use crate::store::io_engine::{DEFAULT_DEPTH, DEFAULT_PREFETCH_DEPTH, DEFAULT_REQUEST_BYTES};
 use crate::store::plan::parse_size;
 use crate::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions};
 
@@ -42,6 +42,21 @@ pub struct StoreArgs {
     /// lands; a mismatch ends the generation with an error naming the files and the expert.
     #[arg(long)]
     pub verify_experts: bool,
+    /// Prefetch: guess the next MoE layer's experts by applying its router to this layer's
+    /// hidden state and read the guesses at low priority into idle queue slots (on or off).
+    #[arg(long, default_value = "on")]
+    pub prefetch: OnOff,
+    /// A prefetch read starts only while fewer expert reads than this are in flight, so a
+    /// demand read waits behind at most this many prefetch reads.
+    #[arg(long, default_value_t = DEFAULT_PREFETCH_DEPTH)]
+    pub prefetch_depth: usize,
+}
+
+/// A switch given as `on` or `off`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 impl StoreArgs {
@@ -94,9 +109,11 @@ impl StoreArgs {
                 engine: self.io_engine,
                 depth: self.io_depth.max(1),
                 request_bytes: self.io_request_size as usize,
+                prefetch_depth: self.prefetch_depth.max(1),
             },
             heat_file: self.heat_path(model),
             verify: self.verify_experts,
+            prefetch: self.prefetch == OnOff::On,
         }
     }
 }

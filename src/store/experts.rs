@@ -12,6 +12,15 @@
 //!
 //! Errors end the fetch after every outstanding read has completed (the kernel or a pool thread
 //! may still be writing into a buffer), naming the file and the (layer, expert).
+//!
+//! **Prefetch** ([`ExpertStore::prefetch`]): the model guesses the next MoE layer's experts
+//! (that layer's router applied to this layer's hidden state) and the store reads the guesses
+//! that are not cached at low priority ([`IoEngine::submit_low`]): into up to `slots` buffers
+//! of their own, only when no demand read waits for a buffer, and only into idle queue slots.
+//! When that layer is planned, a guess that landed is used like a cache hit, one in flight
+//! becomes a demand read, and the others are dropped: reads not started are cancelled, the bytes
+//! of started ones count as wasted. Prefetch changes when bytes arrive, never which experts are
+//! computed or the order they are reduced in.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -39,6 +48,8 @@ pub struct ExpertStoreOptions {
     /// Check each expert read from a pack against its manifest checksum as it lands
     /// (`--verify-experts`); ignored for models that are not packs.
     pub verify: bool,
+    /// Read the next MoE layer's guessed experts at low priority (`--prefetch on|off`).
+    pub prefetch: bool,
 }
 
 /// Cumulative counters of the expert store.
@@ -56,14 +67,51 @@ pub struct ExpertCounters {
     pub wait_ns: u64,
     /// Nanoseconds spent computing experts.
     pub compute_ns: u64,
+    /// Guessed experts whose reads prefetch started.
+    pub prefetch_reads: u64,
+    /// Expert uses (counted in `misses`) served by a prefetch that had landed or was in flight.
+    pub prefetch_hits: u64,
+    /// Prefetched experts dropped unused after their reads started.
+    pub prefetch_wasted: u64,
+    /// Bytes read for prefetched experts that were dropped unused (counted in `bytes`).
+    pub prefetch_wasted_bytes: u64,
+    /// Guesses dropped before any of their reads started (no bytes read).
+    pub prefetch_cancelled: u64,
 }
 
-/// A miss being read: its expert, bytes, requests still outstanding, the first error.
+impl ExpertCounters {
+    /// Prefetch recall: the share of expert uses not served by the cache whose reads a
+    /// prefetch had already started (`prefetch_hits / misses`; 0 without misses).
+    pub fn prefetch_recall(&self) -> f64 {
+        if self.misses == 0 {
+            0.0
+        } else {
+            self.prefetch_hits as f64 / self.misses as f64
+        }
+    }
+}
+
+/// Why an expert is being read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Purpose {
+    /// The layer being computed needs it.
+    Demand,
+    /// A guess for the MoE layer planned next.
+    Prefetch,
+    /// A guess that turned out wrong; its bytes are dropped when they land.
+    Discard,
+}
+
+/// A read in flight: its (layer, expert), bytes, requests still outstanding, bytes landed so
+/// far, the first error, and why it is read.
 struct Landing {
+    layer: usize,
     expert: usize,
     bytes: UnitBytes,
     left: usize,
+    got: u64,
     err: Option<io::Error>,
+    purpose: Purpose,
 }
 
 /// Routed experts read on demand through an I/O engine into a budgeted cache.
@@ -74,7 +122,9 @@ pub struct ExpertStore {
     units: Vec<Vec<Arc<Unit>>>,
     cache: ExpertCache,
     free: Vec<AlignedBuf>,
+    /// Buffers for demand reads; `prefetch_slots` more may hold prefetched experts.
     slots: usize,
+    prefetch_slots: usize,
     slot_bytes: usize,
     request_bytes: usize,
     landing: HashMap<usize, Landing>,
@@ -82,6 +132,12 @@ pub struct ExpertStore {
     pending: VecDeque<usize>,
     planned: Option<(usize, Vec<usize>)>,
     hits_now: Vec<usize>,
+    /// Landed prefetches the layer now planned takes, computed right after the cache hits.
+    ready: VecDeque<(usize, UnitBytes)>,
+    /// Guesses not yet started: (layer, expert), best first.
+    guesses: VecDeque<(usize, usize)>,
+    /// Prefetches that landed, with their bytes read, waiting for their layer to be planned.
+    staged: HashMap<(usize, usize), (UnitBytes, u64)>,
     counters: ExpertCounters,
     io_stats: Arc<IoStats>,
     heat: Heat,
@@ -115,7 +171,8 @@ fn coalesced_spans(unit: &Unit) -> Vec<(usize, u64, usize, usize, u64)> {
 impl ExpertStore {
     /// A store over `files` (the model's files, opened here with `O_DIRECT` when `direct`) for
     /// `units[layer][expert]`, with `slots` I/O buffers (at least one) sized for the largest
-    /// expert, a cache of `cache_bytes`, and `opts`. Expert reads are also added to `io_stats`.
+    /// expert, a cache of `cache_bytes`, and `opts`. With `opts.prefetch`, `slots` more buffers
+    /// may hold prefetched experts. Expert reads are also added to `io_stats`.
     ///
     /// Errors: a file cannot be opened, or is shorter than an expert's byte range (the message
     /// names the file and the (layer, expert)), or `--io-engine uring` and io_uring is
@@ -170,12 +227,16 @@ impl ExpertStore {
             .unwrap_or_default();
         let engine = IoEngine::new(dfiles, &opts.io)?;
         let slots = slots.max(1);
+        let prefetch_slots = if opts.prefetch { slots } else { 0 };
         Ok(Self {
             engine,
             units,
             cache: ExpertCache::new(opts.cache, cache_bytes, heat_seed),
-            free: (0..slots).map(|_| AlignedBuf::new(slot_bytes)).collect(),
+            free: (0..slots + prefetch_slots)
+                .map(|_| AlignedBuf::new(slot_bytes))
+                .collect(),
             slots,
+            prefetch_slots,
             slot_bytes,
             request_bytes: super::aligned::round_up(opts.io.request_bytes.max(4096), 4096),
             landing: HashMap::new(),
@@ -183,6 +244,9 @@ impl ExpertStore {
             pending: VecDeque::new(),
             planned: None,
             hits_now: Vec::new(),
+            ready: VecDeque::new(),
+            guesses: VecDeque::new(),
+            staged: HashMap::new(),
             counters: ExpertCounters::default(),
             io_stats,
             heat: Heat::zeros(n_layers, n_experts),
@@ -198,9 +262,14 @@ impl ExpertStore {
         self.checksums = Some(sums);
     }
 
-    /// Bytes of the I/O buffers (`slots` × the largest expert's buffer).
+    /// Bytes of the I/O buffers (demand and prefetch slots × the largest expert's buffer).
     pub fn io_buffer_bytes(&self) -> usize {
-        self.slots * self.slot_bytes
+        (self.slots + self.prefetch_slots) * self.slot_bytes
+    }
+
+    /// Whether prefetch is on.
+    pub fn prefetch_enabled(&self) -> bool {
+        self.prefetch_slots > 0
     }
 
     /// The cache.
@@ -239,18 +308,112 @@ impl ExpertStore {
     pub fn plan(&mut self, layer: usize, ids: &[usize]) {
         assert!(self.planned.is_none(), "a layer planned twice");
         self.hits_now.clear();
+        let mut misses = 0;
         for &e in ids {
             self.heat.counts[layer][e] += 1;
             if self.cache.hit((layer as u32, e as u32)).is_some() {
                 self.hits_now.push(e);
+                continue;
+            }
+            misses += 1;
+            if let Some((b, _)) = self.staged.remove(&(layer, e)) {
+                self.counters.prefetch_hits += 1;
+                self.ready.push_back((e, b));
+                continue;
+            }
+            let guessed = self
+                .landing
+                .iter_mut()
+                .find(|(_, l)| l.purpose == Purpose::Prefetch && (l.layer, l.expert) == (layer, e));
+            if let Some((&tag, l)) = guessed {
+                self.counters.prefetch_hits += 1;
+                l.purpose = Purpose::Demand;
+                self.engine.promote(tag);
             } else {
                 self.pending.push_back(e);
             }
         }
+        self.drop_guesses();
         self.counters.hits += self.hits_now.len() as u64;
-        self.counters.misses += self.pending.len() as u64;
+        self.counters.misses += misses;
         self.planned = Some((layer, ids.to_vec()));
         self.issue(layer);
+    }
+
+    /// Guesses the experts `ids` (best first; at most `slots` are taken) of `layer`, the MoE
+    /// layer planned next, and starts reading the ones not cached at low priority (see the
+    /// module doc). Replaces earlier guesses. No effect with prefetch off.
+    pub fn prefetch(&mut self, layer: usize, ids: &[usize]) {
+        if self.prefetch_slots == 0 || layer >= self.units.len() {
+            return;
+        }
+        self.drop_guesses();
+        for &e in ids.iter().take(self.prefetch_slots) {
+            if e < self.units[layer].len() && !self.cache.contains((layer as u32, e as u32)) {
+                self.guesses.push_back((layer, e));
+            }
+        }
+        self.issue_prefetch();
+    }
+
+    /// Drops every guess the layer just planned did not take: cancels reads not started,
+    /// marks reads in flight to be discarded when they land, frees landed ones.
+    fn drop_guesses(&mut self) {
+        self.counters.prefetch_cancelled += self.guesses.len() as u64;
+        self.guesses.clear();
+        let mut gone = Vec::new();
+        for (&tag, l) in self.landing.iter_mut() {
+            if l.purpose != Purpose::Prefetch {
+                continue;
+            }
+            l.purpose = Purpose::Discard;
+            l.left -= self.engine.cancel_low(tag);
+            if l.left == 0 {
+                gone.push(tag);
+            }
+        }
+        for tag in gone {
+            let l = self.landing.remove(&tag).expect("landing present");
+            if l.got == 0 {
+                // none of its reads had started
+                self.counters.prefetch_reads -= 1;
+                self.counters.prefetch_cancelled += 1;
+            } else {
+                self.counters.prefetch_wasted += 1;
+                self.counters.prefetch_wasted_bytes += l.got;
+            }
+            self.free.push(l.bytes.into_buf());
+        }
+        for (_, (b, got)) in std::mem::take(&mut self.staged) {
+            self.counters.prefetch_wasted += 1;
+            self.counters.prefetch_wasted_bytes += got;
+            self.free.push(b.into_buf());
+        }
+    }
+
+    /// Buffers held by prefetch: guesses in flight or landed.
+    fn prefetch_held(&self) -> usize {
+        self.staged.len()
+            + self
+                .landing
+                .values()
+                .filter(|l| l.purpose != Purpose::Demand)
+                .count()
+    }
+
+    /// Starts reads of guesses while no demand read waits for a buffer, a buffer is free and
+    /// prefetch holds fewer than its `prefetch_slots`.
+    fn issue_prefetch(&mut self) {
+        while self.pending.is_empty()
+            && !self.free.is_empty()
+            && self.prefetch_held() < self.prefetch_slots
+        {
+            let Some((layer, e)) = self.guesses.pop_front() else {
+                return;
+            };
+            self.counters.prefetch_reads += 1;
+            self.start(layer, e, Purpose::Prefetch);
+        }
     }
 
     /// Starts reads for pending misses while I/O buffers are free.
@@ -259,6 +422,14 @@ impl ExpertStore {
             let Some(e) = self.pending.pop_front() else {
                 return;
             };
+            self.start(layer, e, Purpose::Demand);
+        }
+    }
+
+    /// Starts the reads of expert `e` of `layer` into a free buffer, at low priority for a
+    /// prefetch.
+    fn start(&mut self, layer: usize, e: usize, purpose: Purpose) {
+        {
             let unit = self.units[layer][e].clone();
             let mut bytes = UnitBytes::laid_out(&unit, self.free.pop().unwrap());
             let base = bytes.buf_ptr();
@@ -271,7 +442,7 @@ impl ExpertStore {
                     let rl = self.request_bytes.min(len - c);
                     let c0 = start + c as u64;
                     let need = (end.saturating_sub(c0) as usize).min(rl);
-                    self.engine.submit(Req {
+                    let r = Req {
                         file,
                         offset: c0,
                         len: rl,
@@ -279,7 +450,11 @@ impl ExpertStore {
                         // SAFETY: pos + c + rl ≤ the unit's buffer_bytes ≤ the buffer's size.
                         dst: unsafe { base.add(pos + c) },
                         tag,
-                    });
+                    };
+                    match purpose {
+                        Purpose::Demand => self.engine.submit(r),
+                        _ => self.engine.submit_low(r),
+                    }
                     n += 1;
                     c += rl;
                 }
@@ -287,10 +462,13 @@ impl ExpertStore {
             self.landing.insert(
                 tag,
                 Landing {
+                    layer,
                     expert: e,
                     bytes,
                     left: n,
+                    got: 0,
                     err: None,
+                    purpose,
                 },
             );
         }
@@ -312,7 +490,7 @@ impl ExpertStore {
             "experts",
             layer,
             hits = self.hits_now.len(),
-            misses = self.landing.len() + self.pending.len()
+            misses = self.landing.len() + self.pending.len() + self.ready.len()
         )
         .entered();
         let c0 = self.counters.clone();
@@ -326,52 +504,37 @@ impl ExpertStore {
             f(e, b);
             self.counters.compute_ns += t.elapsed().as_nanos() as u64;
         }
-        while !self.landing.is_empty() {
-            let t = Instant::now();
-            let d = self.engine.wait();
-            let waited = t.elapsed().as_nanos() as u64;
-            self.counters.wait_ns += waited;
-            self.io_stats.wait_ns.fetch_add(waited, Ordering::Relaxed);
-            let Some(l) = self.landing.get_mut(&d.tag) else {
-                let e = d
-                    .result
-                    .err()
-                    .unwrap_or_else(|| io::Error::other("completion of an unknown read"));
-                return Err(self.fail(e));
-            };
-            l.left -= 1;
-            match d.result {
-                Ok(n) => {
-                    self.counters.bytes += n;
-                    self.counters.reads += 1;
-                    self.io_stats.bytes_read.fetch_add(n, Ordering::Relaxed);
-                    self.io_stats.reads.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    l.err.get_or_insert(e);
-                }
-            }
-            if l.left > 0 {
+        while let Some((e, b)) = self.ready.pop_front() {
+            self.compute_miss(layer, e, b, f);
+        }
+        while self.demand_open() {
+            let Some(l) = self.land_one()? else {
                 continue;
-            }
-            let l = self.landing.remove(&d.tag).expect("landing present");
-            if let Some(e) = l.err {
-                let msg = format!("{e} (expert {} of layer {layer})", l.expert);
-                self.free.push(l.bytes.into_buf());
-                return Err(self.fail(io::Error::new(e.kind(), msg)));
-            }
-            if let Some(sums) = &self.checksums {
-                if let Some(msg) = self.check_sum(sums, layer, l.expert, &l.bytes) {
-                    self.free.push(l.bytes.into_buf());
-                    return Err(self.fail(io::Error::new(io::ErrorKind::InvalidData, msg)));
+            };
+            match l.purpose {
+                Purpose::Demand => {
+                    if let Some(e) = l.err {
+                        let msg = format!("{e} (expert {} of layer {})", l.expert, l.layer);
+                        self.free.push(l.bytes.into_buf());
+                        return Err(self.fail(io::Error::new(e.kind(), msg)));
+                    }
+                    if let Some(msg) = self.check_sum(l.layer, l.expert, &l.bytes) {
+                        self.free.push(l.bytes.into_buf());
+                        return Err(self.fail(io::Error::new(io::ErrorKind::InvalidData, msg)));
+                    }
+                    self.compute_miss(layer, l.expert, l.bytes, f);
                 }
+                // a guess that failed or does not match its checksum is dropped; the demand
+                // read that follows reports the error
+                Purpose::Prefetch
+                    if l.err.is_none() && self.check_sum(l.layer, l.expert, &l.bytes).is_none() =>
+                {
+                    self.staged.insert((l.layer, l.expert), (l.bytes, l.got));
+                }
+                Purpose::Prefetch | Purpose::Discard => self.waste(l),
             }
-            let t = Instant::now();
-            f(l.expert, &l.bytes);
-            self.counters.compute_ns += t.elapsed().as_nanos() as u64;
-            let out = self.cache.admit((layer as u32, l.expert as u32), l.bytes);
-            self.refill(out);
             self.issue(layer);
+            self.issue_prefetch();
         }
         let c1 = &self.counters;
         tracing::debug!(
@@ -379,21 +542,99 @@ impl ExpertStore {
             bytes = c1.bytes - c0.bytes,
             wait_ns = c1.wait_ns - c0.wait_ns,
             compute_ns = c1.compute_ns - c0.compute_ns,
+            prefetch_hits = c1.prefetch_hits - c0.prefetch_hits,
             "layer experts done"
         );
         Ok(())
     }
 
-    /// The error message when expert `e` of `layer` in `b` does not match its checksum.
-    fn check_sum(
-        &self,
-        sums: &[Vec<[u8; 32]>],
+    /// Waits for the next completed read and books it; returns its expert's landing when that
+    /// was the expert's last outstanding read.
+    ///
+    /// Errors: a completion that matches no read (the store's state is reset).
+    fn land_one(&mut self) -> io::Result<Option<Landing>> {
+        let t = Instant::now();
+        let d = self.engine.wait();
+        let waited = t.elapsed().as_nanos() as u64;
+        self.counters.wait_ns += waited;
+        self.io_stats.wait_ns.fetch_add(waited, Ordering::Relaxed);
+        let Some(l) = self.landing.get_mut(&d.tag) else {
+            let e = d
+                .result
+                .err()
+                .unwrap_or_else(|| io::Error::other("completion of an unknown read"));
+            return Err(self.fail(e));
+        };
+        l.left -= 1;
+        match d.result {
+            Ok(n) => {
+                l.got += n;
+                self.counters.bytes += n;
+                self.counters.reads += 1;
+                self.io_stats.bytes_read.fetch_add(n, Ordering::Relaxed);
+                self.io_stats.reads.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                l.err.get_or_insert(e);
+            }
+        }
+        if l.left > 0 {
+            return Ok(None);
+        }
+        Ok(self.landing.remove(&d.tag))
+    }
+
+    /// Frees the buffer of a guess dropped after its reads started, counting it as wasted.
+    fn waste(&mut self, l: Landing) {
+        self.counters.prefetch_wasted += 1;
+        self.counters.prefetch_wasted_bytes += l.got;
+        self.free.push(l.bytes.into_buf());
+    }
+
+    /// Guesses whose reads started and that no layer has taken yet (in flight or landed).
+    pub fn prefetch_outstanding(&self) -> usize {
+        self.prefetch_held()
+    }
+
+    /// Drops every guess and waits for the reads of those in flight, counting them as wasted,
+    /// so nothing is left in flight (the end of a generation). Call between layers.
+    ///
+    /// Errors: a completion that matches no read.
+    pub fn settle(&mut self) -> io::Result<()> {
+        assert!(self.planned.is_none(), "settle() with a layer planned");
+        self.drop_guesses();
+        while !self.landing.is_empty() {
+            if let Some(l) = self.land_one()? {
+                self.waste(l);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a demand read of the layer being computed is waiting or in flight.
+    fn demand_open(&self) -> bool {
+        !self.pending.is_empty() || self.landing.values().any(|l| l.purpose == Purpose::Demand)
+    }
+
+    /// Computes a miss of `layer` whose bytes `b` landed, then offers them to the cache.
+    fn compute_miss(
+        &mut self,
         layer: usize,
         e: usize,
-        b: &UnitBytes,
-    ) -> Option<String> {
+        b: UnitBytes,
+        f: &mut dyn FnMut(usize, &UnitBytes),
+    ) {
+        let t = Instant::now();
+        f(e, &b);
+        self.counters.compute_ns += t.elapsed().as_nanos() as u64;
+        let out = self.cache.admit((layer as u32, e as u32), b);
+        self.refill(out);
+    }
+
+    /// The error message when expert `e` of `layer` in `b` does not match its checksum.
+    fn check_sum(&self, layer: usize, e: usize, b: &UnitBytes) -> Option<String> {
         use sha2::Digest;
-        let want = sums.get(layer).and_then(|r| r.get(e))?;
+        let want = self.checksums.as_ref()?.get(layer).and_then(|r| r.get(e))?;
         let got: [u8; 32] = sha2::Sha256::digest(b.record()).into();
         if &got == want {
             return None;
@@ -411,10 +652,12 @@ impl ExpertStore {
         ))
     }
 
-    /// Brings the free I/O buffers back to `slots` after a miss left the engine: from the
-    /// buffers the cache gave back, else new ones.
+    /// Brings the free I/O buffers back to all those not held by reads in flight, landed
+    /// prefetches or ready experts, after a miss went to the cache: from the buffers the cache
+    /// gave back, else new ones.
     fn refill(&mut self, back: Vec<UnitBytes>) {
-        let want = self.slots - self.landing.len();
+        let want = (self.slots + self.prefetch_slots)
+            .saturating_sub(self.landing.len() + self.staged.len() + self.ready.len());
         for b in back {
             let buf = b.into_buf();
             if self.free.len() < want && buf.capacity() >= self.slot_bytes {
@@ -436,13 +679,16 @@ impl ExpertStore {
     pub fn reset(&mut self) {
         self.engine.drain();
         self.pending.clear();
+        self.guesses.clear();
         self.planned = None;
         self.hits_now.clear();
-        let bufs: Vec<AlignedBuf> = self
+        let mut bufs: Vec<AlignedBuf> = self
             .landing
             .drain()
             .map(|(_, l)| l.bytes.into_buf())
             .collect();
+        bufs.extend(self.staged.drain().map(|(_, (b, _))| b.into_buf()));
+        bufs.extend(self.ready.drain(..).map(|(_, b)| b.into_buf()));
         self.free.extend(bufs);
     }
 

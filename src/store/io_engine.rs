@@ -9,6 +9,13 @@
 //! Both read files opened with `O_DIRECT` where the filesystem allows it ([`DirectFile`]), so
 //! expert bytes bypass the page cache. Per-file counters record bytes, reads and busy time
 //! (time with at least one read of that file outstanding, as seen by the engine).
+//!
+//! Reads have two priorities. Demand reads ([`IoEngine::submit`]) go to the backend at once.
+//! Low-priority reads ([`IoEngine::submit_low`], prefetch) wait in the engine and start only
+//! while fewer than `prefetch_depth` reads of any kind are in the backend, so they use idle
+//! queue slots and a later demand read queues behind at most that many of them; a low read
+//! that has not started can be cancelled ([`IoEngine::cancel_low`]) or raised to demand
+//! ([`IoEngine::promote`]).
 
 use std::collections::VecDeque;
 use std::io;
@@ -51,6 +58,8 @@ impl std::str::FromStr for EngineChoice {
 pub const DEFAULT_DEPTH: usize = 32;
 /// Default largest single read request in bytes. Measured (see BENCHMARKS.md).
 pub const DEFAULT_REQUEST_BYTES: usize = 1 << 20;
+/// Default bound on reads in flight under which a prefetch read may start (see BENCHMARKS.md).
+pub const DEFAULT_PREFETCH_DEPTH: usize = 16;
 
 /// Options of the read engine.
 #[derive(Clone, Debug)]
@@ -60,6 +69,8 @@ pub struct IoOptions {
     pub depth: usize,
     /// Largest single read in bytes (a multiple of 4 KiB); larger spans are split.
     pub request_bytes: usize,
+    /// A low-priority (prefetch) read starts only while fewer reads than this are in flight.
+    pub prefetch_depth: usize,
 }
 
 impl Default for IoOptions {
@@ -68,6 +79,7 @@ impl Default for IoOptions {
             engine: EngineChoice::Auto,
             depth: DEFAULT_DEPTH,
             request_bytes: DEFAULT_REQUEST_BYTES,
+            prefetch_depth: DEFAULT_PREFETCH_DEPTH,
         }
     }
 }
@@ -365,8 +377,12 @@ pub struct IoEngine {
     backend: Backend,
     files: Arc<Vec<DirectFile>>,
     counters: Counters,
+    /// Reads submitted and not yet returned by `wait`, low-priority ones included.
     outstanding: usize,
     depth: usize,
+    /// Low-priority reads not yet handed to the backend, oldest first.
+    low: VecDeque<Req>,
+    prefetch_depth: usize,
 }
 
 impl IoEngine {
@@ -395,6 +411,8 @@ impl IoEngine {
             counters,
             outstanding: 0,
             depth,
+            low: VecDeque::new(),
+            prefetch_depth: opts.prefetch_depth.clamp(1, depth),
         };
         if opts.engine == EngineChoice::Auto && matches!(e.backend, Backend::Uring(_)) && !e.probe()
         {
@@ -464,6 +482,11 @@ impl IoEngine {
     /// Queues `r`; it starts as soon as fewer than `depth` reads are in flight.
     pub fn submit(&mut self, r: Req) {
         self.outstanding += 1;
+        self.hand_over(r);
+    }
+
+    /// Hands `r` to the backend (already counted in `outstanding`).
+    fn hand_over(&mut self, r: Req) {
         match &mut self.backend {
             Backend::Uring(u) => {
                 u.queued.push_back((r, 0));
@@ -478,13 +501,52 @@ impl IoEngine {
         }
     }
 
+    /// Queues `r` at low priority: it starts only while fewer than `prefetch_depth` reads are
+    /// in the backend (see the module doc).
+    pub fn submit_low(&mut self, r: Req) {
+        self.outstanding += 1;
+        self.low.push_back(r);
+        self.pump();
+    }
+
+    /// Moves low-priority reads to the backend while it has fewer than `prefetch_depth`.
+    fn pump(&mut self) {
+        while !self.low.is_empty() && self.outstanding - self.low.len() < self.prefetch_depth {
+            let r = self.low.pop_front().expect("non-empty");
+            self.hand_over(r);
+        }
+    }
+
+    /// Drops the low-priority reads tagged `tag` that have not started; returns how many.
+    /// Their completions will never be returned.
+    pub fn cancel_low(&mut self, tag: usize) -> usize {
+        let before = self.low.len();
+        self.low.retain(|r| r.tag != tag);
+        let n = before - self.low.len();
+        self.outstanding -= n;
+        n
+    }
+
+    /// Raises the low-priority reads tagged `tag` that have not started to demand reads.
+    pub fn promote(&mut self, tag: usize) {
+        let (mine, rest): (VecDeque<Req>, VecDeque<Req>) =
+            self.low.drain(..).partition(|r| r.tag == tag);
+        self.low = rest;
+        for r in mine {
+            self.hand_over(r);
+        }
+    }
+
     /// Waits for the next completed read (any order). Panics when nothing is outstanding.
     pub fn wait(&mut self) -> Done {
         assert!(self.outstanding > 0, "wait() with no read outstanding");
+        self.pump();
         let d = match &mut self.backend {
             Backend::Uring(u) => {
-                if u.in_kernel() == 0 {
-                    if let Err(e) = u.fill(&self.files, &self.counters) {
+                // refill the kernel's queue before every wait, so it never runs dry while
+                // reads are queued
+                if let Err(e) = u.fill(&self.files, &self.counters) {
+                    if u.in_kernel() == 0 {
                         let (r, _) = u.queued.pop_front().expect("queued request");
                         self.outstanding -= 1;
                         return Done {
@@ -501,6 +563,7 @@ impl IoEngine {
             }),
         };
         self.outstanding -= 1;
+        self.pump();
         d
     }
 
@@ -549,6 +612,7 @@ mod tests {
                         engine,
                         depth: 3,
                         request_bytes: 4096,
+                        prefetch_depth: 2,
                     },
                 )
                 .unwrap()
@@ -614,6 +678,58 @@ mod tests {
                 ),
                 "{m}"
             );
+        }
+    }
+
+    #[test]
+    fn low_priority_reads_wait_for_idle_slots_and_can_be_cancelled_or_promoted() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("h.bin");
+        let data: Vec<u8> = (0..8 * 4096u32).map(|i| (i % 199 + 1) as u8).collect();
+        std::fs::File::create(&p).unwrap().write_all(&data).unwrap();
+        for mut e in engines(&p) {
+            let mut b = AlignedBuf::new(data.len());
+            let base = b.as_mut_slice().as_mut_ptr();
+            let req = |i: usize| Req {
+                file: 0,
+                offset: (i * 4096) as u64,
+                len: 4096,
+                need: 4096,
+                dst: unsafe { base.add(i * 4096) },
+                tag: i,
+            };
+            e.submit(req(0));
+            e.submit(req(1));
+            // two demand reads fill the prefetch depth (2): the low ones wait in the engine
+            e.submit_low(req(2));
+            e.submit_low(req(3));
+            e.submit_low(req(4));
+            assert_eq!(e.outstanding(), 5);
+            assert_eq!(
+                e.cancel_low(3),
+                1,
+                "{}: read 3 had not started",
+                e.describe()
+            );
+            assert_eq!(e.cancel_low(3), 0);
+            e.promote(4);
+            assert_eq!(e.outstanding(), 4);
+            let mut tags: Vec<usize> = (0..4).map(|_| e.wait().tag).collect();
+            tags.sort();
+            assert_eq!(tags, vec![0, 1, 2, 4]);
+            assert_eq!(e.outstanding(), 0);
+            let got = b.as_slice();
+            for i in [0, 1, 2, 4] {
+                assert_eq!(
+                    &got[i * 4096..(i + 1) * 4096],
+                    &data[i * 4096..(i + 1) * 4096]
+                );
+            }
+            assert!(
+                got[3 * 4096..4 * 4096].iter().all(|&x| x == 0),
+                "read 3 never ran"
+            );
+            assert_eq!(e.counters()[0].reads, 4);
         }
     }
 }
