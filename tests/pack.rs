@@ -254,20 +254,26 @@ fn gguf_packs_give_the_sources_logits_bit_for_bit_and_leave_the_source_untouched
             let spine = GgufModel::open(&o.out.join("spine.bin")).unwrap();
             assert_eq!(spine.metadata, g.metadata);
             assert_eq!(spine.tensors.len(), n_spine);
-            for (budget, verify) in [
-                (Some(384 << 10), true),
-                (Some(640 << 10), false),
-                (None, false),
+            for (budget, verify, prefetch) in [
+                (Some(384 << 10), true, false),
+                (Some(384 << 10), false, true),
+                (Some(640 << 10), false, false),
+                (None, false, false),
             ] {
-                let mut s = session(&o.out, &opts(budget, verify));
+                let mut lo = opts(budget, verify);
+                lo.experts.prefetch = prefetch;
+                let mut s = session(&o.out, &lo);
                 // 384 KiB: every expert read on demand, 640 KiB: some models hold them all
                 if budget != Some(640 << 10) {
                     assert_eq!(s.store.experts().is_some(), budget.is_some());
                 }
                 assert!(
                     bits(&logits(&mut s)) == want,
-                    "{src:?}: {placement:?} on {n} drives, budget {budget:?}"
+                    "{src:?}: {placement:?} on {n} drives, budget {budget:?}, prefetch {prefetch}"
                 );
+                if prefetch {
+                    assert!(s.store.experts().unwrap().counters().prefetch_reads > 0);
+                }
             }
             let (count, bad) = verify_pack(&o.out).unwrap();
             assert_eq!(
