@@ -509,8 +509,8 @@ impl Qwen3 {
                 &opts.experts,
                 store.stats().clone(),
             )?;
-            if let (true, Some(p)) = (opts.experts.verify, &ck.pack) {
-                es.set_checksums(p.checksums.clone());
+            if let Some(p) = &ck.pack {
+                p.attach(&mut es, opts.experts.verify);
             }
             expert_note = format!(
                 "; experts read on demand through {}, cache {} of {:.1} MiB",

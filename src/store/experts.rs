@@ -714,14 +714,16 @@ impl ExpertStore {
         if &got == want {
             return None;
         }
-        let files: Vec<String> = self.units[layer][e]
-            .ranges
-            .iter()
-            .map(|r| format!("{}", self.engine.files()[r.file].path().display()))
-            .collect();
+        let mut files: Vec<String> = Vec::new();
+        for r in &self.units[layer][e].ranges {
+            let f = self.engine.files()[r.file].label();
+            if !files.contains(&f) {
+                files.push(f);
+            }
+        }
         Some(format!(
             "checksum mismatch in expert {e} of layer {layer} read from {}",
-            files.join(", ")
+            files.join("; ")
         ))
     }
 

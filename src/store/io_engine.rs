@@ -153,24 +153,29 @@ fn end(c: &Counters, file: usize, bytes: u64) {
     }
 }
 
+/// A failed read of `r`, naming the file by its label ([`DirectFile::label`]: a pack's drive
+/// and file) and the range.
 fn read_error(files: &[DirectFile], r: &Req, e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!(
         "{}: read of {} bytes at offset {} failed: {e}",
-        files[r.file].path().display(),
+        files[r.file].label(),
         r.len,
         r.offset
     ))
 }
 
+/// A read of `r` that ended after `got` bytes, naming the file by its label and its length now
+/// (it may have shrunk since it was opened).
 fn short_read(files: &[DirectFile], r: &Req, got: usize) -> io::Error {
+    let f = &files[r.file];
+    let len = f.file().metadata().map_or(f.len(), |m| m.len());
     io::Error::new(
         io::ErrorKind::UnexpectedEof,
         format!(
-            "{}: short read at offset {} ({got} of {} bytes; the file is {} bytes)",
-            files[r.file].path().display(),
+            "{}: short read at offset {} ({got} of {} bytes; the file is {len} bytes)",
+            f.label(),
             r.offset,
             r.need,
-            files[r.file].len()
         ),
     )
 }
