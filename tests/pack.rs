@@ -20,7 +20,7 @@ use deltafin::source::gguf_synth::write_qwen3moe_gguf;
 use deltafin::source::pack::{open_gguf_pack, open_pack, Manifest};
 use deltafin::source::pack_write::{verify_pack, write_pack, PackOptions, PackPlacement};
 use deltafin::source::synth::{presets, write_qwen3_moe};
-use deltafin::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions};
+use deltafin::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions, PrefetchMode};
 use sha2::{Digest, Sha256};
 
 const PROMPT: [u32; 10] = [17, 300, 42, 99, 5, 256, 411, 3, 77, 128];
@@ -255,10 +255,10 @@ fn gguf_packs_give_the_sources_logits_bit_for_bit_and_leave_the_source_untouched
             assert_eq!(spine.metadata, g.metadata);
             assert_eq!(spine.tensors.len(), n_spine);
             for (budget, verify, prefetch) in [
-                (Some(384 << 10), true, false),
-                (Some(384 << 10), false, true),
-                (Some(640 << 10), false, false),
-                (None, false, false),
+                (Some(384 << 10), true, PrefetchMode::Off),
+                (Some(384 << 10), false, PrefetchMode::On),
+                (Some(640 << 10), false, PrefetchMode::Auto),
+                (None, false, PrefetchMode::Off),
             ] {
                 let mut lo = opts(budget, verify);
                 lo.experts.prefetch = prefetch;
@@ -271,7 +271,7 @@ fn gguf_packs_give_the_sources_logits_bit_for_bit_and_leave_the_source_untouched
                     bits(&logits(&mut s)) == want,
                     "{src:?}: {placement:?} on {n} drives, budget {budget:?}, prefetch {prefetch}"
                 );
-                if prefetch {
+                if prefetch == PrefetchMode::On {
                     assert!(s.store.experts().unwrap().counters().prefetch_reads > 0);
                 }
             }
