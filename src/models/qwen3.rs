@@ -395,7 +395,7 @@ impl Qwen3 {
         let prefetch = opts
             .experts
             .prefetch
-            .enabled(crate::store::experts::drives_holding(
+            .enabled(crate::store::experts::expert_layout(
                 &phys_files,
                 &units[n_spine..n_weight_units],
             ));

@@ -55,9 +55,11 @@ pub struct ExpertStoreOptions {
 /// When prefetch runs (`--prefetch auto|on|off`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PrefetchMode {
-    /// On when the experts lie on two drives or more. On one drive that is already busy
-    /// nearly all the time, wrong guesses cost more than the idle time right ones fill
-    /// (measured: BENCHMARKS.md, "Prefetch").
+    /// On when whole experts lie on two drives or more (a `spread` pack, or files on several
+    /// drives). Off on one drive, which is busy nearly all the time so wrong guesses cost more
+    /// than the idle time right ones fill, and off when every expert is striped over all the
+    /// drives, which then read at their full rate without it (measured: BENCHMARKS.md,
+    /// "Prefetch").
     #[default]
     Auto,
     On,
@@ -65,14 +67,23 @@ pub enum PrefetchMode {
 }
 
 impl PrefetchMode {
-    /// Whether prefetch runs for experts whose bytes lie on `drives` devices.
-    pub fn enabled(self, drives: usize) -> bool {
+    /// Whether prefetch runs for experts laid out as `layout` describes.
+    pub fn enabled(self, layout: ExpertLayout) -> bool {
         match self {
-            Self::Auto => drives >= 2,
+            Self::Auto => layout.drives >= 2 && !layout.striped,
             Self::On => true,
             Self::Off => false,
         }
     }
+}
+
+/// Where the experts' bytes lie.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertLayout {
+    /// Devices (drives) holding expert bytes.
+    pub drives: usize,
+    /// Whether some expert's bytes lie on more than one drive.
+    pub striped: bool,
 }
 
 impl std::str::FromStr for PrefetchMode {
@@ -99,27 +110,34 @@ impl std::fmt::Display for PrefetchMode {
     }
 }
 
-/// The number of devices (drives) holding the bytes of `units`, whose ranges index `files`.
-/// A file that cannot be examined counts as a drive of its own.
-pub fn drives_holding<'a>(files: &[PathBuf], units: impl IntoIterator<Item = &'a Unit>) -> usize {
+/// Where the bytes of `units`, whose ranges index `files`, lie: how many devices (drives)
+/// hold them and whether one unit spans several. A file that cannot be examined counts as a
+/// drive of its own.
+pub fn expert_layout<'a>(
+    files: &[PathBuf],
+    units: impl IntoIterator<Item = &'a Unit>,
+) -> ExpertLayout {
     use std::os::unix::fs::MetadataExt;
-    let mut used = vec![false; files.len()];
-    for u in units {
-        for r in &u.ranges {
-            used[r.file] = true;
-        }
-    }
-    let mut devs: Vec<Option<u64>> = files
+    let dev: Vec<u64> = files
         .iter()
-        .zip(&used)
-        .filter(|(_, &u)| u)
-        .map(|(p, _)| std::fs::metadata(p).ok().map(|m| m.dev()))
+        .enumerate()
+        .map(|(i, p)| std::fs::metadata(p).map_or(u64::MAX - i as u64, |m| m.dev()))
         .collect();
-    let unknown = devs.iter().filter(|d| d.is_none()).count();
-    devs.retain(|d| d.is_some());
-    devs.sort_unstable();
-    devs.dedup();
-    devs.len() + unknown
+    let mut used: Vec<u64> = Vec::new();
+    let mut striped = false;
+    for u in units {
+        let mut mine: Vec<u64> = u.ranges.iter().map(|r| dev[r.file]).collect();
+        mine.sort_unstable();
+        mine.dedup();
+        striped |= mine.len() > 1;
+        used.extend(mine);
+    }
+    used.sort_unstable();
+    used.dedup();
+    ExpertLayout {
+        drives: used.len(),
+        striped,
+    }
 }
 
 /// Cumulative counters of the expert store.
@@ -297,8 +315,8 @@ impl ExpertStore {
             .unwrap_or_default();
         let engine = IoEngine::new(dfiles, &opts.io)?;
         let slots = slots.max(1);
-        let drives = drives_holding(files, units.iter().flatten().map(|u| &**u));
-        let prefetch_slots = if opts.prefetch.enabled(drives) {
+        let layout = expert_layout(files, units.iter().flatten().map(|u| &**u));
+        let prefetch_slots = if opts.prefetch.enabled(layout) {
             slots
         } else {
             0
@@ -798,11 +816,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_prefetch_needs_two_drives() {
-        assert!(!PrefetchMode::Auto.enabled(1));
-        assert!(PrefetchMode::Auto.enabled(2));
-        assert!(PrefetchMode::On.enabled(1));
-        assert!(!PrefetchMode::Off.enabled(4));
+    fn auto_prefetch_needs_whole_experts_on_two_drives() {
+        let l = |drives, striped| ExpertLayout { drives, striped };
+        assert!(!PrefetchMode::Auto.enabled(l(1, false)));
+        assert!(PrefetchMode::Auto.enabled(l(2, false)));
+        assert!(!PrefetchMode::Auto.enabled(l(4, true)));
+        assert!(PrefetchMode::On.enabled(l(1, false)));
+        assert!(!PrefetchMode::Off.enabled(l(4, false)));
         assert_eq!("auto".parse::<PrefetchMode>(), Ok(PrefetchMode::Auto));
         assert_eq!(
             "sometimes".parse::<PrefetchMode>().unwrap_err(),
@@ -811,24 +831,27 @@ mod tests {
     }
 
     #[test]
-    fn drives_are_counted_over_the_files_experts_use() {
+    fn the_layout_counts_drives_over_the_files_experts_use() {
         let dir = tempfile::tempdir().unwrap();
         let files: Vec<PathBuf> = ["a", "b"].iter().map(|n| dir.path().join(n)).collect();
         for f in &files {
             std::fs::write(f, [0u8; 8]).unwrap();
         }
-        let unit = |file| {
-            Unit::of(vec![super::super::ReadRange {
-                file,
-                offset: 0,
-                len: 8,
-            }])
+        let r = |file| super::super::ReadRange {
+            file,
+            offset: 0,
+            len: 8,
         };
+        let unit = |file| Unit::of(vec![r(file)]);
+        let l = |drives, striped| ExpertLayout { drives, striped };
         // two files on one device are one drive; a file that cannot be examined counts alone
-        assert_eq!(drives_holding(&files, &[unit(0), unit(1)]), 1);
+        assert_eq!(expert_layout(&files, &[unit(0), unit(1)]), l(1, false));
         let mut more = files.clone();
         more.push(dir.path().join("missing"));
-        assert_eq!(drives_holding(&more, &[unit(0), unit(2)]), 2);
-        assert_eq!(drives_holding(&more, &[unit(1)]), 1);
+        assert_eq!(expert_layout(&more, &[unit(0), unit(2)]), l(2, false));
+        assert_eq!(expert_layout(&more, &[unit(1)]), l(1, false));
+        // one expert over two drives is striped
+        let both = Unit::of(vec![r(0), r(2)]);
+        assert_eq!(expert_layout(&more, &[both, unit(1)]), l(2, true));
     }
 }
