@@ -10,6 +10,8 @@
 //! resident weights (LM head, embeddings, spine layers in order, greedily); whatever is left
 //! is the expert cache. When the budget holds every weight, nothing is streamed and there is no
 //! expert store; otherwise routed experts are never resident: every one is read on demand.
+//! When everything but the routed experts fits beside the expert I/O buffers, no stream
+//! buffers are set aside (nothing else is streamed) and the cache gets their share.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -161,6 +163,30 @@ fn split(
     } else {
         (0, 0)
     };
+    let mut cands = heads;
+    cands.extend(
+        sizes[..n_cands]
+            .iter()
+            .enumerate()
+            .map(|(i, &bytes)| Candidate {
+                name: format!("unit {i}"),
+                bytes,
+            }),
+    );
+    let spine: usize = cands.iter().map(|c| c.bytes).sum();
+    if on_demand && fixed + io_bytes + spine <= b {
+        // everything but the experts fits beside their I/O buffers: nothing is streamed
+        let mut flags = vec![true; cands.len()];
+        flags.resize(n_heads + n_units, false);
+        return Ok(Split {
+            flags,
+            stream_slot: 0,
+            on_demand,
+            io_slots,
+            io_bytes,
+            cache_bytes: b - fixed - io_bytes - spine,
+        });
+    }
     let need = fixed + stream_buf + io_bytes;
     if need > b {
         let mib = |x: usize| x as f64 / 1048576.0;
@@ -174,16 +200,6 @@ fn split(
             mib(need)
         );
     }
-    let mut cands = heads;
-    cands.extend(
-        sizes[..n_cands]
-            .iter()
-            .enumerate()
-            .map(|(i, &bytes)| Candidate {
-                name: format!("unit {i}"),
-                bytes,
-            }),
-    );
     let (mut flags, used) = choose_resident(&cands, b - need);
     flags.resize(n_heads + n_units, false);
     Ok(Split {
@@ -424,6 +440,8 @@ pub(super) fn place(
 mod tests {
     use super::*;
 
+    const K: usize = 4096;
+
     fn heads() -> Vec<Candidate> {
         vec![Candidate {
             name: "LM head".into(),
@@ -437,15 +455,31 @@ mod tests {
         n_ctx: 64,
     };
 
-    /// 2 spine units of 32 KiB, 4 experts of 16 KiB (the second and third repacked to 20 KiB).
+    /// 3 spine units of 32 KiB, 4 experts of 16 KiB (the second and third repacked to 20 KiB):
+    /// resident sizes, read buffers, repacked.
     fn units() -> (Vec<usize>, Vec<usize>, Vec<bool>) {
-        let k = 4096;
-        let bufs = vec![8 * k, 8 * k, 4 * k, 4 * k, 4 * k, 4 * k];
+        let bufs = vec![8 * K, 8 * K, 8 * K, 4 * K, 4 * K, 4 * K, 4 * K];
         let mut sizes = bufs.clone();
-        sizes[3] = 5 * k;
-        sizes[4] = 5 * k;
+        sizes[4] = 5 * K;
+        sizes[5] = 5 * K;
         let packed = sizes.iter().zip(&bufs).map(|(s, b)| s != b).collect();
         (sizes, bufs, packed)
+    }
+
+    /// [`split`] of [`units`] with 3 spine units and top-2 experts.
+    fn split3(b: usize, out: Option<usize>) -> Result<Split> {
+        let (sizes, bufs, packed) = units();
+        split(
+            Some(b as u64),
+            &R,
+            heads(),
+            &sizes,
+            &bufs,
+            &packed,
+            3,
+            2,
+            out,
+        )
     }
 
     #[test]
@@ -453,34 +487,32 @@ mod tests {
         let (sizes, bufs, packed) = units();
         let all = 120_000 + 40_000 + sizes.iter().sum::<usize>();
         for b in [None, Some(all as u64)] {
-            let s = split(b, &R, heads(), &sizes, &bufs, &packed, 2, 2, None).unwrap();
-            assert_eq!(s.flags, vec![true; 7]);
+            let s = split(b, &R, heads(), &sizes, &bufs, &packed, 3, 2, None).unwrap();
+            assert_eq!(s.flags, vec![true; 8]);
             assert!(!s.on_demand && s.stream_slot == 0 && s.cache_bytes == 0);
         }
+        assert!(split3(all - 1, None).unwrap().on_demand);
     }
 
     #[test]
     fn a_smaller_budget_reads_experts_on_demand_and_caches_the_rest() {
-        let (sizes, bufs, packed) = units();
-        let k = 4096;
-        // stream buffers 2 × 32 KiB; 2 I/O buffers of 16 KiB; head and one spine unit resident
-        let need = 120_000 + 2 * 8 * k + 2 * 4 * k;
-        let b = (need + 40_000 + 8 * k + 1000) as u64;
-        let split_with = |b: u64, out: Option<usize>| {
-            split(Some(b), &R, heads(), &sizes, &bufs, &packed, 2, 2, out)
-        };
-        let s = split_with(b, None).unwrap();
-        assert_eq!(s.flags, [true, true, false, false, false, false, false]);
-        assert_eq!((s.stream_slot, s.io_slots, s.io_bytes), (8 * k, 2, 8 * k));
+        // stream buffers 2 × 32 KiB, 2 I/O buffers of 16 KiB; the head resident, 1000 left
+        let need = 120_000 + 2 * 8 * K + 2 * 4 * K;
+        let b = need + 40_000 + 1000;
+        let s = split3(b, None).unwrap();
+        assert_eq!(
+            s.flags,
+            [true, false, false, false, false, false, false, false]
+        );
+        assert_eq!((s.stream_slot, s.io_slots, s.io_bytes), (8 * K, 2, 8 * K));
         assert_eq!(s.cache_bytes, 1000);
         // experts re-encoded into up to 20 KiB + 1: I/O buffers of 24 KiB, plus the one the
-        // re-encoding keeps: 40 KiB less for the rest, so the head no longer fits and the first
-        // spine unit takes its place
-        let s = split_with(b, Some(20 * 1024 + 1)).unwrap();
-        assert_eq!((s.io_slots, s.io_bytes), (2, 3 * 6 * k));
-        assert_eq!(s.flags, [false, true, false, false, false, false, false]);
-        assert_eq!(s.cache_bytes, 40_000 + 1000 - 10 * k);
-        let e = split_with(need as u64 - 1, None).unwrap_err().to_string();
+        // re-encoding keeps; 40 KiB more, so the head no longer fits
+        let s = split3(b, Some(20 * 1024 + 1)).unwrap();
+        assert_eq!((s.io_slots, s.io_bytes), (2, 3 * 6 * K));
+        assert_eq!(s.flags, vec![false; 8]);
+        assert_eq!(s.cache_bytes, 40_000 + 1000 - 10 * K);
+        let e = split3(need - 1, None).unwrap_err().to_string();
         assert!(
             e.contains("is too small") && e.contains("expert I/O buffers (0.0 MiB)"),
             "{e}"
@@ -488,16 +520,28 @@ mod tests {
     }
 
     #[test]
+    fn a_spine_that_fits_needs_no_stream_buffers() {
+        // head 40000 + spine 96 KiB beside 2 I/O buffers of 16 KiB, with 5 bytes to spare;
+        // with 64 KiB of stream buffers only the head would have fitted
+        let s = split3(120_000 + 8 * K + 40_000 + 24 * K + 5, None).unwrap();
+        assert_eq!(
+            s.flags,
+            [true, true, true, true, false, false, false, false]
+        );
+        assert!(s.on_demand);
+        assert_eq!((s.stream_slot, s.io_bytes, s.cache_bytes), (0, 8 * K, 5));
+    }
+
+    #[test]
     fn a_streamed_repacked_unit_needs_a_buffer_of_its_own() {
         let (sizes, bufs, packed) = units();
-        let k = 4096;
         // the spine alone, unpacked: 2 stream buffers of 32 KiB, nothing on demand
-        let (s2, b2, p2) = (&sizes[..2], &bufs[..2], &packed[..2]);
-        let s = split(Some(200_000), &R, heads(), s2, b2, p2, 2, 2, None).unwrap();
+        let (s3, b3, p3) = (&sizes[..3], &bufs[..3], &packed[..3]);
+        let s = split(Some(200_000), &R, heads(), s3, b3, p3, 3, 2, None).unwrap();
         assert!(!s.on_demand && s.io_bytes == 0);
-        assert_eq!(s.stream_slot, 8 * k);
+        assert_eq!(s.stream_slot, 8 * K);
         // every unit streamed through the streamer (none routed): 2 × 32 KiB plus the largest
-        // repacked unit, 12 KiB
+        // repacked unit, 20 KiB
         let e = split(
             Some(190_000),
             &R,
@@ -505,7 +549,7 @@ mod tests {
             &sizes,
             &bufs,
             &packed,
-            6,
+            7,
             2,
             None,
         )

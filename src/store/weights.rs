@@ -151,64 +151,14 @@ impl WeightStore {
         round_up(total.max(1), IO_ALIGN)
     }
 
-    /// [`WeightStore::open`] with FP8 weights to repack (`packs[i]` for unit `i`): resident
-    /// units are repacked once at load (the raw bytes are dropped), streamed ones after each
-    /// read into one reusable buffer the size of the largest repacked streamed unit.
-    ///
-    /// Errors: as [`WeightStore::open`].
-    pub fn open_packed(
-        files: &[std::path::PathBuf],
-        units: Vec<Unit>,
-        packs: Vec<Vec<Fp8Pack>>,
-        resident: &[bool],
-        slots: usize,
-        extra_slot_bytes: usize,
-        direct: bool,
-    ) -> io::Result<Self> {
-        let elsewhere = vec![false; units.len()];
-        Self::open_full(
-            files,
-            units,
-            packs,
-            resident,
-            &elsewhere,
-            slots,
-            extra_slot_bytes,
-            direct,
-        )
-    }
-
-    /// [`WeightStore::open`] where units flagged in `elsewhere` belong to an [`ExpertStore`]
-    /// (attach it with [`WeightStore::attach_experts`]): they are neither read nor streamed here
-    /// and do not size the stream buffers.
-    ///
-    /// Errors: as [`WeightStore::open`].
-    pub fn open_with_elsewhere(
-        files: &[std::path::PathBuf],
-        units: Vec<Unit>,
-        resident: &[bool],
-        elsewhere: &[bool],
-        slots: usize,
-        extra_slot_bytes: usize,
-        direct: bool,
-    ) -> io::Result<Self> {
-        let packs = vec![Vec::new(); units.len()];
-        Self::open_full(
-            files,
-            units,
-            packs,
-            resident,
-            elsewhere,
-            slots,
-            extra_slot_bytes,
-            direct,
-        )
-    }
-
-    /// The general form of [`WeightStore::open`]: FP8 `packs` as in
-    /// [`WeightStore::open_packed`] (an `elsewhere` unit's packs are the [`ExpertStore`]'s
-    /// business and size no repack buffer here), `elsewhere` units as in
-    /// [`WeightStore::open_with_elsewhere`].
+    /// The general form of [`WeightStore::open`]:
+    /// - FP8 weights to repack (`packs[i]` for unit `i`): resident units are repacked once at
+    ///   load (the raw bytes are dropped), streamed ones after each read into one reusable
+    ///   buffer the size of the largest repacked streamed unit;
+    /// - units flagged in `elsewhere` belong to an [`ExpertStore`] (attach it with
+    ///   [`WeightStore::attach_experts`]): they are neither read nor streamed here and size no
+    ///   stream or repack buffer (the expert store repacks them itself, see
+    ///   [`ExpertStore::set_transform`]).
     ///
     /// Errors: as [`WeightStore::open`].
     #[allow(clippy::too_many_arguments)]
