@@ -11,7 +11,9 @@
 //! - a file truncated mid-run: the pass fails naming the file and the (layer, expert);
 //! - `deltafin run --stats` showing the expert store.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
 use deltafin::engine::Session;
 use deltafin::models::{load_gguf, load_hf, LoadOptions, Logits, Model};
@@ -153,6 +155,20 @@ fn spine_resident(path: &Path, sh: &Shape) -> u64 {
     b
 }
 
+/// `(smallest(path, N_CTX), spine_resident(path))` of fixture `rel`, found once per test
+/// binary.
+fn budgets(rel: &str) -> (u64, u64) {
+    static FOUND: OnceLock<Mutex<HashMap<String, (u64, u64)>>> = OnceLock::new();
+    let m = FOUND.get_or_init(Default::default);
+    if let Some(&b) = m.lock().unwrap().get(rel) {
+        return b;
+    }
+    let p = fixture(rel);
+    let b = (smallest(&p, N_CTX), spine_resident(&p, &shape(rel)));
+    m.lock().unwrap().insert(rel.to_string(), b);
+    b
+}
+
 /// Prompt logits (every position) and 3 greedy decode steps' logits.
 fn run(s: &mut Session) -> Vec<f32> {
     let mut all = s.prefill(&PROMPT, Logits::All).unwrap();
@@ -197,8 +213,7 @@ fn streamed_logits_equal_resident_logits_under_every_cache_policy() {
         assert!(r.store.experts().is_none(), "{name}: all resident");
         let want = run(&mut r);
         assert_eq!(want.len(), (PROMPT.len() + 3) * r.model.vocab_size());
-        let lo = smallest(&p, N_CTX);
-        let spine = spine_resident(&p, &sh);
+        let (lo, spine) = budgets(rel);
         let c = charge(&session(&p, Some(spine), CachePolicy::LfuDa), &sh);
         // a cache of 3 experts of the 16: experts are evicted and read again
         let cached = spine + 3 * c;
@@ -266,7 +281,8 @@ fn one_decode_step_reads_exactly_the_chosen_experts_and_a_repeat_hits() {
         let (p, sh) = (fixture(rel), shape(rel));
         let n_uses = (sh.moe_layers * sh.k) as u64;
         // no cache: every use of one decode step is read
-        let mut s = session(&p, Some(smallest(&p, N_CTX)), CachePolicy::None);
+        let (lo, spine) = budgets(rel);
+        let mut s = session(&p, Some(lo), CachePolicy::None);
         s.prefill(&PROMPT, Logits::Last).unwrap();
         let es = s.store.experts().unwrap();
         let (h0, c0) = (es.heat().counts.clone(), es.counters());
@@ -295,11 +311,8 @@ fn one_decode_step_reads_exactly_the_chosen_experts_and_a_repeat_hits() {
         assert_eq!(c1.reads - c0.reads, n_reads, "{name}: reads");
 
         // a cache with room for one step's experts: the same step again only hits
-        let c = charge(
-            &session(&p, Some(spine_resident(&p, &sh)), CachePolicy::LfuDa),
-            &sh,
-        );
-        let b = spine_resident(&p, &sh) + n_uses * c;
+        let c = charge(&session(&p, Some(spine), CachePolicy::LfuDa), &sh);
+        let b = spine + n_uses * c;
         let mut s = session(&p, Some(b), CachePolicy::LfuDa);
         let step = |s: &mut Session| {
             s.cache = s.model.new_cache(N_CTX);
@@ -357,7 +370,8 @@ fn a_file_truncated_mid_run_fails_naming_the_file_and_the_expert() {
         };
         // everything but the experts resident (read at load), so only expert reads touch the
         // file after the cut
-        let mut s = session(&model, Some(spine_resident(&model, &sh)), CachePolicy::None);
+        // (the copy's budgets are the fixture's)
+        let mut s = session(&model, Some(budgets(rel).1), CachePolicy::None);
         s.prefill(&PROMPT[..3], Logits::Last).unwrap();
         let cut = (0..sh.moe_layers * sh.experts)
             .flat_map(|i| s.store.unit(sh.layers + i).ranges.clone())

@@ -54,6 +54,29 @@ pub(super) struct WeightUnits {
     pub experts: Vec<Vec<usize>>,
 }
 
+impl WeightUnits {
+    /// The spine units `spine` followed by the routed experts' units `experts`, none with FP8
+    /// packs; `table[layer][e].0`, expert `e`'s index in `experts` on entry, becomes its index
+    /// among all units.
+    pub fn new<T>(spine: Vec<Unit>, experts: Vec<Unit>, table: &mut [Vec<(usize, T)>]) -> Self {
+        let n_spine = spine.len();
+        for le in table.iter_mut() {
+            le.iter_mut().for_each(|(u, _)| *u += n_spine);
+        }
+        let mut units = spine;
+        units.extend(experts);
+        Self {
+            packs: vec![Vec::new(); units.len()],
+            units,
+            n_spine,
+            experts: table
+                .iter()
+                .map(|le| le.iter().map(|(u, _)| *u).collect())
+                .collect(),
+        }
+    }
+}
+
 /// The LM head and the token embeddings (`[hidden, vocab]` each) and their units.
 pub(super) struct HeadTensors<'a> {
     pub head: &'a TensorInfo,

@@ -24,7 +24,7 @@
 //! [`super::embed_head`]. When the budget cannot hold every weight, the routed experts (never
 //! the shared ones, nor the dense layers' MLPs) are read on demand through the expert store,
 //! FP8 ones repacked as they land so that its cache holds them ready to compute
-//! ([`super::budget`]).
+//! (`budget.rs`).
 
 use anyhow::{Context, Result};
 
@@ -238,12 +238,9 @@ impl DeepseekV3 {
             }
             experts.units.push(le);
         }
-        let n_spine = units.len();
-        for le in &mut experts.units {
-            le.iter_mut().for_each(|(u, _)| *u += n_spine);
-        }
-        units.extend(expert_units);
+        let mut w = WeightUnits::new(units, expert_units, &mut experts.units);
         packs.extend(expert_packs);
+        w.packs = packs;
 
         // --- budget -------------------------------------------------------------------------
         let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
@@ -262,20 +259,10 @@ impl DeepseekV3 {
         let norms_bytes = 4
             * (d * (2 * c.num_hidden_layers + 1)
                 + c.num_hidden_layers * (c.q_lora_rank.unwrap_or(0) + rank + ne));
-        let expert_ids: Vec<Vec<usize>> = experts
-            .units
-            .iter()
-            .map(|le| le.iter().map(|(u, _)| *u).collect())
-            .collect();
         let placed = place(
             opts,
             &ck.files,
-            WeightUnits {
-                units,
-                packs,
-                n_spine,
-                experts: expert_ids,
-            },
+            w,
             HeadTensors {
                 head: head_t,
                 head_unit: unit_of(&[head_t]).0,

@@ -23,7 +23,7 @@
 //! gate and up matrices, used as stored. The layouts and the expert FFN live in
 //! `gpt_oss_experts.rs`. Each (layer, expert) is one weight unit holding its matrices and
 //! biases; spine units hold a layer's q/k/v/o and router weights. When the budget cannot hold
-//! every weight the experts are read on demand through the expert store ([`super::budget`]).
+//! every weight the experts are read on demand through the expert store (`budget.rs`).
 //! A format's loader resolves and checks its tensors into a `Checkpoint`; `GptOss::build`
 //! does the rest for both.
 
@@ -338,12 +338,7 @@ impl GptOss {
             }
             table.units.push(le);
         }
-        // experts' unit ids follow the spine units
-        let n_spine = units.len();
-        for le in &mut table.units {
-            le.iter_mut().for_each(|(u, _)| *u += n_spine);
-        }
-        units.extend(expert_units);
+        let w = WeightUnits::new(units, expert_units, &mut table.units);
 
         // --- budget -------------------------------------------------------------------------
         let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
@@ -353,20 +348,10 @@ impl GptOss {
         let scratch_bytes =
             4 * (nb * per_tok + c.vocab_size + rayon::current_num_threads() * n_ctx);
         let vec_bytes = 4 * (c.num_hidden_layers * (2 * d + qd + 2 * kvd + d + ne + nh) + d);
-        let n_units = units.len();
         let placed = place(
             opts,
             &ck.files,
-            WeightUnits {
-                units,
-                packs: vec![Vec::new(); n_units],
-                n_spine,
-                experts: table
-                    .units
-                    .iter()
-                    .map(|le| le.iter().map(|(u, _)| *u).collect())
-                    .collect(),
-            },
+            w,
             HeadTensors {
                 head: head_t,
                 head_unit: unit_of(&[head_t]).0,

@@ -313,13 +313,8 @@ impl Qwen3 {
             }
             experts.units.push(le);
         }
-        // experts' unit ids follow the spine units
-        let n_spine = units.len();
-        for le in &mut experts.units {
-            le.iter_mut().for_each(|(u, _)| *u += n_spine);
-        }
-        units.extend(expert_units);
-        let units: Vec<Unit> = units.iter().map(relocate).collect();
+        let mut w = WeightUnits::new(units, expert_units, &mut experts.units);
+        w.units = w.units.iter().map(relocate).collect();
 
         // --- budget -------------------------------------------------------------------------
         let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
@@ -335,20 +330,10 @@ impl Qwen3 {
             0
         };
         let norms_bytes = 4 * (d * (2 * c.num_hidden_layers + 1) + qk_norms * c.num_hidden_layers);
-        let n_units = units.len();
         let placed = place(
             opts,
             &phys_files,
-            WeightUnits {
-                units,
-                packs: vec![Vec::new(); n_units],
-                n_spine,
-                experts: experts
-                    .units
-                    .iter()
-                    .map(|le| le.iter().map(|(u, _)| *u).collect())
-                    .collect(),
-            },
+            w,
             HeadTensors {
                 head: head_t,
                 head_unit: relocate(&unit_of(&[head_t]).0),
