@@ -10,7 +10,7 @@ use deltafin::engine::Session;
 use deltafin::models::{load_hf_model, LoadOptions, Logits};
 use deltafin::source::hf::HfModel;
 use deltafin::source::synth::{presets, write_qwen3_moe};
-use deltafin::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions};
+use deltafin::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions, PrefetchMode};
 
 const PROMPT: [u32; 10] = [17, 300, 42, 99, 5, 256, 411, 3, 77, 128];
 const DECODE: usize = 6;
@@ -35,9 +35,11 @@ fn opts(budget: Option<u64>, cache: CachePolicy, engine: EngineChoice, req: usiz
                 engine,
                 depth: 4,
                 request_bytes: req,
+                ..IoOptions::default()
             },
             heat_file: None,
             verify: false,
+            ..ExpertStoreOptions::default()
         },
     }
 }
@@ -257,6 +259,24 @@ fn a_file_shorter_than_its_tensor_table_names_the_file_and_expert() {
     );
 }
 
+/// Layer 1's file loses every expert's bytes while a session runs (its resident spine was
+/// read at load).
+fn cut_layer_1_experts(dir: &Path) {
+    let hf = HfModel::open(dir).unwrap();
+    let first_expert = hf
+        .tensors
+        .iter()
+        .find(|t| t.name == "model.layers.1.mlp.experts.0.down_proj.weight")
+        .unwrap()
+        .offset;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(layer_file(dir))
+        .unwrap()
+        .set_len(first_expert)
+        .unwrap();
+}
+
 #[test]
 fn an_io_error_mid_run_ends_the_pass_naming_file_and_expert_for_both_engines() {
     for engine in [EngineChoice::Auto, EngineChoice::Pool] {
@@ -266,22 +286,7 @@ fn an_io_error_mid_run_ends_the_pass_naming_file_and_expert_for_both_engines() {
             &opts(Some(BUDGET), CachePolicy::None, engine, 4096),
         );
         s.prefill(&PROMPT[..3], Logits::Last).unwrap();
-        // layer 1's file loses every expert's bytes while the session runs (its resident
-        // spine was read at load)
-        let hf = HfModel::open(dir.path()).unwrap();
-        let first_expert = hf
-            .tensors
-            .iter()
-            .find(|t| t.name == "model.layers.1.mlp.experts.0.down_proj.weight")
-            .unwrap()
-            .offset;
-        let p = layer_file(dir.path());
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&p)
-            .unwrap()
-            .set_len(first_expert)
-            .unwrap();
+        cut_layer_1_experts(dir.path());
         for _ in 0..2 {
             // the next pass fails the same way: nothing hangs, nothing is left in flight
             let e = format!("{:#}", s.prefill(&PROMPT[3..], Logits::Last).unwrap_err());
@@ -320,6 +325,8 @@ fn cli_stats_json_reports_the_engine_the_cache_and_per_token_reads() {
             "pool",
             "--heat-file",
             "none",
+            "--prefetch",
+            "off",
             "--stats-json",
         ])
         .arg(&json)
@@ -352,4 +359,86 @@ fn cli_stats_json_reports_the_engine_the_cache_and_per_token_reads() {
         .sum();
     assert_eq!(drive_bytes, e["decode"]["bytes"].as_u64().unwrap());
     assert!(v["physical_limit"]["fraction"].as_f64().unwrap() > 0.0);
+}
+
+fn with_prefetch(mut o: LoadOptions) -> LoadOptions {
+    o.experts.prefetch = PrefetchMode::On;
+    o
+}
+
+#[test]
+fn prefetch_changes_no_logit_and_every_guess_is_used_or_counted_as_waste() {
+    let dir = tiny();
+    let want = logits(&mut session(
+        dir.path(),
+        &opts(None, CachePolicy::None, EngineChoice::Auto, 1 << 20),
+    ));
+    let off = {
+        let mut s = session(
+            dir.path(),
+            &opts(Some(BUDGET), CachePolicy::None, EngineChoice::Auto, 1 << 20),
+        );
+        logits(&mut s);
+        s.store.experts().unwrap().counters()
+    };
+    assert_eq!((off.prefetch_reads, off.prefetch_hits), (0, 0));
+    for cache in [CachePolicy::None, CachePolicy::LfuDa] {
+        for engine in [EngineChoice::Auto, EngineChoice::Pool] {
+            let o = with_prefetch(opts(Some(BUDGET), cache, engine, 1 << 20));
+            let mut s = session(dir.path(), &o);
+            assert!(s.store.experts().unwrap().prefetch_enabled());
+            let got = logits(&mut s);
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{cache} {engine:?} with prefetch: logits differ");
+            // the last pass guessed layer 0 of a next pass that never comes (guesses the
+            // cache holds are not read)
+            let es = s.store.experts_mut().unwrap();
+            assert!(cache != CachePolicy::None || es.prefetch_outstanding() > 0);
+            es.settle().unwrap();
+            assert_eq!(es.prefetch_outstanding(), 0);
+            let c = s.store.experts().unwrap().counters();
+            // every guess whose read started was either used or dropped as waste, and
+            // nothing is left in flight after the last layer
+            assert_eq!(
+                c.prefetch_reads,
+                c.prefetch_hits + c.prefetch_wasted,
+                "{c:?}"
+            );
+            assert_eq!(s.store.experts().unwrap().engine().outstanding(), 0);
+            assert!(c.prefetch_hits > 0 && c.prefetch_hits <= c.misses, "{c:?}");
+            if cache == CachePolicy::None {
+                // the same misses as without prefetch; the extra bytes and reads (one per
+                // expert at 1 MiB requests) are exactly the wasted guesses
+                assert_eq!((c.hits, c.misses), (off.hits, off.misses));
+                assert_eq!(c.bytes, off.bytes + c.prefetch_wasted_bytes, "{c:?}");
+                assert_eq!(c.reads, off.reads + c.prefetch_wasted, "{c:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn with_prefetch_an_io_error_still_ends_the_pass_naming_file_and_expert() {
+    for engine in [EngineChoice::Auto, EngineChoice::Pool] {
+        let dir = tiny();
+        let mut s = session(
+            dir.path(),
+            &with_prefetch(opts(Some(BUDGET), CachePolicy::None, engine, 4096)),
+        );
+        s.prefill(&PROMPT[..3], Logits::Last).unwrap();
+        cut_layer_1_experts(dir.path());
+        for _ in 0..2 {
+            let e = format!("{:#}", s.prefill(&PROMPT[3..], Logits::Last).unwrap_err());
+            assert!(
+                e.contains("model-00003-of-00005.safetensors")
+                    && e.contains("short read")
+                    && e.contains("of layer 1"),
+                "{engine:?}: {e}"
+            );
+        }
+        assert_eq!(s.store.experts().unwrap().engine().outstanding(), 0);
+    }
 }

@@ -309,6 +309,15 @@ fn one_decode_step_reads_exactly_the_chosen_experts_and_a_repeat_hits() {
         assert_eq!(c1.hits - c0.hits, 0, "{name}: hits");
         assert_eq!(c1.bytes - c0.bytes, bytes, "{name}: bytes");
         assert_eq!(c1.reads - c0.reads, n_reads, "{name}: reads");
+        // the budget charged the store's I/O buffers, plus the one a re-encoding keeps
+        let io = s.model.placement().stream_buffer_bytes - s.store.stream_buffer_bytes();
+        let reencoded = rel.ends_with("_fp8") || rel.ends_with("_mxfp4");
+        let kept = if reencoded {
+            es.io_buffer_bytes() / sh.k
+        } else {
+            0
+        };
+        assert_eq!(io, es.io_buffer_bytes() + kept, "{name}: I/O buffers");
 
         // a cache with room for one step's experts: the same step again only hits
         let c = charge(&session(&p, Some(spine), CachePolicy::LfuDa), &sh);

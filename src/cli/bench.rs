@@ -131,12 +131,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     a.store.init_tracing();
     let mut rows = Vec::new();
     let mut table = format!(
-        "{:12} {:>8} {:>8} {:>10} {:>6} {:>10} {:>6} {:>7}  {}\n",
+        "{:12} {:>8} {:>8} {:>10} {:>6} {:>6} {:>10} {:>6} {:>7}  {}\n",
         "scenario",
         "tok/s",
         "TTFT s",
         "MiB/token",
         "hit %",
+        "pf %",
         "drive MB/s",
         "wait %",
         "limit %",
@@ -169,7 +170,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         } else {
             st.decode_s
         };
-        let (hit, wait, engine, drive_bw) = match &st.experts {
+        let (hit, recall, wait, engine, drive_bw) = match &st.experts {
             Some(e) => {
                 let c = if name == "prefill" {
                     &e.prefill
@@ -179,26 +180,29 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 let bw = c.bytes as f64 / run_s.max(1e-12);
                 (
                     100.0 * c.hit_rate,
+                    e.prefetch.then_some(100.0 * c.prefetch_recall),
                     100.0 * c.io_wait_s / run_s.max(1e-12),
                     e.engine.clone(),
                     bw,
                 )
             }
-            None => (0.0, 0.0, "all experts resident".to_string(), 0.0),
+            None => (0.0, None, 0.0, "all experts resident".to_string(), 0.0),
         };
         let limit = v["physical_limit"]["fraction"].as_f64().map(|f| 100.0 * f);
         v["summary"] = serde_json::json!({
             "tok_s": tok_s, "ttft_s": st.ttft_s, "bytes_per_token": per_tok,
-            "hit_rate": hit / 100.0, "expert_read_bytes_per_s": drive_bw,
+            "hit_rate": hit / 100.0, "prefetch_recall": recall.map(|r| r / 100.0),
+            "expert_read_bytes_per_s": drive_bw,
             "io_wait_share": wait / 100.0,
         });
         table += &format!(
-            "{:12} {:>8.2} {:>8.3} {:>10.1} {:>6.1} {:>10.1} {:>6.0} {:>7}  {}\n",
+            "{:12} {:>8.2} {:>8.3} {:>10.1} {:>6.1} {:>6} {:>10.1} {:>6.0} {:>7}  {}\n",
             name,
             tok_s,
             st.ttft_s,
             per_tok / 1048576.0,
             hit,
+            recall.map_or("-".to_string(), |r| format!("{r:.1}")),
             drive_bw / 1e6,
             wait,
             match (name.as_str(), limit) {

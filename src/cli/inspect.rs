@@ -12,8 +12,8 @@ use crate::source::gguf::{TensorInfo, Value};
 /// Arguments of `deltafin inspect`.
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
-    /// Model: a .gguf file, a folder holding one GGUF model, or a Hugging Face folder
-    /// (default: the demo model).
+    /// Model: a .gguf file, a folder holding one GGUF model, a Hugging Face folder, or a pack
+    /// folder (default: the demo model).
     #[arg(short, long)]
     pub model: Option<PathBuf>,
     /// Also list every tensor.
@@ -22,8 +22,9 @@ pub struct InspectArgs {
 }
 
 /// Which routed expert a tensor belongs to, if any: GGUF stacks experts in `ffn_*_exps`
-/// tensors (all experts of a layer in one tensor); Hugging Face names them
-/// `...mlp.experts.N....` or fuses them in `...mlp.experts.gate_up_proj` etc.
+/// tensors (all experts of a layer in one tensor; a pack lists them per expert,
+/// `...ffn_gate_exps.weight[E]`); Hugging Face names them `...mlp.experts.N....` or fuses them
+/// in `...mlp.experts.gate_up_proj` etc.
 fn is_expert_tensor(name: &str) -> bool {
     name.contains("_exps") || name.contains(".experts.")
 }
@@ -54,12 +55,30 @@ pub fn run(a: InspectArgs) -> Result<()> {
     };
     let names: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
     println!("files:        {}", names.join(", "));
+    let pack = match &m {
+        OpenedModel::Gguf(g) => &g.pack,
+        OpenedModel::Hf(h) => &h.pack,
+    };
+    if let Some(p) = pack {
+        let m = crate::source::pack::Manifest::read(&p.dir)?;
+        println!(
+            "format:       Deltafin pack v{} ({} over {} drive(s), {} expert records) of {} ({})",
+            m.format_version,
+            m.placement,
+            m.drives.len(),
+            m.experts.len(),
+            m.source.path,
+            m.source.format
+        );
+    }
     match &m {
         OpenedModel::Gguf(g) => {
-            println!(
-                "format:       GGUF v{} (alignment {})",
-                g.version, g.alignment
-            );
+            if g.pack.is_none() {
+                println!(
+                    "format:       GGUF v{} (alignment {})",
+                    g.version, g.alignment
+                );
+            }
             println!("architecture: {}", g.architecture()?);
             if let Some(n) = g.opt_str("general.name")? {
                 println!("name:         {n}");
@@ -75,17 +94,8 @@ pub fn run(a: InspectArgs) -> Result<()> {
             }
         }
         OpenedModel::Hf(h) => {
-            match crate::source::pack::Manifest::read(&h.dir) {
-                Ok(m) if h.pack.is_some() => println!(
-                    "format:       Deltafin pack v{} ({} over {} drive(s), {} expert records) of {} ({})",
-                    m.format_version,
-                    m.placement,
-                    m.drives.len(),
-                    m.experts.len(),
-                    m.source.path,
-                    m.source.format
-                ),
-                _ => println!("format:       Hugging Face folder (safetensors)"),
+            if h.pack.is_none() {
+                println!("format:       Hugging Face folder (safetensors)");
             }
             let mt = h
                 .config

@@ -1,5 +1,5 @@
-//! `deltafin pack`: writes a pack of a Hugging Face model across drives, or verifies one
-//! (see [`crate::source::pack`] for the format).
+//! `deltafin pack`: writes a pack of a Hugging Face folder or a GGUF file across drives, or
+//! verifies one (see [`crate::source::pack`] for the format).
 
 use std::path::PathBuf;
 
@@ -11,10 +11,13 @@ use crate::source::pack_write::{verify_pack, write_pack, PackOptions, PackPlacem
 /// `deltafin pack` flags.
 #[derive(clap::Args, Debug)]
 pub struct PackArgs {
-    /// The model to pack (a Hugging Face safetensors folder); it is only read.
+    /// The model to pack, only read: a Hugging Face safetensors folder (model_type qwen3,
+    /// qwen3_moe, llama, mixtral) or a GGUF file (architecture qwen3moe, qwen3, llama,
+    /// Mixtral included; the first part of a split model, or a folder holding one).
     #[arg(short, long, required_unless_present = "verify")]
     pub model: Option<PathBuf>,
-    /// The pack folder (manifest, spine, config and tokenizer files).
+    /// The pack folder (manifest, spine, config and tokenizer files; for GGUF the spine file
+    /// is a GGUF file holding the metadata and tokenizer).
     #[arg(long, required_unless_present = "verify")]
     pub out: Option<PathBuf>,
     /// Folders, one per drive, that receive the expert data files (comma-separated).

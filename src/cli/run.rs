@@ -20,8 +20,8 @@ use crate::tokenizer::Tokenizer;
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
     /// Model: a .gguf file (the first part of a split model), a folder holding one GGUF model,
-    /// or a Hugging Face checkpoint folder (one with a config.json).
-    /// Default: the demo model (Gemma 3 270M Q4_K_M), fetched on first use.
+    /// a Hugging Face checkpoint folder (one with a config.json), or a pack folder written by
+    /// `deltafin pack`. Default: the demo model (Gemma 3 270M Q4_K_M), fetched on first use.
     #[arg(short, long)]
     pub model: Option<PathBuf>,
     /// Prompt text; read from standard input when absent.
@@ -183,14 +183,18 @@ pub enum OpenedModel {
     Hf(HfModel),
 }
 
-/// Opens `path` as a pack when it holds a `manifest.json` (or refuses an unfinished pack), as
-/// a Hugging Face folder when it is a directory with a `config.json`, else as GGUF (see
-/// [`open_model`], which also fetches the demo model when `path` is `None`).
+/// Opens `path` as a pack when it holds a `manifest.json` (or refuses an unfinished pack; a
+/// pack opens as the kind of model it was made of), as a Hugging Face folder when it is a
+/// directory with a `config.json`, else as GGUF (see [`open_model`], which also fetches the
+/// demo model when `path` is `None`).
 pub fn open_any(path: Option<&PathBuf>) -> Result<OpenedModel> {
     use crate::source::pack;
     match path {
         Some(p) if pack::is_pack(p) || pack::is_incomplete_pack(p) => {
-            Ok(OpenedModel::Hf(pack::open_pack(p)?))
+            match pack::Manifest::read(p)?.source.format.as_str() {
+                "gguf" => Ok(OpenedModel::Gguf(pack::open_gguf_pack(p)?)),
+                _ => Ok(OpenedModel::Hf(pack::open_pack(p)?)),
+            }
         }
         Some(p) if is_hf_folder(p) => Ok(OpenedModel::Hf(HfModel::open(p)?)),
         _ => Ok(OpenedModel::Gguf(open_model(path)?)),
@@ -556,6 +560,20 @@ pub fn expert_table(s: &GenStats, bandwidth: Option<u64>) -> String {
         d.compute_s,
         100.0 * d.io_wait_s / (d.io_wait_s + d.compute_s).max(1e-12),
     );
+    if e.prefetch {
+        out += &format!(
+            "prefetch             recall {:.1}% ({} of {} misses), {} guesses read, {} wasted ({}), {} cancelled\n",
+            100.0 * d.prefetch_recall,
+            d.prefetch_hits,
+            d.misses,
+            d.prefetch_reads,
+            d.prefetch_wasted,
+            mib(d.prefetch_wasted_bytes as f64),
+            d.prefetch_cancelled
+        );
+    } else {
+        out += "prefetch             off\n";
+    }
     for (drive, bytes, reads, busy, bw) in e.drives() {
         out += &format!(
             "drive {drive:14} {} in {reads} reads, busy {busy:.3} s, {:.1} MB/s while busy\n",

@@ -4,9 +4,9 @@ use std::path::{Path, PathBuf};
 
 use sha2::Digest;
 
-use crate::store::io_engine::{DEFAULT_DEPTH, DEFAULT_REQUEST_BYTES};
+use crate::store::io_engine::{DEFAULT_DEPTH, DEFAULT_PREFETCH_DEPTH, DEFAULT_REQUEST_BYTES};
 use crate::store::plan::parse_size;
-use crate::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions};
+use crate::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions, PrefetchMode};
 
 /// Expert store flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -42,6 +42,16 @@ pub struct StoreArgs {
     /// lands; a mismatch ends the generation with an error naming the files and the expert.
     #[arg(long)]
     pub verify_experts: bool,
+    /// Prefetch: guess the next MoE layer's experts by applying its router to this layer's
+    /// hidden state (and the next token's first MoE layer from this token's) and read the
+    /// guesses at low priority on idle drives: auto (on when the experts lie on two drives or
+    /// more), on, or off.
+    #[arg(long, default_value = "auto")]
+    pub prefetch: PrefetchMode,
+    /// A prefetch read starts only while fewer expert reads than this are in flight on its
+    /// drive, so a demand read waits behind at most this many prefetch reads per drive.
+    #[arg(long, default_value_t = DEFAULT_PREFETCH_DEPTH)]
+    pub prefetch_depth: usize,
 }
 
 impl StoreArgs {
@@ -94,9 +104,11 @@ impl StoreArgs {
                 engine: self.io_engine,
                 depth: self.io_depth.max(1),
                 request_bytes: self.io_request_size as usize,
+                prefetch_depth: self.prefetch_depth.max(1),
             },
             heat_file: self.heat_path(model),
             verify: self.verify_experts,
+            prefetch: self.prefetch,
         }
     }
 }

@@ -21,7 +21,9 @@ use anyhow::{bail, Result};
 use super::embed_head::{head_chunks, whole, Embedding, Head};
 use super::{LoadOptions, Placement};
 use crate::source::gguf::TensorInfo;
+use crate::source::pack::PackInfo;
 use crate::store::aligned::round_up;
+use crate::store::experts::drives_holding;
 use crate::store::plan::{choose_resident, Candidate};
 use crate::store::{
     repack_fp8, AlignedBuf, ExpertStore, ExpertTransform, Fp8Pack, Unit, UnitBytes, WeightStore,
@@ -95,8 +97,10 @@ pub(super) struct OnDemand {
     /// bytes of the largest re-encoded expert, besides FP8 repacking (which [`place`] sets up
     /// itself from [`WeightUnits::packs`]).
     pub transform: Option<(ExpertTransform, usize)>,
-    /// Per-(layer, expert) SHA-256 of pack records, checked as each lands.
-    pub checksums: Option<Vec<Vec<[u8; 32]>>>,
+    /// The pack the files belong to: names its drive files in errors, and with
+    /// `--verify-experts` checks each expert read against its checksum
+    /// ([`PackInfo::attach`]).
+    pub pack: Option<Arc<PackInfo>>,
 }
 
 /// Text the placement summary adds: after "N/M experts resident" (e.g. the expert encoding)
@@ -134,7 +138,8 @@ struct Split {
 /// Splits `budget` (`None`: everything resident): `heads` are the LM head and embeddings
 /// candidates, `sizes[i]` the RAM unit `i` holds when resident (repacked), `bufs[i]` its read
 /// buffer, `packed[i]` whether it is repacked after a streamed read; `out_bytes` the largest
-/// re-encoded expert when experts are re-encoded.
+/// re-encoded expert when experts are re-encoded; with `prefetch`, as many I/O buffers again
+/// hold prefetched experts.
 ///
 /// Errors: the budget cannot hold the KV cache, activations, stream and expert I/O buffers
 /// (the message gives each in MiB).
@@ -149,6 +154,7 @@ fn split(
     n_spine: usize,
     per_tok: usize,
     out_bytes: Option<usize>,
+    prefetch: bool,
 ) -> Result<Split> {
     let n_units = sizes.len();
     let n_heads = heads.len();
@@ -182,7 +188,8 @@ fn split(
         let expert_buf = bufs[n_spine..].iter().copied().max().unwrap_or(0);
         let slot = expert_buf.max(round_up(out_bytes.unwrap_or(0), IO_ALIGN));
         let slots = per_tok.max(1);
-        (slots, (slots + out_bytes.is_some() as usize) * slot)
+        let buffers = slots * (1 + prefetch as usize) + out_bytes.is_some() as usize;
+        (slots, buffers * slot)
     } else {
         (0, 0)
     };
@@ -260,6 +267,12 @@ fn fp8_transform(
     packs: &[Vec<Fp8Pack>],
     experts: &[Vec<usize>],
 ) -> Option<(ExpertTransform, usize)> {
+    let out = experts
+        .iter()
+        .flatten()
+        .filter(|&&u| !packs[u].is_empty())
+        .map(|&u| WeightStore::resident_size(&units[u], &packs[u]))
+        .max()?;
     let table: Vec<Vec<(Unit, Vec<Fp8Pack>)>> = experts
         .iter()
         .map(|le| {
@@ -268,12 +281,6 @@ fn fp8_transform(
                 .collect()
         })
         .collect();
-    let out = table
-        .iter()
-        .flatten()
-        .filter(|(_, p)| !p.is_empty())
-        .map(|(u, p)| WeightStore::resident_size(u, p))
-        .max()?;
     let t = recycling_transform(move |layer, e, raw, buf| {
         let (u, p) = &table[layer][e];
         repack_fp8(raw, u, p, buf)
@@ -323,7 +330,18 @@ pub(super) fn place(
         });
     }
     let n_heads = heads.len();
-    let out_bytes = od.transform.as_ref().map(|t| t.1);
+    assert!(
+        od.transform.is_none() || packs[n_spine..].iter().all(|p| p.is_empty()),
+        "two re-encodings of the same experts"
+    );
+    let transform = od
+        .transform
+        .or_else(|| fp8_transform(&units, &packs, &experts));
+    let out_bytes = transform.as_ref().map(|t| t.1);
+    let prefetch = opts
+        .experts
+        .prefetch
+        .enabled(drives_holding(files, &units[n_spine..]));
     let s = split(
         opts.ram_budget,
         &r,
@@ -334,6 +352,7 @@ pub(super) fn place(
         n_spine,
         od.per_tok,
         out_bytes,
+        prefetch,
     )?;
     let head_resident = s.flags[0];
     let embd_resident = if h.tied { head_resident } else { s.flags[1] };
@@ -393,10 +412,6 @@ pub(super) fn place(
             .collect(),
         false => Vec::new(),
     };
-    let fp8 = match s.on_demand {
-        true => fp8_transform(&units, &packs, &experts),
-        false => None,
-    };
     let mut store = WeightStore::open_full(
         files,
         units,
@@ -418,14 +433,10 @@ pub(super) fn place(
             &opts.experts,
             store.stats().clone(),
         )?;
-        if let Some(sums) = od.checksums {
-            es.set_checksums(sums);
+        if let Some(p) = &od.pack {
+            p.attach(&mut es, opts.experts.verify);
         }
-        assert!(
-            od.transform.is_none() || fp8.is_none(),
-            "two re-encodings of the same experts"
-        );
-        if let Some((t, out)) = od.transform.or(fp8) {
+        if let Some((t, out)) = transform {
             es.set_transform(t, out);
         }
         expert_note = format!(
@@ -489,19 +500,26 @@ mod tests {
         (sizes, bufs, packed)
     }
 
-    /// [`split`] of [`units`] with 3 spine units and top-2 experts.
+    /// [`split`] of [`units`] with 3 spine units and top-2 experts, without prefetch.
     fn split3(b: usize, out: Option<usize>) -> Result<Split> {
+        split_p(b, out, false)
+    }
+
+    /// [`split3`] with or without prefetch.
+    fn split_p(b: usize, out: Option<usize>, prefetch: bool) -> Result<Split> {
         let (sizes, bufs, packed) = units();
+        let (s, p) = (&sizes, &packed);
         split(
             Some(b as u64),
             &R,
             heads(),
-            &sizes,
+            s,
             &bufs,
-            &packed,
+            p,
             3,
             2,
             out,
+            prefetch,
         )
     }
 
@@ -510,7 +528,7 @@ mod tests {
         let (sizes, bufs, packed) = units();
         let all = 120_000 + 40_000 + sizes.iter().sum::<usize>();
         for b in [None, Some(all as u64)] {
-            let s = split(b, &R, heads(), &sizes, &bufs, &packed, 3, 2, None).unwrap();
+            let s = split(b, &R, heads(), &sizes, &bufs, &packed, 3, 2, None, false).unwrap();
             assert_eq!(s.flags, vec![true; 8]);
             assert!(!s.on_demand && s.stream_slot == 0 && s.cache_bytes == 0);
         }
@@ -535,6 +553,11 @@ mod tests {
         assert_eq!((s.io_slots, s.io_bytes), (2, 3 * 6 * K));
         assert_eq!(s.flags, vec![false; 8]);
         assert_eq!(s.cache_bytes, 40_000 + 1000 - 10 * K);
+        // prefetch: as many I/O buffers again (2 × 16 KiB more), so the head no longer fits
+        let s = split_p(b, None, true).unwrap();
+        assert_eq!((s.io_slots, s.io_bytes), (2, 4 * 4 * K));
+        assert_eq!(s.flags, vec![false; 8]);
+        assert_eq!(s.cache_bytes, 40_000 + 1000 - 8 * K);
         let e = split3(need - 1, None).unwrap_err().to_string();
         assert!(
             e.contains("is too small") && e.contains("expert I/O buffers (0.0 MiB)"),
@@ -560,7 +583,7 @@ mod tests {
         let (sizes, bufs, packed) = units();
         // the spine alone, unpacked: 2 stream buffers of 32 KiB, nothing on demand
         let (s3, b3, p3) = (&sizes[..3], &bufs[..3], &packed[..3]);
-        let s = split(Some(200_000), &R, heads(), s3, b3, p3, 3, 2, None).unwrap();
+        let s = split(Some(200_000), &R, heads(), s3, b3, p3, 3, 2, None, false).unwrap();
         assert!(!s.on_demand && s.io_bytes == 0);
         assert_eq!(s.stream_slot, 8 * K);
         // every unit streamed through the streamer (none routed): 2 × 32 KiB plus the largest
@@ -575,6 +598,7 @@ mod tests {
             7,
             2,
             None,
+            false,
         )
         .unwrap_err()
         .to_string();

@@ -279,7 +279,7 @@ impl DeepseekV3 {
             OnDemand {
                 per_tok: c.num_experts_per_tok,
                 transform: None,
-                checksums: None,
+                pack: None,
             },
             Notes {
                 experts: "",

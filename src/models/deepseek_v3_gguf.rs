@@ -40,7 +40,7 @@ use serde_json::json;
 
 use super::deepseek_v3::{Config, DeepseekV3};
 use super::deepseek_v3_tensors::{Checkpoint, FfnTensors, KvB, LayerTensors, Lin};
-use super::loading::{slice_outer, Tensors};
+use super::loading::Tensors;
 use super::qwen3_gguf::{get_usize, opt_usize};
 use super::LoadOptions;
 use crate::source::gguf::GgufModel;
@@ -250,9 +250,10 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
         let moe = c.is_moe_layer(l);
         let ffn = if moe {
             let split = |s: &str, shape: &[usize]| -> Result<Vec<Lin>> {
-                let t = get(&n(s), shape)?;
-                Ok((0..ne)
-                    .map(|e| Lin::Plain(slice_outer(&t, e, ne)))
+                Ok(ts
+                    .stacked(&n(s), shape)?
+                    .into_iter()
+                    .map(Lin::Plain)
                     .collect())
             };
             let gate = split("ffn_gate_exps", &[d, eff, ne])?;

@@ -685,6 +685,7 @@ mod tests {
                 offset: 0,
                 n_bytes: 64 * 100 * 4,
             }],
+            pack: None,
         }
     }
 

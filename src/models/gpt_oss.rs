@@ -42,7 +42,7 @@ use super::gpt_oss_experts::{
 use super::layers::{
     add_into, attention_with_sinks, mm, norm_rope_heads, rms_norm_rows, AttnShape, RopeStyle,
 };
-use super::loading::{mat, read_vector, slice_outer, unit_of, MatRef, Tensors};
+use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
 use super::moe::{moe_forward_with, route_topk_softmax};
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
@@ -200,7 +200,7 @@ impl GptOss {
                 (0..ne)
                     .map(|e| {
                         ExpertTensors::Mxfp4(
-                            [gb, gs, dbk, ds, gub, db].map(|t| slice_outer(t, e, ne)),
+                            [gb, gs, dbk, ds, gub, db].map(|t| t.slice_outer(e, ne)),
                         )
                     })
                     .collect()
@@ -208,7 +208,7 @@ impl GptOss {
                 let gu = ts.get(&x("gate_up_proj"), &[2 * ff, d, ne])?;
                 let dn = ts.get(&x("down_proj"), &[d, ff, ne])?;
                 (0..ne)
-                    .map(|e| ExpertTensors::Float([gu, dn, gub, db].map(|t| slice_outer(t, e, ne))))
+                    .map(|e| ExpertTensors::Float([gu, dn, gub, db].map(|t| t.slice_outer(e, ne))))
                     .collect()
             };
             layers.push(LayerTensors {
@@ -368,7 +368,7 @@ impl GptOss {
                 per_tok: c.num_experts_per_tok,
                 // Hugging Face MXFP4 experts are repacked as they land
                 transform: mxfp4_transform(&table),
-                checksums: None,
+                pack: None,
             },
             Notes {
                 experts: if mxfp4 { " (MXFP4)" } else { "" },

@@ -36,7 +36,7 @@ use anyhow::{bail, Result};
 use serde_json::json;
 
 use super::gpt_oss::{Checkpoint, Config, ExpertTensors, GptOss, LayerTensors};
-use super::loading::{slice_outer, Tensors};
+use super::loading::Tensors;
 use super::qwen3_gguf::{get_usize, opt_usize};
 use super::LoadOptions;
 use crate::source::gguf::{GgufModel, Value};
@@ -223,7 +223,7 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
             ts.get(&b("ffn_down_exps"), &[d, ne])?,
         ];
         let experts = (0..ne)
-            .map(|e| ExpertTensors::Split(stacked.map(|t| slice_outer(t, e, ne))))
+            .map(|e| ExpertTensors::Split(stacked.map(|t| t.slice_outer(e, ne))))
             .collect();
         layers.push(LayerTensors {
             spine,

@@ -84,6 +84,26 @@ impl<'a> Tensors<'a> {
 }
 
 impl<'a> Tensors<'a> {
+    /// The `n` slices of the stacked tensor `name` (GGML `shape`, slices outermost: `n` is
+    /// `shape`'s last dimension, e.g. the experts of a GGUF `ffn_*_exps` tensor), one tensor
+    /// each ([`TensorInfo::slice_outer`]). Where the index lists the slices instead of the
+    /// stacked tensor (`NAME[0]` … `NAME[n-1]`, as a pack of a GGUF model does, each slice in
+    /// its own record), those are returned, each checked to have the slice shape.
+    ///
+    /// Errors: as [`Tensors::get`], naming the stacked tensor or the slice.
+    pub fn stacked(&self, name: &str, shape: &[usize]) -> Result<Vec<TensorInfo>> {
+        let n = *shape.last().expect("a stacked tensor has dimensions");
+        let first = format!("{name}[0]");
+        if self.by_name.contains_key(name) || !self.by_name.contains_key(first.as_str()) {
+            let t = self.get(name, shape)?;
+            return Ok((0..n).map(|i| t.slice_outer(i, n)).collect());
+        }
+        let slice = &shape[..shape.len() - 1];
+        (0..n)
+            .map(|i| self.get(&format!("{name}[{i}]"), slice).cloned())
+            .collect()
+    }
+
     /// The tensor `name`, checked to have `shape` (GGML order) and type `ty` exactly, for
     /// tensors read as bytes (e.g. MXFP4 blocks and scales, indexed as `I8`).
     /// Errors name the file and the tensor.
@@ -108,25 +128,6 @@ impl<'a> Tensors<'a> {
             );
         }
         Ok(t)
-    }
-}
-
-/// Slice `i` of `n` along the outermost dimension of a stacked tensor `t` (e.g. one expert of
-/// `[E, ...]` experts): the remaining shape, its byte range. `t`'s byte size must be a
-/// multiple of `n` (a checked shape guarantees it).
-pub fn slice_outer(t: &TensorInfo, i: usize, n: usize) -> TensorInfo {
-    let each = t.n_bytes / n as u64;
-    let mut shape = t.shape[..t.shape.len() - 1].to_vec();
-    if shape.is_empty() {
-        shape.push(1);
-    }
-    TensorInfo {
-        name: format!("{}[{i}]", t.name),
-        ty: t.ty,
-        shape,
-        file: t.file,
-        offset: t.offset + i as u64 * each,
-        n_bytes: each,
     }
 }
 

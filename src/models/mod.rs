@@ -168,6 +168,13 @@ pub fn load_gguf(
     opts: &LoadOptions,
 ) -> anyhow::Result<(Box<dyn Model>, WeightStore)> {
     let arch = gguf.architecture()?;
+    if gguf.pack.is_some() && !qwen3_gguf::ARCHITECTURES.contains(&arch) {
+        anyhow::bail!(
+            "{}: packs of GGUF architecture '{arch}' cannot be loaded yet (supported: {})",
+            gguf.files[0].display(),
+            qwen3_gguf::ARCHITECTURES.join(", ")
+        );
+    }
     match arch {
         "gemma3" => {
             let (m, s) = gemma3::Gemma3::load(gguf, opts)?;

@@ -255,6 +255,18 @@ pub fn route_sigmoid_grouped(
     chosen
 }
 
+/// The experts a batch's `routes` use (each token's (expert, weight) pairs), heaviest summed
+/// routing weight first, ties to the lower id: the order in which guesses are prefetched.
+pub fn rank_by_weight(routes: &[Vec<(usize, f32)>]) -> Vec<usize> {
+    let mut sum: std::collections::BTreeMap<usize, f32> = Default::default();
+    for &(e, w) in routes.iter().flatten() {
+        *sum.entry(e).or_default() += w;
+    }
+    let mut v: Vec<(usize, f32)> = sum.into_iter().collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    v.into_iter().map(|(e, _)| e).collect()
+}
+
 /// The MoE feed-forward of layer `layer` for `n` tokens with SwiGLU experts
 /// ([`ExpertView`]): [`moe_forward_with`] computing `down(silu(gate(x)) · up(x))`.
 ///

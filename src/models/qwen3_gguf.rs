@@ -9,8 +9,9 @@
 //! attn_v, attn_output, attn_q_norm, attn_k_norm, ffn_norm}` plus either `ffn_{gate,up,down}`
 //! or the router `ffn_gate_inp` and the stacked experts `ffn_{gate,up,down}_exps` (GGML shape
 //! `[hidden, ff, n_experts]` / `[ff, hidden, n_experts]`). A stacked tensor is split by byte
-//! ranges into one matrix per expert, so the store still holds one unit per (layer, expert) and
-//! reads only the experts the router chose.
+//! ranges into one matrix per expert (a pack of the file lists them so already, each expert's
+//! three slices one record), so the store still holds one unit per (layer, expert) and reads
+//! only the experts the router chose.
 //!
 //! RoPE: `qwen3` and `qwen3moe` use the NeoX layout; `llama` the interleaved one (the
 //! converter permuted the q/k rows for it), with the frequencies divided by `rope_freqs` when
@@ -194,23 +195,6 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
     Ok(c)
 }
 
-/// Splits a stacked expert tensor (GGML shape `[cols, rows, n_experts]`) into one tensor per
-/// expert (`[cols, rows]`), each a byte range of the original.
-fn split_experts(t: &TensorInfo) -> Vec<TensorInfo> {
-    let ne = t.shape[2];
-    let per = t.n_bytes / ne;
-    (0..ne)
-        .map(|e| TensorInfo {
-            name: format!("{}[{e}]", t.name),
-            ty: t.ty,
-            shape: t.shape[..2].to_vec(),
-            file: t.file,
-            offset: t.offset + e * per,
-            n_bytes: per,
-        })
-        .collect()
-}
-
 /// Resolves the tensors of a `qwen3moe`, `qwen3` or `llama` GGUF for `c`
 /// ([`config_from_gguf`]), with shape and type checks; errors name the file and the tensor.
 fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
@@ -246,9 +230,9 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
         ];
         let ffn = if c.is_moe_layer(l) {
             let router = get(&n("ffn_gate_inp"), &[d, ne])?;
-            let gate = split_experts(&get(&n("ffn_gate_exps"), &[d, eff, ne])?);
-            let up = split_experts(&get(&n("ffn_up_exps"), &[d, eff, ne])?);
-            let down = split_experts(&get(&n("ffn_down_exps"), &[eff, d, ne])?);
+            let gate = ts.stacked(&n("ffn_gate_exps"), &[d, eff, ne])?;
+            let up = ts.stacked(&n("ffn_up_exps"), &[d, eff, ne])?;
+            let down = ts.stacked(&n("ffn_down_exps"), &[eff, d, ne])?;
             let experts = gate
                 .into_iter()
                 .zip(up)
@@ -301,7 +285,7 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
     }
     Ok(Checkpoint {
         files: g.files.clone(),
-        pack: None,
+        pack: g.pack.clone(),
         embd,
         head,
         final_norm: get("output_norm.weight", &[d])?,

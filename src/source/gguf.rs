@@ -59,6 +59,11 @@ pub struct GgufModel {
     pub metadata: BTreeMap<String, Value>,
     /// Every tensor of every part, in file order.
     pub tensors: Vec<TensorInfo>,
+    /// Set when the model is a Deltafin pack of a GGUF file (see [`super::pack`]): `files` and
+    /// `tensors` are then the pack's logical files, its stacked experts listed per expert
+    /// (`NAME[E]`), mapped to physical reads by the pack's relocation; `metadata` comes from
+    /// the pack's spine file.
+    pub pack: Option<std::sync::Arc<super::pack::PackInfo>>,
 }
 
 /// Errors from reading GGUF files and their metadata. Every message names the file (its file
@@ -249,6 +254,26 @@ impl TensorInfo {
             .skip(1)
             .fold(1u64, |a, &d| a.saturating_mul(d))
     }
+
+    /// Slice `i` of `n` along the outermost dimension (e.g. one expert of a GGUF stacked
+    /// `ffn_*_exps` tensor, GGML shape `[cols, rows, n]`): named `NAME[i]`, with the remaining
+    /// shape and its byte range. The byte size must be a multiple of `n` (a checked shape
+    /// guarantees it).
+    pub fn slice_outer(&self, i: usize, n: usize) -> TensorInfo {
+        let each = self.n_bytes / n as u64;
+        let mut shape = self.shape[..self.shape.len() - 1].to_vec();
+        if shape.is_empty() {
+            shape.push(1);
+        }
+        TensorInfo {
+            name: format!("{}[{i}]", self.name),
+            ty: self.ty,
+            shape,
+            file: self.file,
+            offset: self.offset + i as u64 * each,
+            n_bytes: each,
+        }
+    }
 }
 
 /// Name of `path` for error messages: its file name, or the whole path when it has none.
@@ -346,6 +371,7 @@ impl GgufModel {
             alignment: 0,
             metadata: BTreeMap::new(),
             tensors: Vec::new(),
+            pack: None,
         };
         let mut names = HashSet::new();
         for (i, f) in files.iter().enumerate() {

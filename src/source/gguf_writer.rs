@@ -1,6 +1,7 @@
 //! A small GGUF writer, for tests and tooling: it makes tiny synthetic model files (every
 //! metadata type, raw tensor bytes, version 2 or 3, any alignment, optionally split into
-//! `<prefix>-NNNNN-of-MMMMM.gguf` parts). It is not used to run models.
+//! `<prefix>-NNNNN-of-MMMMM.gguf` parts). It is not used to run models; `deltafin pack` uses
+//! [`header_at`] for the GGUF header of a pack's spine file.
 //!
 //! Layout follows the GGUF spec (ggml `docs/gguf.md`): header, metadata, tensor infos,
 //! padding to the alignment, then each tensor's data at an aligned offset. No padding follows
@@ -231,6 +232,29 @@ fn header_bytes(
     meta: &[(String, Value)],
     tensors: &[(&str, GgmlType, &[u64], u64)],
 ) -> Vec<u8> {
+    let mut offset = 0u64;
+    let placed: Vec<(&str, GgmlType, &[u64], u64)> = tensors
+        .iter()
+        .map(|&(name, ty, shape, n_bytes)| {
+            let at = offset;
+            offset = (offset + n_bytes).next_multiple_of(alignment);
+            (name, ty, shape, at)
+        })
+        .collect();
+    header_at(version, meta, &placed)
+}
+
+/// The header of a GGUF file (GGUF spec, ggml `docs/gguf.md`): magic, `version`, the counts,
+/// the metadata pairs in the order given, then one info per tensor (name, GGML shape, type,
+/// offset), each `offset` relative to the data section, which starts at the end of this header
+/// rounded up to the alignment (`general.alignment` in `meta`, else 32). The offsets are the
+/// caller's: each a multiple of the alignment, the data not overlapping. The length does not
+/// depend on the offsets.
+pub fn header_at(
+    version: u32,
+    meta: &[(String, Value)],
+    tensors: &[(&str, GgmlType, &[u64], u64)],
+) -> Vec<u8> {
     let mut header = Vec::new();
     header.extend_from_slice(b"GGUF");
     header.extend_from_slice(&version.to_le_bytes());
@@ -241,8 +265,7 @@ fn header_bytes(
         header.extend_from_slice(&type_id(v).to_le_bytes());
         put_value(&mut header, v);
     }
-    let mut offset = 0u64;
-    for (name, ty, shape, n_bytes) in tensors {
+    for (name, ty, shape, offset) in tensors {
         put_str(&mut header, name);
         header.extend_from_slice(&(shape.len() as u32).to_le_bytes());
         for d in *shape {
@@ -250,7 +273,6 @@ fn header_bytes(
         }
         header.extend_from_slice(&ty.id().to_le_bytes());
         header.extend_from_slice(&offset.to_le_bytes());
-        offset = (offset + n_bytes).next_multiple_of(alignment);
     }
     header
 }

@@ -12,9 +12,17 @@
 //! place in the pack's *logical* files: 0 is `spine.bin`, `1..=D` the drive files and, for
 //! `stripe`, `D + 1` a virtual file striped over the drives (see [`crate::store::relocate`]).
 //! Model loaders build units from that index exactly as for the source; the stores map them to
-//! physical reads. Checksums are SHA-256 (already a dependency, hardware-accelerated on x86
-//! with SHA-NI at over 1 GB/s, and strong enough that a corrupt record can never pass):
-//! one per expert record over its bytes up to the end of its last tensor, one per spine tensor.
+//! physical reads, and name a drive file in their errors as `drive D (PATH), file FILE`.
+//! Checksums are SHA-256 (already a dependency, hardware-accelerated on x86 with SHA-NI at over
+//! 1 GB/s, and strong enough that a corrupt record can never pass): one per expert record over
+//! its bytes up to the end of its last tensor, one per spine tensor.
+//!
+//! Sources: Hugging Face folders (`format: "hf"`, opened with [`open_pack`]) and GGUF files
+//! (`format: "gguf"`, opened with [`open_gguf_pack`]). For GGUF the stacked experts
+//! `blk.L.ffn_{gate,up,down}_exps.weight` are listed per expert (`NAME[E]`, expert E's three
+//! slices its record), and the spine file is itself a GGUF file: the source's metadata
+//! (tokenizer included, `split.*` keys dropped) and a tensor table of the spine tensors,
+//! whose header the manifest checksums too (`source/pack_gguf.rs`).
 //!
 //! A pack is complete only once `manifest.json` exists; it is written last, by rename. A folder
 //! with `pack.journal` and no manifest is a pack being written and is refused.
@@ -25,10 +33,11 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::gguf::TensorInfo;
+use super::gguf::{GgufModel, TensorInfo};
 use super::hf::HfModel;
 use crate::quant::GgmlType;
 use crate::store::relocate::{Relocation, Stripe};
+use crate::store::ExpertStore;
 
 /// The pack format this code writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -44,11 +53,13 @@ pub const SPINE_FILE: &str = "spine.bin";
 pub struct SourceIdentity {
     /// The source path as given to `pack`, made absolute.
     pub path: String,
-    /// `hf` (a Hugging Face safetensors folder).
+    /// `hf` (a Hugging Face safetensors folder) or `gguf` (a GGUF file, or split set).
     pub format: String,
-    /// `config.json`'s `model_type`.
+    /// `config.json`'s `model_type`, or the GGUF `general.architecture`.
     pub architecture: String,
-    /// SHA-256 (hex) over `config.json` and every safetensors file's header, in file order.
+    /// SHA-256 (hex) over `config.json` and every safetensors file's header, in file order;
+    /// for GGUF, over every file's bytes before its first tensor's data (header, metadata,
+    /// tensor infos).
     pub headers_sha256: String,
 }
 
@@ -103,6 +114,15 @@ pub struct ExpertRecord {
     pub sha256: String,
 }
 
+/// The GGUF header at the start of a GGUF source's spine file (see the module docs).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SpineHeader {
+    /// Bytes of the header (magic, metadata, tensor infos), before any padding.
+    pub len: u64,
+    /// SHA-256 (hex) of those bytes.
+    pub sha256: String,
+}
+
 /// `manifest.json`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Manifest {
@@ -113,12 +133,16 @@ pub struct Manifest {
     /// Chunk bytes of the `stripe` placement.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stripe_chunk: Option<u64>,
-    /// The source's `config.json`.
+    /// The source's `config.json`; for GGUF, its metadata without the arrays (vocabulary,
+    /// merges), which stay in the spine file's header.
     pub config: serde_json::Value,
     /// Files copied from the source folder (tokenizer, generation config, ...).
     pub copied_files: Vec<String>,
     pub spine_file: String,
     pub spine_len: u64,
+    /// GGUF sources: the header at the start of the spine file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spine_header: Option<SpineHeader>,
     pub drives: Vec<Drive>,
     pub tensors: Vec<PackTensor>,
     /// Experts in (layer, expert) order.
@@ -128,9 +152,30 @@ pub struct Manifest {
 /// What the loaders need of a pack beyond its tensor index.
 #[derive(Debug)]
 pub struct PackInfo {
+    /// The pack folder.
+    pub dir: PathBuf,
     pub relocation: Relocation,
     /// `checksums[layer][expert]` (empty rows for layers without experts).
     pub checksums: Vec<Vec<[u8; 32]>>,
+    /// How errors name each physical file of [`Relocation::files`]: `None` for the spine,
+    /// [`Manifest::drive_label`] for a drive file.
+    pub labels: Vec<Option<String>>,
+}
+
+impl PackInfo {
+    /// Readies an expert store opened over [`Relocation::files`]: its errors name each drive
+    /// file by its drive ([`DirectFile::set_label`](crate::store::DirectFile::set_label)), and
+    /// with `verify` every expert read is checked against its checksum.
+    pub fn attach(&self, es: &mut ExpertStore, verify: bool) {
+        for (f, l) in es.engine().files().iter().zip(&self.labels) {
+            if let Some(l) = l {
+                f.set_label(l.clone());
+            }
+        }
+        if verify {
+            es.set_checksums(self.checksums.clone());
+        }
+    }
 }
 
 /// Whether `dir` holds a complete pack (a `manifest.json`).
@@ -200,13 +245,21 @@ impl Manifest {
     }
 }
 
-/// Opens the pack in `dir` as a Hugging Face model whose files are the pack's logical files
-/// (see the module docs), checking that every drive file is there and long enough.
+/// A pack's tensor index in its logical files, checked against the files on disk.
+struct Layout {
+    m: Manifest,
+    files: Vec<PathBuf>,
+    tensors: Vec<TensorInfo>,
+    info: Arc<PackInfo>,
+}
+
+/// Reads the manifest of the pack in `dir`, checks that every drive folder and data file is
+/// there and long enough, and builds the tensor index in logical files (see the module docs).
 ///
-/// Errors: as [`Manifest::read`]; a drive file missing or shorter than the manifest says (the
-/// message names the drive, the file and the first expert it cuts off); a tensor of an unknown
-/// type or outside its file.
-pub fn open_pack(dir: &Path) -> Result<HfModel> {
+/// Errors: as [`Manifest::read`]; a drive folder or data file missing, or a data file shorter
+/// than the manifest says (the message names the drive, the file and the first expert it cuts
+/// off); a tensor of an unknown type or outside its file.
+fn open_layout(dir: &Path) -> Result<Layout> {
     let m = Manifest::read(dir)?;
     let spine = dir.join(&m.spine_file);
     let spine_len = std::fs::metadata(&spine)
@@ -220,6 +273,12 @@ pub fn open_pack(dir: &Path) -> Result<HfModel> {
         );
     }
     for (d, drv) in m.drives.iter().enumerate() {
+        if !Path::new(&drv.path).is_dir() {
+            bail!(
+                "{}: the drive's folder is missing (is the drive mounted?)",
+                m.drive_label(d)
+            );
+        }
         let len = match std::fs::metadata(&drv.file) {
             Ok(x) => x.len(),
             Err(e) => bail!(
@@ -248,6 +307,8 @@ pub fn open_pack(dir: &Path) -> Result<HfModel> {
     let mut files = vec![spine.clone()];
     files.extend(m.drives.iter().map(|d| PathBuf::from(&d.file)));
     let phys = files.clone();
+    let mut labels = vec![None];
+    labels.extend((0..m.drives.len()).map(|d| Some(m.drive_label(d))));
     let stripe = m.stripe_chunk.map(|chunk| Stripe {
         virtual_file: m.drives.len() + 1,
         first_file: 1,
@@ -305,17 +366,83 @@ pub fn open_pack(dir: &Path) -> Result<HfModel> {
             )
         })?;
     }
-    Ok(HfModel {
+    let info = Arc::new(PackInfo {
         dir: dir.to_path_buf(),
-        config: m.config.clone(),
+        relocation: Relocation {
+            files: phys,
+            stripe,
+        },
+        checksums,
+        labels,
+    });
+    Ok(Layout {
+        m,
         files,
         tensors,
-        pack: Some(Arc::new(PackInfo {
-            relocation: Relocation {
-                files: phys,
-                stripe,
-            },
-            checksums,
-        })),
+        info,
     })
+}
+
+/// Checks that the pack in `dir` (manifest `m`) was made from a source of `format`.
+fn expect_format(dir: &Path, m: &Manifest, format: &str) -> Result<()> {
+    if m.source.format != format {
+        bail!(
+            "{}: a pack of a '{}' model, not of a '{format}' one",
+            dir.display(),
+            m.source.format
+        );
+    }
+    Ok(())
+}
+
+/// Opens the pack in `dir` of a Hugging Face model as a Hugging Face model whose files are the
+/// pack's logical files (see the module docs), checking that every drive file is there and long
+/// enough.
+///
+/// Errors: those of `open_layout` (the manifest cannot be read; a drive folder or data file
+/// missing or short, naming the drive, the file and the first expert it cuts off; a tensor of
+/// an unknown type or outside its file); the pack is of a GGUF model.
+pub fn open_pack(dir: &Path) -> Result<HfModel> {
+    let l = open_layout(dir)?;
+    expect_format(dir, &l.m, "hf")?;
+    Ok(HfModel {
+        dir: dir.to_path_buf(),
+        config: l.m.config.clone(),
+        files: l.files,
+        tensors: l.tensors,
+        pack: Some(l.info),
+    })
+}
+
+/// Opens the pack in `dir` of a GGUF model as a GGUF model: metadata (architecture,
+/// hyperparameters, tokenizer) from the GGUF header of its spine file, tensors from the
+/// manifest (stacked experts listed per expert, `NAME[E]`), files the pack's logical files.
+///
+/// Errors: as [`open_pack`]; the pack is of a Hugging Face model; the spine file is not a
+/// GGUF file or its tensor table disagrees with the manifest.
+pub fn open_gguf_pack(dir: &Path) -> Result<GgufModel> {
+    let l = open_layout(dir)?;
+    expect_format(dir, &l.m, "gguf")?;
+    let mut g = GgufModel::open(&l.files[0])?;
+    let spine: Vec<(&str, u64, u64)> = l
+        .tensors
+        .iter()
+        .filter(|t| t.file == 0)
+        .map(|t| (t.name.as_str(), t.offset, t.n_bytes))
+        .collect();
+    let table: Vec<(&str, u64, u64)> = g
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t.offset, t.n_bytes))
+        .collect();
+    if spine != table {
+        bail!(
+            "{}: the spine file's GGUF tensor table disagrees with {MANIFEST}",
+            l.files[0].display()
+        );
+    }
+    g.files = l.files;
+    g.tensors = l.tensors;
+    g.pack = Some(l.info);
+    Ok(g)
 }

@@ -5,7 +5,9 @@
 //! plan resumes: records listed in `pack.journal` whose bytes read back with the journaled
 //! checksum are skipped. Data files are synced before their records enter the journal, and
 //! `manifest.json` is written last, by rename, so an unfinished pack is never loadable. The
-//! source is only ever read.
+//! source is only ever read. Hugging Face folders and GGUF files are packed by the same code
+//! over one description of the source (its files and tensor index); what is particular to GGUF
+//! lives in `pack_gguf.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
@@ -13,14 +15,17 @@ use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::hf::HfModel;
+use super::gguf::{GgufModel, TensorInfo};
+use super::hf::{is_hf_folder, HfModel};
 use super::pack::{
     hex, Drive, ExpertRecord, Extent, Manifest, PackTensor, SourceIdentity, FORMAT_VERSION,
     JOURNAL, MANIFEST, SPINE_FILE,
 };
+use super::pack_gguf;
+pub use super::pack_verify::{verify_pack, Mismatch};
 use crate::store::aligned::round_up;
 use crate::store::heat::Heat;
 
@@ -62,9 +67,31 @@ pub struct PackReport {
     pub bytes_written: u64,
 }
 
-/// The (layer, expert) of a Hugging Face routed-expert tensor name
-/// (`model.layers.L.….experts.E.NAME`), else `None`.
+/// A model to pack, whatever its format: what the manifest records of it, its files and its
+/// tensor index.
+pub(super) struct PackSource {
+    pub identity: SourceIdentity,
+    /// What the manifest keeps as `config`.
+    pub config: serde_json::Value,
+    pub files: Vec<PathBuf>,
+    /// Every tensor; GGUF stacked experts are listed per expert (`NAME[E]`).
+    pub tensors: Vec<TensorInfo>,
+    /// GGUF sources: the model whose metadata heads the spine file.
+    pub gguf: Option<GgufModel>,
+    /// Hugging Face sources: the folder whose small files (config, tokenizer) are copied.
+    pub folder: Option<PathBuf>,
+}
+
+/// The (layer, expert) of a routed-expert tensor name, else `None`: Hugging Face
+/// `model.layers.L.….experts.E.NAME`, or a GGUF expert slice `blk.L.ffn_*_exps.weight[E]`.
 fn expert_key(name: &str) -> Option<(usize, usize)> {
+    if let Some(rest) = name.strip_prefix("blk.") {
+        let (l, rest) = rest.split_once('.')?;
+        let (t, e) = rest.strip_suffix(']')?.split_once('[')?;
+        return t
+            .contains("_exps.")
+            .then_some((l.parse().ok()?, e.parse().ok()?));
+    }
     let rest = name.strip_prefix("model.layers.")?;
     let (l, rest) = rest.split_once('.')?;
     let i = rest.find("experts.")?;
@@ -74,15 +101,43 @@ fn expert_key(name: &str) -> Option<(usize, usize)> {
 
 /// Order of a tensor inside its record: gate, up, down, then the rest by name.
 fn role(name: &str) -> u8 {
-    if name.contains("gate_proj") || name.contains(".w1.") {
+    let has = |xs: [&str; 3]| xs.iter().any(|x| name.contains(x));
+    if has(["gate_proj", ".w1.", "_gate_exps."]) {
         0
-    } else if name.contains("up_proj") || name.contains(".w3.") {
+    } else if has(["up_proj", ".w3.", "_up_exps."]) {
         1
-    } else if name.contains("down_proj") || name.contains(".w2.") {
+    } else if has(["down_proj", ".w2.", "_down_exps."]) {
         2
     } else {
         3
     }
+}
+
+/// The Hugging Face folder `src` as a [`PackSource`].
+///
+/// Errors: the folder cannot be opened ([`HfModel::open`]), its `model_type` cannot be packed.
+fn hf_source(src: &Path) -> Result<PackSource> {
+    let hf = HfModel::open(src)?;
+    let mt = hf.model_type()?;
+    if !matches!(mt, "qwen3" | "qwen3_moe" | "llama" | "mixtral") {
+        bail!(
+            "{}: packing model_type '{mt}' is not supported yet (supported: qwen3, qwen3_moe, llama, mixtral)",
+            src.display()
+        );
+    }
+    Ok(PackSource {
+        identity: SourceIdentity {
+            path: absolute(src).display().to_string(),
+            format: "hf".into(),
+            architecture: mt.to_string(),
+            headers_sha256: source_hash(&hf)?,
+        },
+        config: hf.config.clone(),
+        files: hf.files.clone(),
+        tensors: hf.tensors.clone(),
+        gguf: None,
+        folder: Some(src.to_path_buf()),
+    })
 }
 
 /// SHA-256 over `config.json` and every safetensors header (8-byte length and JSON).
@@ -113,30 +168,31 @@ fn drive_file(drive: &Path, out: &Path, d: usize) -> PathBuf {
     drive.join(format!("deltafin-pack-{name}-{d}.bin"))
 }
 
-fn absolute(p: &Path) -> PathBuf {
+pub(super) fn absolute(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
 /// One record's key (layer, expert), its tensors (index, offset in the record) and its length.
 type RecordLayout = ((usize, usize), Vec<(usize, u64)>, u64);
 
-/// Plans the pack of `hf` under `o`: the manifest without checksums.
-fn plan(hf: &HfModel, src: &Path, o: &PackOptions) -> Result<Manifest> {
+/// Plans the pack of `src` under `o`: the manifest without checksums, and for a GGUF source
+/// the GGUF header that starts the spine file.
+fn plan(src: &PackSource, o: &PackOptions) -> Result<(Manifest, Option<Vec<u8>>)> {
     let nd = o.drives.len();
     if nd == 0 {
         bail!("--drives needs at least one path");
     }
     let mut spine_tensors = Vec::new();
     let mut records: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
-    for (i, t) in hf.tensors.iter().enumerate() {
+    for (i, t) in src.tensors.iter().enumerate() {
         match expert_key(&t.name) {
             Some(k) => records.entry(k).or_default().push(i),
             None => spine_tensors.push(i),
         }
     }
-    let mut tensors: Vec<Option<PackTensor>> = vec![None; hf.tensors.len()];
+    let mut tensors: Vec<Option<PackTensor>> = vec![None; src.tensors.len()];
     let entry = |i: usize, file: usize, offset: u64| {
-        let t = &hf.tensors[i];
+        let t = &src.tensors[i];
         PackTensor {
             name: t.name.clone(),
             dtype: t.ty.name().to_string(),
@@ -148,21 +204,29 @@ fn plan(hf: &HfModel, src: &Path, o: &PackOptions) -> Result<Manifest> {
             sha256: None,
         }
     };
-    let mut spine_len = 0u64;
+    // a GGUF source's spine file starts with its GGUF header
+    let (mut spine_len, spine_align) = match &src.gguf {
+        Some(g) => {
+            let a = ALIGN.max(g.alignment);
+            let list: Vec<&TensorInfo> = spine_tensors.iter().map(|&i| &src.tensors[i]).collect();
+            (pack_gguf::header_len(g, &list).next_multiple_of(a), a)
+        }
+        None => (0, ALIGN),
+    };
     for &i in &spine_tensors {
         tensors[i] = Some(entry(i, 0, spine_len));
-        spine_len = round_up((spine_len + hf.tensors[i].n_bytes) as usize, ALIGN as usize) as u64;
+        spine_len = (spine_len + src.tensors[i].n_bytes).next_multiple_of(spine_align);
     }
     // each record's tensors (role order) and their offsets inside it
     let mut layout: Vec<RecordLayout> = Vec::new();
     for (k, mut ids) in records {
-        ids.sort_by_key(|&i| (role(&hf.tensors[i].name), hf.tensors[i].name.clone()));
+        ids.sort_by_key(|&i| (role(&src.tensors[i].name), src.tensors[i].name.clone()));
         let mut off = 0u64;
         let mut end = 0u64;
         let mut placed = Vec::new();
         for i in ids {
             placed.push((i, off));
-            end = off + hf.tensors[i].n_bytes;
+            end = off + src.tensors[i].n_bytes;
             off = round_up(end as usize, ALIGN as usize) as u64;
         }
         layout.push((k, placed, end));
@@ -265,36 +329,47 @@ fn plan(hf: &HfModel, src: &Path, o: &PackOptions) -> Result<Manifest> {
             }
         })
         .collect();
-    let model_type = hf.model_type()?.to_string();
-    Ok(Manifest {
+    let tensors: Vec<PackTensor> = tensors
+        .into_iter()
+        .map(|t| t.expect("every tensor placed"))
+        .collect();
+    let header = src
+        .gguf
+        .as_ref()
+        .map(|g| pack_gguf::spine_header(g, &tensors))
+        .transpose()?;
+    let spine_header = header.as_ref().map(|h| super::pack::SpineHeader {
+        len: h.len() as u64,
+        sha256: hex(&Sha256::digest(h)),
+    });
+    let m = Manifest {
         format_version: FORMAT_VERSION,
-        source: SourceIdentity {
-            path: absolute(src).display().to_string(),
-            format: "hf".into(),
-            architecture: model_type,
-            headers_sha256: source_hash(hf)?,
-        },
+        source: src.identity.clone(),
         placement: match o.placement {
             PackPlacement::Stripe => "stripe",
             PackPlacement::Spread => "spread",
         }
         .into(),
         stripe_chunk,
-        config: hf.config.clone(),
+        config: src.config.clone(),
         copied_files: Vec::new(),
         spine_file: SPINE_FILE.into(),
         spine_len,
+        spine_header,
         drives,
-        tensors: tensors
-            .into_iter()
-            .map(|t| t.expect("every tensor placed"))
-            .collect(),
+        tensors,
         experts,
-    })
+    };
+    Ok((m, header))
 }
 
 /// Reads `len` bytes at `offset` of `f` into `out` (error names `label`).
-fn read_at(f: &File, offset: u64, out: &mut [u8], label: &dyn Fn() -> String) -> Result<()> {
+pub(super) fn read_at(
+    f: &File,
+    offset: u64,
+    out: &mut [u8],
+    label: &dyn Fn() -> String,
+) -> Result<()> {
     f.read_exact_at(out, offset).with_context(|| {
         format!(
             "{}: reading {} bytes at offset {offset}",
@@ -305,7 +380,7 @@ fn read_at(f: &File, offset: u64, out: &mut [u8], label: &dyn Fn() -> String) ->
 }
 
 /// The record of expert `r` as stored in the pack (its `len` bytes).
-fn read_record(m: &Manifest, files: &[File], r: &ExpertRecord) -> Result<Vec<u8>> {
+pub(super) fn read_record(m: &Manifest, files: &[File], r: &ExpertRecord) -> Result<Vec<u8>> {
     let mut buf = vec![0u8; r.len as usize];
     for x in &r.extents {
         let dst = &mut buf[x.record_offset as usize..(x.record_offset + x.len) as usize];
@@ -330,25 +405,24 @@ fn read_journal(p: &Path) -> HashMap<(char, usize), String> {
         .collect()
 }
 
-/// Packs the Hugging Face model at `src` (see the module docs).
+/// Packs the model at `src` (see the module docs): a Hugging Face folder (`model_type`
+/// `qwen3`, `qwen3_moe`, `llama` or `mixtral`) or a GGUF file, split set or folder holding one
+/// (`general.architecture` `qwen3moe`, `qwen3` or `llama`, Mixtral included).
 ///
-/// Errors: the source is not a Hugging Face folder or is itself a pack, `out` is the source, a
-/// drive is not a writable folder, a read or write fails (the message names the file).
+/// Errors: the source is itself a pack, cannot be opened, or is of another architecture;
+/// `out` is the source; a drive is not a writable folder; a read or write fails (the message
+/// names the file).
 pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
     if super::pack::is_pack(src) {
         bail!("{}: is already a pack", src.display());
     }
     if absolute(src) == absolute(&o.out) {
-        bail!("--out must differ from the source model folder");
+        bail!("--out must differ from the source model");
     }
-    let hf = HfModel::open(src)?;
-    let mt = hf.model_type()?;
-    if !matches!(mt, "qwen3" | "qwen3_moe" | "llama" | "mixtral") {
-        bail!(
-            "{}: packing model_type '{mt}' is not supported yet (supported: qwen3, qwen3_moe, llama, mixtral)",
-            src.display()
-        );
-    }
+    let source = match is_hf_folder(src) {
+        true => hf_source(src)?,
+        false => pack_gguf::gguf_source(src)?,
+    };
     std::fs::create_dir_all(&o.out).with_context(|| format!("{}", o.out.display()))?;
     let finished = Manifest::read(&o.out).ok();
     let _ = std::fs::remove_file(o.out.join(MANIFEST));
@@ -357,7 +431,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
             bail!("drive {}: not a folder", d.display());
         }
     }
-    let mut m = plan(&hf, src, o)?;
+    let (mut m, header) = plan(&source, o)?;
     let plan_text = serde_json::to_string_pretty(&m)?;
     let plan_path = o.out.join(PLAN);
     let journal_path = o.out.join(JOURNAL);
@@ -410,12 +484,12 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
         .iter()
         .map(|d| open_rw(Path::new(&d.file), d.len))
         .collect::<Result<_>>()?;
-    let src_files: Vec<File> = hf
+    let src_files: Vec<File> = source
         .files
         .iter()
         .map(|p| File::open(p).with_context(|| format!("{}", p.display())))
         .collect::<Result<_>>()?;
-    let total: u64 = hf.tensors.iter().map(|t| t.n_bytes).sum();
+    let total: u64 = source.tensors.iter().map(|t| t.n_bytes).sum();
     let bar = if o.progress {
         let b = indicatif::ProgressBar::new(total);
         b.set_style(
@@ -431,10 +505,14 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
         indicatif::ProgressBar::hidden()
     };
     let mut rep = PackReport::default();
-    let src_names: Vec<String> = hf.files.iter().map(|p| p.display().to_string()).collect();
+    let src_names: Vec<String> = source
+        .files
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
     // spine tensors, in chunks of 64 MiB
     let mut pending = String::new();
-    let by_name: HashMap<&str, usize> = hf
+    let by_name: HashMap<&str, usize> = source
         .tensors
         .iter()
         .enumerate()
@@ -444,7 +522,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
         if pt.file != 0 {
             continue;
         }
-        let st = &hf.tensors[by_name[pt.name.as_str()]];
+        let st = &source.tensors[by_name[pt.name.as_str()]];
         if let Some(h) = journal.get(&('s', ti)) {
             let mut b = vec![0u8; pt.n_bytes as usize];
             if read_at(&spine, pt.offset, &mut b, &|| {
@@ -483,6 +561,11 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
         rep.written += 1;
         rep.bytes_written += pt.n_bytes;
     }
+    if let Some(h) = &header {
+        spine
+            .write_all_at(h, 0)
+            .with_context(|| format!("{}", spine_path.display()))?;
+    }
     spine.sync_data()?;
     jf.write_all(pending.as_bytes())?;
     jf.sync_data()?;
@@ -490,7 +573,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
     let spine_written = rep.written;
     // expert records, synced and journaled layer by layer
     let mut by_key: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
-    for (i, t) in hf.tensors.iter().enumerate() {
+    for (i, t) in source.tensors.iter().enumerate() {
         if let Some(k) = expert_key(&t.name) {
             by_key.entry(k).or_default().push(i);
         }
@@ -506,7 +589,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
                     bar.inc(
                         by_key[&(r.layer, r.expert)]
                             .iter()
-                            .map(|&i| hf.tensors[i].n_bytes)
+                            .map(|&i| source.tensors[i].n_bytes)
                             .sum(),
                     );
                     continue;
@@ -516,7 +599,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
         let mut rec = vec![0u8; r.len as usize];
         let mut vfile_base = None;
         for &i in &by_key[&(r.layer, r.expert)] {
-            let st = &hf.tensors[i];
+            let st = &source.tensors[i];
             let pt = &m.tensors[i];
             // the tensor's offset inside the record: its logical offset minus the record's
             let base = *vfile_base.get_or_insert_with(|| record_base(&m, ri));
@@ -561,24 +644,9 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
     }
     bar.finish_and_clear();
     // copy the small files (config, tokenizer, generation config) and finish with the manifest
-    let mut copied = Vec::new();
-    for e in std::fs::read_dir(src).with_context(|| format!("{}", src.display()))? {
-        let e = e?;
-        let name = e.file_name().to_string_lossy().into_owned();
-        let ft = e.file_type()?;
-        if !ft.is_file() || name.ends_with(".safetensors") || name == "model.safetensors.index.json"
-        {
-            continue;
-        }
-        if e.metadata()?.len() > 64 << 20 {
-            continue;
-        }
-        std::fs::copy(e.path(), o.out.join(&name))
-            .with_context(|| format!("copying {}", e.path().display()))?;
-        copied.push(name);
+    if let Some(folder) = &source.folder {
+        m.copied_files = copy_small_files(folder, &o.out)?;
     }
-    copied.sort();
-    m.copied_files = copied;
     let tmp = o.out.join(format!("{MANIFEST}.tmp"));
     {
         let mut f = File::create(&tmp).with_context(|| format!("{}", tmp.display()))?;
@@ -592,67 +660,36 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
     Ok(rep)
 }
 
+/// Copies the small files of the Hugging Face folder `src` (config, tokenizer, generation
+/// config: every plain file of at most 64 MiB but the safetensors and their index) into `out`;
+/// returns their names, sorted.
+///
+/// Errors: a file cannot be listed or copied (the message names it).
+fn copy_small_files(src: &Path, out: &Path) -> Result<Vec<String>> {
+    let mut copied = Vec::new();
+    for e in std::fs::read_dir(src).with_context(|| format!("{}", src.display()))? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let ft = e.file_type()?;
+        if !ft.is_file() || name.ends_with(".safetensors") || name == "model.safetensors.index.json"
+        {
+            continue;
+        }
+        if e.metadata()?.len() > 64 << 20 {
+            continue;
+        }
+        std::fs::copy(e.path(), out.join(&name))
+            .with_context(|| format!("copying {}", e.path().display()))?;
+        copied.push(name);
+    }
+    copied.sort();
+    Ok(copied)
+}
+
 /// The logical offset where record `ri` starts.
 fn record_base(m: &Manifest, ri: usize) -> u64 {
     match m.stripe_chunk {
         Some(c) => ri as u64 * c * m.drives.len() as u64,
         None => m.experts[ri].extents[0].offset,
     }
-}
-
-/// A problem [`verify_pack`] found.
-pub type Mismatch = String;
-
-/// Checks every spine tensor and expert record of the pack in `dir` against its checksum.
-/// Returns the number of items checked and one line per mismatch or unreadable item (naming
-/// the drive, file and (layer, expert), or the spine tensor).
-///
-/// Errors: the manifest cannot be read, a file cannot be opened.
-pub fn verify_pack(dir: &Path) -> Result<(usize, Vec<Mismatch>)> {
-    let m = Manifest::read(dir)?;
-    let spine_path = dir.join(&m.spine_file);
-    let spine = File::open(&spine_path).with_context(|| format!("{}", spine_path.display()))?;
-    let mut bad = Vec::new();
-    let mut n = 0;
-    for t in m.tensors.iter().filter(|t| t.file == 0) {
-        n += 1;
-        let mut b = vec![0u8; t.n_bytes as usize];
-        let ok = read_at(&spine, t.offset, &mut b, &|| {
-            spine_path.display().to_string()
-        })
-        .map(|_| Some(hex(&Sha256::digest(&b))) == t.sha256);
-        match ok {
-            Ok(true) => {}
-            Ok(false) => bad.push(format!(
-                "{}: spine tensor '{}': checksum mismatch",
-                spine_path.display(),
-                t.name
-            )),
-            Err(e) => bad.push(format!("spine tensor '{}': {e:#}", t.name)),
-        }
-    }
-    let files: Vec<File> = m
-        .drives
-        .iter()
-        .enumerate()
-        .map(|(d, x)| File::open(&x.file).map_err(|e| anyhow!("{}: {e}", m.drive_label(d))))
-        .collect::<Result<_>>()?;
-    for r in &m.experts {
-        n += 1;
-        let where_ = || {
-            let ds: Vec<String> = r.extents.iter().map(|x| m.drive_label(x.drive)).collect();
-            format!(
-                "expert {} of layer {} on {}",
-                r.expert,
-                r.layer,
-                ds.join("; ")
-            )
-        };
-        match read_record(&m, &files, r) {
-            Ok(b) if hex(&Sha256::digest(&b)) == r.sha256 => {}
-            Ok(_) => bad.push(format!("{}: checksum mismatch", where_())),
-            Err(e) => bad.push(format!("{}: {e:#}", where_())),
-        }
-    }
-    Ok((n, bad))
 }

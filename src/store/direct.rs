@@ -5,6 +5,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use super::aligned::{round_down, round_up, AlignedBuf, IO_ALIGN};
 
@@ -14,6 +15,8 @@ pub struct DirectFile {
     path: PathBuf,
     len: u64,
     direct: bool,
+    /// What error messages call the file, when more than its path says (set once).
+    label: OnceLock<String>,
 }
 
 /// The byte range a direct read actually covers: `[start, start + len)` with both aligned to
@@ -62,6 +65,7 @@ impl DirectFile {
             path: path.to_path_buf(),
             len,
             direct,
+            label: OnceLock::new(),
         };
         if f.direct && f.probe().is_err() {
             // Some filesystems accept the flag at open and fail every read with EINVAL.
@@ -102,6 +106,22 @@ impl DirectFile {
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Names the file in error messages from now on (e.g. a pack's drive file as
+    /// `drive 1 (/mnt/d1), file /mnt/d1/deltafin-pack-m-1.bin`); it can be set once, also
+    /// while the file is shared with the read engine's threads. A second call is ignored.
+    pub fn set_label(&self, label: String) {
+        let _ = self.label.set(label);
+    }
+
+    /// What error messages call the file: its label ([`DirectFile::set_label`]), else its
+    /// path.
+    pub fn label(&self) -> String {
+        match self.label.get() {
+            Some(l) => l.clone(),
+            None => self.path.display().to_string(),
+        }
     }
 
     /// Reads `len` bytes at `offset` into `dst`, which must start at an [`IO_ALIGN`]-aligned

@@ -12,6 +12,15 @@
 //!
 //! Errors end the fetch after every outstanding read has completed (the kernel or a pool thread
 //! may still be writing into a buffer), naming the file and the (layer, expert).
+//!
+//! **Prefetch** ([`ExpertStore::prefetch`]): the model guesses the next MoE layer's experts
+//! (that layer's router applied to this layer's hidden state) and the store reads the guesses
+//! that are not cached at low priority ([`IoEngine::submit_low`]): into up to `slots` buffers
+//! of their own, only when no demand read waits for a buffer, and only into idle queue slots.
+//! When that layer is planned, a guess that landed is used like a cache hit, one in flight
+//! becomes a demand read, and the others are dropped: reads not started are cancelled, the bytes
+//! of started ones count as wasted. Prefetch changes when bytes arrive, never which experts are
+//! computed or the order they are reduced in.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -39,6 +48,78 @@ pub struct ExpertStoreOptions {
     /// Check each expert read from a pack against its manifest checksum as it lands
     /// (`--verify-experts`); ignored for models that are not packs.
     pub verify: bool,
+    /// Whether the next MoE layer's guessed experts are read at low priority (`--prefetch`).
+    pub prefetch: PrefetchMode,
+}
+
+/// When prefetch runs (`--prefetch auto|on|off`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefetchMode {
+    /// On when the experts lie on two drives or more. On one drive that is already busy
+    /// nearly all the time, wrong guesses cost more than the idle time right ones fill
+    /// (measured: BENCHMARKS.md, "Prefetch").
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl PrefetchMode {
+    /// Whether prefetch runs for experts whose bytes lie on `drives` devices.
+    pub fn enabled(self, drives: usize) -> bool {
+        match self {
+            Self::Auto => drives >= 2,
+            Self::On => true,
+            Self::Off => false,
+        }
+    }
+}
+
+impl std::str::FromStr for PrefetchMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "on" => Ok(Self::On),
+            "off" => Ok(Self::Off),
+            _ => Err(format!(
+                "unknown prefetch mode '{s}' (expected auto, on or off)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for PrefetchMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::On => "on",
+            Self::Off => "off",
+        })
+    }
+}
+
+/// The number of devices (drives) holding the bytes of `units`, whose ranges index `files`.
+/// A file that cannot be examined counts as a drive of its own.
+pub fn drives_holding<'a>(files: &[PathBuf], units: impl IntoIterator<Item = &'a Unit>) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let mut used = vec![false; files.len()];
+    for u in units {
+        for r in &u.ranges {
+            used[r.file] = true;
+        }
+    }
+    let mut devs: Vec<Option<u64>> = files
+        .iter()
+        .zip(&used)
+        .filter(|(_, &u)| u)
+        .map(|(p, _)| std::fs::metadata(p).ok().map(|m| m.dev()))
+        .collect();
+    let unknown = devs.iter().filter(|d| d.is_none()).count();
+    devs.retain(|d| d.is_some());
+    devs.sort_unstable();
+    devs.dedup();
+    devs.len() + unknown
 }
 
 /// Cumulative counters of the expert store.
@@ -56,18 +137,55 @@ pub struct ExpertCounters {
     pub wait_ns: u64,
     /// Nanoseconds spent computing experts.
     pub compute_ns: u64,
+    /// Guessed experts whose reads prefetch started.
+    pub prefetch_reads: u64,
+    /// Expert uses (counted in `misses`) served by a prefetch that had landed or was in flight.
+    pub prefetch_hits: u64,
+    /// Prefetched experts dropped unused after their reads started.
+    pub prefetch_wasted: u64,
+    /// Bytes read for prefetched experts that were dropped unused (counted in `bytes`).
+    pub prefetch_wasted_bytes: u64,
+    /// Guesses dropped before any of their reads started (no bytes read).
+    pub prefetch_cancelled: u64,
+}
+
+impl ExpertCounters {
+    /// Prefetch recall: the share of expert uses not served by the cache whose reads a
+    /// prefetch had already started (`prefetch_hits / misses`; 0 without misses).
+    pub fn prefetch_recall(&self) -> f64 {
+        if self.misses == 0 {
+            0.0
+        } else {
+            self.prefetch_hits as f64 / self.misses as f64
+        }
+    }
 }
 
 /// A re-encoding applied to each miss once its bytes land (see [`ExpertStore::set_transform`]):
 /// `(layer, expert, bytes as read) → bytes compute reads`.
 pub type ExpertTransform = Box<dyn FnMut(usize, usize, UnitBytes) -> UnitBytes + Send>;
 
-/// A miss being read: its expert, bytes, requests still outstanding, the first error.
+/// Why an expert is being read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Purpose {
+    /// The layer being computed needs it.
+    Demand,
+    /// A guess for the MoE layer planned next.
+    Prefetch,
+    /// A guess that turned out wrong; its bytes are dropped when they land.
+    Discard,
+}
+
+/// A read in flight: its (layer, expert), bytes, requests still outstanding, bytes landed so
+/// far, the first error, and why it is read.
 struct Landing {
+    layer: usize,
     expert: usize,
     bytes: UnitBytes,
     left: usize,
+    got: u64,
     err: Option<io::Error>,
+    purpose: Purpose,
 }
 
 /// Routed experts read on demand through an I/O engine into a budgeted cache.
@@ -78,7 +196,9 @@ pub struct ExpertStore {
     units: Vec<Vec<Arc<Unit>>>,
     cache: ExpertCache,
     free: Vec<AlignedBuf>,
+    /// Buffers for demand reads; `prefetch_slots` more may hold prefetched experts.
     slots: usize,
+    prefetch_slots: usize,
     slot_bytes: usize,
     request_bytes: usize,
     landing: HashMap<usize, Landing>,
@@ -86,6 +206,12 @@ pub struct ExpertStore {
     pending: VecDeque<usize>,
     planned: Option<(usize, Vec<usize>)>,
     hits_now: Vec<usize>,
+    /// Landed prefetches the layer now planned takes, computed right after the cache hits.
+    ready: VecDeque<(usize, UnitBytes)>,
+    /// Guesses not yet started: (layer, expert), best first.
+    guesses: VecDeque<(usize, usize)>,
+    /// Prefetches that landed, with their bytes read, waiting for their layer to be planned.
+    staged: HashMap<(usize, usize), (UnitBytes, u64)>,
     counters: ExpertCounters,
     io_stats: Arc<IoStats>,
     heat: Heat,
@@ -121,7 +247,8 @@ fn coalesced_spans(unit: &Unit) -> Vec<(usize, u64, usize, usize, u64)> {
 impl ExpertStore {
     /// A store over `files` (the model's files, opened here with `O_DIRECT` when `direct`) for
     /// `units[layer][expert]`, with `slots` I/O buffers (at least one) sized for the largest
-    /// expert, a cache of `cache_bytes`, and `opts`. Expert reads are also added to `io_stats`.
+    /// expert, a cache of `cache_bytes`, and `opts`. With prefetch on (`opts.prefetch` for the
+    /// number of drives holding the experts), `slots` more buffers may hold prefetched experts. Expert reads are also added to `io_stats`.
     ///
     /// Errors: a file cannot be opened, or is shorter than an expert's byte range (the message
     /// names the file and the (layer, expert)), or `--io-engine uring` and io_uring is
@@ -176,12 +303,21 @@ impl ExpertStore {
             .unwrap_or_default();
         let engine = IoEngine::new(dfiles, &opts.io)?;
         let slots = slots.max(1);
+        let drives = drives_holding(files, units.iter().flatten().map(|u| &**u));
+        let prefetch_slots = if opts.prefetch.enabled(drives) {
+            slots
+        } else {
+            0
+        };
         Ok(Self {
             engine,
             units,
             cache: ExpertCache::new(opts.cache, cache_bytes, heat_seed),
-            free: (0..slots).map(|_| AlignedBuf::new(slot_bytes)).collect(),
+            free: (0..slots + prefetch_slots)
+                .map(|_| AlignedBuf::new(slot_bytes))
+                .collect(),
             slots,
+            prefetch_slots,
             slot_bytes,
             request_bytes: super::aligned::round_up(opts.io.request_bytes.max(4096), 4096),
             landing: HashMap::new(),
@@ -189,6 +325,9 @@ impl ExpertStore {
             pending: VecDeque::new(),
             planned: None,
             hits_now: Vec::new(),
+            ready: VecDeque::new(),
+            guesses: VecDeque::new(),
+            staged: HashMap::new(),
             counters: ExpertCounters::default(),
             io_stats,
             heat: Heat::zeros(n_layers, n_experts),
@@ -208,12 +347,12 @@ impl ExpertStore {
     /// Re-encodes every miss right after its bytes land (and pass their checksum), before
     /// compute and before the cache takes them: `t(layer, expert, bytes as read)` returns the
     /// bytes compute reads (e.g. FP8 repacked into `F8_E4M3_B128` rows), so the cache holds
-    /// that encoding and a hit re-encodes nothing. `out_bytes` is the largest re-encoded
-    /// expert's buffer: the I/O buffers grow to it, so that every buffer (read, re-encoded,
-    /// cached or evicted) can take any of those roles and the cache is charged the re-encoded
-    /// size. `t` may keep the buffer it is given for its next output; buffers it returns
-    /// smaller than the I/O buffers are dropped when the cache lets them go. Call before the
-    /// first [`ExpertStore::plan`].
+    /// that encoding and a hit re-encodes nothing (a landed prefetch is re-encoded when its
+    /// layer takes it). `out_bytes` is the largest re-encoded expert's buffer: the I/O buffers
+    /// grow to it, so that every buffer (read, re-encoded, cached or evicted) can take any of
+    /// those roles and the cache is charged the re-encoded size. `t` may keep the buffer it is
+    /// given for its next output; buffers it returns smaller than the I/O buffers are dropped
+    /// when the cache lets them go. Call before the first [`ExpertStore::plan`].
     pub fn set_transform(&mut self, t: ExpertTransform, out_bytes: usize) {
         assert!(
             self.landing.is_empty(),
@@ -221,16 +360,21 @@ impl ExpertStore {
         );
         if out_bytes > self.slot_bytes {
             self.slot_bytes = super::aligned::round_up(out_bytes, super::aligned::IO_ALIGN);
-            self.free = (0..self.slots)
+            self.free = (0..self.slots + self.prefetch_slots)
                 .map(|_| AlignedBuf::new(self.slot_bytes))
                 .collect();
         }
         self.transform = Some(t);
     }
 
-    /// Bytes of the I/O buffers (`slots` × the largest expert's buffer).
+    /// Bytes of the I/O buffers (demand and prefetch slots × the largest expert's buffer).
     pub fn io_buffer_bytes(&self) -> usize {
-        self.slots * self.slot_bytes
+        (self.slots + self.prefetch_slots) * self.slot_bytes
+    }
+
+    /// Whether prefetch is on.
+    pub fn prefetch_enabled(&self) -> bool {
+        self.prefetch_slots > 0
     }
 
     /// The cache.
@@ -275,18 +419,112 @@ impl ExpertStore {
     pub fn plan(&mut self, layer: usize, ids: &[usize]) {
         assert!(self.planned.is_none(), "a layer planned twice");
         self.hits_now.clear();
+        let mut misses = 0;
         for &e in ids {
             self.heat.counts[layer][e] += 1;
             if self.cache.hit((layer as u32, e as u32)).is_some() {
                 self.hits_now.push(e);
+                continue;
+            }
+            misses += 1;
+            if let Some((b, _)) = self.staged.remove(&(layer, e)) {
+                self.counters.prefetch_hits += 1;
+                self.ready.push_back((e, b));
+                continue;
+            }
+            let guessed = self
+                .landing
+                .iter_mut()
+                .find(|(_, l)| l.purpose == Purpose::Prefetch && (l.layer, l.expert) == (layer, e));
+            if let Some((&tag, l)) = guessed {
+                self.counters.prefetch_hits += 1;
+                l.purpose = Purpose::Demand;
+                self.engine.promote(tag);
             } else {
                 self.pending.push_back(e);
             }
         }
+        self.drop_guesses();
         self.counters.hits += self.hits_now.len() as u64;
-        self.counters.misses += self.pending.len() as u64;
+        self.counters.misses += misses;
         self.planned = Some((layer, ids.to_vec()));
         self.issue(layer);
+    }
+
+    /// Guesses the experts `ids` (best first; at most `slots` are taken) of `layer`, the MoE
+    /// layer planned next, and starts reading the ones not cached at low priority (see the
+    /// module doc). Replaces earlier guesses. No effect with prefetch off.
+    pub fn prefetch(&mut self, layer: usize, ids: &[usize]) {
+        if self.prefetch_slots == 0 || layer >= self.units.len() {
+            return;
+        }
+        self.drop_guesses();
+        for &e in ids.iter().take(self.prefetch_slots) {
+            if e < self.units[layer].len() && !self.cache.contains((layer as u32, e as u32)) {
+                self.guesses.push_back((layer, e));
+            }
+        }
+        self.issue_prefetch();
+    }
+
+    /// Drops every guess the layer just planned did not take: cancels reads not started,
+    /// marks reads in flight to be discarded when they land, frees landed ones.
+    fn drop_guesses(&mut self) {
+        self.counters.prefetch_cancelled += self.guesses.len() as u64;
+        self.guesses.clear();
+        let mut gone = Vec::new();
+        for (&tag, l) in self.landing.iter_mut() {
+            if l.purpose != Purpose::Prefetch {
+                continue;
+            }
+            l.purpose = Purpose::Discard;
+            l.left -= self.engine.cancel_low(tag);
+            if l.left == 0 {
+                gone.push(tag);
+            }
+        }
+        for tag in gone {
+            let l = self.landing.remove(&tag).expect("landing present");
+            if l.got == 0 {
+                // none of its reads had started
+                self.counters.prefetch_reads -= 1;
+                self.counters.prefetch_cancelled += 1;
+            } else {
+                self.counters.prefetch_wasted += 1;
+                self.counters.prefetch_wasted_bytes += l.got;
+            }
+            self.free.push(l.bytes.into_buf());
+        }
+        for (_, (b, got)) in std::mem::take(&mut self.staged) {
+            self.counters.prefetch_wasted += 1;
+            self.counters.prefetch_wasted_bytes += got;
+            self.free.push(b.into_buf());
+        }
+    }
+
+    /// Buffers held by prefetch: guesses in flight or landed.
+    fn prefetch_held(&self) -> usize {
+        self.staged.len()
+            + self
+                .landing
+                .values()
+                .filter(|l| l.purpose != Purpose::Demand)
+                .count()
+    }
+
+    /// Starts reads of guesses while no demand read waits for a buffer, a buffer is free and
+    /// prefetch holds fewer than its `prefetch_slots`.
+    fn issue_prefetch(&mut self) {
+        while self.pending.is_empty()
+            && !self.free.is_empty()
+            && self.prefetch_held() < self.prefetch_slots
+        {
+            let Some((layer, e)) = self.guesses.pop_front() else {
+                return;
+            };
+            self.counters.prefetch_reads += 1;
+            self.start(layer, e, Purpose::Prefetch);
+        }
     }
 
     /// Starts reads for pending misses while I/O buffers are free.
@@ -295,6 +533,14 @@ impl ExpertStore {
             let Some(e) = self.pending.pop_front() else {
                 return;
             };
+            self.start(layer, e, Purpose::Demand);
+        }
+    }
+
+    /// Starts the reads of expert `e` of `layer` into a free buffer, at low priority for a
+    /// prefetch.
+    fn start(&mut self, layer: usize, e: usize, purpose: Purpose) {
+        {
             let unit = self.units[layer][e].clone();
             let mut bytes = UnitBytes::laid_out(&unit, self.free.pop().unwrap());
             let base = bytes.buf_ptr();
@@ -307,7 +553,7 @@ impl ExpertStore {
                     let rl = self.request_bytes.min(len - c);
                     let c0 = start + c as u64;
                     let need = (end.saturating_sub(c0) as usize).min(rl);
-                    self.engine.submit(Req {
+                    let r = Req {
                         file,
                         offset: c0,
                         len: rl,
@@ -315,7 +561,11 @@ impl ExpertStore {
                         // SAFETY: pos + c + rl ≤ the unit's buffer_bytes ≤ the buffer's size.
                         dst: unsafe { base.add(pos + c) },
                         tag,
-                    });
+                    };
+                    match purpose {
+                        Purpose::Demand => self.engine.submit(r),
+                        _ => self.engine.submit_low(r),
+                    }
                     n += 1;
                     c += rl;
                 }
@@ -323,10 +573,13 @@ impl ExpertStore {
             self.landing.insert(
                 tag,
                 Landing {
+                    layer,
                     expert: e,
                     bytes,
                     left: n,
+                    got: 0,
                     err: None,
+                    purpose,
                 },
             );
         }
@@ -348,7 +601,7 @@ impl ExpertStore {
             "experts",
             layer,
             hits = self.hits_now.len(),
-            misses = self.landing.len() + self.pending.len()
+            misses = self.landing.len() + self.pending.len() + self.ready.len()
         )
         .entered();
         let c0 = self.counters.clone();
@@ -362,56 +615,37 @@ impl ExpertStore {
             f(e, b);
             self.counters.compute_ns += t.elapsed().as_nanos() as u64;
         }
-        while !self.landing.is_empty() {
-            let t = Instant::now();
-            let d = self.engine.wait();
-            let waited = t.elapsed().as_nanos() as u64;
-            self.counters.wait_ns += waited;
-            self.io_stats.wait_ns.fetch_add(waited, Ordering::Relaxed);
-            let Some(l) = self.landing.get_mut(&d.tag) else {
-                let e = d
-                    .result
-                    .err()
-                    .unwrap_or_else(|| io::Error::other("completion of an unknown read"));
-                return Err(self.fail(e));
-            };
-            l.left -= 1;
-            match d.result {
-                Ok(n) => {
-                    self.counters.bytes += n;
-                    self.counters.reads += 1;
-                    self.io_stats.bytes_read.fetch_add(n, Ordering::Relaxed);
-                    self.io_stats.reads.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    l.err.get_or_insert(e);
-                }
-            }
-            if l.left > 0 {
+        while let Some((e, b)) = self.ready.pop_front() {
+            self.compute_miss(layer, e, b, f);
+        }
+        while self.demand_open() {
+            let Some(l) = self.land_one()? else {
                 continue;
-            }
-            let l = self.landing.remove(&d.tag).expect("landing present");
-            if let Some(e) = l.err {
-                let msg = format!("{e} (expert {} of layer {layer})", l.expert);
-                self.free.push(l.bytes.into_buf());
-                return Err(self.fail(io::Error::new(e.kind(), msg)));
-            }
-            if let Some(sums) = &self.checksums {
-                if let Some(msg) = self.check_sum(sums, layer, l.expert, &l.bytes) {
-                    self.free.push(l.bytes.into_buf());
-                    return Err(self.fail(io::Error::new(io::ErrorKind::InvalidData, msg)));
-                }
-            }
-            let t = Instant::now();
-            let bytes = match self.transform.as_mut() {
-                Some(tr) => tr(layer, l.expert, l.bytes),
-                None => l.bytes,
             };
-            f(l.expert, &bytes);
-            self.counters.compute_ns += t.elapsed().as_nanos() as u64;
-            let out = self.cache.admit((layer as u32, l.expert as u32), bytes);
-            self.refill(out);
+            match l.purpose {
+                Purpose::Demand => {
+                    if let Some(e) = l.err {
+                        let msg = format!("{e} (expert {} of layer {})", l.expert, l.layer);
+                        self.free.push(l.bytes.into_buf());
+                        return Err(self.fail(io::Error::new(e.kind(), msg)));
+                    }
+                    if let Some(msg) = self.check_sum(l.layer, l.expert, &l.bytes) {
+                        self.free.push(l.bytes.into_buf());
+                        return Err(self.fail(io::Error::new(io::ErrorKind::InvalidData, msg)));
+                    }
+                    self.compute_miss(layer, l.expert, l.bytes, f);
+                }
+                // a guess that failed or does not match its checksum is dropped; the demand
+                // read that follows reports the error
+                Purpose::Prefetch
+                    if l.err.is_none() && self.check_sum(l.layer, l.expert, &l.bytes).is_none() =>
+                {
+                    self.staged.insert((l.layer, l.expert), (l.bytes, l.got));
+                }
+                Purpose::Prefetch | Purpose::Discard => self.waste(l),
+            }
             self.issue(layer);
+            self.issue_prefetch();
         }
         let c1 = &self.counters;
         tracing::debug!(
@@ -419,40 +653,126 @@ impl ExpertStore {
             bytes = c1.bytes - c0.bytes,
             wait_ns = c1.wait_ns - c0.wait_ns,
             compute_ns = c1.compute_ns - c0.compute_ns,
+            prefetch_hits = c1.prefetch_hits - c0.prefetch_hits,
             "layer experts done"
         );
         Ok(())
     }
 
-    /// The error message when expert `e` of `layer` in `b` does not match its checksum.
-    fn check_sum(
-        &self,
-        sums: &[Vec<[u8; 32]>],
+    /// Waits for the next completed read and books it; returns its expert's landing when that
+    /// was the expert's last outstanding read.
+    ///
+    /// Errors: a completion that matches no read (the store's state is reset).
+    fn land_one(&mut self) -> io::Result<Option<Landing>> {
+        let t = Instant::now();
+        let d = self.engine.wait();
+        let waited = t.elapsed().as_nanos() as u64;
+        self.counters.wait_ns += waited;
+        self.io_stats.wait_ns.fetch_add(waited, Ordering::Relaxed);
+        let Some(l) = self.landing.get_mut(&d.tag) else {
+            let e = d
+                .result
+                .err()
+                .unwrap_or_else(|| io::Error::other("completion of an unknown read"));
+            return Err(self.fail(e));
+        };
+        l.left -= 1;
+        match d.result {
+            Ok(n) => {
+                l.got += n;
+                self.counters.bytes += n;
+                self.counters.reads += 1;
+                self.io_stats.bytes_read.fetch_add(n, Ordering::Relaxed);
+                self.io_stats.reads.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                l.err.get_or_insert(e);
+            }
+        }
+        if l.left > 0 {
+            return Ok(None);
+        }
+        Ok(self.landing.remove(&d.tag))
+    }
+
+    /// Frees the buffer of a guess dropped after its reads started, counting it as wasted.
+    fn waste(&mut self, l: Landing) {
+        self.counters.prefetch_wasted += 1;
+        self.counters.prefetch_wasted_bytes += l.got;
+        self.free.push(l.bytes.into_buf());
+    }
+
+    /// Guesses whose reads started and that no layer has taken yet (in flight or landed).
+    pub fn prefetch_outstanding(&self) -> usize {
+        self.prefetch_held()
+    }
+
+    /// Drops every guess and waits for the reads of those in flight, counting them as wasted,
+    /// so nothing is left in flight (the end of a generation). Call between layers.
+    ///
+    /// Errors: a completion that matches no read.
+    pub fn settle(&mut self) -> io::Result<()> {
+        assert!(self.planned.is_none(), "settle() with a layer planned");
+        self.drop_guesses();
+        while !self.landing.is_empty() {
+            if let Some(l) = self.land_one()? {
+                self.waste(l);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a demand read of the layer being computed is waiting or in flight.
+    fn demand_open(&self) -> bool {
+        !self.pending.is_empty() || self.landing.values().any(|l| l.purpose == Purpose::Demand)
+    }
+
+    /// Computes a miss of `layer` whose bytes `b` landed, then offers them to the cache.
+    fn compute_miss(
+        &mut self,
         layer: usize,
         e: usize,
-        b: &UnitBytes,
-    ) -> Option<String> {
+        b: UnitBytes,
+        f: &mut dyn FnMut(usize, &UnitBytes),
+    ) {
+        let t = Instant::now();
+        let b = match self.transform.as_mut() {
+            Some(tr) => tr(layer, e, b),
+            None => b,
+        };
+        f(e, &b);
+        self.counters.compute_ns += t.elapsed().as_nanos() as u64;
+        let out = self.cache.admit((layer as u32, e as u32), b);
+        self.refill(out);
+    }
+
+    /// The error message when expert `e` of `layer` in `b` does not match its checksum.
+    fn check_sum(&self, layer: usize, e: usize, b: &UnitBytes) -> Option<String> {
         use sha2::Digest;
-        let want = sums.get(layer).and_then(|r| r.get(e))?;
+        let want = self.checksums.as_ref()?.get(layer).and_then(|r| r.get(e))?;
         let got: [u8; 32] = sha2::Sha256::digest(b.record()).into();
         if &got == want {
             return None;
         }
-        let files: Vec<String> = self.units[layer][e]
-            .ranges
-            .iter()
-            .map(|r| format!("{}", self.engine.files()[r.file].path().display()))
-            .collect();
+        let mut files: Vec<String> = Vec::new();
+        for r in &self.units[layer][e].ranges {
+            let f = self.engine.files()[r.file].label();
+            if !files.contains(&f) {
+                files.push(f);
+            }
+        }
         Some(format!(
             "checksum mismatch in expert {e} of layer {layer} read from {}",
-            files.join(", ")
+            files.join("; ")
         ))
     }
 
-    /// Brings the free I/O buffers back to `slots` after a miss left the engine: from the
-    /// buffers the cache gave back, else new ones.
+    /// Brings the free I/O buffers back to all those not held by reads in flight, landed
+    /// prefetches or ready experts, after a miss went to the cache: from the buffers the cache
+    /// gave back, else new ones.
     fn refill(&mut self, back: Vec<UnitBytes>) {
-        let want = self.slots - self.landing.len();
+        let want = (self.slots + self.prefetch_slots)
+            .saturating_sub(self.landing.len() + self.staged.len() + self.ready.len());
         for b in back {
             let buf = b.into_buf();
             if self.free.len() < want && buf.capacity() >= self.slot_bytes {
@@ -474,13 +794,16 @@ impl ExpertStore {
     pub fn reset(&mut self) {
         self.engine.drain();
         self.pending.clear();
+        self.guesses.clear();
         self.planned = None;
         self.hits_now.clear();
-        let bufs: Vec<AlignedBuf> = self
+        let mut bufs: Vec<AlignedBuf> = self
             .landing
             .drain()
             .map(|(_, l)| l.bytes.into_buf())
             .collect();
+        bufs.extend(self.staged.drain().map(|(_, (b, _))| b.into_buf()));
+        bufs.extend(self.ready.drain(..).map(|(_, b)| b.into_buf()));
         self.free.extend(bufs);
     }
 
@@ -507,5 +830,45 @@ impl Drop for ExpertStore {
         if let Err(e) = self.save_heat() {
             tracing::warn!("could not save the expert heat file: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_prefetch_needs_two_drives() {
+        assert!(!PrefetchMode::Auto.enabled(1));
+        assert!(PrefetchMode::Auto.enabled(2));
+        assert!(PrefetchMode::On.enabled(1));
+        assert!(!PrefetchMode::Off.enabled(4));
+        assert_eq!("auto".parse::<PrefetchMode>(), Ok(PrefetchMode::Auto));
+        assert_eq!(
+            "sometimes".parse::<PrefetchMode>().unwrap_err(),
+            "unknown prefetch mode 'sometimes' (expected auto, on or off)"
+        );
+    }
+
+    #[test]
+    fn drives_are_counted_over_the_files_experts_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<PathBuf> = ["a", "b"].iter().map(|n| dir.path().join(n)).collect();
+        for f in &files {
+            std::fs::write(f, [0u8; 8]).unwrap();
+        }
+        let unit = |file| {
+            Unit::of(vec![super::super::ReadRange {
+                file,
+                offset: 0,
+                len: 8,
+            }])
+        };
+        // two files on one device are one drive; a file that cannot be examined counts alone
+        assert_eq!(drives_holding(&files, &[unit(0), unit(1)]), 1);
+        let mut more = files.clone();
+        more.push(dir.path().join("missing"));
+        assert_eq!(drives_holding(&more, &[unit(0), unit(2)]), 2);
+        assert_eq!(drives_holding(&more, &[unit(1)]), 1);
     }
 }

@@ -9,6 +9,16 @@
 //! Both read files opened with `O_DIRECT` where the filesystem allows it ([`DirectFile`]), so
 //! expert bytes bypass the page cache. Per-file counters record bytes, reads and busy time
 //! (time with at least one read of that file outstanding, as seen by the engine).
+//!
+//! Files are grouped by the device holding them (a *drive*). io_uring hands queued reads to the
+//! kernel round-robin over drives, so one drive's backlog never keeps another drive idle.
+//!
+//! Reads have two priorities. Demand reads ([`IoEngine::submit`]) go to the backend at once.
+//! Low-priority reads ([`IoEngine::submit_low`], prefetch) wait in the engine and start only
+//! while their drive has fewer than `prefetch_depth` reads in the backend (and the backend has
+//! a free slot), so they use idle drives and a later demand read queues behind at most that
+//! many of them per drive; a low read that has not started can be cancelled
+//! ([`IoEngine::cancel_low`]) or raised to demand ([`IoEngine::promote`]).
 
 use std::collections::VecDeque;
 use std::io;
@@ -51,6 +61,9 @@ impl std::str::FromStr for EngineChoice {
 pub const DEFAULT_DEPTH: usize = 32;
 /// Default largest single read request in bytes. Measured (see BENCHMARKS.md).
 pub const DEFAULT_REQUEST_BYTES: usize = 1 << 20;
+/// Default bound on reads in flight on a drive under which a prefetch read of that drive may
+/// start (see BENCHMARKS.md).
+pub const DEFAULT_PREFETCH_DEPTH: usize = 4;
 
 /// Options of the read engine.
 #[derive(Clone, Debug)]
@@ -60,6 +73,9 @@ pub struct IoOptions {
     pub depth: usize,
     /// Largest single read in bytes (a multiple of 4 KiB); larger spans are split.
     pub request_bytes: usize,
+    /// A low-priority (prefetch) read starts only while fewer reads than this are in flight on
+    /// its drive.
+    pub prefetch_depth: usize,
 }
 
 impl Default for IoOptions {
@@ -68,6 +84,7 @@ impl Default for IoOptions {
             engine: EngineChoice::Auto,
             depth: DEFAULT_DEPTH,
             request_bytes: DEFAULT_REQUEST_BYTES,
+            prefetch_depth: DEFAULT_PREFETCH_DEPTH,
         }
     }
 }
@@ -89,10 +106,12 @@ pub struct Req {
 // completion has been returned (the engine drains every request before it is dropped).
 unsafe impl Send for Req {}
 
-/// A finished read: the request's tag, the bytes read, or the error (naming file and range).
+/// A finished read: the request's tag and file, the bytes read, or the error (naming file and
+/// range).
 #[derive(Debug)]
 pub struct Done {
     pub tag: usize,
+    pub file: usize,
     pub result: io::Result<u64>,
 }
 
@@ -134,24 +153,29 @@ fn end(c: &Counters, file: usize, bytes: u64) {
     }
 }
 
+/// A failed read of `r`, naming the file by its label ([`DirectFile::label`]: a pack's drive
+/// and file) and the range.
 fn read_error(files: &[DirectFile], r: &Req, e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!(
         "{}: read of {} bytes at offset {} failed: {e}",
-        files[r.file].path().display(),
+        files[r.file].label(),
         r.len,
         r.offset
     ))
 }
 
+/// A read of `r` that ended after `got` bytes, naming the file by its label and its length now
+/// (it may have shrunk since it was opened).
 fn short_read(files: &[DirectFile], r: &Req, got: usize) -> io::Error {
+    let f = &files[r.file];
+    let len = f.file().metadata().map_or(f.len(), |m| m.len());
     io::Error::new(
         io::ErrorKind::UnexpectedEof,
         format!(
-            "{}: short read at offset {} ({got} of {} bytes; the file is {} bytes)",
-            files[r.file].path().display(),
+            "{}: short read at offset {} ({got} of {} bytes; the file is {len} bytes)",
+            f.label(),
             r.offset,
             r.need,
-            files[r.file].len()
         ),
     )
 }
@@ -199,6 +223,7 @@ impl Pool {
                         if dtx
                             .send(Done {
                                 tag: r.tag,
+                                file: r.file,
                                 result: res,
                             })
                             .is_err()
@@ -226,11 +251,49 @@ impl Drop for Pool {
     }
 }
 
+/// Requests not yet handed to the kernel, one queue per drive, with the bytes earlier partial
+/// reads of the same request already brought in; taken round-robin over drives.
+struct DriveQueues {
+    q: Vec<VecDeque<(Req, usize)>>,
+    drive_of: Arc<Vec<usize>>,
+    next: usize,
+}
+
+impl DriveQueues {
+    fn new(drive_of: Arc<Vec<usize>>) -> Self {
+        let n = drive_of.iter().max().map_or(1, |m| m + 1);
+        Self {
+            q: (0..n).map(|_| VecDeque::new()).collect(),
+            drive_of,
+            next: 0,
+        }
+    }
+
+    fn push_back(&mut self, r: (Req, usize)) {
+        self.q[self.drive_of[r.0.file]].push_back(r);
+    }
+
+    fn push_front(&mut self, r: (Req, usize)) {
+        self.q[self.drive_of[r.0.file]].push_front(r);
+    }
+
+    /// The oldest request of the next drive (round-robin) that has one.
+    fn pop_front(&mut self) -> Option<(Req, usize)> {
+        let n = self.q.len();
+        for i in 0..n {
+            let d = (self.next + i) % n;
+            if let Some(r) = self.q[d].pop_front() {
+                self.next = (d + 1) % n;
+                return Some(r);
+            }
+        }
+        None
+    }
+}
+
 struct Uring {
     ring: io_uring::IoUring,
-    /// Requests not yet handed to the kernel, with the bytes earlier partial reads of the same
-    /// request already brought in.
-    queued: VecDeque<(Req, usize)>,
+    queued: DriveQueues,
     /// Requests in the kernel, by slot (the SQE's user data).
     slots: Vec<Option<(Req, usize)>>,
     free: Vec<usize>,
@@ -238,11 +301,11 @@ struct Uring {
 }
 
 impl Uring {
-    fn new(depth: usize) -> io::Result<Self> {
+    fn new(depth: usize, drive_of: Arc<Vec<usize>>) -> io::Result<Self> {
         let ring = io_uring::IoUring::new(depth.next_power_of_two() as u32)?;
         Ok(Self {
             ring,
-            queued: VecDeque::new(),
+            queued: DriveQueues::new(drive_of),
             slots: (0..depth).map(|_| None).collect(),
             free: (0..depth).rev().collect(),
             depth,
@@ -313,6 +376,7 @@ impl Uring {
                 let e = io::Error::from_raw_os_error(-res);
                 return Done {
                     tag: r.tag,
+                    file: r.file,
                     result: Err(read_error(files, &r, e)),
                 };
             }
@@ -321,12 +385,14 @@ impl Uring {
             if n >= r.need {
                 return Done {
                     tag: r.tag,
+                    file: r.file,
                     result: Ok((before + n) as u64),
                 };
             }
             if n == 0 {
                 return Done {
                     tag: r.tag,
+                    file: r.file,
                     result: Err(short_read(files, &r, before)),
                 };
             }
@@ -343,6 +409,7 @@ impl Uring {
             if let Err(e) = self.fill(files, counters) {
                 return Done {
                     tag: r.tag,
+                    file: r.file,
                     result: Err(e),
                 };
             }
@@ -360,8 +427,32 @@ pub struct IoEngine {
     backend: Backend,
     files: Arc<Vec<DirectFile>>,
     counters: Counters,
+    /// Reads submitted and not yet returned by `wait`, low-priority ones included.
     outstanding: usize,
     depth: usize,
+    /// Low-priority reads not yet handed to the backend, oldest first.
+    low: VecDeque<Req>,
+    prefetch_depth: usize,
+    /// The drive of each file (files on one device share a drive).
+    drive_of: Arc<Vec<usize>>,
+    /// Reads handed to the backend and not yet returned, per drive.
+    busy: Vec<usize>,
+}
+
+/// Numbers the devices holding `files` in order of first appearance: the drive of each file.
+fn drives_of(files: &[DirectFile]) -> Vec<usize> {
+    use std::os::unix::fs::MetadataExt;
+    let mut devs: Vec<u64> = Vec::new();
+    files
+        .iter()
+        .map(|f| {
+            let dev = f.file().metadata().map_or(u64::MAX, |m| m.dev());
+            devs.iter().position(|&d| d == dev).unwrap_or_else(|| {
+                devs.push(dev);
+                devs.len() - 1
+            })
+        })
+        .collect()
 }
 
 impl IoEngine {
@@ -371,6 +462,8 @@ impl IoEngine {
     /// Errors: `EngineChoice::Uring` and io_uring is unavailable.
     pub fn new(files: Vec<DirectFile>, opts: &IoOptions) -> io::Result<Self> {
         let depth = opts.depth.max(1);
+        let drive_of = Arc::new(drives_of(&files));
+        let n_drives = drive_of.iter().max().map_or(1, |m| m + 1);
         let files = Arc::new(files);
         let counters: Counters = Arc::new(Mutex::new(vec![FileCounters::default(); files.len()]));
         let pool = |files: &Arc<Vec<DirectFile>>, c: &Counters| {
@@ -378,8 +471,8 @@ impl IoEngine {
         };
         let backend = match opts.engine {
             EngineChoice::Pool => pool(&files, &counters),
-            EngineChoice::Uring => Backend::Uring(Box::new(Uring::new(depth)?)),
-            EngineChoice::Auto => match Uring::new(depth) {
+            EngineChoice::Uring => Backend::Uring(Box::new(Uring::new(depth, drive_of.clone())?)),
+            EngineChoice::Auto => match Uring::new(depth, drive_of.clone()) {
                 Ok(u) => Backend::Uring(Box::new(u)),
                 Err(_) => pool(&files, &counters),
             },
@@ -390,6 +483,10 @@ impl IoEngine {
             counters,
             outstanding: 0,
             depth,
+            low: VecDeque::new(),
+            prefetch_depth: opts.prefetch_depth.clamp(1, depth),
+            drive_of,
+            busy: vec![0; n_drives],
         };
         if opts.engine == EngineChoice::Auto && matches!(e.backend, Backend::Uring(_)) && !e.probe()
         {
@@ -459,6 +556,12 @@ impl IoEngine {
     /// Queues `r`; it starts as soon as fewer than `depth` reads are in flight.
     pub fn submit(&mut self, r: Req) {
         self.outstanding += 1;
+        self.hand_over(r);
+    }
+
+    /// Hands `r` to the backend (already counted in `outstanding`).
+    fn hand_over(&mut self, r: Req) {
+        self.busy[self.drive_of[r.file]] += 1;
         match &mut self.backend {
             Backend::Uring(u) => {
                 u.queued.push_back((r, 0));
@@ -473,17 +576,64 @@ impl IoEngine {
         }
     }
 
+    /// Queues `r` at low priority: it starts only while fewer than `prefetch_depth` reads are
+    /// in the backend (see the module doc).
+    pub fn submit_low(&mut self, r: Req) {
+        self.outstanding += 1;
+        self.low.push_back(r);
+        self.pump();
+    }
+
+    /// Moves low-priority reads, oldest first, to the backend while it has a free slot and
+    /// their drive has fewer than `prefetch_depth` reads in it.
+    fn pump(&mut self) {
+        let mut i = 0;
+        while i < self.low.len() && self.outstanding - self.low.len() < self.depth {
+            if self.busy[self.drive_of[self.low[i].file]] < self.prefetch_depth {
+                let r = self.low.remove(i).expect("index in range");
+                self.hand_over(r);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Drops the low-priority reads tagged `tag` that have not started; returns how many.
+    /// Their completions will never be returned.
+    pub fn cancel_low(&mut self, tag: usize) -> usize {
+        let before = self.low.len();
+        self.low.retain(|r| r.tag != tag);
+        let n = before - self.low.len();
+        self.outstanding -= n;
+        n
+    }
+
+    /// Raises the low-priority reads tagged `tag` that have not started to demand reads.
+    pub fn promote(&mut self, tag: usize) {
+        let (mine, rest): (VecDeque<Req>, VecDeque<Req>) =
+            self.low.drain(..).partition(|r| r.tag == tag);
+        self.low = rest;
+        for r in mine {
+            self.hand_over(r);
+        }
+    }
+
     /// Waits for the next completed read (any order). Panics when nothing is outstanding.
     pub fn wait(&mut self) -> Done {
         assert!(self.outstanding > 0, "wait() with no read outstanding");
+        self.pump();
         let d = match &mut self.backend {
             Backend::Uring(u) => {
-                if u.in_kernel() == 0 {
-                    if let Err(e) = u.fill(&self.files, &self.counters) {
+                // refill the kernel's queue before every wait, so it never runs dry while
+                // reads are queued
+                if let Err(e) = u.fill(&self.files, &self.counters) {
+                    if u.in_kernel() == 0 {
                         let (r, _) = u.queued.pop_front().expect("queued request");
                         self.outstanding -= 1;
+                        self.busy[self.drive_of[r.file]] -= 1;
                         return Done {
                             tag: r.tag,
+                            file: r.file,
                             result: Err(e),
                         };
                     }
@@ -492,10 +642,15 @@ impl IoEngine {
             }
             Backend::Pool(p) => p.done.recv().unwrap_or_else(|_| Done {
                 tag: usize::MAX,
+                file: usize::MAX,
                 result: Err(io::Error::other("the pread pool stopped")),
             }),
         };
         self.outstanding -= 1;
+        if let Some(&dr) = self.drive_of.get(d.file) {
+            self.busy[dr] -= 1;
+        }
+        self.pump();
         d
     }
 
@@ -544,6 +699,7 @@ mod tests {
                         engine,
                         depth: 3,
                         request_bytes: 4096,
+                        prefetch_depth: 2,
                     },
                 )
                 .unwrap()
@@ -610,5 +766,78 @@ mod tests {
                 "{m}"
             );
         }
+    }
+
+    #[test]
+    fn low_priority_reads_wait_for_idle_slots_and_can_be_cancelled_or_promoted() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("h.bin");
+        let data: Vec<u8> = (0..8 * 4096u32).map(|i| (i % 199 + 1) as u8).collect();
+        std::fs::File::create(&p).unwrap().write_all(&data).unwrap();
+        for mut e in engines(&p) {
+            let mut b = AlignedBuf::new(data.len());
+            let base = b.as_mut_slice().as_mut_ptr();
+            let req = |i: usize| Req {
+                file: 0,
+                offset: (i * 4096) as u64,
+                len: 4096,
+                need: 4096,
+                dst: unsafe { base.add(i * 4096) },
+                tag: i,
+            };
+            e.submit(req(0));
+            e.submit(req(1));
+            // two demand reads fill the prefetch depth (2) of the file's drive: the low ones
+            // wait in the engine
+            e.submit_low(req(2));
+            e.submit_low(req(3));
+            e.submit_low(req(4));
+            assert_eq!(e.outstanding(), 5);
+            assert_eq!(
+                e.cancel_low(3),
+                1,
+                "{}: read 3 had not started",
+                e.describe()
+            );
+            assert_eq!(e.cancel_low(3), 0);
+            e.promote(4);
+            assert_eq!(e.outstanding(), 4);
+            let mut tags: Vec<usize> = (0..4).map(|_| e.wait().tag).collect();
+            tags.sort();
+            assert_eq!(tags, vec![0, 1, 2, 4]);
+            assert_eq!(e.outstanding(), 0);
+            let got = b.as_slice();
+            for i in [0, 1, 2, 4] {
+                assert_eq!(
+                    &got[i * 4096..(i + 1) * 4096],
+                    &data[i * 4096..(i + 1) * 4096]
+                );
+            }
+            assert!(
+                got[3 * 4096..4 * 4096].iter().all(|&x| x == 0),
+                "read 3 never ran"
+            );
+            assert_eq!(e.counters()[0].reads, 4);
+        }
+    }
+
+    #[test]
+    fn queued_reads_go_to_the_kernel_round_robin_over_drives() {
+        // files 0 and 2 on drive 0, file 1 on drive 1
+        let mut q = DriveQueues::new(Arc::new(vec![0, 1, 0]));
+        let r = |file: usize, tag: usize| Req {
+            file,
+            offset: 0,
+            len: 4096,
+            need: 4096,
+            dst: std::ptr::null_mut(),
+            tag,
+        };
+        for (file, tag) in [(0, 0), (2, 1), (0, 2), (1, 3), (1, 4)] {
+            q.push_back((r(file, tag), 0));
+        }
+        q.push_front((r(1, 5), 4096));
+        let order: Vec<usize> = std::iter::from_fn(|| q.pop_front().map(|(r, _)| r.tag)).collect();
+        assert_eq!(order, vec![0, 5, 1, 3, 2, 4]);
     }
 }

@@ -16,7 +16,7 @@ pub mod weights;
 pub use aligned::{AlignedBuf, IO_ALIGN};
 pub use direct::DirectFile;
 pub use expert_cache::CachePolicy;
-pub use experts::{ExpertCounters, ExpertStore, ExpertStoreOptions, ExpertTransform};
+pub use experts::{ExpertCounters, ExpertStore, ExpertStoreOptions, ExpertTransform, PrefetchMode};
 pub use io_engine::{EngineChoice, IoOptions};
 pub use streamer::{load_resident, IoStats, ReadRange, Streamer, Unit, UnitBytes};
 pub use weights::{repack_fp8, Fp8Pack, WeightStore};

@@ -40,6 +40,11 @@ pub fn delta(a: &ExpertCounters, b: &ExpertCounters) -> ExpertCounters {
         reads: b.reads - a.reads,
         wait_ns: b.wait_ns - a.wait_ns,
         compute_ns: b.compute_ns - a.compute_ns,
+        prefetch_reads: b.prefetch_reads - a.prefetch_reads,
+        prefetch_hits: b.prefetch_hits - a.prefetch_hits,
+        prefetch_wasted: b.prefetch_wasted - a.prefetch_wasted,
+        prefetch_wasted_bytes: b.prefetch_wasted_bytes - a.prefetch_wasted_bytes,
+        prefetch_cancelled: b.prefetch_cancelled - a.prefetch_cancelled,
     }
 }
 
@@ -55,6 +60,8 @@ pub struct TokenIo {
     pub misses: u64,
     pub io_wait_s: f64,
     pub compute_s: f64,
+    /// Misses served by a prefetch already started.
+    pub prefetch_hits: u64,
 }
 
 impl TokenIo {
@@ -70,6 +77,7 @@ impl TokenIo {
             misses: d.misses,
             io_wait_s: d.wait_ns as f64 / 1e9,
             compute_s: d.compute_ns as f64 / 1e9,
+            prefetch_hits: d.prefetch_hits,
         }
     }
 }
@@ -96,6 +104,8 @@ pub struct ExpertRunStats {
     pub cache_policy: String,
     pub cache_budget_bytes: usize,
     pub cache_used_bytes: usize,
+    /// Whether prefetch was on.
+    pub prefetch: bool,
     /// `S`: bytes of one expert read (its aligned buffer).
     pub expert_bytes: usize,
     pub prefill: ExpertCountersJson,
@@ -115,6 +125,17 @@ pub struct ExpertCountersJson {
     pub reads: u64,
     pub io_wait_s: f64,
     pub compute_s: f64,
+    /// Guessed experts whose reads started.
+    pub prefetch_reads: u64,
+    /// Misses served by a prefetch already started.
+    pub prefetch_hits: u64,
+    /// `prefetch_hits / misses`.
+    pub prefetch_recall: f64,
+    /// Prefetched experts dropped unused, and their bytes (included in `bytes`).
+    pub prefetch_wasted: u64,
+    pub prefetch_wasted_bytes: u64,
+    /// Guesses dropped before their reads started.
+    pub prefetch_cancelled: u64,
 }
 
 impl From<&ExpertCounters> for ExpertCountersJson {
@@ -132,6 +153,12 @@ impl From<&ExpertCounters> for ExpertCountersJson {
             reads: c.reads,
             io_wait_s: c.wait_ns as f64 / 1e9,
             compute_s: c.compute_ns as f64 / 1e9,
+            prefetch_reads: c.prefetch_reads,
+            prefetch_hits: c.prefetch_hits,
+            prefetch_recall: c.prefetch_recall(),
+            prefetch_wasted: c.prefetch_wasted,
+            prefetch_wasted_bytes: c.prefetch_wasted_bytes,
+            prefetch_cancelled: c.prefetch_cancelled,
         }
     }
 }
@@ -170,6 +197,7 @@ impl ExpertRunStats {
             cache_policy: es.cache().policy().to_string(),
             cache_budget_bytes: es.cache().budget(),
             cache_used_bytes: es.cache().used(),
+            prefetch: es.prefetch_enabled(),
             expert_bytes: es.expert_bytes(),
             prefill: (&delta(&start.counters, &first.counters)).into(),
             decode: (&delta(&first.counters, &end.counters)).into(),

@@ -305,6 +305,14 @@ impl WeightStore {
             .submit(Arc::new(unit));
     }
 
+    /// The bytes of unit `id` when it is resident (`None` when streamed or held elsewhere).
+    pub fn resident(&self, id: usize) -> Option<&UnitBytes> {
+        match &self.residency[id] {
+            Residency::Resident(b) => Some(b),
+            _ => None,
+        }
+    }
+
     /// Runs `f` on the bytes of unit `id`: at once when resident, else after its read lands.
     /// Streamed units must be taken in the order they were planned.
     ///
