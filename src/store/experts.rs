@@ -179,6 +179,10 @@ impl ExpertCounters {
     }
 }
 
+/// A re-encoding applied to each miss once its bytes land (see [`ExpertStore::set_transform`]):
+/// `(layer, expert, bytes as read) → bytes compute reads`.
+pub type ExpertTransform = Box<dyn FnMut(usize, usize, UnitBytes) -> UnitBytes + Send>;
+
 /// Why an expert is being read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Purpose {
@@ -233,6 +237,8 @@ pub struct ExpertStore {
     /// `checksums[layer][expert]`: SHA-256 of the bytes from the unit's first piece to the end
     /// of its last (a pack record), checked as each miss lands; `None`: not checked.
     checksums: Option<Vec<Vec<[u8; 32]>>>,
+    /// Applied to each miss after it lands and before compute and the cache see it.
+    transform: Option<ExpertTransform>,
 }
 
 /// The aligned reads of `unit` with byte-adjacent ranges of one file merged (a pack record's
@@ -345,6 +351,7 @@ impl ExpertStore {
             heat: Heat::zeros(n_layers, n_experts),
             heat_file: opts.heat_file.clone(),
             checksums: None,
+            transform: None,
         })
     }
 
@@ -353,6 +360,29 @@ impl ExpertStore {
     /// them); a mismatch ends the fetch with an error naming the file(s) and the expert.
     pub fn set_checksums(&mut self, sums: Vec<Vec<[u8; 32]>>) {
         self.checksums = Some(sums);
+    }
+
+    /// Re-encodes every miss right after its bytes land (and pass their checksum), before
+    /// compute and before the cache takes them: `t(layer, expert, bytes as read)` returns the
+    /// bytes compute reads (e.g. FP8 repacked into `F8_E4M3_B128` rows), so the cache holds
+    /// that encoding and a hit re-encodes nothing (a landed prefetch is re-encoded when its
+    /// layer takes it). `out_bytes` is the largest re-encoded expert's buffer: the I/O buffers
+    /// grow to it, so that every buffer (read, re-encoded, cached or evicted) can take any of
+    /// those roles and the cache is charged the re-encoded size. `t` may keep the buffer it is
+    /// given for its next output; buffers it returns smaller than the I/O buffers are dropped
+    /// when the cache lets them go. Call before the first [`ExpertStore::plan`].
+    pub fn set_transform(&mut self, t: ExpertTransform, out_bytes: usize) {
+        assert!(
+            self.landing.is_empty(),
+            "transform set while reads are in flight"
+        );
+        if out_bytes > self.slot_bytes {
+            self.slot_bytes = super::aligned::round_up(out_bytes, super::aligned::IO_ALIGN);
+            self.free = (0..self.slots + self.prefetch_slots)
+                .map(|_| AlignedBuf::new(self.slot_bytes))
+                .collect();
+        }
+        self.transform = Some(t);
     }
 
     /// Bytes of the I/O buffers (demand and prefetch slots × the largest expert's buffer).
@@ -390,10 +420,16 @@ impl ExpertStore {
         &self.heat
     }
 
-    /// Bytes of one expert's buffer (the largest), `S` of the physical limit (payload bytes
-    /// aligned to 4 KiB per range).
+    /// Bytes of the largest expert's read, `S` of the physical limit (payload bytes aligned to
+    /// 4 KiB per range; a re-encoded expert's buffer may be larger, see
+    /// [`ExpertStore::set_transform`]).
     pub fn expert_bytes(&self) -> usize {
-        self.slot_bytes
+        self.units
+            .iter()
+            .flatten()
+            .map(|u| u.buffer_bytes())
+            .max()
+            .unwrap_or(0)
     }
 
     /// Looks up the experts `ids` of `layer` (ascending, each once) and starts reading the ones
@@ -718,6 +754,10 @@ impl ExpertStore {
         f: &mut dyn FnMut(usize, &UnitBytes),
     ) {
         let t = Instant::now();
+        let b = match self.transform.as_mut() {
+            Some(tr) => tr(layer, e, b),
+            None => b,
+        };
         f(e, &b);
         self.counters.compute_ns += t.elapsed().as_nanos() as u64;
         let out = self.cache.admit((layer as u32, e as u32), b);
