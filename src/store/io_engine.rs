@@ -11,7 +11,7 @@
 //! (time with at least one read of that file outstanding, as seen by the engine).
 //!
 //! Files are grouped by the device holding them (a *drive*). io_uring hands queued reads to the
-//! kernel round-robin over drives, so one drive's backlog never keeps another drive idle.
+//! kernel round-robin over drives, so a backlog on one drive does not hold back the others.
 //!
 //! Reads have two priorities. Demand reads ([`IoEngine::submit`]) go to the backend at once.
 //! Low-priority reads ([`IoEngine::submit_low`], prefetch) wait in the engine and start only
@@ -22,14 +22,15 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
-use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::direct::DirectFile;
+
+mod pool;
+mod uring;
+use pool::Pool;
+use uring::Uring;
 
 /// Which backend to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -178,243 +179,6 @@ fn short_read(files: &[DirectFile], r: &Req, got: usize) -> io::Error {
             r.need,
         ),
     )
-}
-
-/// Blocking read of one request (pool threads), retrying partial reads.
-fn pread_req(files: &[DirectFile], r: &Req) -> io::Result<u64> {
-    let f = files[r.file].file();
-    // SAFETY: the caller guarantees dst is valid for len bytes until completion.
-    let dst = unsafe { std::slice::from_raw_parts_mut(r.dst, r.len) };
-    let mut done = 0usize;
-    while done < r.need {
-        match f.read_at(&mut dst[done..], r.offset + done as u64) {
-            Ok(0) => return Err(short_read(files, r, done)),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(read_error(files, r, e)),
-        }
-    }
-    Ok(done as u64)
-}
-
-struct Pool {
-    jobs: Option<Sender<Req>>,
-    done: Receiver<Done>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl Pool {
-    fn new(files: Arc<Vec<DirectFile>>, counters: Counters, n: usize) -> Self {
-        let (jtx, jrx) = channel::<Req>();
-        let jrx = Arc::new(Mutex::new(jrx));
-        let (dtx, drx) = channel::<Done>();
-        let threads = (0..n.max(1))
-            .map(|i| {
-                let (jrx, dtx, files, counters) =
-                    (jrx.clone(), dtx.clone(), files.clone(), counters.clone());
-                std::thread::Builder::new()
-                    .name(format!("deltafin-pread-{i}"))
-                    .spawn(move || loop {
-                        let job = jrx.lock().unwrap().recv();
-                        let Ok(r) = job else { return };
-                        begin(&counters, r.file);
-                        let res = pread_req(&files, &r);
-                        end(&counters, r.file, *res.as_ref().unwrap_or(&0));
-                        if dtx
-                            .send(Done {
-                                tag: r.tag,
-                                file: r.file,
-                                result: res,
-                            })
-                            .is_err()
-                        {
-                            return;
-                        }
-                    })
-                    .expect("spawn pread thread")
-            })
-            .collect();
-        Self {
-            jobs: Some(jtx),
-            done: drx,
-            threads,
-        }
-    }
-}
-
-impl Drop for Pool {
-    fn drop(&mut self) {
-        self.jobs.take();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Requests not yet handed to the kernel, one queue per drive, with the bytes earlier partial
-/// reads of the same request already brought in; taken round-robin over drives.
-struct DriveQueues {
-    q: Vec<VecDeque<(Req, usize)>>,
-    drive_of: Arc<Vec<usize>>,
-    next: usize,
-}
-
-impl DriveQueues {
-    fn new(drive_of: Arc<Vec<usize>>) -> Self {
-        let n = drive_of.iter().max().map_or(1, |m| m + 1);
-        Self {
-            q: (0..n).map(|_| VecDeque::new()).collect(),
-            drive_of,
-            next: 0,
-        }
-    }
-
-    fn push_back(&mut self, r: (Req, usize)) {
-        self.q[self.drive_of[r.0.file]].push_back(r);
-    }
-
-    fn push_front(&mut self, r: (Req, usize)) {
-        self.q[self.drive_of[r.0.file]].push_front(r);
-    }
-
-    /// The oldest request of the next drive (round-robin) that has one.
-    fn pop_front(&mut self) -> Option<(Req, usize)> {
-        let n = self.q.len();
-        for i in 0..n {
-            let d = (self.next + i) % n;
-            if let Some(r) = self.q[d].pop_front() {
-                self.next = (d + 1) % n;
-                return Some(r);
-            }
-        }
-        None
-    }
-}
-
-struct Uring {
-    ring: io_uring::IoUring,
-    queued: DriveQueues,
-    /// Requests in the kernel, by slot (the SQE's user data).
-    slots: Vec<Option<(Req, usize)>>,
-    free: Vec<usize>,
-    depth: usize,
-}
-
-impl Uring {
-    fn new(depth: usize, drive_of: Arc<Vec<usize>>) -> io::Result<Self> {
-        let ring = io_uring::IoUring::new(depth.next_power_of_two() as u32)?;
-        Ok(Self {
-            ring,
-            queued: DriveQueues::new(drive_of),
-            slots: (0..depth).map(|_| None).collect(),
-            free: (0..depth).rev().collect(),
-            depth,
-        })
-    }
-
-    /// Hands queued requests to the kernel while slots are free.
-    fn fill(&mut self, files: &[DirectFile], counters: &Counters) -> io::Result<()> {
-        let mut pushed = false;
-        while !self.free.is_empty() {
-            let Some((r, before)) = self.queued.pop_front() else {
-                break;
-            };
-            let slot = self.free.pop().unwrap();
-            let e = io_uring::opcode::Read::new(
-                io_uring::types::Fd(files[r.file].file().as_raw_fd()),
-                r.dst,
-                r.len as u32,
-            )
-            .offset(r.offset)
-            .build()
-            .user_data(slot as u64);
-            // SAFETY: dst stays valid until the completion is reaped (see Req).
-            unsafe {
-                self.ring
-                    .submission()
-                    .push(&e)
-                    .map_err(|_| io::Error::other("io_uring submission queue full"))?;
-            }
-            begin(counters, r.file);
-            self.slots[slot] = Some((r, before));
-            pushed = true;
-        }
-        if pushed {
-            loop {
-                match self.ring.submit() {
-                    Ok(_) => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn in_kernel(&self) -> usize {
-        self.depth - self.free.len()
-    }
-
-    fn wait(&mut self, files: &[DirectFile], counters: &Counters) -> Done {
-        loop {
-            let cqe = self.ring.completion().next();
-            let Some(cqe) = cqe else {
-                match self.ring.submit_and_wait(1) {
-                    Ok(_) => continue,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => panic!("io_uring wait failed: {e}"),
-                }
-            };
-            let slot = cqe.user_data() as usize;
-            let (r, before) = self.slots[slot]
-                .take()
-                .expect("completion of a live request");
-            self.free.push(slot);
-            let res = cqe.result();
-            if res < 0 {
-                end(counters, r.file, 0);
-                let e = io::Error::from_raw_os_error(-res);
-                return Done {
-                    tag: r.tag,
-                    file: r.file,
-                    result: Err(read_error(files, &r, e)),
-                };
-            }
-            let n = res as usize;
-            end(counters, r.file, n as u64);
-            if n >= r.need {
-                return Done {
-                    tag: r.tag,
-                    file: r.file,
-                    result: Ok((before + n) as u64),
-                };
-            }
-            if n == 0 {
-                return Done {
-                    tag: r.tag,
-                    file: r.file,
-                    result: Err(short_read(files, &r, before)),
-                };
-            }
-            // a partial read: the rest goes to the front of the queue
-            let rest = Req {
-                offset: r.offset + n as u64,
-                len: r.len - n,
-                need: r.need - n,
-                // SAFETY: n < len, inside the same buffer.
-                dst: unsafe { r.dst.add(n) },
-                ..r
-            };
-            self.queued.push_front((rest, before + n));
-            if let Err(e) = self.fill(files, counters) {
-                return Done {
-                    tag: r.tag,
-                    file: r.file,
-                    result: Err(e),
-                };
-            }
-        }
-    }
 }
 
 enum Backend {
@@ -824,7 +588,7 @@ mod tests {
     #[test]
     fn queued_reads_go_to_the_kernel_round_robin_over_drives() {
         // files 0 and 2 on drive 0, file 1 on drive 1
-        let mut q = DriveQueues::new(Arc::new(vec![0, 1, 0]));
+        let mut q = super::uring::DriveQueues::new(Arc::new(vec![0, 1, 0]));
         let r = |file: usize, tag: usize| Req {
             file,
             offset: 0,
