@@ -475,6 +475,8 @@ impl ExpertStore {
         while let Some((e, b)) = self.ready.pop_front() {
             self.compute_miss(layer, e, b, f);
         }
+        // the buffers those gave back may start misses still waiting for one
+        self.issue(layer);
         while self.demand_open() {
             let Some(l) = self.land_one()? else {
                 continue;
