@@ -20,9 +20,7 @@ use std::sync::{Mutex, OnceLock};
 use deltafin::engine::Session;
 use deltafin::models::{load_gguf, load_hf, LoadOptions, Logits, Model};
 use deltafin::source::gguf::GgufModel;
-use deltafin::store::{
-    CachePolicy, ExpertStoreOptions, PrefetchMode, Unit, WeightStore, IO_ALIGN,
-};
+use deltafin::store::{CachePolicy, ExpertStoreOptions, PrefetchMode, Unit, WeightStore, IO_ALIGN};
 
 /// (label, path under tests/fixtures).
 const FIXTURES: [(&str, &str); 8] = [
@@ -387,10 +385,17 @@ fn prefetch_changes_no_logit_and_every_guess_is_used_or_counted_as_waste() {
         let streamed = (0..s.store.len())
             .filter(|&i| !s.store.is_resident(i))
             .count();
-        assert_eq!(streamed, sh.moe_layers * sh.experts, "{name}: spine resident");
+        assert_eq!(
+            streamed,
+            sh.moe_layers * sh.experts,
+            "{name}: spine resident"
+        );
         assert!(s.store.experts().unwrap().prefetch_enabled(), "{name}");
         let got = run(&mut s);
-        assert!(same_bits(&got, &want), "{name}: logits differ with prefetch");
+        assert!(
+            same_bits(&got, &want),
+            "{name}: logits differ with prefetch"
+        );
         let es = s.store.experts_mut().unwrap();
         // the last pass guessed the first MoE layer of a next pass that never comes
         assert!(es.prefetch_outstanding() > 0, "{name}");
@@ -411,7 +416,11 @@ fn prefetch_changes_no_logit_and_every_guess_is_used_or_counted_as_waste() {
         // the same uses as without prefetch; the extra bytes are exactly the wasted guesses
         assert_eq!((c.hits, c.misses), (off.hits, off.misses), "{name}");
         assert!(c.prefetch_hits <= c.misses, "{name}: {c:?}");
-        assert_eq!(c.bytes, off.bytes + c.prefetch_wasted_bytes, "{name}: {c:?}");
+        assert_eq!(
+            c.bytes,
+            off.bytes + c.prefetch_wasted_bytes,
+            "{name}: {c:?}"
+        );
     }
 }
 

@@ -24,7 +24,8 @@
 //! [`super::embed_head`]. When the budget cannot hold every weight, the routed experts (never
 //! the shared ones, nor the dense layers' MLPs) are read on demand through the expert store,
 //! FP8 ones repacked as they land so that its cache holds them ready to compute
-//! (`budget.rs`).
+//! (`budget.rs`). With prefetch on, the next MoE layer's experts are guessed as
+//! [`super::moe::prefetch_next`] describes (the dense layers have no router and guess nothing).
 
 use anyhow::{Context, Result};
 

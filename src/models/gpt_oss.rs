@@ -23,7 +23,9 @@
 //! gate and up matrices, used as stored. The layouts and the expert FFN live in
 //! `gpt_oss_experts.rs`. Each (layer, expert) is one weight unit holding its matrices and
 //! biases; spine units hold a layer's q/k/v/o and router weights. When the budget cannot hold
-//! every weight the experts are read on demand through the expert store (`budget.rs`).
+//! every weight the experts are read on demand through the expert store (`budget.rs`), which
+//! with prefetch on reads the next layer's guessed experts ([`super::moe::prefetch_next`],
+//! router bias included).
 //! A format's loader resolves and checks its tensors into a `Checkpoint`; `GptOss::build`
 //! does the rest for both.
 
