@@ -8,6 +8,8 @@
 //! - one decode step: exactly `k` misses per MoE layer and none in the dense layer, the chosen
 //!   experts' bytes and one read per range; the same step again: every use a hit, nothing
 //!   read, the cache charged one re-encoded buffer per expert;
+//! - with prefetch on and the spine resident: logits bit-identical to everything resident,
+//!   guesses read and used, and every guess read either used or counted as waste;
 //! - a file truncated mid-run: the pass fails naming the file and the (layer, expert);
 //! - `deltafin run --stats` showing the expert store.
 
@@ -18,7 +20,7 @@ use std::sync::{Mutex, OnceLock};
 use deltafin::engine::Session;
 use deltafin::models::{load_gguf, load_hf, LoadOptions, Logits, Model};
 use deltafin::source::gguf::GgufModel;
-use deltafin::store::{CachePolicy, ExpertStoreOptions, Unit, WeightStore, IO_ALIGN};
+use deltafin::store::{CachePolicy, ExpertStoreOptions, PrefetchMode, Unit, WeightStore, IO_ALIGN};
 
 /// (label, path under tests/fixtures).
 const FIXTURES: [(&str, &str); 8] = [
@@ -355,6 +357,70 @@ fn one_decode_step_reads_exactly_the_chosen_experts_and_a_repeat_hits() {
         );
         let mut r = session(&p, None, CachePolicy::None);
         assert!(same_bits(&first, &step(&mut r)), "{name}: resident");
+    }
+}
+
+#[test]
+fn prefetch_changes_no_logit_and_every_guess_is_used_or_counted_as_waste() {
+    for (name, rel) in FIXTURES {
+        let (p, sh) = (fixture(rel), shape(rel));
+        let want = run(&mut session(&p, None, CachePolicy::None));
+        let spine = budgets(rel).1;
+        let off = {
+            let mut s = session(&p, Some(spine), CachePolicy::None);
+            assert!(!s.store.experts().unwrap().prefetch_enabled(), "{name}");
+            run(&mut s);
+            s.store.experts().unwrap().counters()
+        };
+        // prefetch takes as many I/O buffers again as the demand reads (k)
+        let extra = session(&p, Some(spine), CachePolicy::None)
+            .store
+            .experts()
+            .unwrap()
+            .io_buffer_bytes() as u64;
+        let mut o = opts(Some(spine + extra), CachePolicy::None, N_CTX);
+        o.experts.prefetch = PrefetchMode::On;
+        let (m, st) = load(&p, &o).unwrap();
+        let mut s = Session::new(m, st, N_CTX, N_CTX);
+        let streamed = (0..s.store.len())
+            .filter(|&i| !s.store.is_resident(i))
+            .count();
+        assert_eq!(
+            streamed,
+            sh.moe_layers * sh.experts,
+            "{name}: spine resident"
+        );
+        assert!(s.store.experts().unwrap().prefetch_enabled(), "{name}");
+        let got = run(&mut s);
+        assert!(
+            same_bits(&got, &want),
+            "{name}: logits differ with prefetch"
+        );
+        let es = s.store.experts_mut().unwrap();
+        // the last pass guessed the first MoE layer of a next pass that never comes
+        assert!(es.prefetch_outstanding() > 0, "{name}");
+        es.settle().unwrap();
+        assert_eq!(es.prefetch_outstanding(), 0, "{name}");
+        assert_eq!(es.engine().outstanding(), 0, "{name}");
+        let c = es.counters();
+        eprintln!(
+            "{name}: {} guesses read, {} used, {} wasted, {} misses",
+            c.prefetch_reads, c.prefetch_hits, c.prefetch_wasted, c.misses
+        );
+        assert!(c.prefetch_reads > 0 && c.prefetch_hits > 0, "{name}: {c:?}");
+        assert_eq!(
+            c.prefetch_reads,
+            c.prefetch_hits + c.prefetch_wasted,
+            "{name}: {c:?}"
+        );
+        // the same uses as without prefetch; the extra bytes are exactly the wasted guesses
+        assert_eq!((c.hits, c.misses), (off.hits, off.misses), "{name}");
+        assert!(c.prefetch_hits <= c.misses, "{name}: {c:?}");
+        assert_eq!(
+            c.bytes,
+            off.bytes + c.prefetch_wasted_bytes,
+            "{name}: {c:?}"
+        );
     }
 }
 

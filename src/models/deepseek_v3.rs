@@ -24,7 +24,8 @@
 //! [`super::embed_head`]. When the budget cannot hold every weight, the routed experts (never
 //! the shared ones, nor the dense layers' MLPs) are read on demand through the expert store,
 //! FP8 ones repacked as they land so that its cache holds them ready to compute
-//! (`budget.rs`).
+//! (`budget.rs`). With prefetch on, the next MoE layer's experts are guessed as
+//! [`super::moe::prefetch_next`] describes (the dense layers have no router and guess nothing).
 
 use anyhow::{Context, Result};
 
@@ -36,7 +37,10 @@ use super::embed_head::{Embedding, Head};
 use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
 use super::loading::{read_vector, unit_of, MatRef};
 use super::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
-use super::moe::{moe_forward, route_sigmoid_grouped, ExpertMats, StoreExperts, UnitExperts};
+use super::moe::{
+    keep_first, moe_forward, prefetch_next, route_rows, route_sigmoid_grouped, ExpertMats,
+    RouterRef, Routers, StoreExperts, UnitExperts,
+};
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
 use crate::source::gguf::TensorInfo;
@@ -452,6 +456,8 @@ impl DeepseekV3 {
         self.embedding.rows(store, tokens, d, &mut x)?;
         let mut xn = vec![0f32; n * d];
         let (mut router, mut shared) = (Vec::new(), Vec::new());
+        // the first MoE layer's routes of the pass's last token (the next pass's guesses)
+        let mut first_routes: Option<Vec<(usize, f32)>> = None;
         for (l, (unit, a, f)) in self.layers.iter().enumerate() {
             let moe = matches!(f, Ffn::Moe { .. });
             if !moe {
@@ -472,29 +478,16 @@ impl DeepseekV3 {
                 )
             })?;
             if moe {
-                let ne = c.n_routed_experts;
-                let bias = &self.norms[l].bias;
-                let routes: Vec<Vec<(usize, f32)>> = router
-                    .chunks_exact(ne)
-                    .map(|r| {
-                        route_sigmoid_grouped(
-                            r,
-                            bias,
-                            c.num_experts_per_tok,
-                            c.n_group,
-                            c.topk_group,
-                            c.norm_topk_prob,
-                            c.routed_scaling_factor as f32,
-                        )
-                    })
-                    .collect();
+                let routes = route_rows(self, l, &router, c.n_routed_experts);
+                let first = keep_first(&mut first_routes, &routes);
                 let mut out = vec![0f32; n * d];
                 let mut src = StoreExperts {
                     table: &self.experts,
                     store,
                 };
                 moe_forward(&mut src, l, &routes, &xn, d, &mut out, |s| {
-                    self.plan_after(s.store, l)
+                    self.plan_after(s.store, l);
+                    prefetch_next(self, s.store, l, &x, first);
                 })?;
                 // transformers: (routed experts + shared experts) + residual
                 add_into(&mut out, &shared);
@@ -509,6 +502,41 @@ impl DeepseekV3 {
             logits,
             vocab,
         )?)
+    }
+}
+
+impl Routers for DeepseekV3 {
+    fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The router of a MoE layer (the first `first_k_dense_replace` layers have none).
+    fn router(&self, l: usize) -> Option<RouterRef<'_>> {
+        let (unit, _, Ffn::Moe { router, .. }) = self.layers.get(l)? else {
+            return None;
+        };
+        Some(RouterRef {
+            unit: *unit,
+            router: *router,
+            norm: &self.norms[l].post_attn,
+            eps: self.config.rms_norm_eps as f32,
+            bias: None,
+        })
+    }
+
+    /// Sigmoid group-limited routing with layer `l`'s `e_score_correction_bias`
+    /// ([`route_sigmoid_grouped`]).
+    fn route(&self, l: usize, logits: &[f32]) -> Vec<(usize, f32)> {
+        let c = &self.config;
+        route_sigmoid_grouped(
+            logits,
+            &self.norms[l].bias,
+            c.num_experts_per_tok,
+            c.n_group,
+            c.topk_group,
+            c.norm_topk_prob,
+            c.routed_scaling_factor as f32,
+        )
     }
 }
 

@@ -23,7 +23,9 @@
 //! gate and up matrices, used as stored. The layouts and the expert FFN live in
 //! `gpt_oss_experts.rs`. Each (layer, expert) is one weight unit holding its matrices and
 //! biases; spine units hold a layer's q/k/v/o and router weights. When the budget cannot hold
-//! every weight the experts are read on demand through the expert store (`budget.rs`).
+//! every weight the experts are read on demand through the expert store (`budget.rs`), which
+//! with prefetch on reads the next layer's guessed experts ([`super::moe::prefetch_next`],
+//! router bias included).
 //! A format's loader resolves and checks its tensors into a `Checkpoint`; `GptOss::build`
 //! does the rest for both.
 
@@ -43,7 +45,9 @@ use super::layers::{
     add_into, attention_with_sinks, mm, norm_rope_heads, rms_norm_rows, AttnShape, RopeStyle,
 };
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
-use super::moe::{moe_forward_with, route_topk_softmax};
+use super::moe::{
+    keep_first, moe_forward_with, prefetch_next, route_rows, route_topk_softmax, RouterRef, Routers,
+};
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
 use crate::quant::GgmlType;
@@ -515,14 +519,14 @@ impl GptOss {
         let mut xn = vec![0f32; n * d];
         let mut router = Vec::new();
         let (alpha, limit) = (c.swiglu_alpha as f32, c.swiglu_limit as f32);
+        // the first MoE layer's routes of the pass's last token (the next pass's guesses)
+        let mut first_routes: Option<Vec<(usize, f32)>> = None;
         for (l, (unit, w)) in self.layers.iter().enumerate() {
             store.with_unit(*unit, |u| {
                 self.spine(l, w, u, cache, pos0, &mut x, &mut xn, &mut router)
             })?;
-            let routes: Vec<Vec<(usize, f32)>> = router
-                .chunks_exact(c.num_local_experts)
-                .map(|r| route_topk_softmax(r, c.num_experts_per_tok))
-                .collect();
+            let routes = route_rows(self, l, &router, c.num_local_experts);
+            let first = keep_first(&mut first_routes, &routes);
             let mut out = vec![0f32; n * d];
             let mut src = OssExperts {
                 table: &self.experts,
@@ -535,7 +539,10 @@ impl GptOss {
                 &xn,
                 d,
                 &mut out,
-                |s| self.plan_after(s.store, l),
+                |s| {
+                    self.plan_after(s.store, l);
+                    prefetch_next(self, s.store, l, &x, first);
+                },
                 |w, xg, m, y| expert_ffn(w, alpha, limit, xg, m, y),
             )?;
             add_into(&mut x, &out);
@@ -548,6 +555,30 @@ impl GptOss {
             logits,
             vocab,
         )?)
+    }
+}
+
+impl Routers for GptOss {
+    fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Every layer's router, with its bias.
+    fn router(&self, l: usize) -> Option<RouterRef<'_>> {
+        let (unit, w) = self.layers.get(l)?;
+        let v = &self.vecs[l];
+        Some(RouterRef {
+            unit: *unit,
+            router: w.router,
+            norm: &v.post_norm,
+            eps: self.config.rms_norm_eps as f32,
+            bias: Some(&v.router_bias),
+        })
+    }
+
+    /// Top-k then softmax over the kept logits ([`route_topk_softmax`]).
+    fn route(&self, _l: usize, logits: &[f32]) -> Vec<(usize, f32)> {
+        route_topk_softmax(logits, self.config.num_experts_per_tok)
     }
 }
 

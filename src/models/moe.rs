@@ -15,7 +15,7 @@
 
 use std::io;
 
-use super::layers::{mm, silu};
+use super::layers::{add_into, mm, rms_norm_rows, silu};
 use super::loading::MatRef;
 use crate::kernels::ops::softmax_inplace;
 use crate::kernels::Matrix;
@@ -265,6 +265,102 @@ pub fn rank_by_weight(routes: &[Vec<(usize, f32)>]) -> Vec<usize> {
     let mut v: Vec<(usize, f32)> = sum.into_iter().collect();
     v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     v.into_iter().map(|(e, _)| e).collect()
+}
+
+/// A MoE layer's router inside its spine unit, as [`prefetch_next`] applies it.
+pub(super) struct RouterRef<'a> {
+    /// The spine unit holding the router.
+    pub unit: usize,
+    /// The router matrix (`n_experts × hidden`).
+    pub router: MatRef,
+    /// The layer's post-attention RMSNorm weights (`hidden`) and its epsilon.
+    pub norm: &'a [f32],
+    pub eps: f32,
+    /// The router bias added to every token's logits (`n_experts`; GPT-OSS), if any.
+    pub bias: Option<&'a [f32]>,
+}
+
+/// A model's MoE routers and routing function, as the forward pass and [`prefetch_next`] use
+/// them.
+pub(super) trait Routers {
+    /// Number of decoder layers.
+    fn n_layers(&self) -> usize;
+    /// Layer `l`'s router; `None` for a layer without one (a dense layer) or past the last.
+    fn router(&self, l: usize) -> Option<RouterRef<'_>>;
+    /// One token's routing in MoE layer `l` from its router logits (`n_experts`, bias added):
+    /// the chosen (expert id, weight) pairs in ascending id order.
+    fn route(&self, l: usize, logits: &[f32]) -> Vec<(usize, f32)>;
+}
+
+/// Every token's routing in MoE layer `l` from the router logits of `n` tokens
+/// (`n × n_experts`, bias added), by [`Routers::route`].
+pub(super) fn route_rows(
+    m: &impl Routers,
+    l: usize,
+    logits: &[f32],
+    n_experts: usize,
+) -> Vec<Vec<(usize, f32)>> {
+    logits
+        .chunks_exact(n_experts)
+        .map(|r| m.route(l, r))
+        .collect()
+}
+
+/// The last token's routes of a pass's first MoE layer, [`prefetch_next`]'s guesses for the
+/// next pass: `kept` takes the last of `routes` (one per token) the first time it is called
+/// in a pass and keeps it after.
+pub(super) fn keep_first<'a>(
+    kept: &'a mut Option<Vec<(usize, f32)>>,
+    routes: &[Vec<(usize, f32)>],
+) -> &'a [(usize, f32)] {
+    kept.get_or_insert_with(|| routes.last().cloned().unwrap_or_default())
+}
+
+/// Guesses the experts of the MoE layer planned after layer `l`'s experts and hands them,
+/// best first ([`rank_by_weight`]), to the expert store's prefetch
+/// ([`crate::store::ExpertStore::prefetch`]). Nothing happens when there is no expert store
+/// or its prefetch is off.
+///
+/// When layer `l + 1` is a MoE layer whose router is resident, the guesses are its router
+/// (and bias) and routing applied to `x` (the residual stream after layer `l`'s attention,
+/// `n × hidden`) normed with layer `l + 1`'s post-attention norm; when its router is not
+/// resident, there are none. After the last MoE layer, they are `first` (the experts the first
+/// MoE layer gave the pass's last token) for the next pass's first MoE layer.
+pub(super) fn prefetch_next(
+    m: &impl Routers,
+    store: &mut WeightStore,
+    l: usize,
+    x: &[f32],
+    first: &[(usize, f32)],
+) {
+    if !store.experts().is_some_and(|es| es.prefetch_enabled()) {
+        return;
+    }
+    let (next, guesses) = if let Some(r) = m.router(l + 1) {
+        let Some(ub) = store.resident(r.unit) else {
+            return;
+        };
+        let (d, ne) = (r.norm.len(), r.router.rows);
+        let n = x.len() / d;
+        let mut xn = vec![0f32; n * d];
+        rms_norm_rows(x, r.norm, r.eps, &mut xn);
+        let mut logits = vec![0f32; n * ne];
+        mm(&r.router.view(ub), &xn, n, &mut logits);
+        if let Some(b) = r.bias {
+            logits.chunks_exact_mut(ne).for_each(|row| add_into(row, b));
+        }
+        (l + 1, rank_by_weight(&route_rows(m, l + 1, &logits, ne)))
+    } else if ((l + 1)..m.n_layers()).all(|i| m.router(i).is_none()) {
+        let Some(f) = (0..m.n_layers()).find(|&i| m.router(i).is_some()) else {
+            return;
+        };
+        (f, rank_by_weight(&[first.to_vec()]))
+    } else {
+        return;
+    };
+    if let Some(es) = store.experts_mut() {
+        es.prefetch(next, &guesses);
+    }
 }
 
 /// The MoE feed-forward of layer `layer` for `n` tokens with SwiGLU experts

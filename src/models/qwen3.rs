@@ -33,7 +33,8 @@ use super::layers::{
 };
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
 use super::moe::{
-    moe_forward, rank_by_weight, route_softmax_topk, ExpertMats, StoreExperts, UnitExperts,
+    keep_first, moe_forward, prefetch_next, route_rows, route_softmax_topk, ExpertMats, RouterRef,
+    Routers, StoreExperts, UnitExperts,
 };
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
@@ -457,52 +458,6 @@ impl Qwen3 {
         }
     }
 
-    /// Starts prefetching after layer `l`'s experts were planned (when prefetch is on). When
-    /// layer `l + 1` is a MoE layer whose router is resident, the guesses are its router and
-    /// routing applied to `x` (the residual stream after layer `l`'s attention, `n × hidden`)
-    /// normed with layer `l + 1`'s post-attention norm. After the last MoE layer, they are the
-    /// experts the first MoE layer gave the pass's last token (`first`), for the next pass.
-    fn prefetch_next(&self, store: &mut WeightStore, l: usize, x: &[f32], first: &[(usize, f32)]) {
-        let c = &self.config;
-        if !store.experts().is_some_and(|es| es.prefetch_enabled()) {
-            return;
-        }
-        let moe = |i: usize| matches!(self.layers.get(i), Some((_, w)) if matches!(w.ffn, Ffn::Moe { .. }));
-        let (next, guesses) = if moe(l + 1) {
-            let (u, w) = &self.layers[l + 1];
-            let (Ffn::Moe { router }, Some(ub)) = (&w.ffn, store.resident(*u)) else {
-                return;
-            };
-            let (d, ne) = (c.hidden_size, c.n_experts());
-            let n = x.len() / d;
-            let mut xn = vec![0f32; n * d];
-            rms_norm_rows(
-                x,
-                &self.norms[l + 1].post_attn,
-                c.rms_norm_eps as f32,
-                &mut xn,
-            );
-            let mut logits = vec![0f32; n * ne];
-            mm(&router.view(ub), &xn, n, &mut logits);
-            let k = c.num_experts_per_tok.unwrap_or(1);
-            let routes: Vec<Vec<(usize, f32)>> = logits
-                .chunks_exact(ne)
-                .map(|r| route_softmax_topk(r, k, c.renorm_topk()))
-                .collect();
-            (l + 1, rank_by_weight(&routes))
-        } else if ((l + 1)..self.layers.len()).all(|i| !moe(i)) {
-            let Some(f) = (0..self.layers.len()).find(|&i| moe(i)) else {
-                return;
-            };
-            (f, rank_by_weight(&[first.to_vec()]))
-        } else {
-            return;
-        };
-        if let Some(es) = store.experts_mut() {
-            es.prefetch(next, &guesses);
-        }
-    }
-
     fn forward_planned(
         &self,
         store: &mut WeightStore,
@@ -528,16 +483,8 @@ impl Qwen3 {
                 self.spine(l, w, u, cache, pos0, &mut x, &mut xn, &mut router)
             })?;
             if moe {
-                let ne = c.n_experts();
-                let k = c.num_experts_per_tok.unwrap_or(1);
-                let routes: Vec<Vec<(usize, f32)>> = router
-                    .chunks_exact(ne)
-                    .map(|r| route_softmax_topk(r, k, c.renorm_topk()))
-                    .collect();
-                if first_routes.is_none() {
-                    first_routes = routes.last().cloned();
-                }
-                let first = first_routes.as_deref().unwrap_or_default();
+                let routes = route_rows(self, l, &router, c.n_experts());
+                let first = keep_first(&mut first_routes, &routes);
                 let mut out = vec![0f32; n * d];
                 let mut src = StoreExperts {
                     table: &self.experts,
@@ -545,7 +492,7 @@ impl Qwen3 {
                 };
                 moe_forward(&mut src, l, &routes, &xn, d, &mut out, |s| {
                     self.plan_after(s.store, l);
-                    self.prefetch_next(s.store, l, &x, first);
+                    prefetch_next(self, s.store, l, &x, first);
                 })?;
                 add_into(&mut x, &out);
             }
@@ -558,6 +505,32 @@ impl Qwen3 {
             logits,
             vocab,
         )?)
+    }
+}
+
+impl Routers for Qwen3 {
+    fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn router(&self, l: usize) -> Option<RouterRef<'_>> {
+        let (unit, w) = self.layers.get(l)?;
+        let Ffn::Moe { router } = &w.ffn else {
+            return None;
+        };
+        Some(RouterRef {
+            unit: *unit,
+            router: *router,
+            norm: &self.norms[l].post_attn,
+            eps: self.config.rms_norm_eps as f32,
+            bias: None,
+        })
+    }
+
+    /// Top-k softmax routing ([`route_softmax_topk`]).
+    fn route(&self, _l: usize, logits: &[f32]) -> Vec<(usize, f32)> {
+        let c = &self.config;
+        route_softmax_topk(logits, c.num_experts_per_tok.unwrap_or(1), c.renorm_topk())
     }
 }
 
