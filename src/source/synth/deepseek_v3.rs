@@ -15,10 +15,11 @@
 //! The tokenizer and chat template are those of the `deepseek_v3` test fixture (byte-level
 //! BPE, 493 tokens in a vocabulary of 512).
 
-use std::borrow::Cow;
-
 use super::fill::fp8_e4m3_rms;
-use super::{linear_bf16, ones_bf16, Dtype, Fill, HfCheckpoint, Preset, Shape, TensorSpec};
+use super::{
+    embeddings, linear_bf16, norm_and_head, ones_bf16, Dtype, Fill, HfCheckpoint, Preset, Shape,
+    TensorSpec,
+};
 
 /// The shape of a synthetic `deepseek_v3` model (Hugging Face `DeepseekV3Config` fields).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,7 +93,7 @@ pub fn presets() -> Vec<Preset> {
         },
         Preset {
             name: "deepseek-v3",
-            description: "DeepSeek-V3 shape (hidden 7168, MLA with 128 heads, 256 experts in 8 groups, top-8, 1 shared, expert FFN 2048: 42 MiB FP8 / 84 MiB BF16 experts), 3 dense + 58 MoE layers (~680 GB FP8); use --layers (total) and --dense-layers for fewer",
+            description: "DeepSeek-V3 shape (hidden 7168, MLA with 128 heads, 256 experts in 8 groups, top-8, 1 shared, expert FFN 2048: 42 MiB FP8 / 84 MiB BF16 experts), 3 dense + 58 MoE layers (~670 GB FP8, 1.34 TB BF16); use --layers (total) and --dense-layers for fewer",
             shape: Shape::DeepseekV3(v3),
         },
     ]
@@ -135,12 +136,7 @@ fn groups(s: &DeepseekV3Shape, fp8: bool) -> Vec<Vec<TensorSpec>> {
     let d = s.hidden_size;
     let nh = s.num_attention_heads;
     let qk = s.qk_nope_head_dim + s.qk_rope_head_dim;
-    let mut groups = vec![vec![TensorSpec::new(
-        "model.embed_tokens.weight".into(),
-        Dtype::BF16,
-        vec![s.vocab_size, d],
-        Fill::Uniform(1.0),
-    )]];
+    let mut groups = vec![embeddings(s.vocab_size, d)];
     for l in 0..s.num_hidden_layers {
         let p = |x: &str| format!("model.layers.{l}.{x}");
         let mut g = vec![ones_bf16(p("input_layernorm.weight"), d)];
@@ -180,10 +176,7 @@ fn groups(s: &DeepseekV3Shape, fp8: bool) -> Vec<Vec<TensorSpec>> {
             groups.push(x.into_iter().map(|t| t.experts(1)).collect());
         }
     }
-    groups.push(vec![
-        ones_bf16("model.norm.weight".into(), d),
-        linear_bf16("lm_head.weight".into(), s.vocab_size, d),
-    ]);
+    groups.push(norm_and_head(s.vocab_size, d));
     groups
 }
 
@@ -252,27 +245,13 @@ pub fn config_json(s: &DeepseekV3Shape, fp8: bool) -> serde_json::Value {
 
 /// The Hugging Face checkpoint of `s`, FP8 when `fp8` (else BF16).
 pub(crate) fn checkpoint(s: &DeepseekV3Shape, fp8: bool) -> HfCheckpoint {
-    let fx = |f: &'static [u8]| Cow::Borrowed(f);
     HfCheckpoint {
         groups: groups(s, fp8),
         config: config_json(s, fp8),
-        side_files: vec![
-            (
-                "generation_config.json",
-                fx(br#"{"bos_token_id": 480, "eos_token_id": 481, "do_sample": false}"#),
-            ),
-            (
-                "tokenizer.json",
-                fx(include_bytes!(
-                    "../../../tests/fixtures/hf/deepseek_v3/tokenizer.json"
-                )),
-            ),
-            (
-                "tokenizer_config.json",
-                fx(include_bytes!(
-                    "../../../tests/fixtures/hf/deepseek_v3/tokenizer_config.json"
-                )),
-            ),
+        side_files: [
+            br#"{"bos_token_id": 480, "eos_token_id": 481, "do_sample": false}"#,
+            include_bytes!("../../../tests/fixtures/hf/deepseek_v3/tokenizer.json"),
+            include_bytes!("../../../tests/fixtures/hf/deepseek_v3/tokenizer_config.json"),
         ],
         layers: s.num_hidden_layers,
         moe_layers: s.num_hidden_layers - s.first_k_dense_replace.min(s.num_hidden_layers),

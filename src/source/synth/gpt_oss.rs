@@ -16,11 +16,10 @@
 //! The tokenizer and chat template are those of the `gpt_oss` test fixture (byte-level BPE,
 //! harmony-style markers, 489 tokens in a vocabulary of 512).
 
-use std::borrow::Cow;
-
 use super::fill::e8m0_low;
 use super::{
-    linear_bf16, ones_bf16, vector_bf16, Dtype, Fill, HfCheckpoint, Preset, Shape, TensorSpec,
+    embeddings, linear_bf16, norm_and_head, ones_bf16, vector_bf16, Dtype, Fill, HfCheckpoint,
+    Preset, Shape, TensorSpec,
 };
 
 /// The shape of a synthetic `gpt_oss` model (Hugging Face `GptOssConfig` fields).
@@ -62,7 +61,7 @@ pub fn presets() -> Vec<Preset> {
         },
         Preset {
             name: "gpt-oss-20b",
-            description: "gpt-oss-20b shape (hidden 2880, 64 heads / 8 KV, 32 experts, top-4, expert FFN 2880: 12.6 MiB MXFP4 experts), 24 layers (~11 GB)",
+            description: "gpt-oss-20b shape (hidden 2880, 64 heads / 8 KV, 32 experts, top-4, expert FFN 2880: 12.6 MiB MXFP4 experts), 24 layers (~11.5 GB)",
             shape: Shape::GptOss(GptOssShape {
                 hidden_size: 2880,
                 intermediate_size: 2880,
@@ -109,12 +108,7 @@ fn groups(s: &GptOssShape, mx: bool) -> Vec<Vec<TensorSpec>> {
         s.num_attention_heads * s.head_dim,
         s.num_key_value_heads * s.head_dim,
     );
-    let mut groups = vec![vec![TensorSpec::new(
-        "model.embed_tokens.weight".into(),
-        Dtype::BF16,
-        vec![s.vocab_size, d],
-        Fill::Uniform(1.0),
-    )]];
+    let mut groups = vec![embeddings(s.vocab_size, d)];
     for l in 0..s.num_hidden_layers {
         let p = |x: &str| format!("model.layers.{l}.{x}");
         let x = |m: &str| p(&format!("mlp.experts.{m}"));
@@ -158,10 +152,7 @@ fn groups(s: &GptOssShape, mx: bool) -> Vec<Vec<TensorSpec>> {
         ));
         groups.push(g);
     }
-    groups.push(vec![
-        ones_bf16("model.norm.weight".into(), d),
-        linear_bf16("lm_head.weight".into(), s.vocab_size, d),
-    ]);
+    groups.push(norm_and_head(s.vocab_size, d));
     groups
 }
 
@@ -228,27 +219,13 @@ pub fn config_json(s: &GptOssShape, mx: bool) -> serde_json::Value {
 
 /// The Hugging Face checkpoint of `s`, MXFP4 experts when `mx` (else BF16).
 pub(crate) fn checkpoint(s: &GptOssShape, mx: bool) -> HfCheckpoint {
-    let fx = |f: &'static [u8]| Cow::Borrowed(f);
     HfCheckpoint {
         groups: groups(s, mx),
         config: config_json(s, mx),
-        side_files: vec![
-            (
-                "generation_config.json",
-                fx(br#"{"eos_token_id": [482, 488], "pad_token_id": 481, "do_sample": false}"#),
-            ),
-            (
-                "tokenizer.json",
-                fx(include_bytes!(
-                    "../../../tests/fixtures/hf/gpt_oss/tokenizer.json"
-                )),
-            ),
-            (
-                "tokenizer_config.json",
-                fx(include_bytes!(
-                    "../../../tests/fixtures/hf/gpt_oss/tokenizer_config.json"
-                )),
-            ),
+        side_files: [
+            br#"{"eos_token_id": [482, 488], "pad_token_id": 481, "do_sample": false}"#,
+            include_bytes!("../../../tests/fixtures/hf/gpt_oss/tokenizer.json"),
+            include_bytes!("../../../tests/fixtures/hf/gpt_oss/tokenizer_config.json"),
         ],
         layers: s.num_hidden_layers,
         moe_layers: s.num_hidden_layers,

@@ -24,7 +24,6 @@ pub(crate) mod fill;
 pub mod gpt_oss;
 pub mod qwen3_moe;
 
-use std::borrow::Cow;
 use std::io::Write;
 use std::path::Path;
 
@@ -393,8 +392,8 @@ impl TensorSpec {
 pub(crate) struct HfCheckpoint {
     pub groups: Vec<Vec<TensorSpec>>,
     pub config: serde_json::Value,
-    /// `generation_config.json`, `tokenizer.json`, `tokenizer_config.json`.
-    pub side_files: Vec<(&'static str, Cow<'static, [u8]>)>,
+    /// The bytes of `generation_config.json`, `tokenizer.json`, `tokenizer_config.json`.
+    pub side_files: [&'static [u8]; 3],
     pub layers: usize,
     pub moe_layers: usize,
     pub experts: usize,
@@ -462,7 +461,12 @@ impl HfCheckpoint {
                 serde_json::to_vec_pretty(&self.config).expect("json"),
             ),
         ];
-        small.extend(self.side_files.iter().map(|(n, b)| (*n, b.to_vec())));
+        let names = [
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ];
+        small.extend(names.into_iter().zip(self.side_files.map(|b| b.to_vec())));
         (shards, small)
     }
 
@@ -562,8 +566,25 @@ fn fill_tensor(rng: &mut Rng, bf16: &mut Option<Bf16Uniform>, t: &TensorSpec, bu
     }
 }
 
-/// Spec helpers shared by the architectures: a linear weight `[out, in]` uniform in
-/// `±1/√in`, a norm weight of ones, a vector uniform in `±scale`.
+/// Spec helpers shared by the architectures: the token embeddings `[vocab, hidden]` uniform in
+/// `±1` (BF16) as the first group, the final norm and the LM head as the last, a linear weight
+/// `[out, in]` uniform in `±1/√in`, a norm weight of ones, a vector uniform in `±scale`.
+pub(crate) fn embeddings(vocab: usize, hidden: usize) -> Vec<TensorSpec> {
+    vec![TensorSpec::new(
+        "model.embed_tokens.weight".into(),
+        Dtype::BF16,
+        vec![vocab, hidden],
+        Fill::Uniform(1.0),
+    )]
+}
+
+pub(crate) fn norm_and_head(vocab: usize, hidden: usize) -> Vec<TensorSpec> {
+    vec![
+        ones_bf16("model.norm.weight".into(), hidden),
+        linear_bf16("lm_head.weight".into(), vocab, hidden),
+    ]
+}
+
 pub(crate) fn linear_bf16(name: String, out: usize, inp: usize) -> TensorSpec {
     TensorSpec::new(
         name,

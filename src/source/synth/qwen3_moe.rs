@@ -3,12 +3,11 @@
 //! fixture's byte-level BPE tokenizer (vocabulary of 512, ChatML template). The llama.cpp GGUF
 //! variant is [`crate::source::gguf_synth`].
 
-use std::borrow::Cow;
 use std::path::Path;
 
 use anyhow::Result;
 
-use super::{linear_bf16, ones_bf16, Dtype, Fill, HfCheckpoint, TensorSpec};
+use super::{embeddings, linear_bf16, norm_and_head, ones_bf16, HfCheckpoint, TensorSpec};
 
 /// The shape of a synthetic `qwen3_moe` model.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,12 +91,7 @@ fn groups(s: &Qwen3MoeShape) -> Vec<Vec<TensorSpec>> {
         s.num_key_value_heads * s.head_dim,
     );
     let ff = s.moe_intermediate_size;
-    let mut groups = vec![vec![TensorSpec::new(
-        "model.embed_tokens.weight".into(),
-        Dtype::BF16,
-        vec![s.vocab_size, d],
-        Fill::Uniform(1.0),
-    )]];
+    let mut groups = vec![embeddings(s.vocab_size, d)];
     for l in 0..s.num_hidden_layers {
         let p = |x: &str| format!("model.layers.{l}.{x}.weight");
         let mut g = vec![
@@ -119,36 +113,19 @@ fn groups(s: &Qwen3MoeShape) -> Vec<Vec<TensorSpec>> {
         }
         groups.push(g);
     }
-    groups.push(vec![
-        ones_bf16("model.norm.weight".into(), d),
-        linear_bf16("lm_head.weight".into(), s.vocab_size, d),
-    ]);
+    groups.push(norm_and_head(s.vocab_size, d));
     groups
 }
 
 /// The Hugging Face checkpoint of `s` (BF16), with the `qwen3_moe` fixture's tokenizer.
 pub(crate) fn checkpoint(s: &Qwen3MoeShape) -> HfCheckpoint {
-    let fx = |f: &'static [u8]| Cow::Borrowed(f);
     HfCheckpoint {
         groups: groups(s),
         config: config_json(s),
-        side_files: vec![
-            (
-                "generation_config.json",
-                fx(br#"{"eos_token_id": 482, "do_sample": false}"#),
-            ),
-            (
-                "tokenizer.json",
-                fx(include_bytes!(
-                    "../../../tests/fixtures/hf/qwen3_moe/tokenizer.json"
-                )),
-            ),
-            (
-                "tokenizer_config.json",
-                fx(include_bytes!(
-                    "../../../tests/fixtures/hf/qwen3_moe/tokenizer_config.json"
-                )),
-            ),
+        side_files: [
+            br#"{"eos_token_id": 482, "do_sample": false}"#,
+            include_bytes!("../../../tests/fixtures/hf/qwen3_moe/tokenizer.json"),
+            include_bytes!("../../../tests/fixtures/hf/qwen3_moe/tokenizer_config.json"),
         ],
         layers: s.num_hidden_layers,
         moe_layers: s.num_hidden_layers,
