@@ -181,7 +181,9 @@ impl Shape {
 /// A named shape of an architecture.
 #[derive(Clone, Debug)]
 pub struct Preset {
+    /// `--preset` name, e.g. `deepseek-v3`.
     pub name: &'static str,
+    /// One line for `--preset list`: the shape and its size.
     pub description: &'static str,
     pub shape: Shape,
 }
@@ -209,6 +211,7 @@ pub struct Planned {
     pub tensor_bytes: u64,
     /// Bytes of one routed expert as stored: its weights, block scales and biases.
     pub expert_bytes: u64,
+    /// Decoder layers, dense ones included.
     pub layers: usize,
     /// Layers with routed experts.
     pub moe_layers: usize,
