@@ -21,14 +21,18 @@
 //!
 //! Weight units: one spine unit per layer (attention, and the dense MLP or the router and
 //! shared experts) and one unit per (layer, routed expert); embeddings and LM head as in
-//! [`super::embed_head`].
+//! [`super::embed_head`]. When the budget cannot hold every weight, the routed experts (never
+//! the shared ones, nor the dense layers' MLPs) are read on demand through the expert store,
+//! FP8 ones repacked as they land so that its cache holds them ready to compute
+//! (`budget.rs`).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 pub use super::deepseek_v3_config::Config;
 
+use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
 use super::deepseek_v3_tensors::{hf_checkpoint, unit_of_lins, Checkpoint, FfnTensors, KvB, Lin};
-use super::embed_head::{head_chunks, whole, Embedding, Head};
+use super::embed_head::{Embedding, Head};
 use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
 use super::loading::{read_vector, unit_of, MatRef};
 use super::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
@@ -37,11 +41,7 @@ use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
-use crate::store::plan::{choose_resident, Candidate};
-use crate::store::{DirectFile, Fp8Pack, Unit, UnitBytes, WeightStore, IO_ALIGN};
-
-/// Stream buffers used when any weight is streamed.
-const STREAM_SLOTS: usize = 2;
+use crate::store::{DirectFile, Fp8Pack, Unit, UnitBytes, WeightStore};
 
 /// Attention weights of one layer.
 struct Attn {
@@ -114,12 +114,13 @@ impl DeepseekV3 {
     }
 
     /// Builds the model over checked tensors `ck` (from either format): one spine unit per
-    /// layer and one unit per (layer, routed expert), residency planned under the RAM budget
-    /// (LM head, embeddings, then spine layers and experts, greedily), the resident units read
-    /// and the streamer started.
+    /// layer and one unit per (layer, routed expert), placed under the RAM budget by
+    /// [`super::budget`] (everything resident when it fits; else LM head, embeddings and spine
+    /// layers greedily, routed experts read on demand), the resident units read and the
+    /// stores opened.
     ///
-    /// Errors: a budget too small for KV cache, activations and stream buffers; an unreadable
-    /// file.
+    /// Errors: a budget too small for KV cache, activations, stream and expert I/O buffers;
+    /// an unreadable or short file (named, with the (layer, expert) for an expert).
     pub(crate) fn build(
         c: Config,
         ck: Checkpoint,
@@ -237,27 +238,9 @@ impl DeepseekV3 {
             }
             experts.units.push(le);
         }
-        let n_spine = units.len();
-        for le in &mut experts.units {
-            le.iter_mut().for_each(|(u, _)| *u += n_spine);
-        }
-        units.extend(expert_units);
+        let mut w = WeightUnits::new(units, expert_units, &mut experts.units);
         packs.extend(expert_packs);
-        let n_weight_units = units.len();
-        // bytes a unit holds when resident (repacked FP8) and what streaming it needs
-        let resident_size: Vec<usize> = units
-            .iter()
-            .zip(&packs)
-            .map(|(u, p)| WeightStore::resident_size(u, p))
-            .collect();
-        let unit_max = units.iter().map(|u| u.buffer_bytes()).max().unwrap_or(0);
-        let pack_max = units
-            .iter()
-            .zip(&packs)
-            .filter(|(_, p)| !p.is_empty())
-            .map(|(u, p)| WeightStore::resident_size(u, p))
-            .max()
-            .unwrap_or(0);
+        w.packs = packs;
 
         // --- budget -------------------------------------------------------------------------
         let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
@@ -276,127 +259,33 @@ impl DeepseekV3 {
         let norms_bytes = 4
             * (d * (2 * c.num_hidden_layers + 1)
                 + c.num_hidden_layers * (c.q_lora_rank.unwrap_or(0) + rank + ne));
-        let head_unit = unit_of(&[head_t]).0;
-        let embd_unit = unit_of(&[embd]).0;
-        let mut cands = vec![Candidate {
-            name: "LM head".into(),
-            bytes: head_unit.buffer_bytes(),
-        }];
-        if !c.tie_word_embeddings {
-            cands.push(Candidate {
-                name: "embeddings".into(),
-                bytes: embd_unit.buffer_bytes(),
-            });
-        }
-        let n_head_cands = cands.len();
-        for (i, b) in resident_size.iter().enumerate() {
-            cands.push(Candidate {
-                name: format!("unit {i}"),
-                bytes: *b,
-            });
-        }
-        let total: usize = cands.iter().map(|c| c.bytes).sum();
-        let fixed = kv_bytes + scratch_bytes + norms_bytes;
-        let slot = unit_max.max(IO_ALIGN * 4);
-        let (flags, stream_buf) = match opts.ram_budget {
-            Some(b) if fixed + total > b as usize => {
-                let b = b as usize;
-                let stream_buf = STREAM_SLOTS * slot + pack_max;
-                if fixed + stream_buf > b {
-                    bail!(
-                        "--ram-budget {b} is too small: the KV cache for {n_ctx} tokens ({:.1} MiB), activations ({:.1} MiB) and stream buffers ({:.1} MiB) need at least {:.1} MiB",
-                        kv_bytes as f64 / 1048576.0,
-                        (scratch_bytes + norms_bytes) as f64 / 1048576.0,
-                        stream_buf as f64 / 1048576.0,
-                        (fixed + stream_buf) as f64 / 1048576.0
-                    );
-                }
-                (
-                    choose_resident(&cands, b - fixed - stream_buf).0,
-                    STREAM_SLOTS * slot,
-                )
-            }
-            _ => (vec![true; cands.len()], 0),
-        };
-        let head_resident = flags[0];
-        let embd_resident = if c.tie_word_embeddings {
-            head_resident
-        } else {
-            flags[1]
-        };
-        let mut resident: Vec<bool> = flags[n_head_cands..].to_vec();
-        let head = if head_resident {
-            units.push(head_unit);
-            packs.push(Vec::new());
-            resident.push(true);
-            Head::Resident {
-                unit: units.len() - 1,
-                mat: whole(head_t),
-            }
-        } else {
-            let mut chunks = Vec::new();
-            for (u, r0, m) in head_chunks(head_t, slot) {
-                units.push(u);
-                packs.push(Vec::new());
-                resident.push(false);
-                chunks.push((units.len() - 1, r0, m));
-            }
-            Head::Chunks(chunks)
-        };
-        let embedding = match (&head, embd_resident, c.tie_word_embeddings) {
-            (Head::Resident { unit, mat }, true, true) => Embedding::Resident {
-                unit: *unit,
-                mat: *mat,
-            },
-            (_, true, _) => {
-                units.push(embd_unit);
-                packs.push(Vec::new());
-                resident.push(true);
-                Embedding::Resident {
-                    unit: units.len() - 1,
-                    mat: whole(embd),
-                }
-            }
-            (_, false, _) => Embedding::Streamed(embd.clone()),
-        };
-        let streamed_bytes: usize = units
-            .iter()
-            .zip(&resident)
-            .filter(|(_, r)| !**r)
-            .map(|(u, _)| u.payload_bytes())
-            .sum();
-        let res_spine = resident[..n_spine].iter().filter(|r| **r).count();
-        let res_experts = resident[n_spine..n_weight_units]
-            .iter()
-            .filter(|r| **r)
-            .count();
-        let store = WeightStore::open_packed(
+        let placed = place(
+            opts,
             &ck.files,
-            units,
-            packs,
-            &resident,
-            STREAM_SLOTS,
-            stream_buf / STREAM_SLOTS,
-            opts.direct_io,
+            w,
+            HeadTensors {
+                head: head_t,
+                head_unit: unit_of(&[head_t]).0,
+                embd,
+                embd_unit: unit_of(&[embd]).0,
+                tied: c.tie_word_embeddings,
+            },
+            Reserved {
+                kv_bytes,
+                scratch_bytes: scratch_bytes + norms_bytes,
+                n_ctx,
+            },
+            // FP8 experts are repacked by the store as they land
+            OnDemand {
+                per_tok: c.num_experts_per_tok,
+                transform: None,
+                pack: None,
+            },
+            Notes {
+                experts: "",
+                tail: &ck.note,
+            },
         )?;
-        let mtp_note = &ck.note;
-        let placement = Placement {
-            resident_bytes: store.resident_bytes(),
-            streamed_bytes,
-            stream_buffer_bytes: store.stream_buffer_bytes(),
-            kv_bytes,
-            scratch_bytes: scratch_bytes + norms_bytes,
-            summary: format!(
-                "{res_spine}/{} layers and {res_experts}/{} experts resident, LM head {}{mtp_note}",
-                c.num_hidden_layers,
-                n_weight_units - n_spine,
-                if head_resident {
-                    "resident"
-                } else {
-                    "streamed"
-                },
-            ),
-        };
         let (inv_freq, rope_att) = c.rope_freqs();
         Ok((
             Self {
@@ -408,11 +297,11 @@ impl DeepseekV3 {
                 norms,
                 experts,
                 final_norm,
-                embedding,
-                head,
-                placement,
+                embedding: placed.embedding,
+                head: placed.head,
+                placement: placed.placement,
             },
-            store,
+            placed.store,
         ))
     }
 

@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Result};
 
 use super::deepseek_v3_config::Config;
-use super::loading::{MatRef, Tensors};
+use super::loading::{unit_of_pieces, MatRef, Tensors};
 use crate::quant::GgmlType;
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
-use crate::store::{Fp8Pack, ReadRange, Unit};
+use crate::store::{Fp8Pack, Unit};
 
 /// `eps` of `q_a_layernorm` and `kv_a_layernorm` in transformers (built with the
 /// `DeepseekV3RMSNorm` default, not `rms_norm_eps`).
@@ -80,54 +80,55 @@ pub(crate) struct Checkpoint {
     pub note: String,
 }
 
-/// One read range per tensor; FP8 weights are repacked into extra pieces after the raw ones
-/// (piece `ranges.len() + k` for the k-th FP8 weight). Returns the unit, its FP8 packs and
-/// every weight's matrix view (`rows` = product of the GGML shape past the first dimension).
+/// The unit of `lins`: one piece per tensor (an FP8 weight's piece followed by its scales'),
+/// byte-adjacent tensors read as one range ([`unit_of_pieces`]); FP8 weights are repacked into
+/// extra pieces after those (piece `n + k` for the k-th FP8 weight, `n` the number of
+/// tensors). Returns the unit, its FP8 packs and every weight's matrix view (`rows` = product
+/// of the GGML shape past the first dimension).
 pub(crate) fn unit_of_lins(lins: &[&Lin]) -> (Unit, Vec<Fp8Pack>, Vec<MatRef>) {
-    let mut ranges = Vec::new();
+    let mut tensors: Vec<&TensorInfo> = Vec::new();
     let mut packs = Vec::new();
-    let range = |t: &TensorInfo| ReadRange {
-        file: t.file,
-        offset: t.offset,
-        len: t.n_bytes as usize,
-    };
-    let mut mats = Vec::new();
+    // each weight's piece (plain) or pack index (FP8)
+    let mut at: Vec<Result<usize, usize>> = Vec::new();
     for l in lins {
         match l {
             Lin::Plain(t) => {
-                ranges.push(range(t));
-                mats.push(super::loading::mat(t, (ranges.len() - 1, 0)));
+                tensors.push(t);
+                at.push(Ok(tensors.len() - 1));
             }
             Lin::Fp8 { w, s } => {
-                ranges.push(range(w));
-                ranges.push(range(s));
-                let (rows, cols) = (w.shape[1] as usize, w.shape[0] as usize);
+                tensors.extend([w, s]);
                 packs.push(Fp8Pack {
-                    weight_piece: ranges.len() - 2,
-                    scale_piece: ranges.len() - 1,
+                    weight_piece: tensors.len() - 2,
+                    scale_piece: tensors.len() - 1,
                     scale_ty: s.ty,
-                    rows,
-                    cols,
+                    rows: w.shape[1] as usize,
+                    cols: w.shape[0] as usize,
                 });
-                let ty = GgmlType::F8_E4M3_B128;
-                mats.push(MatRef {
-                    piece: usize::MAX - (packs.len() - 1),
+                at.push(Err(packs.len() - 1));
+            }
+        }
+    }
+    let n = tensors.len();
+    let ty = GgmlType::F8_E4M3_B128;
+    let mats = at
+        .iter()
+        .map(|a| match *a {
+            Ok(i) => super::loading::mat(tensors[i], (i, 0)),
+            Err(k) => {
+                let (rows, cols) = (packs[k].rows, packs[k].cols);
+                MatRef {
+                    piece: n + k,
                     offset: 0,
                     ty,
                     rows,
                     cols,
                     bytes: rows * ty.row_bytes(cols).expect("any width"),
-                });
+                }
             }
-        }
-    }
-    let n = ranges.len();
-    for m in &mut mats {
-        if m.piece > usize::MAX / 2 {
-            m.piece = n + (usize::MAX - m.piece);
-        }
-    }
-    (Unit::of(ranges), packs, mats)
+        })
+        .collect();
+    (unit_of_pieces(&tensors), packs, mats)
 }
 
 /// Resolves the tensors of a `deepseek_v3` / `kimi_k2` checkpoint folder for `c`: presence,

@@ -17,13 +17,15 @@
 //! with `kernels::matmul_t` (each stored row read once, no transposed copy, the same code for
 //! resident and streamed experts, so streaming cannot change a bit). MXFP4 checkpoints store
 //! `*_blocks [E, R, G, 16]` + `*_scales [E, R, G]` output-major; they are repacked into GGML
-//! `MXFP4` rows (`quant::mxfp4::repack_hf_mxfp4`) once at load for resident experts and after each read
-//! for streamed ones (into one reusable buffer), then computed by the MXFP4 kernels. GGUF files
-//! hold separate output-major gate and up matrices, used as stored. The layouts and the expert
-//! FFN live in `gpt_oss_experts.rs`. Each (layer, expert) is one weight unit holding its
-//! matrices and biases; spine units hold a layer's q/k/v/o and router weights. A format's
-//! loader resolves and checks its tensors into a `Checkpoint`; `GptOss::build` does the
-//! rest for both.
+//! `MXFP4` rows (`quant::mxfp4::repack_hf_mxfp4`) once at load for resident experts, and as
+//! each read lands for experts read on demand (by the expert store, whose cache then holds
+//! them repacked), then computed by the MXFP4 kernels. GGUF files hold separate output-major
+//! gate and up matrices, used as stored. The layouts and the expert FFN live in
+//! `gpt_oss_experts.rs`. Each (layer, expert) is one weight unit holding its matrices and
+//! biases; spine units hold a layer's q/k/v/o and router weights. When the budget cannot hold
+//! every weight the experts are read on demand through the expert store (`budget.rs`).
+//! A format's loader resolves and checks its tensors into a `Checkpoint`; `GptOss::build`
+//! does the rest for both.
 
 use std::path::PathBuf;
 
@@ -31,9 +33,11 @@ use anyhow::{bail, Context, Result};
 
 pub use super::gpt_oss_config::Config;
 
-use super::embed_head::{head_chunks, whole, Embedding, Head};
+use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
+use super::embed_head::{Embedding, Head};
 use super::gpt_oss_experts::{
-    add_bias, expert_ffn, repack_expert, ExpertRef, ExpertTable, OssExperts, Packed,
+    add_bias, expert_ffn, mxfp4_transform, repack_expert, ExpertRef, ExpertTable, OssExperts,
+    Packed,
 };
 use super::layers::{
     add_into, attention_with_sinks, mm, norm_rope_heads, rms_norm_rows, AttnShape, RopeStyle,
@@ -45,11 +49,7 @@ use crate::engine::KvCache;
 use crate::quant::GgmlType;
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
-use crate::store::plan::{choose_resident, Candidate};
-use crate::store::{DirectFile, Unit, UnitBytes, WeightStore, IO_ALIGN};
-
-/// Stream buffers used when any weight is streamed.
-const STREAM_SLOTS: usize = 2;
+use crate::store::{AlignedBuf, DirectFile, Unit, UnitBytes, WeightStore};
 
 /// A layer's spine matrices inside its unit.
 struct LayerMats {
@@ -85,8 +85,6 @@ pub struct GptOss {
     inv_freq: Vec<f32>,
     attn_factor: f32,
     placement: Placement,
-    /// Repack buffer of streamed MXFP4 experts (reused, sized for one expert).
-    scratch: std::sync::Mutex<Vec<u8>>,
 }
 
 /// The tensors of one layer of a GPT-OSS checkpoint, checked by its format's loader.
@@ -231,12 +229,13 @@ impl GptOss {
     }
 
     /// Builds the model from a checked checkpoint under `opts`: groups the tensors into store
-    /// units (one per layer's spine, one per (layer, expert)), plans residency under the RAM
-    /// budget (LM head, embeddings, spine layers, then experts, greedily), reads the resident
-    /// units (repacking resident Hugging Face MXFP4 experts) and starts the streamer.
+    /// units (one per layer's spine, one per (layer, expert)), places them under the RAM
+    /// budget ([`super::budget`]: everything resident when it fits; else LM head, embeddings
+    /// and spine layers greedily, experts read on demand), reads the resident units (repacking
+    /// resident Hugging Face MXFP4 experts) and opens the stores.
     ///
-    /// Errors: a budget too small for KV cache, activations and stream buffers, an unreadable
-    /// file.
+    /// Errors: a budget too small for KV cache, activations, stream and expert I/O buffers;
+    /// an unreadable or short file (named, with the (layer, expert) for an expert).
     pub(super) fn build(
         c: Config,
         ck: Checkpoint,
@@ -339,155 +338,58 @@ impl GptOss {
             }
             table.units.push(le);
         }
-        // experts' unit ids follow the spine units
-        let n_spine = units.len();
-        for le in &mut table.units {
-            le.iter_mut().for_each(|(u, _)| *u += n_spine);
-        }
-        units.extend(expert_units);
-        let n_weight_units = units.len();
-        let unit_max = units.iter().map(|u| u.buffer_bytes()).max().unwrap_or(0);
+        let w = WeightUnits::new(units, expert_units, &mut table.units);
 
         // --- budget -------------------------------------------------------------------------
         let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
         let kv_bytes = KvCache::bytes_for(c.num_hidden_layers, n_ctx, kvd);
         let nb = opts.n_batch.max(1);
         let per_tok = 4 * d + 2 * qd + 2 * kvd + 3 * ff + ne;
-        let repack_bytes = table.packed.map_or(0, |p| p.total());
         let scratch_bytes =
-            4 * (nb * per_tok + c.vocab_size + rayon::current_num_threads() * n_ctx) + repack_bytes;
+            4 * (nb * per_tok + c.vocab_size + rayon::current_num_threads() * n_ctx);
         let vec_bytes = 4 * (c.num_hidden_layers * (2 * d + qd + 2 * kvd + d + ne + nh) + d);
-        let head_unit = unit_of(&[head_t]).0;
-        let embd_unit = unit_of(&[embd]).0;
-        let mut cands = vec![Candidate {
-            name: "LM head".into(),
-            bytes: head_unit.buffer_bytes(),
-        }];
-        if !c.tie_word_embeddings {
-            cands.push(Candidate {
-                name: "embeddings".into(),
-                bytes: embd_unit.buffer_bytes(),
-            });
-        }
-        let n_head_cands = cands.len();
-        for (i, u) in units.iter().enumerate() {
-            cands.push(Candidate {
-                name: format!("unit {i}"),
-                bytes: u.buffer_bytes(),
-            });
-        }
-        let total: usize = cands.iter().map(|c| c.bytes).sum();
-        let fixed = kv_bytes + scratch_bytes + vec_bytes;
-        let slot = unit_max.max(IO_ALIGN * 4);
-        let (flags, stream_buf) = match opts.ram_budget {
-            Some(b) if fixed + total > b as usize => {
-                let b = b as usize;
-                let stream_buf = STREAM_SLOTS * slot;
-                if fixed + stream_buf > b {
-                    bail!(
-                        "--ram-budget {b} is too small: the KV cache for {n_ctx} tokens ({:.1} MiB), activations ({:.1} MiB) and stream buffers ({:.1} MiB) need at least {:.1} MiB",
-                        kv_bytes as f64 / 1048576.0,
-                        (scratch_bytes + vec_bytes) as f64 / 1048576.0,
-                        stream_buf as f64 / 1048576.0,
-                        (fixed + stream_buf) as f64 / 1048576.0
-                    );
-                }
-                (
-                    choose_resident(&cands, b - fixed - stream_buf).0,
-                    stream_buf,
-                )
-            }
-            _ => (vec![true; cands.len()], 0),
-        };
-        let head_resident = flags[0];
-        let embd_resident = if c.tie_word_embeddings {
-            head_resident
-        } else {
-            flags[1]
-        };
-        let mut resident: Vec<bool> = flags[n_head_cands..].to_vec();
-        let head = if head_resident {
-            units.push(head_unit);
-            resident.push(true);
-            Head::Resident {
-                unit: units.len() - 1,
-                mat: whole(head_t),
-            }
-        } else {
-            let mut chunks = Vec::new();
-            for (u, r0, m) in head_chunks(head_t, slot) {
-                units.push(u);
-                resident.push(false);
-                chunks.push((units.len() - 1, r0, m));
-            }
-            Head::Chunks(chunks)
-        };
-        let embedding = match (&head, embd_resident, c.tie_word_embeddings) {
-            (Head::Resident { unit, mat }, true, true) => Embedding::Resident {
-                unit: *unit,
-                mat: *mat,
-            },
-            (_, true, _) => {
-                units.push(embd_unit);
-                resident.push(true);
-                Embedding::Resident {
-                    unit: units.len() - 1,
-                    mat: whole(embd),
-                }
-            }
-            (_, false, _) => Embedding::Streamed(embd.clone()),
-        };
-        let streamed_bytes: usize = units
-            .iter()
-            .zip(&resident)
-            .filter(|(_, r)| !**r)
-            .map(|(u, _)| u.payload_bytes())
-            .sum();
-        let res_spine = resident[..n_spine].iter().filter(|r| **r).count();
-        let res_experts = resident[n_spine..n_weight_units]
-            .iter()
-            .filter(|r| **r)
-            .count();
-        let mut store = WeightStore::open(
+        let placed = place(
+            opts,
             &ck.files,
-            units,
-            &resident,
-            STREAM_SLOTS,
-            stream_buf / STREAM_SLOTS,
-            opts.direct_io,
+            w,
+            HeadTensors {
+                head: head_t,
+                head_unit: unit_of(&[head_t]).0,
+                embd,
+                embd_unit: unit_of(&[embd]).0,
+                tied: c.tie_word_embeddings,
+            },
+            Reserved {
+                kv_bytes,
+                scratch_bytes: scratch_bytes + vec_bytes,
+                n_ctx,
+            },
+            OnDemand {
+                per_tok: c.num_experts_per_tok,
+                // Hugging Face MXFP4 experts are repacked as they land
+                transform: mxfp4_transform(&table),
+                pack: None,
+            },
+            Notes {
+                experts: if mxfp4 { " (MXFP4)" } else { "" },
+                tail: "",
+            },
         )?;
+        let mut store = placed.store;
         // resident MXFP4 experts: repack once, keep only the GGML layout
         if let Some(p) = table.packed {
-            let mut buf = Vec::new();
             for le in &table.units {
                 for (u, r) in le {
                     if store.is_resident(*u) {
                         store.transform_resident(*u, |b| {
-                            repack_expert(b, r, &p, &mut buf);
-                            UnitBytes::from_bytes(&buf)
+                            repack_expert(b, r, &p, AlignedBuf::new(p.total()))
                         });
                     }
                 }
             }
         }
-        let placement = Placement {
-            resident_bytes: store.resident_bytes(),
-            streamed_bytes,
-            stream_buffer_bytes: store.stream_buffer_bytes(),
-            kv_bytes,
-            scratch_bytes: scratch_bytes + vec_bytes,
-            summary: format!(
-                "{res_spine}/{} layers and {res_experts}/{} experts resident{}, LM head {}",
-                c.num_hidden_layers,
-                n_weight_units - n_spine,
-                if mxfp4 { " (MXFP4)" } else { "" },
-                if head_resident {
-                    "resident"
-                } else {
-                    "streamed"
-                },
-            ),
-        };
+        let mut placement = placed.placement;
+        placement.resident_bytes = store.resident_bytes();
         let (inv_freq, attn_factor) = c.rope();
         Ok((
             Self {
@@ -498,10 +400,9 @@ impl GptOss {
                 vecs,
                 experts: table,
                 final_norm,
-                embedding,
-                head,
+                embedding: placed.embedding,
+                head: placed.head,
                 placement,
-                scratch: std::sync::Mutex::new(Vec::with_capacity(repack_bytes)),
             },
             store,
         ))
@@ -613,7 +514,6 @@ impl GptOss {
         self.embedding.rows(store, tokens, d, &mut x)?;
         let mut xn = vec![0f32; n * d];
         let mut router = Vec::new();
-        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (alpha, limit) = (c.swiglu_alpha as f32, c.swiglu_limit as f32);
         for (l, (unit, w)) in self.layers.iter().enumerate() {
             store.with_unit(*unit, |u| {
@@ -627,7 +527,6 @@ impl GptOss {
             let mut src = OssExperts {
                 table: &self.experts,
                 store,
-                scratch: &mut scratch,
             };
             moe_forward_with(
                 &mut src,

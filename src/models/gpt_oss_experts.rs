@@ -9,13 +9,14 @@
 //! output-major `gate` and `up` matrices (the even and odd rows of Hugging Face's `gate_up`)
 //! and `down`, in any GGML type (MXFP4 as stored), with separate `gate`/`up`/`down` biases.
 
+use super::budget::recycling_transform;
 use super::layers::{add_into, mm};
 use super::loading::MatRef;
-use super::moe::ExpertSource;
+use super::moe::{landed_in_store, plan_in_store, ExpertSource};
 use crate::kernels::{matmul_t, Matrix};
 use crate::quant::mxfp4::repack_hf_mxfp4;
 use crate::quant::{dequantize_row, GgmlType};
-use crate::store::{UnitBytes, WeightStore};
+use crate::store::{AlignedBuf, ExpertTransform, UnitBytes, WeightStore};
 
 /// Where one expert's tensors lie in its unit as read.
 #[derive(Clone, Copy, Debug)]
@@ -93,12 +94,11 @@ pub(super) struct ExpertTable {
     pub ff: usize,
 }
 
-/// An [`ExpertSource`] over the expert table, the store and the repack buffer of streamed
-/// MXFP4 experts.
+/// An [`ExpertSource`] over the expert table and the store holding the experts (resident, or
+/// read on demand through its expert store); MXFP4 experts reach compute repacked either way.
 pub(super) struct OssExperts<'a> {
     pub table: &'a ExpertTable,
     pub store: &'a mut WeightStore,
-    pub scratch: &'a mut Vec<u8>,
 }
 
 /// The view of a repacked MXFP4 expert in `b`.
@@ -123,8 +123,14 @@ fn packed_view<'a>(b: &'a [u8], p: &Packed, h: usize, ff: usize) -> OssExpertVie
     }
 }
 
-/// Repacks the MXFP4 expert `r` read into `u` into `out` (resized to `p.total()`).
-pub(super) fn repack_expert(u: &UnitBytes, r: &ExpertRef, p: &Packed, out: &mut Vec<u8>) {
+/// Repacks the MXFP4 expert `r` read into `u` into `buf` (at least `p.total()` bytes): one
+/// piece in [`Packed`] layout.
+pub(super) fn repack_expert(
+    u: &UnitBytes,
+    r: &ExpertRef,
+    p: &Packed,
+    mut buf: AlignedBuf,
+) -> UnitBytes {
     let ExpertRef::Mxfp4 {
         gate_up_blocks,
         gate_up_scales,
@@ -136,8 +142,8 @@ pub(super) fn repack_expert(u: &UnitBytes, r: &ExpertRef, p: &Packed, out: &mut 
     else {
         unreachable!("repack of a float expert")
     };
-    out.resize(p.total(), 0);
     let span = |m: &MatRef| &u.piece(m.piece)[m.offset..m.offset + m.bytes];
+    let out = &mut buf.as_mut_slice()[..p.total()];
     let (a, rest) = out.split_at_mut(p.gate_up);
     let (d, rest) = rest.split_at_mut(p.down);
     let (gb, db) = rest.split_at_mut(p.gate_up_bias);
@@ -145,6 +151,61 @@ pub(super) fn repack_expert(u: &UnitBytes, r: &ExpertRef, p: &Packed, out: &mut 
     repack_hf_mxfp4(span(down_blocks), span(down_scales), d);
     gb.copy_from_slice(span(gate_up_bias));
     db.copy_from_slice(span(down_bias));
+    UnitBytes::from_parts(buf, vec![(0, p.total())])
+}
+
+/// The re-encoding of Hugging Face MXFP4 experts read on demand ([`repack_expert`] as each
+/// lands) and the bytes of a repacked expert; `None` for other encodings.
+pub(super) fn mxfp4_transform(table: &ExpertTable) -> Option<(ExpertTransform, usize)> {
+    let p = table.packed?;
+    let refs: Vec<Vec<ExpertRef>> = table
+        .units
+        .iter()
+        .map(|le| le.iter().map(|(_, r)| *r).collect())
+        .collect();
+    let t =
+        recycling_transform(move |layer, e, raw, buf| repack_expert(raw, &refs[layer][e], &p, buf));
+    Some((t, p.total()))
+}
+
+impl ExpertTable {
+    /// The view of expert `r` in `u`, its unit's bytes (repacked for MXFP4 experts).
+    fn view<'a>(&self, r: &ExpertRef, u: &'a UnitBytes) -> OssExpertView<'a> {
+        match r {
+            ExpertRef::Float {
+                gate_up,
+                down,
+                gate_up_bias,
+                down_bias,
+            } => OssExpertView {
+                gate_up: gate_up.view(u),
+                down: down.view(u),
+                up: None,
+                transposed: true,
+                gate_up_bias: gate_up_bias.view(u),
+                down_bias: down_bias.view(u),
+            },
+            ExpertRef::Split {
+                gate,
+                up,
+                down,
+                gate_bias,
+                up_bias,
+                down_bias,
+            } => OssExpertView {
+                gate_up: gate.view(u),
+                down: down.view(u),
+                up: Some((up.view(u), up_bias.view(u))),
+                transposed: false,
+                gate_up_bias: gate_bias.view(u),
+                down_bias: down_bias.view(u),
+            },
+            ExpertRef::Mxfp4 { .. } => {
+                let p = self.packed.as_ref().expect("MXFP4 experts have a layout");
+                packed_view(u.piece(0), p, self.hidden, self.ff)
+            }
+        }
+    }
 }
 
 impl ExpertSource for OssExperts<'_> {
@@ -152,7 +213,20 @@ impl ExpertSource for OssExperts<'_> {
 
     fn plan_experts(&mut self, layer: usize, ids: &[usize]) {
         let l = &self.table.units[layer];
-        self.store.plan(ids.iter().map(|&e| l[e].0));
+        plan_in_store(self.store, layer, ids, |e| l[e].0);
+    }
+
+    fn for_each_landed(
+        &mut self,
+        layer: usize,
+        ids: &[usize],
+        f: &mut impl FnMut(usize, &OssExpertView),
+    ) -> std::io::Result<()> {
+        let t = self.table;
+        let l = &t.units[layer];
+        landed_in_store(self.store, layer, ids, |e| l[e].0, &mut |id, u| {
+            f(id, &t.view(&l[id].1, u))
+        })
     }
 
     fn with_expert<R>(
@@ -162,55 +236,8 @@ impl ExpertSource for OssExperts<'_> {
         f: impl FnOnce(&OssExpertView<'_>) -> R,
     ) -> std::io::Result<R> {
         let (unit, r) = self.table.units[layer][id];
-        let (h, ff) = (self.table.hidden, self.table.ff);
-        let resident = self.store.is_resident(unit);
-        let scratch = &mut *self.scratch;
-        let packed = self.table.packed;
-        self.store.with_unit(unit, |u| match (&r, packed) {
-            (
-                ExpertRef::Float {
-                    gate_up,
-                    down,
-                    gate_up_bias,
-                    down_bias,
-                },
-                _,
-            ) => f(&OssExpertView {
-                gate_up: gate_up.view(u),
-                down: down.view(u),
-                up: None,
-                transposed: true,
-                gate_up_bias: gate_up_bias.view(u),
-                down_bias: down_bias.view(u),
-            }),
-            (
-                ExpertRef::Split {
-                    gate,
-                    up,
-                    down,
-                    gate_bias,
-                    up_bias,
-                    down_bias,
-                },
-                _,
-            ) => f(&OssExpertView {
-                gate_up: gate.view(u),
-                down: down.view(u),
-                up: Some((up.view(u), up_bias.view(u))),
-                transposed: false,
-                gate_up_bias: gate_bias.view(u),
-                down_bias: down_bias.view(u),
-            }),
-            // resident MXFP4 experts were repacked at load
-            (ExpertRef::Mxfp4 { .. }, Some(p)) if resident => {
-                f(&packed_view(u.piece(0), &p, h, ff))
-            }
-            (ExpertRef::Mxfp4 { .. }, Some(p)) => {
-                repack_expert(u, &r, &p, scratch);
-                f(&packed_view(scratch, &p, h, ff))
-            }
-            (ExpertRef::Mxfp4 { .. }, None) => unreachable!("MXFP4 expert without a layout"),
-        })
+        let t = self.table;
+        self.store.with_unit(unit, |u| f(&t.view(&r, u)))
     }
 }
 

@@ -164,6 +164,22 @@ pub fn unit_of(tensors: &[&TensorInfo]) -> (Unit, Vec<(usize, usize)>) {
     (Unit::of(ranges), place)
 }
 
+/// Like [`unit_of`] (byte-adjacent tensors, gaps up to 4 KiB, read as one range), but with
+/// one piece per tensor: piece `i` of the unit's bytes is `tensors[i]` exactly (explicit
+/// [`Unit::pieces`]), for code that addresses tensors by piece (FP8 repacking).
+pub fn unit_of_pieces(tensors: &[&TensorInfo]) -> Unit {
+    let (mut unit, place) = unit_of(tensors);
+    // where each range's first byte lands in the buffer
+    let starts: Vec<usize> = unit.piece_layout().iter().map(|p| p.0).collect();
+    let pieces = place
+        .iter()
+        .zip(tensors)
+        .map(|(&(r, off), t)| (starts[r] + off, t.n_bytes as usize))
+        .collect();
+    unit.pieces = Some(pieces);
+    unit
+}
+
 /// The matrix view of tensor `t` at `place` (piece, offset) of its unit.
 pub fn mat(t: &TensorInfo, place: (usize, usize)) -> MatRef {
     MatRef {

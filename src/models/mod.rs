@@ -1,6 +1,7 @@
 //! Model architectures: one file per family, each turning a checkpoint's tensor index into a
 //! forward pass over weights held by a [`WeightStore`].
 
+mod budget;
 pub mod deepseek_v3;
 mod deepseek_v3_config;
 pub mod deepseek_v3_gguf;

@@ -19,7 +19,7 @@ use super::layers::{mm, silu};
 use super::loading::MatRef;
 use crate::kernels::ops::softmax_inplace;
 use crate::kernels::Matrix;
-use crate::store::WeightStore;
+use crate::store::{UnitBytes, WeightStore};
 
 /// One expert's SwiGLU matrices inside its unit: `gate`, `up` (`ff × d`), `down` (`d × ff`).
 #[derive(Clone, Copy, Debug)]
@@ -85,16 +85,58 @@ pub struct StoreExperts<'a> {
     pub store: &'a mut WeightStore,
 }
 
+/// Announces the experts `ids` of `layer` to `store`: to its expert store when one is attached,
+/// else as the units `unit(id)` to its streamer (resident units are skipped).
+pub(super) fn plan_in_store(
+    store: &mut WeightStore,
+    layer: usize,
+    ids: &[usize],
+    unit: impl Fn(usize) -> usize,
+) {
+    match store.experts_mut() {
+        Some(es) => es.plan(layer, ids),
+        None => store.plan(ids.iter().map(|&e| unit(e))),
+    }
+}
+
+/// Runs `f(id, bytes)` on each of the experts `ids` of `layer` planned last through
+/// [`plan_in_store`]: in the order their reads land from the expert store (bytes in their
+/// re-encoded form when it re-encodes), else unit by unit in planned order.
+///
+/// Errors: an expert's bytes could not be read (the message names the file and expert).
+pub(super) fn landed_in_store(
+    store: &mut WeightStore,
+    layer: usize,
+    ids: &[usize],
+    unit: impl Fn(usize) -> usize,
+    f: &mut dyn FnMut(usize, &UnitBytes),
+) -> io::Result<()> {
+    if let Some(es) = store.experts_mut() {
+        return es.for_each_landed(layer, f);
+    }
+    for &id in ids {
+        store.with_unit(unit(id), |u| f(id, u))?;
+    }
+    Ok(())
+}
+
+impl ExpertMats {
+    /// The matrices inside `u`, the bytes of the expert's unit.
+    fn view<'a>(&self, u: &'a UnitBytes) -> ExpertView<'a> {
+        ExpertView {
+            gate: self.gate.view(u),
+            up: self.up.view(u),
+            down: self.down.view(u),
+        }
+    }
+}
+
 impl ExpertSource for StoreExperts<'_> {
     type View<'a> = ExpertView<'a>;
 
     fn plan_experts(&mut self, layer: usize, ids: &[usize]) {
-        if let Some(es) = self.store.experts_mut() {
-            es.plan(layer, ids);
-            return;
-        }
         let l = &self.table.units[layer];
-        self.store.plan(ids.iter().map(|&e| l[e].0));
+        plan_in_store(self.store, layer, ids, |e| l[e].0);
     }
 
     fn for_each_landed(
@@ -103,23 +145,9 @@ impl ExpertSource for StoreExperts<'_> {
         ids: &[usize],
         f: &mut impl FnMut(usize, &ExpertView),
     ) -> io::Result<()> {
-        let table = self.table;
-        let Some(es) = self.store.experts_mut() else {
-            for &id in ids {
-                self.with_expert(layer, id, |v| f(id, v))?;
-            }
-            return Ok(());
-        };
-        es.for_each_landed(layer, &mut |id, u| {
-            let m = table.units[layer][id].1;
-            f(
-                id,
-                &ExpertView {
-                    gate: m.gate.view(u),
-                    up: m.up.view(u),
-                    down: m.down.view(u),
-                },
-            )
+        let l = &self.table.units[layer];
+        landed_in_store(self.store, layer, ids, |e| l[e].0, &mut |id, u| {
+            f(id, &l[id].1.view(u))
         })
     }
 
@@ -130,13 +158,7 @@ impl ExpertSource for StoreExperts<'_> {
         f: impl FnOnce(&ExpertView<'_>) -> R,
     ) -> io::Result<R> {
         let (unit, m) = self.table.units[layer][id];
-        self.store.with_unit(unit, |u| {
-            f(&ExpertView {
-                gate: m.gate.view(u),
-                up: m.up.view(u),
-                down: m.down.view(u),
-            })
-        })
+        self.store.with_unit(unit, |u| f(&m.view(u)))
     }
 }
 

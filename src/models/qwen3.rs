@@ -22,11 +22,12 @@
 //! as in [`super::embed_head`]. Streamed reads are planned as the pass goes: a layer's experts
 //! right after its router ran, then the next layer's spine.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 pub use super::qwen3_config::Config;
 
-use super::embed_head::{head_chunks, whole, Embedding, Head};
+use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
+use super::embed_head::{Embedding, Head};
 use super::layers::{
     add_into, attention, mm, norm_rope_heads, rms_norm_rows, swiglu_mlp, AttnShape, RopeStyle,
 };
@@ -38,11 +39,7 @@ use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
-use crate::store::plan::{choose_resident, Candidate};
-use crate::store::{DirectFile, ExpertStore, Unit, UnitBytes, WeightStore, IO_ALIGN};
-
-/// Stream buffers used when any weight is streamed.
-const STREAM_SLOTS: usize = 2;
+use crate::store::{DirectFile, Unit, UnitBytes, WeightStore};
 
 /// The feed-forward part of a spine unit.
 enum Ffn {
@@ -318,15 +315,8 @@ impl Qwen3 {
             }
             experts.units.push(le);
         }
-        // experts' unit ids follow the spine units
-        let n_spine = units.len();
-        for le in &mut experts.units {
-            le.iter_mut().for_each(|(u, _)| *u += n_spine);
-        }
-        units.extend(expert_units);
-        let mut units: Vec<Unit> = units.iter().map(relocate).collect();
-        let n_weight_units = units.len();
-        let unit_max = units.iter().map(|u| u.buffer_bytes()).max().unwrap_or(0);
+        let mut w = WeightUnits::new(units, expert_units, &mut experts.units);
+        w.units = w.units.iter().map(relocate).collect();
 
         // --- budget -------------------------------------------------------------------------
         let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
@@ -342,203 +332,29 @@ impl Qwen3 {
             0
         };
         let norms_bytes = 4 * (d * (2 * c.num_hidden_layers + 1) + qk_norms * c.num_hidden_layers);
-        let head_unit = relocate(&unit_of(&[head_t]).0);
-        let embd_unit = relocate(&unit_of(&[embd]).0);
-        let mut cands = vec![Candidate {
-            name: "LM head".into(),
-            bytes: head_unit.buffer_bytes(),
-        }];
-        if !tied {
-            cands.push(Candidate {
-                name: "embeddings".into(),
-                bytes: embd_unit.buffer_bytes(),
-            });
-        }
-        let n_head_cands = cands.len();
-        let total_all: usize = cands.iter().map(|c| c.bytes).sum::<usize>()
-            + units.iter().map(|u| u.buffer_bytes()).sum::<usize>();
-        let fixed = kv_bytes + scratch_bytes + norms_bytes;
-        // Routed experts go to the expert store whenever the budget cannot hold every weight:
-        // they are never loaded at start-up, and what the spine leaves becomes their cache.
-        let use_expert_store = matches!(opts.ram_budget, Some(b) if fixed + total_all > b as usize)
-            && n_weight_units > n_spine;
-        let n_cands = if use_expert_store {
-            n_spine
-        } else {
-            n_weight_units
-        };
-        for (i, u) in units[..n_cands].iter().enumerate() {
-            cands.push(Candidate {
-                name: format!("unit {i}"),
-                bytes: u.buffer_bytes(),
-            });
-        }
-        let spine_max = units[..n_spine]
-            .iter()
-            .map(|u| u.buffer_bytes())
-            .max()
-            .unwrap_or(0);
-        let slot = if use_expert_store {
-            spine_max
-        } else {
-            unit_max
-        }
-        .max(IO_ALIGN * 4);
-        let expert_buf = units[n_spine..n_weight_units]
-            .iter()
-            .map(|u| u.buffer_bytes())
-            .max()
-            .unwrap_or(0);
-        // one I/O buffer per expert a token takes, so a decode step's misses read together
-        let io_slots = c.num_experts_per_tok.unwrap_or(1).max(1);
-        // (and as many again for prefetched experts when prefetch is on)
-        let prefetch = opts
-            .experts
-            .prefetch
-            .enabled(crate::store::experts::drives_holding(
-                &phys_files,
-                &units[n_spine..n_weight_units],
-            ));
-        let io_bytes = if use_expert_store {
-            io_slots * expert_buf * if prefetch { 2 } else { 1 }
-        } else {
-            0
-        };
-        let (flags, stream_buf, cache_bytes) = match opts.ram_budget {
-            Some(b) if fixed + total_all > b as usize => {
-                let b = b as usize;
-                let stream_buf = STREAM_SLOTS * slot;
-                if fixed + stream_buf + io_bytes > b {
-                    bail!(
-                        "--ram-budget {b} is too small: the KV cache for {n_ctx} tokens ({:.1} MiB), activations ({:.1} MiB), stream buffers ({:.1} MiB) and expert I/O buffers ({:.1} MiB) need at least {:.1} MiB",
-                        kv_bytes as f64 / 1048576.0,
-                        (scratch_bytes + norms_bytes) as f64 / 1048576.0,
-                        stream_buf as f64 / 1048576.0,
-                        io_bytes as f64 / 1048576.0,
-                        (fixed + stream_buf + io_bytes) as f64 / 1048576.0
-                    );
-                }
-                let avail = b - fixed - stream_buf - io_bytes;
-                let (flags, used) = choose_resident(&cands, avail);
-                (flags, stream_buf, avail - used)
-            }
-            _ => (vec![true; cands.len()], 0, 0),
-        };
-        let mut flags = flags;
-        // experts handled by the expert store are not resident here
-        flags.resize(n_head_cands + n_weight_units, false);
-        let head_resident = flags[0];
-        let embd_resident = if tied { head_resident } else { flags[1] };
-        let mut resident: Vec<bool> = flags[n_head_cands..].to_vec();
-        let head = if head_resident {
-            units.push(head_unit);
-            resident.push(true);
-            Head::Resident {
-                unit: units.len() - 1,
-                mat: whole(head_t),
-            }
-        } else {
-            let mut chunks = Vec::new();
-            for (u, r0, m) in head_chunks(head_t, slot) {
-                units.push(u);
-                resident.push(false);
-                chunks.push((units.len() - 1, r0, m));
-            }
-            Head::Chunks(chunks)
-        };
-        let embedding = match (&head, embd_resident, tied) {
-            (Head::Resident { unit, mat }, true, true) => Embedding::Resident {
-                unit: *unit,
-                mat: *mat,
-            },
-            (_, true, _) => {
-                units.push(embd_unit);
-                resident.push(true);
-                Embedding::Resident {
-                    unit: units.len() - 1,
-                    mat: whole(embd),
-                }
-            }
-            (_, false, _) => Embedding::Streamed(embd.clone()),
-        };
-        let streamed_bytes: usize = units
-            .iter()
-            .zip(&resident)
-            .filter(|(_, r)| !**r)
-            .map(|(u, _)| u.payload_bytes())
-            .sum();
-        let res_spine = resident[..n_spine].iter().filter(|r| **r).count();
-        let res_experts = resident[n_spine..n_weight_units]
-            .iter()
-            .filter(|r| **r)
-            .count();
-        let n_units = units.len();
-        let elsewhere: Vec<bool> = (0..n_units)
-            .map(|i| use_expert_store && (n_spine..n_weight_units).contains(&i))
-            .collect();
-        let expert_table: Vec<Vec<std::sync::Arc<Unit>>> = if use_expert_store {
-            experts
-                .units
-                .iter()
-                .map(|le| {
-                    le.iter()
-                        .map(|(u, _)| std::sync::Arc::new(units[*u].clone()))
-                        .collect()
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let mut store = WeightStore::open_with_elsewhere(
+        let placed = place(
+            opts,
             &phys_files,
-            units,
-            &resident,
-            &elsewhere,
-            STREAM_SLOTS,
-            stream_buf / STREAM_SLOTS,
-            opts.direct_io,
+            w,
+            HeadTensors {
+                head: head_t,
+                head_unit: relocate(&unit_of(&[head_t]).0),
+                embd,
+                embd_unit: relocate(&unit_of(&[embd]).0),
+                tied,
+            },
+            Reserved {
+                kv_bytes,
+                scratch_bytes: scratch_bytes + norms_bytes,
+                n_ctx,
+            },
+            OnDemand {
+                per_tok: c.num_experts_per_tok.unwrap_or(1),
+                transform: None,
+                pack: ck.pack.clone(),
+            },
+            Notes::default(),
         )?;
-        let mut expert_note = String::new();
-        if use_expert_store {
-            let mut es = ExpertStore::new(
-                &phys_files,
-                opts.direct_io,
-                expert_table,
-                io_slots,
-                cache_bytes,
-                &opts.experts,
-                store.stats().clone(),
-            )?;
-            if let Some(p) = &ck.pack {
-                p.attach(&mut es, opts.experts.verify);
-            }
-            expert_note = format!(
-                "; experts read on demand through {}, cache {} of {:.1} MiB",
-                es.engine().describe(),
-                es.cache().policy(),
-                es.cache().budget() as f64 / 1048576.0
-            );
-            store.attach_experts(es);
-        }
-        let placement = Placement {
-            resident_bytes: store.resident_bytes(),
-            streamed_bytes,
-            stream_buffer_bytes: store.stream_buffer_bytes() + io_bytes,
-            kv_bytes,
-            scratch_bytes: scratch_bytes + norms_bytes,
-            summary: format!(
-                "{res_spine}/{} layers and {res_experts}/{} experts resident, LM head {}{}{}",
-                c.num_hidden_layers,
-                n_weight_units - n_spine,
-                if head_resident {
-                    "resident"
-                } else {
-                    "streamed"
-                },
-                if tied { " (tied to embeddings)" } else { "" },
-                expert_note
-            ),
-        };
         Ok((
             Self {
                 inv_freq: ck.inv_freq,
@@ -548,11 +364,11 @@ impl Qwen3 {
                 norms,
                 experts,
                 final_norm,
-                embedding,
-                head,
-                placement,
+                embedding: placed.embedding,
+                head: placed.head,
+                placement: placed.placement,
             },
-            store,
+            placed.store,
         ))
     }
 

@@ -55,9 +55,11 @@ pub struct ExpertStoreOptions {
 /// When prefetch runs (`--prefetch auto|on|off`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PrefetchMode {
-    /// On when the experts lie on two drives or more. On one drive that is already busy
-    /// nearly all the time, wrong guesses cost more than the idle time right ones fill
-    /// (measured: BENCHMARKS.md, "Prefetch").
+    /// On when whole experts lie on two drives or more (a `spread` pack, or files on several
+    /// drives). Off on one drive, which is busy nearly all the time so wrong guesses cost more
+    /// than the idle time right ones fill, and off when every expert is striped over all the
+    /// drives, which then read at their full rate without it (measured: BENCHMARKS.md,
+    /// "Prefetch").
     #[default]
     Auto,
     On,
@@ -65,14 +67,23 @@ pub enum PrefetchMode {
 }
 
 impl PrefetchMode {
-    /// Whether prefetch runs for experts whose bytes lie on `drives` devices.
-    pub fn enabled(self, drives: usize) -> bool {
+    /// Whether prefetch runs for experts laid out as `layout` describes.
+    pub fn enabled(self, layout: ExpertLayout) -> bool {
         match self {
-            Self::Auto => drives >= 2,
+            Self::Auto => layout.drives >= 2 && !layout.striped,
             Self::On => true,
             Self::Off => false,
         }
     }
+}
+
+/// Where the experts' bytes lie.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertLayout {
+    /// Devices (drives) holding expert bytes.
+    pub drives: usize,
+    /// Whether some expert's bytes lie on more than one drive.
+    pub striped: bool,
 }
 
 impl std::str::FromStr for PrefetchMode {
@@ -99,27 +110,34 @@ impl std::fmt::Display for PrefetchMode {
     }
 }
 
-/// The number of devices (drives) holding the bytes of `units`, whose ranges index `files`.
-/// A file that cannot be examined counts as a drive of its own.
-pub fn drives_holding<'a>(files: &[PathBuf], units: impl IntoIterator<Item = &'a Unit>) -> usize {
+/// Where the bytes of `units`, whose ranges index `files`, lie: how many devices (drives)
+/// hold them and whether one unit spans several. A file that cannot be examined counts as a
+/// drive of its own.
+pub fn expert_layout<'a>(
+    files: &[PathBuf],
+    units: impl IntoIterator<Item = &'a Unit>,
+) -> ExpertLayout {
     use std::os::unix::fs::MetadataExt;
-    let mut used = vec![false; files.len()];
-    for u in units {
-        for r in &u.ranges {
-            used[r.file] = true;
-        }
-    }
-    let mut devs: Vec<Option<u64>> = files
+    let dev: Vec<u64> = files
         .iter()
-        .zip(&used)
-        .filter(|(_, &u)| u)
-        .map(|(p, _)| std::fs::metadata(p).ok().map(|m| m.dev()))
+        .enumerate()
+        .map(|(i, p)| std::fs::metadata(p).map_or(u64::MAX - i as u64, |m| m.dev()))
         .collect();
-    let unknown = devs.iter().filter(|d| d.is_none()).count();
-    devs.retain(|d| d.is_some());
-    devs.sort_unstable();
-    devs.dedup();
-    devs.len() + unknown
+    let mut used: Vec<u64> = Vec::new();
+    let mut striped = false;
+    for u in units {
+        let mut mine: Vec<u64> = u.ranges.iter().map(|r| dev[r.file]).collect();
+        mine.sort_unstable();
+        mine.dedup();
+        striped |= mine.len() > 1;
+        used.extend(mine);
+    }
+    used.sort_unstable();
+    used.dedup();
+    ExpertLayout {
+        drives: used.len(),
+        striped,
+    }
 }
 
 /// Cumulative counters of the expert store.
@@ -160,6 +178,10 @@ impl ExpertCounters {
         }
     }
 }
+
+/// A re-encoding applied to each miss once its bytes land (see [`ExpertStore::set_transform`]):
+/// `(layer, expert, bytes as read) → bytes compute reads`.
+pub type ExpertTransform = Box<dyn FnMut(usize, usize, UnitBytes) -> UnitBytes + Send>;
 
 /// Why an expert is being read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,6 +237,8 @@ pub struct ExpertStore {
     /// `checksums[layer][expert]`: SHA-256 of the bytes from the unit's first piece to the end
     /// of its last (a pack record), checked as each miss lands; `None`: not checked.
     checksums: Option<Vec<Vec<[u8; 32]>>>,
+    /// Applied to each miss after it lands and before compute and the cache see it.
+    transform: Option<ExpertTransform>,
 }
 
 /// The aligned reads of `unit` with byte-adjacent ranges of one file merged (a pack record's
@@ -297,8 +321,8 @@ impl ExpertStore {
             .unwrap_or_default();
         let engine = IoEngine::new(dfiles, &opts.io)?;
         let slots = slots.max(1);
-        let drives = drives_holding(files, units.iter().flatten().map(|u| &**u));
-        let prefetch_slots = if opts.prefetch.enabled(drives) {
+        let layout = expert_layout(files, units.iter().flatten().map(|u| &**u));
+        let prefetch_slots = if opts.prefetch.enabled(layout) {
             slots
         } else {
             0
@@ -327,6 +351,7 @@ impl ExpertStore {
             heat: Heat::zeros(n_layers, n_experts),
             heat_file: opts.heat_file.clone(),
             checksums: None,
+            transform: None,
         })
     }
 
@@ -335,6 +360,29 @@ impl ExpertStore {
     /// them); a mismatch ends the fetch with an error naming the file(s) and the expert.
     pub fn set_checksums(&mut self, sums: Vec<Vec<[u8; 32]>>) {
         self.checksums = Some(sums);
+    }
+
+    /// Re-encodes every miss right after its bytes land (and pass their checksum), before
+    /// compute and before the cache takes them: `t(layer, expert, bytes as read)` returns the
+    /// bytes compute reads (e.g. FP8 repacked into `F8_E4M3_B128` rows), so the cache holds
+    /// that encoding and a hit re-encodes nothing (a landed prefetch is re-encoded when its
+    /// layer takes it). `out_bytes` is the largest re-encoded expert's buffer: the I/O buffers
+    /// grow to it, so that every buffer (read, re-encoded, cached or evicted) can take any of
+    /// those roles and the cache is charged the re-encoded size. `t` may keep the buffer it is
+    /// given for its next output; buffers it returns smaller than the I/O buffers are dropped
+    /// when the cache lets them go. Call before the first [`ExpertStore::plan`].
+    pub fn set_transform(&mut self, t: ExpertTransform, out_bytes: usize) {
+        assert!(
+            self.landing.is_empty(),
+            "transform set while reads are in flight"
+        );
+        if out_bytes > self.slot_bytes {
+            self.slot_bytes = super::aligned::round_up(out_bytes, super::aligned::IO_ALIGN);
+            self.free = (0..self.slots + self.prefetch_slots)
+                .map(|_| AlignedBuf::new(self.slot_bytes))
+                .collect();
+        }
+        self.transform = Some(t);
     }
 
     /// Bytes of the I/O buffers (demand and prefetch slots × the largest expert's buffer).
@@ -372,10 +420,16 @@ impl ExpertStore {
         &self.heat
     }
 
-    /// Bytes of one expert's buffer (the largest), `S` of the physical limit (payload bytes
-    /// aligned to 4 KiB per range).
+    /// Bytes of the largest expert's read, `S` of the physical limit (payload bytes aligned to
+    /// 4 KiB per range; a re-encoded expert's buffer may be larger, see
+    /// [`ExpertStore::set_transform`]).
     pub fn expert_bytes(&self) -> usize {
-        self.slot_bytes
+        self.units
+            .iter()
+            .flatten()
+            .map(|u| u.buffer_bytes())
+            .max()
+            .unwrap_or(0)
     }
 
     /// Looks up the experts `ids` of `layer` (ascending, each once) and starts reading the ones
@@ -700,6 +754,10 @@ impl ExpertStore {
         f: &mut dyn FnMut(usize, &UnitBytes),
     ) {
         let t = Instant::now();
+        let b = match self.transform.as_mut() {
+            Some(tr) => tr(layer, e, b),
+            None => b,
+        };
         f(e, &b);
         self.counters.compute_ns += t.elapsed().as_nanos() as u64;
         let out = self.cache.admit((layer as u32, e as u32), b);
@@ -798,11 +856,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_prefetch_needs_two_drives() {
-        assert!(!PrefetchMode::Auto.enabled(1));
-        assert!(PrefetchMode::Auto.enabled(2));
-        assert!(PrefetchMode::On.enabled(1));
-        assert!(!PrefetchMode::Off.enabled(4));
+    fn auto_prefetch_needs_whole_experts_on_two_drives() {
+        let l = |drives, striped| ExpertLayout { drives, striped };
+        assert!(!PrefetchMode::Auto.enabled(l(1, false)));
+        assert!(PrefetchMode::Auto.enabled(l(2, false)));
+        assert!(!PrefetchMode::Auto.enabled(l(4, true)));
+        assert!(PrefetchMode::On.enabled(l(1, false)));
+        assert!(!PrefetchMode::Off.enabled(l(4, false)));
         assert_eq!("auto".parse::<PrefetchMode>(), Ok(PrefetchMode::Auto));
         assert_eq!(
             "sometimes".parse::<PrefetchMode>().unwrap_err(),
@@ -811,24 +871,27 @@ mod tests {
     }
 
     #[test]
-    fn drives_are_counted_over_the_files_experts_use() {
+    fn the_layout_counts_drives_over_the_files_experts_use() {
         let dir = tempfile::tempdir().unwrap();
         let files: Vec<PathBuf> = ["a", "b"].iter().map(|n| dir.path().join(n)).collect();
         for f in &files {
             std::fs::write(f, [0u8; 8]).unwrap();
         }
-        let unit = |file| {
-            Unit::of(vec![super::super::ReadRange {
-                file,
-                offset: 0,
-                len: 8,
-            }])
+        let r = |file| super::super::ReadRange {
+            file,
+            offset: 0,
+            len: 8,
         };
+        let unit = |file| Unit::of(vec![r(file)]);
+        let l = |drives, striped| ExpertLayout { drives, striped };
         // two files on one device are one drive; a file that cannot be examined counts alone
-        assert_eq!(drives_holding(&files, &[unit(0), unit(1)]), 1);
+        assert_eq!(expert_layout(&files, &[unit(0), unit(1)]), l(1, false));
         let mut more = files.clone();
         more.push(dir.path().join("missing"));
-        assert_eq!(drives_holding(&more, &[unit(0), unit(2)]), 2);
-        assert_eq!(drives_holding(&more, &[unit(1)]), 1);
+        assert_eq!(expert_layout(&more, &[unit(0), unit(2)]), l(2, false));
+        assert_eq!(expert_layout(&more, &[unit(1)]), l(1, false));
+        // one expert over two drives is striped
+        let both = Unit::of(vec![r(0), r(2)]);
+        assert_eq!(expert_layout(&more, &[both, unit(1)]), l(2, true));
     }
 }

@@ -63,7 +63,7 @@ pub const DEFAULT_DEPTH: usize = 32;
 pub const DEFAULT_REQUEST_BYTES: usize = 1 << 20;
 /// Default bound on reads in flight on a drive under which a prefetch read of that drive may
 /// start (see BENCHMARKS.md).
-pub const DEFAULT_PREFETCH_DEPTH: usize = 4;
+pub const DEFAULT_PREFETCH_DEPTH: usize = 2;
 
 /// Options of the read engine.
 #[derive(Clone, Debug)]

@@ -13,8 +13,9 @@ use crate::quant::{fp8, GgmlType};
 
 /// An FP8 weight of a unit to repack after every read: the E4M3 bytes (`rows × cols`) are
 /// piece `weight_piece`, their 128×128 block scales (`ceil(rows/128) × ceil(cols/128)` of
-/// `scale_ty`, F32 or BF16) piece `scale_piece`. In the repacked unit both pieces are empty
-/// and the k-th pack's [`GgmlType::F8_E4M3_B128`] matrix is piece `ranges.len() + k`.
+/// `scale_ty`, F32 or BF16) piece `scale_piece` ([`Unit::piece_layout`]). In the repacked
+/// unit both pieces are empty and the k-th pack's [`GgmlType::F8_E4M3_B128`] matrix is piece
+/// `n + k`, `n` the number of pieces as read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fp8Pack {
     pub weight_piece: usize,
@@ -30,7 +31,7 @@ const PIECE_ALIGN: usize = 64;
 /// Piece sizes of the repacked unit: every raw piece (0 for FP8 weights and scales), then the
 /// packed matrices.
 fn packed_lens(unit: &Unit, packs: &[Fp8Pack]) -> Vec<usize> {
-    let mut lens: Vec<usize> = unit.ranges.iter().map(|r| r.len).collect();
+    let mut lens: Vec<usize> = unit.piece_layout().iter().map(|p| p.1).collect();
     for p in packs {
         lens[p.weight_piece] = 0;
         lens[p.scale_piece] = 0;
@@ -43,8 +44,16 @@ fn packed_lens(unit: &Unit, packs: &[Fp8Pack]) -> Vec<usize> {
     lens
 }
 
-/// Repacks the raw bytes of `unit` into `buf` (at least [`WeightStore::resident_size`]).
-fn repack(raw: &UnitBytes, unit: &Unit, packs: &[Fp8Pack], mut buf: AlignedBuf) -> UnitBytes {
+/// Repacks the raw bytes `raw` of `unit` (as read: FP8 weights and their block scales) into
+/// `buf` (at least [`WeightStore::resident_size`] bytes): raw pieces copied, each pack's
+/// weight and scale pieces left empty and its [`GgmlType::F8_E4M3_B128`] rows appended as
+/// piece `n + k`, `n` the number of pieces as read (see [`Fp8Pack`]).
+pub fn repack_fp8(
+    raw: &UnitBytes,
+    unit: &Unit,
+    packs: &[Fp8Pack],
+    mut buf: AlignedBuf,
+) -> UnitBytes {
     let lens = packed_lens(unit, packs);
     let mut pieces = Vec::with_capacity(lens.len());
     let mut pos = 0;
@@ -52,7 +61,7 @@ fn repack(raw: &UnitBytes, unit: &Unit, packs: &[Fp8Pack], mut buf: AlignedBuf) 
         pieces.push((pos, l));
         pos += round_up(l, PIECE_ALIGN);
     }
-    let n = unit.ranges.len();
+    let n = lens.len() - packs.len();
     let out = buf.as_mut_slice();
     for (i, &(start, l)) in pieces[..n].iter().enumerate() {
         if l > 0 {
@@ -142,67 +151,18 @@ impl WeightStore {
         round_up(total.max(1), IO_ALIGN)
     }
 
-    /// [`WeightStore::open`] with FP8 weights to repack (`packs[i]` for unit `i`): resident
-    /// units are repacked once at load (the raw bytes are dropped), streamed ones after each
-    /// read into one reusable buffer the size of the largest repacked streamed unit.
-    ///
-    /// Errors: as [`WeightStore::open`].
-    pub fn open_packed(
-        files: &[std::path::PathBuf],
-        units: Vec<Unit>,
-        packs: Vec<Vec<Fp8Pack>>,
-        resident: &[bool],
-        slots: usize,
-        extra_slot_bytes: usize,
-        direct: bool,
-    ) -> io::Result<Self> {
-        let elsewhere = vec![false; units.len()];
-        Self::open_full(
-            files,
-            units,
-            packs,
-            resident,
-            &elsewhere,
-            slots,
-            extra_slot_bytes,
-            direct,
-        )
-    }
-
-    /// [`WeightStore::open`] where units flagged in `elsewhere` belong to an [`ExpertStore`]
-    /// (attach it with [`WeightStore::attach_experts`]): they are neither read nor streamed here
-    /// and do not size the stream buffers.
-    ///
-    /// Errors: as [`WeightStore::open`].
-    pub fn open_with_elsewhere(
-        files: &[std::path::PathBuf],
-        units: Vec<Unit>,
-        resident: &[bool],
-        elsewhere: &[bool],
-        slots: usize,
-        extra_slot_bytes: usize,
-        direct: bool,
-    ) -> io::Result<Self> {
-        let packs = vec![Vec::new(); units.len()];
-        Self::open_full(
-            files,
-            units,
-            packs,
-            resident,
-            elsewhere,
-            slots,
-            extra_slot_bytes,
-            direct,
-        )
-    }
-
-    /// The general form of [`WeightStore::open`]: FP8 `packs` as in
-    /// [`WeightStore::open_packed`], `elsewhere` units as in
-    /// [`WeightStore::open_with_elsewhere`].
+    /// The general form of [`WeightStore::open`]:
+    /// - FP8 weights to repack (`packs[i]` for unit `i`): resident units are repacked once at
+    ///   load (the raw bytes are dropped), streamed ones after each read into one reusable
+    ///   buffer the size of the largest repacked streamed unit;
+    /// - units flagged in `elsewhere` belong to an [`ExpertStore`] (attach it with
+    ///   [`WeightStore::attach_experts`]): they are neither read nor streamed here and size no
+    ///   stream or repack buffer (the expert store repacks them itself, see
+    ///   [`ExpertStore::set_transform`]).
     ///
     /// Errors: as [`WeightStore::open`].
     #[allow(clippy::too_many_arguments)]
-    fn open_full(
+    pub fn open_full(
         files: &[std::path::PathBuf],
         units: Vec<Unit>,
         packs: Vec<Vec<Fp8Pack>>,
@@ -237,7 +197,7 @@ impl WeightStore {
                 if !packs[residency.len()].is_empty() {
                     let p = &packs[residency.len()];
                     let buf = AlignedBuf::new(Self::resident_size(u, p));
-                    b = repack(&b, u, p, buf);
+                    b = repack_fp8(&b, u, p, buf);
                 }
                 resident_bytes += b.buffer_bytes();
                 residency.push(Residency::Resident(b));
@@ -246,12 +206,9 @@ impl WeightStore {
                 residency.push(Residency::Streamed);
             }
         }
-        let pack_max = units
-            .iter()
-            .zip(&packs)
-            .zip(resident)
-            .filter(|((_, p), r)| !p.is_empty() && !**r)
-            .map(|((u, p), _)| Self::resident_size(u, p))
+        let pack_max = (0..units.len())
+            .filter(|&i| !packs[i].is_empty() && !resident[i] && !elsewhere[i])
+            .map(|i| Self::resident_size(&units[i], &packs[i]))
             .max();
         let any_streamed =
             resident.iter().zip(elsewhere).any(|(r, x)| !r && !x) || extra_slot_bytes > 0;
@@ -386,7 +343,7 @@ impl WeightStore {
         };
         if id != usize::MAX && !self.packs[id].is_empty() {
             let buf = self.pack_buf.take().expect("repack buffer");
-            let p = repack(&b, &self.units[id], &self.packs[id], buf);
+            let p = repack_fp8(&b, &self.units[id], &self.packs[id], buf);
             s.recycle(b);
             let r = f(&p);
             self.pack_buf = Some(p.into_buf());
