@@ -4,76 +4,109 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 
-use crate::source::gguf_synth::write_qwen3moe_gguf;
-use crate::source::synth::{presets, write_qwen3_moe};
+use crate::source::synth::{catalog, plan, write, Encoding, Planned, Shape, ARCHS};
 use crate::store::plan::parse_size;
 
 /// Arguments of `deltafin synth`.
 #[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Architectures, presets and encodings (--preset list describes each preset):
+  qwen3_moe    tiny, small, qwen3-30b-a3b   hf: bf16; gguf: q4_0 (default), q8_0, q4_k
+  deepseek_v3  tiny, deepseek-v3            hf: bf16 (default), fp8 (E4M3, 128x128 block scales)
+  gpt_oss      tiny, gpt-oss-20b            hf: mxfp4 (default), bf16
+q4_k matrices whose rows are not a multiple of 256 are written as q5_0, as llama.cpp does.")]
 pub struct SynthArgs {
-    /// Architecture (Hugging Face `model_type`); today `qwen3_moe`.
+    /// Architecture (Hugging Face `model_type`): qwen3_moe, deepseek_v3 or gpt_oss.
     #[arg(long, default_value = "qwen3_moe")]
     pub arch: String,
-    /// Shape preset: tiny, small, qwen3-30b-a3b (`--preset list` prints them).
+    /// Shape preset of the architecture (`--preset list` prints them all).
     #[arg(long)]
     pub preset: String,
     /// Output folder (created; must not hold a model yet), or with `--format gguf` the file.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Number of layers, overriding the preset's.
+    /// Number of decoder layers (dense ones included), overriding the preset's.
     #[arg(long)]
     pub layers: Option<usize>,
+    /// deepseek_v3: leading dense layers (`first_k_dense_replace`), overriding the preset's.
+    #[arg(long)]
+    pub dense_layers: Option<usize>,
     /// Approximate size of each safetensors shard.
     #[arg(long, default_value = "4G", value_parser = parse_size)]
     pub shard_size: u64,
     /// Seed of the random weights.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Output format: `hf` (a Hugging Face folder, BF16) or `gguf` (one llama.cpp `qwen3moe`
-    /// GGUF file; `--out` is then the file path).
+    /// Output format: `hf` (a Hugging Face folder) or `gguf` (one llama.cpp GGUF file, `--out`
+    /// is then the file path; qwen3_moe only).
     #[arg(long, default_value = "hf")]
     pub format: String,
-    /// Encoding of the GGUF matrices: q4_0 or q8_0 (`--format gguf` only).
-    #[arg(long, default_value = "q4_0")]
-    pub quant: String,
+    /// Weight encoding: bf16, fp8 (deepseek_v3), mxfp4 (gpt_oss experts) for `hf`; q4_0, q8_0,
+    /// q4_k for `gguf`. Default: the architecture's first listed below.
+    #[arg(long)]
+    pub quant: Option<String>,
+    /// Print the planned files and sizes without writing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// The summary of a checkpoint: `4 layers (1 MoE × 256 experts of 42.01 MiB), hf fp8`.
+fn describe(p: &Planned, enc: Encoding) -> String {
+    let dense = match p.layers - p.moe_layers {
+        0 => String::new(),
+        n => format!("{n} dense + "),
+    };
+    format!(
+        "{} layers ({dense}{} MoE × {} experts of {:.2} MiB), {enc}",
+        p.layers,
+        p.moe_layers,
+        p.experts,
+        p.expert_bytes as f64 / 1048576.0
+    )
 }
 
 /// Runs `deltafin synth`.
 pub fn run(a: SynthArgs) -> Result<()> {
-    if a.arch != "qwen3_moe" {
-        bail!("--arch {}: only qwen3_moe can be synthesized yet", a.arch);
+    if !ARCHS.contains(&a.arch.as_str()) {
+        bail!("--arch {}: synth writes {} only", a.arch, ARCHS.join(", "));
     }
-    let all = presets();
+    let all = catalog();
     if a.preset == "list" {
-        for (n, d, _) in &all {
-            println!("{n:16} {d}");
+        for p in &all {
+            let encs: Vec<String> = p.shape.encodings().iter().map(|e| e.to_string()).collect();
+            println!("{:12} {:14} {}", p.shape.arch(), p.name, p.description);
+            println!("{:27} encodings: {}", "", encs.join(", "));
         }
         return Ok(());
     }
-    let Some((_, _, shape)) = all.iter().find(|p| p.0 == a.preset) else {
-        let names: Vec<&str> = all.iter().map(|p| p.0).collect();
+    let of_arch: Vec<_> = all.iter().filter(|p| p.shape.arch() == a.arch).collect();
+    let Some(preset) = of_arch.iter().find(|p| p.name == a.preset) else {
+        let names: Vec<&str> = of_arch.iter().map(|p| p.name).collect();
         bail!(
-            "unknown preset '{}' (known: {})",
+            "unknown {} preset '{}' (known: {})",
+            a.arch,
             a.preset,
             names.join(", ")
         );
     };
+    let mut shape: Shape = preset.shape.clone();
+    shape.set_layers(a.layers, a.dense_layers)?;
+    let enc = Encoding::parse(&shape, &a.format, a.quant.as_deref())?;
+    if a.dry_run {
+        let p = plan(&shape, enc, a.shard_size)?;
+        for (name, bytes) in &p.files {
+            println!("{bytes:>16} {name}");
+        }
+        println!(
+            "{:.2} GB in {} files: {}",
+            p.total_bytes() as f64 / 1e9,
+            p.files.len(),
+            describe(&p, enc)
+        );
+        return Ok(());
+    }
     let Some(out) = a.out else {
         bail!("--out DIR is required");
-    };
-    let mut shape = shape.clone();
-    if let Some(l) = a.layers {
-        if l == 0 {
-            bail!("--layers must be at least 1");
-        }
-        shape.num_hidden_layers = l;
-    }
-    let gguf_quant = match (a.format.as_str(), a.quant.as_str()) {
-        ("hf", _) => None,
-        ("gguf", "q4_0") => Some(crate::quant::GgmlType::Q4_0),
-        ("gguf", "q8_0") => Some(crate::quant::GgmlType::Q8_0),
-        ("gguf", q) => bail!("--quant {q}: synthetic GGUF matrices are q4_0 or q8_0"),
-        (f, _) => bail!("--format {f}: expected hf or gguf"),
     };
     let t = std::time::Instant::now();
     let bar = indicatif::ProgressBar::new(0);
@@ -87,24 +120,16 @@ pub fn run(a: SynthArgs) -> Result<()> {
         bar.set_length(total);
         bar.set_position(w);
     };
-    match gguf_quant {
-        None => write_qwen3_moe(&shape, &out, a.shard_size as usize, a.seed, &mut progress)?,
-        Some(q) => write_qwen3moe_gguf(&shape, q, &out, a.seed, &mut progress)?,
-    }
+    let p = write(&shape, enc, &out, a.shard_size, a.seed, &mut progress)?;
     bar.finish_and_clear();
-    let total = bar.length().unwrap_or(0);
-    let expert_bytes = match gguf_quant {
-        None => shape.expert_bytes(),
-        Some(q) => 3 * q.row_bytes(shape.hidden_size).unwrap_or(0) * shape.moe_intermediate_size,
-    };
+    let secs = t.elapsed().as_secs_f64();
+    let gb = p.total_bytes() as f64 / 1e9;
     eprintln!(
-        "wrote {} ({:.2} GB, {} layers × {} experts of {:.2} MiB) in {:.1} s",
+        "wrote {} ({gb:.2} GB in {} files: {}) in {secs:.1} s ({:.2} GB/s)",
         out.display(),
-        total as f64 / 1e9,
-        shape.num_hidden_layers,
-        shape.num_experts,
-        expert_bytes as f64 / 1048576.0,
-        t.elapsed().as_secs_f64()
+        p.files.len(),
+        describe(&p, enc),
+        gb / secs.max(1e-9)
     );
     Ok(())
 }

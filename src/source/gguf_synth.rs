@@ -4,12 +4,13 @@
 //! and little memory. Both Deltafin and llama.cpp load them, which makes them the common input
 //! of the llama.cpp comparison in BENCHMARKS.md.
 //!
-//! Matrices are Q4_0 or Q8_0 (ggml `ggml-quants.c` block layouts: an f16 scale `d` then 32
-//! quants; Q4_0 values are `(q − 8)·d` with `q` a nibble, Q8_0 values `q·d` with `q` an i8).
-//! Quants are random bytes and `d` is chosen so values span about `±1/√fan_in` (the token
-//! embedding `±1`), with a random sign per block so rows have no common bias (which would
-//! make every token route alike), which keeps activations finite through the layers. Norm weights are F32
-//! ones; routers (`ffn_gate_inp`) stay F32 as llama.cpp's quantizer leaves them. The
+//! Matrices are Q4_0, Q8_0 or Q4_K (ggml `ggml-common.h` block layouts; random quants with
+//! block scales chosen so values span about `±1/√fan_in`, the token embedding `±1`, with a
+//! random sign per block so rows have no common bias: see [`super::synth::fill::ggml_blocks`]).
+//! A Q4_K matrix whose row length is not a multiple of 256 falls back to Q5_0, as llama.cpp's
+//! quantizer does (`llama-quant.cpp`, "using fallback quantization"); Q4_K files are what
+//! `llama-quantize --pure ... Q4_K_S` writes. Norm weights are F32 ones; routers
+//! (`ffn_gate_inp`) stay F32 as llama.cpp's quantizer leaves them. The
 //! tokenizer (byte-level BPE, `tokenizer.ggml.model = gpt2`, pre-tokenizer `qwen2`, 512 tokens,
 //! ChatML template) is copied from the committed llama.cpp-converted fixture
 //! `tests/fixtures/gguf/qwen3_moe/qwen3_moe-q5_0.gguf`.
@@ -20,8 +21,9 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use super::gguf::Value;
-use super::gguf_writer::{write_streamed, StreamTensor};
-use super::synth::{Qwen3MoeShape, Rng};
+use super::gguf_writer::{streamed_len, write_streamed, StreamTensor};
+use super::synth::fill::{self, Rng};
+use super::synth::{Planned, Qwen3MoeShape};
 use crate::quant::GgmlType;
 
 /// The llama.cpp-converted fixture whose tokenizer metadata synthetic files reuse.
@@ -29,13 +31,24 @@ const TOKENIZER_SOURCE: &[u8] =
     include_bytes!("../../tests/fixtures/gguf/qwen3_moe/qwen3_moe-q5_0.gguf");
 
 /// The encodings a synthetic GGUF's matrices can use.
-pub const QUANTS: [GgmlType; 2] = [GgmlType::Q4_0, GgmlType::Q8_0];
+pub const QUANTS: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K];
 
 /// llama.cpp's `general.file_type` (`enum llama_ftype`) of a file whose matrices are `q`.
 fn file_type(q: GgmlType) -> u32 {
     match q {
-        GgmlType::Q4_0 => 2,
-        _ => 7, // MOSTLY_Q8_0
+        GgmlType::Q4_0 => 2,  // MOSTLY_Q4_0
+        GgmlType::Q4_K => 14, // MOSTLY_Q4_K_S
+        _ => 7,               // MOSTLY_Q8_0
+    }
+}
+
+/// The type a matrix with rows of `n` elements gets when the file's matrices are `q`: `q`,
+/// except Q4_K for rows that are not whole 256-element super-blocks, which fall back to Q5_0
+/// (llama.cpp's `llama_tensor_get_type` does the same).
+pub fn matrix_type(q: GgmlType, n: usize) -> GgmlType {
+    match q {
+        GgmlType::Q4_K if !n.is_multiple_of(256) => GgmlType::Q5_0,
+        _ => q,
     }
 }
 
@@ -101,6 +114,8 @@ fn metadata(s: &Qwen3MoeShape, q: GgmlType) -> Result<Vec<(String, Value)>> {
 struct Spec {
     t: StreamTensor,
     scale: Option<f32>,
+    /// Routed experts the tensor holds (the stacked `ffn_*_exps`), else 0.
+    experts: usize,
 }
 
 fn specs(s: &Qwen3MoeShape, q: GgmlType) -> Vec<Spec> {
@@ -115,12 +130,17 @@ fn specs(s: &Qwen3MoeShape, q: GgmlType) -> Vec<Spec> {
         s.head_dim as u64,
     );
     let mat = |name: String, ty: GgmlType, shape: Vec<u64>, scale: f32| Spec {
+        experts: if name.contains("_exps") {
+            ne as usize
+        } else {
+            0
+        },
         t: StreamTensor { name, ty, shape },
         scale: Some(scale),
     };
     let w = |name: String, shape: Vec<u64>| {
         let sc = 1.0 / (shape[0] as f32).sqrt();
-        mat(name, q, shape, sc)
+        mat(name, matrix_type(q, shape[0] as usize), shape, sc)
     };
     let ones = |name: String, n: u64| Spec {
         t: StreamTensor {
@@ -129,9 +149,15 @@ fn specs(s: &Qwen3MoeShape, q: GgmlType) -> Vec<Spec> {
             shape: vec![n],
         },
         scale: None,
+        experts: 0,
     };
     let v = s.vocab_size as u64;
-    let mut out = vec![mat("token_embd.weight".into(), q, vec![d, v], 1.0)];
+    let mut out = vec![mat(
+        "token_embd.weight".into(),
+        matrix_type(q, d as usize),
+        vec![d, v],
+        1.0,
+    )];
     for l in 0..s.num_hidden_layers {
         let n = |x: &str| format!("blk.{l}.{x}.weight");
         out.extend([
@@ -162,36 +188,8 @@ fn specs(s: &Qwen3MoeShape, q: GgmlType) -> Vec<Spec> {
 /// Fills `out` with random `ty` data whose values span about `±scale`.
 fn fill(rng: &mut Rng, ty: GgmlType, scale: f32, out: &mut [u8]) {
     match ty {
-        GgmlType::F32 => {
-            for c in out.chunks_mut(4) {
-                let r = (rng.next() >> 40) as f32 / (1u64 << 24) as f32;
-                c.copy_from_slice(&((2.0 * r - 1.0) * scale).to_le_bytes());
-            }
-        }
-        GgmlType::Q4_0 | GgmlType::Q8_0 => {
-            let (block, qmax) = match ty {
-                GgmlType::Q4_0 => (18, 8.0),
-                _ => (34, 127.0),
-            };
-            // a random sign per block: Q4_0's levels −8..7 average −½·d, which with one sign
-            // would give every row the same bias and every token the same experts
-            let d = [
-                half::f16::from_f32(scale / qmax).to_le_bytes(),
-                half::f16::from_f32(-scale / qmax).to_le_bytes(),
-            ];
-            let mut signs = 0u64;
-            for (i, b) in out.chunks_mut(block).enumerate() {
-                if i % 64 == 0 {
-                    signs = rng.next();
-                }
-                b[..2].copy_from_slice(&d[((signs >> (i % 64)) & 1) as usize]);
-                for c in b[2..].chunks_mut(8) {
-                    let r = rng.next().to_le_bytes();
-                    c.copy_from_slice(&r[..c.len()]);
-                }
-            }
-        }
-        _ => unreachable!("synthetic GGUF tensors are F32, Q4_0 or Q8_0"),
+        GgmlType::F32 => fill::f32_uniform(rng, scale, out),
+        _ => fill::ggml_blocks(rng, ty, scale, out),
     }
 }
 
@@ -201,21 +199,33 @@ pub fn data_bytes(s: &Qwen3MoeShape, q: GgmlType) -> u64 {
     specs(s, q).iter().map(|x| x.t.n_bytes()).sum()
 }
 
-/// Writes a random-weight `qwen3moe` GGUF of shape `s`, matrices in `q` (one of [`QUANTS`]),
-/// to `path` (must not exist), seeded by `seed`. `progress(bytes written, total)` runs after
-/// each tensor.
+/// The file [`write_qwen3moe_gguf`] writes, without writing it: its exact size, tensor bytes
+/// and the bytes of one expert (its slices of `ffn_{gate,up,down}_exps`).
 ///
-/// Errors: `path` exists, `q` is not in [`QUANTS`], a row length is not a multiple of 32, or a
-/// write fails (the message names the file).
-pub fn write_qwen3moe_gguf(
-    s: &Qwen3MoeShape,
-    q: GgmlType,
-    path: &Path,
-    seed: u64,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<()> {
+/// Errors: as [`write_qwen3moe_gguf`] before it writes.
+pub fn plan(s: &Qwen3MoeShape, q: GgmlType) -> Result<Planned> {
+    check(s, q)?;
+    let specs = specs(s, q);
+    let tensors: Vec<StreamTensor> = specs.iter().map(|x| x.t.clone()).collect();
+    let routed: u64 = specs
+        .iter()
+        .filter(|x| x.experts > 0)
+        .map(|x| x.t.n_bytes())
+        .sum();
+    Ok(Planned {
+        files: vec![(String::new(), streamed_len(&metadata(s, q)?, &tensors))],
+        tensor_bytes: tensors.iter().map(|t| t.n_bytes()).sum(),
+        expert_bytes: routed / (s.num_hidden_layers * s.num_experts) as u64,
+        layers: s.num_hidden_layers,
+        moe_layers: s.num_hidden_layers,
+        experts: s.num_experts,
+    })
+}
+
+/// Errors unless `q` is one of [`QUANTS`] and every row length a multiple of 32.
+fn check(s: &Qwen3MoeShape, q: GgmlType) -> Result<()> {
     if !QUANTS.contains(&q) {
-        bail!("--quant {q}: synthetic GGUF matrices are q4_0 or q8_0");
+        bail!("--quant {q}: synthetic GGUF matrices are q4_0, q8_0 or q4_k");
     }
     if [
         s.hidden_size,
@@ -227,6 +237,24 @@ pub fn write_qwen3moe_gguf(
     {
         bail!("hidden size, expert FFN width and q width must be multiples of 32 for {q}");
     }
+    Ok(())
+}
+
+/// Writes a random-weight `qwen3moe` GGUF of shape `s`, matrices in `q` (one of [`QUANTS`]),
+/// to `path` (must not exist), seeded by `seed`. `progress(bytes written, total)` runs after
+/// each tensor.
+///
+/// Errors: `path` exists, `q` is not in [`QUANTS`], a row length is not a multiple of 32, or a
+/// write fails (the message names the file). Q4_K rows that are not multiples of 256 are
+/// written as Q5_0 ([`matrix_type`]).
+pub fn write_qwen3moe_gguf(
+    s: &Qwen3MoeShape,
+    q: GgmlType,
+    path: &Path,
+    seed: u64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<()> {
+    check(s, q)?;
     if path.exists() {
         bail!("{}: already exists", path.display());
     }
@@ -236,7 +264,7 @@ pub fn write_qwen3moe_gguf(
     let total: u64 = tensors.iter().map(|t| t.n_bytes()).sum();
     let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
-    let mut rng = Rng(seed.max(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::seeded(seed);
     let mut done = 0u64;
     write_streamed(&mut w, &meta, &tensors, &mut |i, buf| {
         match specs[i].scale {

@@ -315,11 +315,7 @@ pub fn write_streamed(
     fill: &mut dyn FnMut(usize, &mut [u8]),
 ) -> io::Result<u64> {
     let a = DEFAULT_ALIGNMENT;
-    let infos: Vec<(&str, GgmlType, &[u64], u64)> = tensors
-        .iter()
-        .map(|t| (t.name.as_str(), t.ty, t.shape.as_slice(), t.n_bytes()))
-        .collect();
-    let header = header_bytes(3, a, meta, &infos);
+    let header = streamed_header(meta, tensors);
     w.write_all(&header)?;
     let mut pos = header.len() as u64;
     let mut buf = Vec::new();
@@ -332,6 +328,26 @@ pub fn write_streamed(
         pos += pad + buf.len() as u64;
     }
     Ok(pos)
+}
+
+/// The header [`write_streamed`] writes.
+fn streamed_header(meta: &[(String, Value)], tensors: &[StreamTensor]) -> Vec<u8> {
+    let infos: Vec<(&str, GgmlType, &[u64], u64)> = tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t.ty, t.shape.as_slice(), t.n_bytes()))
+        .collect();
+    header_bytes(3, DEFAULT_ALIGNMENT, meta, &infos)
+}
+
+/// The size in bytes of the file [`write_streamed`] writes for `meta` and `tensors`, without
+/// writing it: the header, then each tensor at a 32-byte aligned offset (no padding after the
+/// last).
+pub fn streamed_len(meta: &[(String, Value)], tensors: &[StreamTensor]) -> u64 {
+    let mut pos = streamed_header(meta, tensors).len() as u64;
+    for t in tensors {
+        pos = pos.next_multiple_of(DEFAULT_ALIGNMENT) + t.n_bytes();
+    }
+    pos
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
