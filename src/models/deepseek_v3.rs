@@ -25,7 +25,7 @@
 //! the shared ones, nor the dense layers' MLPs) are read on demand through the expert store,
 //! FP8 ones repacked as they land so that its cache holds them ready to compute
 //! (`budget.rs`). With prefetch on, the next MoE layer's experts are guessed as
-//! [`super::moe::prefetch_next`] describes (the dense layers have no router and guess nothing).
+//! `moe::prefetch_next` describes (the dense layers have no router and guess nothing).
 
 use anyhow::{Context, Result};
 

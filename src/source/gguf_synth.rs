@@ -6,7 +6,7 @@
 //!
 //! Matrices are Q4_0, Q8_0 or Q4_K (ggml `ggml-common.h` block layouts; random quants with
 //! block scales chosen so values span about `±1/√fan_in`, the token embedding `±1`, with a
-//! random sign per block so rows have no common bias: see [`super::synth::fill::ggml_blocks`]).
+//! random sign per block so rows have no common bias: see `synth::fill::ggml_blocks`).
 //! A Q4_K matrix whose row length is not a multiple of 256 falls back to Q5_0, as llama.cpp's
 //! quantizer does (`llama-quant.cpp`, "using fallback quantization"); Q4_K files are what
 //! `llama-quantize --pure ... Q4_K_S` writes. Norm weights are F32 ones; routers

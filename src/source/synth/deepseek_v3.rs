@@ -10,7 +10,7 @@
 //! `config.json` carries `quantization_config {quant_method: fp8, fmt: e4m3,
 //! weight_block_size: [128, 128]}`; embeddings, norms, router and LM head stay BF16, the
 //! correction bias F32. FP8 codes are uniform over the finite codes and every block scale is
-//! `1/(√in · rms)` ([`super::fill::fp8_e4m3_rms`]), so weights have RMS `1/√in`.
+//! `1/(√in · rms)` (`fill::fp8_e4m3_rms`), so weights have RMS `1/√in`.
 //!
 //! The tokenizer and chat template are those of the `deepseek_v3` test fixture (byte-level
 //! BPE, 493 tokens in a vocabulary of 512).

@@ -9,7 +9,7 @@
 //! 2^(e − 127)), `down_proj_blocks` `[E, H, I/32, 16]` / `down_proj_scales` `[E, H, I/32]`,
 //! BF16 biases, and `quantization_config {quant_method: mxfp4, modules_to_not_convert: [...]}`.
 //! Nibbles are random; exponents lie in four values around `1/√fan_in`
-//! ([`super::fill::e8m0_low`]: 117..=120 for gpt-oss-20b, 120..=123 for `tiny`). Or BF16:
+//! (`fill::e8m0_low`: 117..=120 for gpt-oss-20b, 120..=123 for `tiny`). Or BF16:
 //! `gate_up_proj` `[E, H, 2I]` and `down_proj` `[E, I, H]`, input-major as transformers holds
 //! them.
 //!

@@ -13,10 +13,10 @@
 //! `model-0000N-of-0000M.safetensors` with `model.safetensors.index.json`, every expert's
 //! tensors adjacent and never split across shards, plus the small byte-level BPE tokenizer
 //! (vocabulary of 512) and chat template of the family's test fixture so `deltafin run` works.
-//! Weights are random with values of about `±1/√fan_in` ([`fill`] says how per encoding), norm
+//! Weights are random with values of about `±1/√fan_in` (`fill` says how per encoding), norm
 //! weights 1, so activations stay finite through the layers.
 //!
-//! [`plan`] computes every file's exact size without writing; [`write`] writes and returns
+//! [`plan`] computes every file's exact size without writing; [`write()`] writes and returns
 //! the same plan.
 
 pub mod deepseek_v3;
@@ -226,7 +226,7 @@ impl Planned {
     }
 }
 
-/// The files [`write`] would write for `shape` in `enc`, with `shard_bytes` shards (Hugging
+/// The files [`write()`] would write for `shape` in `enc`, with `shard_bytes` shards (Hugging
 /// Face), without writing anything.
 ///
 /// Errors: `enc` is not one of `shape`'s encodings, or the shape does not fit the encoding
