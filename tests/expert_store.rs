@@ -279,12 +279,15 @@ fn cut_layer_1_experts(dir: &Path) {
 
 #[test]
 fn an_io_error_mid_run_ends_the_pass_naming_file_and_expert_for_both_engines() {
-    for engine in [EngineChoice::Auto, EngineChoice::Pool] {
+    let cases = [EngineChoice::Auto, EngineChoice::Pool].map(|e| [(e, false), (e, true)]);
+    for (engine, prefetch) in cases.into_iter().flatten() {
         let dir = tiny();
-        let mut s = session(
-            dir.path(),
-            &opts(Some(BUDGET), CachePolicy::None, engine, 4096),
-        );
+        let mut o = opts(Some(BUDGET), CachePolicy::None, engine, 4096);
+        if prefetch {
+            // a guess whose read fails is dropped; the demand read reports the error
+            o = with_prefetch(o);
+        }
+        let mut s = session(dir.path(), &o);
         s.prefill(&PROMPT[..3], Logits::Last).unwrap();
         cut_layer_1_experts(dir.path());
         for _ in 0..2 {
@@ -294,7 +297,7 @@ fn an_io_error_mid_run_ends_the_pass_naming_file_and_expert_for_both_engines() {
                 e.contains("model-00003-of-00005.safetensors")
                     && e.contains("short read")
                     && e.contains("of layer 1"),
-                "{engine:?}: {e}"
+                "{engine:?}, prefetch {prefetch}: {e}"
             );
         }
         assert_eq!(s.store.experts().unwrap().engine().outstanding(), 0);
@@ -417,28 +420,5 @@ fn prefetch_changes_no_logit_and_every_guess_is_used_or_counted_as_waste() {
                 assert_eq!(c.reads, off.reads + c.prefetch_wasted, "{c:?}");
             }
         }
-    }
-}
-
-#[test]
-fn with_prefetch_an_io_error_still_ends_the_pass_naming_file_and_expert() {
-    for engine in [EngineChoice::Auto, EngineChoice::Pool] {
-        let dir = tiny();
-        let mut s = session(
-            dir.path(),
-            &with_prefetch(opts(Some(BUDGET), CachePolicy::None, engine, 4096)),
-        );
-        s.prefill(&PROMPT[..3], Logits::Last).unwrap();
-        cut_layer_1_experts(dir.path());
-        for _ in 0..2 {
-            let e = format!("{:#}", s.prefill(&PROMPT[3..], Logits::Last).unwrap_err());
-            assert!(
-                e.contains("model-00003-of-00005.safetensors")
-                    && e.contains("short read")
-                    && e.contains("of layer 1"),
-                "{engine:?}: {e}"
-            );
-        }
-        assert_eq!(s.store.experts().unwrap().engine().outstanding(), 0);
     }
 }
