@@ -4,6 +4,8 @@
 //! the heat file, and failures (missing file, short file, I/O error mid-run) that name the
 //! file and the (layer, expert) without hanging.
 
+mod common;
+
 use std::path::Path;
 
 use deltafin::engine::Session;
@@ -52,28 +54,7 @@ fn session(dir: &Path, o: &LoadOptions) -> Session {
 
 /// Prompt logits (every position) and the logits of `DECODE` greedy steps.
 fn logits(s: &mut Session) -> Vec<f32> {
-    let mut all = s.prefill(&PROMPT, Logits::All).unwrap();
-    let v = s.model.vocab_size();
-    let mut last = all[all.len() - v..].to_vec();
-    for _ in 0..DECODE {
-        let t = argmax(&last);
-        last = s
-            .model
-            .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
-            .unwrap();
-        all.extend_from_slice(&last);
-    }
-    all
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut b = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[b] {
-            b = i;
-        }
-    }
-    b as u32
+    common::prompt_and_greedy_logits(s, &PROMPT, DECODE)
 }
 
 /// 800 KiB: the spine and head resident, an expert cache of 0.2 MiB (about 13 of the 48

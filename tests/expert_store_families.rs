@@ -13,6 +13,8 @@
 //! - a file truncated mid-run: the pass fails naming the file and the (layer, expert);
 //! - `deltafin run --stats` showing the expert store.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -173,28 +175,7 @@ fn budgets(rel: &str) -> (u64, u64) {
 
 /// Prompt logits (every position) and 3 greedy decode steps' logits.
 fn run(s: &mut Session) -> Vec<f32> {
-    let mut all = s.prefill(&PROMPT, Logits::All).unwrap();
-    let v = s.model.vocab_size();
-    let mut last = all[all.len() - v..].to_vec();
-    for _ in 0..3 {
-        let t = argmax(&last);
-        last = s
-            .model
-            .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
-            .unwrap();
-        all.extend_from_slice(&last);
-    }
-    all
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut b = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[b] {
-            b = i;
-        }
-    }
-    b as u32
+    common::prompt_and_greedy_logits(s, &PROMPT, 3)
 }
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {

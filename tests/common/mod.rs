@@ -6,7 +6,7 @@ pub mod hf;
 use std::path::PathBuf;
 
 use deltafin::engine::Session;
-use deltafin::models::{load_gguf, LoadOptions};
+use deltafin::models::{load_gguf, LoadOptions, Logits};
 use deltafin::source::gguf::GgufModel;
 
 /// Path of the demo model (Gemma 3 270M Q4_K_M GGUF): `$DELTAFIN_DEMO_GGUF` when set, else the
@@ -39,4 +39,21 @@ pub fn demo_session(
     };
     let (model, store) = load_gguf(g, &opts).expect("loading the demo model");
     Session::new(model, store, n_ctx, n_batch)
+}
+
+/// The logits of `prompt` at every position, then those of `steps` greedy decode steps
+/// (`(prompt.len() + steps) × vocab`).
+pub fn prompt_and_greedy_logits(s: &mut Session, prompt: &[u32], steps: usize) -> Vec<f32> {
+    let mut all = s.prefill(prompt, Logits::All).unwrap();
+    let v = s.model.vocab_size();
+    let mut last = all[all.len() - v..].to_vec();
+    for _ in 0..steps {
+        let t = hf::argmax(&last);
+        last = s
+            .model
+            .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
+            .unwrap();
+        all.extend_from_slice(&last);
+    }
+    all
 }
