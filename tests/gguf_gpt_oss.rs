@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use common::hf::{argmax, f32s, rel_diff, u32s};
 use deltafin::engine::Session;
-use deltafin::models::gpt_oss_gguf::{config_from_gguf, load_with_config};
+use deltafin::models::gpt_oss::gguf::{config_from_gguf, load_with_config};
 use deltafin::models::{load_gguf, LoadOptions, Logits};
 use deltafin::source::gguf::{GgufModel, Value};
 use deltafin::source::gguf_writer::GgufWriter;

@@ -1,9 +1,7 @@
-//! Sessions, KV cache, prefill and decode, sampling and stop conditions.
+//! Sessions (owning a model's KV cache, [`crate::models::KvCache`]), prefill and decode, sampling and stop conditions.
 
-pub mod kv;
 pub mod sampler;
 pub mod session;
 
-pub use kv::KvCache;
 pub use sampler::{Sampler, SamplerConfig};
 pub use session::{Finish, GenStats, GenerateOptions, Session};

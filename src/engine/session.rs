@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-use super::kv::KvCache;
 use super::sampler::Sampler;
+use crate::models::KvCache;
 use crate::models::{Logits, Model};
 use crate::store::telemetry::{ExpertRunStats, Snapshot, TokenIo};
 use crate::store::WeightStore;

@@ -210,19 +210,3 @@ pub fn read_vector(files: &[DirectFile], t: &TensorInfo) -> Result<Vec<f32>> {
     dequantize_row(t.ty, b.piece(0), &mut out);
     Ok(out)
 }
-
-/// The largest dimension a Hugging Face `config.json` may give (a hostile config must not make
-/// us allocate terabytes).
-pub const CONFIG_DIM_MAX: usize = 1 << 20;
-
-/// Checks that every `(field, value)` of a config lies in `1..=CONFIG_DIM_MAX`.
-///
-/// Errors: the first that does not, as `LABEL: 'field' = value is outside 1..=1048576`.
-pub fn check_config_dims(label: &str, dims: &[(&str, usize)]) -> anyhow::Result<()> {
-    for &(k, d) in dims {
-        if d == 0 || d > CONFIG_DIM_MAX {
-            anyhow::bail!("{label}: '{k}' = {d} is outside 1..={CONFIG_DIM_MAX}");
-        }
-    }
-    Ok(())
-}

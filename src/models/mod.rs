@@ -2,244 +2,92 @@
 //! forward pass over weights held by a [`WeightStore`].
 
 mod budget;
-pub mod deepseek_v3;
-mod deepseek_v3_config;
-pub mod deepseek_v3_gguf;
-mod deepseek_v3_tensors;
+pub mod config;
 pub mod embed_head;
-pub mod gemma3;
-pub mod gpt_oss;
-mod gpt_oss_config;
-mod gpt_oss_experts;
-pub mod gpt_oss_gguf;
+pub mod kv_cache;
 pub mod layers;
 pub mod loading;
-pub mod mla;
+mod model;
 pub mod moe;
-pub mod qwen3;
-mod qwen3_config;
-pub mod qwen3_gguf;
+pub mod registry;
 
-use crate::engine::KvCache;
+/// Declares the family folders and [`FAMILIES`], their registry entries in this order (the
+/// order of the "supported: …" lists in errors). Adding a family: its folder (with
+/// `pub const FAMILY: registry::Family`) and its name here.
+macro_rules! families {
+    ($($f:ident),* $(,)?) => {
+        $(pub mod $f;)*
+        /// Every architecture family, one [`Family`] entry each (see [`registry`]).
+        pub const FAMILIES: &[Family] = &[$($f::FAMILY),*];
+    };
+}
+
+families!(gemma3, llama, gpt_oss, deepseek_v3);
+
+pub use kv_cache::KvCache;
+pub use model::{run_pass, LoadOptions, Logits, Model, Placement};
+pub use registry::{Family, Loaded};
+
 use crate::source::gguf::GgufModel;
 use crate::source::hf::HfModel;
-use crate::store::{ExpertStoreOptions, WeightStore};
 
-/// How to load a model's weights.
-#[derive(Clone, Debug)]
-pub struct LoadOptions {
-    /// Bytes of RAM for resident weights, KV cache, activations and I/O buffers together;
-    /// `None` keeps every weight resident.
-    pub ram_budget: Option<u64>,
-    /// KV cache capacity in tokens.
-    pub n_ctx: usize,
-    /// Largest number of tokens one forward pass takes (prompt batch size).
-    pub n_batch: usize,
-    /// Use `O_DIRECT` reads where the filesystem allows them.
-    pub direct_io: bool,
-    /// How routed experts are read and cached when they do not all fit the budget.
-    pub experts: ExpertStoreOptions,
-}
-
-impl Default for LoadOptions {
-    /// Everything resident, a 4096-token cache, batches of 512, `O_DIRECT`, default expert store.
-    fn default() -> Self {
-        Self {
-            ram_budget: None,
-            n_ctx: 4096,
-            n_batch: 512,
-            direct_io: true,
-            experts: ExpertStoreOptions::default(),
-        }
-    }
-}
-
-/// Which positions' logits a forward pass returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Logits {
-    /// Only the last token's (`vocab` floats).
-    Last,
-    /// Every token's (`n × vocab` floats, token-major).
-    All,
-}
-
-/// What `deltafin run --stats` and `inspect` report about placement.
-#[derive(Clone, Debug, Default)]
-pub struct Placement {
-    /// Bytes of weights kept in RAM.
-    pub resident_bytes: usize,
-    /// Bytes of weights read from disk on every forward pass.
-    pub streamed_bytes: usize,
-    /// Bytes of stream buffers.
-    pub stream_buffer_bytes: usize,
-    /// Bytes of KV cache.
-    pub kv_bytes: usize,
-    /// Bytes reserved for activations.
-    pub scratch_bytes: usize,
-    /// Units kept resident / total units, as text (e.g. `"12/18 layers, head streamed"`).
-    pub summary: String,
-}
-
-/// Checks a forward pass's input before any weight is read: at least one token, room in the
-/// KV cache, every id inside the vocabulary of `vocab` tokens.
-fn check_forward(tokens: &[u32], cache: &KvCache, vocab: usize) -> anyhow::Result<()> {
-    let (n, pos0) = (tokens.len(), cache.len);
-    if n == 0 {
-        anyhow::bail!("forward pass over zero tokens");
-    }
-    if pos0 + n > cache.n_ctx {
-        anyhow::bail!(
-            "context full: {pos0} + {n} tokens exceed the KV cache of {} tokens",
-            cache.n_ctx
-        );
-    }
-    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-        anyhow::bail!("token id {bad} is outside the vocabulary of {vocab} tokens");
-    }
-    Ok(())
-}
-
-/// Ends a forward pass over `n` tokens: on success the tokens join the KV cache; on failure
-/// the reads still queued for the pass are dropped so the next pass starts clean.
-fn finish_pass(
-    store: &mut WeightStore,
-    cache: &mut KvCache,
-    n: usize,
-    r: anyhow::Result<Vec<f32>>,
-) -> anyhow::Result<Vec<f32>> {
-    match r {
-        Ok(_) => cache.len += n,
-        Err(_) => store.reset(),
-    }
-    r
-}
-
-/// One forward pass over `tokens` as every architecture runs it: checks the input
-/// (`check_forward`, against a vocabulary of `vocab` tokens) before any weight is read, lets
-/// `plan` announce the pass's first streamed reads, runs `body`, and ends the pass
-/// (`finish_pass`: the tokens join the cache on success, queued reads are dropped on error).
+/// Loads the model described by a GGUF file set, choosing the family from
+/// `general.architecture` ([`FAMILIES`]).
 ///
-/// Errors: those of `check_forward` and of `body`.
-pub fn run_pass(
-    store: &mut WeightStore,
-    cache: &mut KvCache,
-    tokens: &[u32],
-    vocab: usize,
-    plan: impl FnOnce(&mut WeightStore),
-    body: impl FnOnce(&mut WeightStore, &mut KvCache) -> anyhow::Result<Vec<f32>>,
-) -> anyhow::Result<Vec<f32>> {
-    check_forward(tokens, cache, vocab)?;
-    plan(store);
-    let r = body(store, cache);
-    finish_pass(store, cache, tokens.len(), r)
-}
-
-/// A loaded model: the forward pass of one architecture.
-pub trait Model: Send {
-    /// Vocabulary size (rows of the LM head).
-    fn vocab_size(&self) -> usize;
-    /// Longest context the model was trained for, in tokens.
-    fn context_length(&self) -> usize;
-    /// A KV cache with room for `n_ctx` tokens.
-    fn new_cache(&self, n_ctx: usize) -> KvCache;
-    /// Runs `tokens` (positions `cache.len ..`) through the model, appends them to the cache and
-    /// returns logits (see [`Logits`]).
-    ///
-    /// Errors: a streamed weight could not be read (the message names the file), or the cache
-    /// is full.
-    fn forward(
-        &self,
-        store: &mut WeightStore,
-        cache: &mut KvCache,
-        tokens: &[u32],
-        logits: Logits,
-    ) -> anyhow::Result<Vec<f32>>;
-    /// Where the weights live.
-    fn placement(&self) -> &Placement;
-}
-
-/// Loads the model described by a GGUF file set, choosing the architecture from
-/// `general.architecture`.
-///
-/// Errors: unknown architecture, missing or malformed tensors or metadata (the message names
-/// the key or tensor), a budget too small to run at all, or an unreadable file.
-pub fn load_gguf(
-    gguf: &GgufModel,
-    opts: &LoadOptions,
-) -> anyhow::Result<(Box<dyn Model>, WeightStore)> {
+/// Errors: unknown architecture, a pack of a family that cannot be packed, missing or
+/// malformed tensors or metadata (the message names the key or tensor), a budget too small to
+/// run at all, or an unreadable file.
+pub fn load_gguf(gguf: &GgufModel, opts: &LoadOptions) -> anyhow::Result<Loaded> {
     let arch = gguf.architecture()?;
-    if gguf.pack.is_some() && !qwen3_gguf::ARCHITECTURES.contains(&arch) {
+    let family = registry::by_gguf_architecture(FAMILIES, arch).filter(|f| f.load_gguf.is_some());
+    if gguf.pack.is_some() && !family.is_some_and(|f| f.packable) {
         anyhow::bail!(
             "{}: packs of GGUF architecture '{arch}' cannot be loaded yet (supported: {})",
             gguf.files[0].display(),
-            qwen3_gguf::ARCHITECTURES.join(", ")
+            registry::names(FAMILIES, |f| f.gguf_architectures, |f| f.packable)
         );
     }
-    match arch {
-        "gemma3" => {
-            let (m, s) = gemma3::Gemma3::load(gguf, opts)?;
-            Ok((Box::new(m), s))
-        }
-        "gpt-oss" => {
-            let (m, s) = gpt_oss_gguf::load(gguf, opts)?;
-            Ok((Box::new(m), s))
-        }
-        "qwen3moe" | "qwen3" | "llama" => {
-            let (m, s) = qwen3_gguf::load(gguf, opts)?;
-            Ok((Box::new(m), s))
-        }
-        "deepseek2" => {
-            let (m, s) = deepseek_v3_gguf::load(gguf, opts)?;
-            Ok((Box::new(m), s))
-        }
-        other => anyhow::bail!(
-            "{}: architecture '{other}' is not supported (supported: gemma3, qwen3moe, qwen3, llama, deepseek2, gpt-oss)",
-            gguf.files[0].display()
+    match family.and_then(|f| f.load_gguf) {
+        Some(load) => load(gguf, opts),
+        None => anyhow::bail!(
+            "{}: architecture '{arch}' is not supported (supported: {})",
+            gguf.files[0].display(),
+            registry::names(
+                FAMILIES,
+                |f| f.gguf_architectures,
+                |f| f.load_gguf.is_some()
+            )
         ),
     }
 }
 
-/// Loads a Hugging Face checkpoint folder (see [`HfModel::open`]), choosing the architecture
-/// from `config.json`'s `model_type`.
+/// Loads a Hugging Face checkpoint folder (see [`HfModel::open`]), choosing the family from
+/// `config.json`'s `model_type`.
 ///
 /// Errors: unknown `model_type` (named), config or tensor errors (the message names the field
 /// or tensor and the folder), a budget too small to run at all, or an unreadable file.
-pub fn load_hf(
-    folder: &std::path::Path,
-    opts: &LoadOptions,
-) -> anyhow::Result<(Box<dyn Model>, WeightStore)> {
+pub fn load_hf(folder: &std::path::Path, opts: &LoadOptions) -> anyhow::Result<Loaded> {
     let hf = HfModel::open(folder)?;
     load_hf_model(&hf, opts)
 }
 
 /// [`load_hf`] over an already opened folder.
-pub fn load_hf_model(
-    hf: &HfModel,
-    opts: &LoadOptions,
-) -> anyhow::Result<(Box<dyn Model>, WeightStore)> {
+pub fn load_hf_model(hf: &HfModel, opts: &LoadOptions) -> anyhow::Result<Loaded> {
     let mt = hf.model_type()?;
-    if hf.pack.is_some() && !matches!(mt, "qwen3" | "qwen3_moe" | "llama" | "mixtral") {
+    let family = registry::by_model_type(FAMILIES, mt).filter(|f| f.load_hf.is_some());
+    if hf.pack.is_some() && !family.is_some_and(|f| f.packable) {
         anyhow::bail!(
-            "{}: packs of model_type '{mt}' cannot be loaded yet (supported: qwen3, qwen3_moe, llama, mixtral)",
-            hf.dir.display()
+            "{}: packs of model_type '{mt}' cannot be loaded yet (supported: {})",
+            hf.dir.display(),
+            registry::names(FAMILIES, |f| f.model_types, |f| f.packable)
         );
     }
-    match mt {
-        "qwen3" | "qwen3_moe" | "llama" | "mixtral" => {
-            let (m, s) = qwen3::Qwen3::load(hf, opts)?;
-            Ok((Box::new(m), s))
-        }
-        "gpt_oss" => {
-            let (m, s) = gpt_oss::GptOss::load(hf, opts)?;
-            Ok((Box::new(m), s))
-        }
-        "deepseek_v3" | "kimi_k2" => {
-            let (m, s) = deepseek_v3::DeepseekV3::load(hf, opts)?;
-            Ok((Box::new(m), s))
-        }
-        other => anyhow::bail!(
-            "{}: model_type '{other}' is not supported (supported: qwen3, qwen3_moe, llama, mixtral, gpt_oss, deepseek_v3, kimi_k2)",
-            hf.config_path().display()
+    match family.and_then(|f| f.load_hf) {
+        Some(load) => load(hf, opts),
+        None => anyhow::bail!(
+            "{}: model_type '{mt}' is not supported (supported: {})",
+            hf.config_path().display(),
+            registry::names(FAMILIES, |f| f.model_types, |f| f.load_hf.is_some())
         ),
     }
 }

@@ -24,7 +24,7 @@ use super::gguf::{GgufModel, TensorInfo, Value};
 use super::gguf_writer::header_at;
 use super::pack::{hex, PackTensor, SourceIdentity};
 use super::pack_write::{absolute, PackSource};
-use crate::models::qwen3_gguf::ARCHITECTURES;
+use crate::models::llama::gguf::ARCHITECTURES;
 use crate::quant::GgmlType;
 
 /// Whether `t` is a stacked routed-expert tensor, `blk.L.ffn_{gate,up,down}_exps.weight` with

@@ -21,9 +21,10 @@
 
 use anyhow::{anyhow, bail, Result};
 
-use super::loading::Tensors;
-use super::qwen3::{Checkpoint, Config, FfnTensors, LayerTensors, Qwen3};
-use super::LoadOptions;
+use crate::models::config::{gguf_count, opt_gguf_count};
+use crate::models::loading::Tensors;
+use super::{Checkpoint, Config, FfnTensors, LayerTensors, Llama};
+use crate::models::LoadOptions;
 use crate::kernels::ops::rope_inv_freq;
 use crate::models::layers::RopeStyle;
 use crate::quant::{dequantize_row, GgmlType};
@@ -35,29 +36,6 @@ const DIM_MAX: u64 = 1 << 20;
 
 /// The architectures this loader reads, as `general.architecture` names them.
 pub const ARCHITECTURES: [&str; 3] = ["qwen3moe", "qwen3", "llama"];
-
-/// The integer at `key`, at most `max`. Errors: missing, not an integer, or above `max`.
-pub(crate) fn get_usize(g: &GgufModel, key: &str, max: u64) -> Result<usize> {
-    let v = g.get_u64(key)?;
-    check_max(g, key, v, max)
-}
-
-/// Like [`get_usize`]; `None` when the key is absent.
-pub(crate) fn opt_usize(g: &GgufModel, key: &str, max: u64) -> Result<Option<usize>> {
-    g.opt_u64(key)?
-        .map(|v| check_max(g, key, v, max))
-        .transpose()
-}
-
-fn check_max(g: &GgufModel, key: &str, v: u64, max: u64) -> Result<usize> {
-    if v == 0 || v > max {
-        bail!(
-            "{}: metadata key '{key}' = {v} is outside 1..={max}",
-            g.file_name()
-        );
-    }
-    Ok(v as usize)
-}
 
 /// Reads the configuration of a `qwen3moe`, `qwen3` or `llama` GGUF. Fields follow the Hugging
 /// Face configs (`model_type` becomes `qwen3_moe`, `qwen3`, `mixtral` for `llama` with
@@ -75,19 +53,19 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
         bail!("{file}: architecture '{arch}' is not one of {ARCHITECTURES:?}");
     }
     let k = |s: &str| format!("{arch}.{s}");
-    let n_layer = get_usize(g, &k("block_count"), 4096)?;
-    let d = get_usize(g, &k("embedding_length"), DIM_MAX)?;
-    let n_head = get_usize(g, &k("attention.head_count"), 4096)?;
-    let n_kv = opt_usize(g, &k("attention.head_count_kv"), 4096)?.unwrap_or(n_head);
+    let n_layer = gguf_count(g, &k("block_count"), 1..=4096)?;
+    let d = gguf_count(g, &k("embedding_length"), 1..=DIM_MAX)?;
+    let n_head = gguf_count(g, &k("attention.head_count"), 1..=4096)?;
+    let n_kv = opt_gguf_count(g, &k("attention.head_count_kv"), 1..=4096)?.unwrap_or(n_head);
     if !n_head.is_multiple_of(n_kv) {
         bail!("{file}: metadata key '{arch}.attention.head_count' {n_head} is not a multiple of '{arch}.attention.head_count_kv' {n_kv}");
     }
-    let head_dim = opt_usize(g, &k("attention.key_length"), 8192)?.unwrap_or(d / n_head);
-    let v_len = opt_usize(g, &k("attention.value_length"), 8192)?.unwrap_or(head_dim);
+    let head_dim = opt_gguf_count(g, &k("attention.key_length"), 1..=8192)?.unwrap_or(d / n_head);
+    let v_len = opt_gguf_count(g, &k("attention.value_length"), 1..=8192)?.unwrap_or(head_dim);
     if v_len != head_dim {
         bail!("{file}: metadata key '{arch}.attention.value_length' {v_len} differs from key_length {head_dim}: not supported");
     }
-    let n_rot = opt_usize(g, &k("rope.dimension_count"), 8192)?.unwrap_or(head_dim);
+    let n_rot = opt_gguf_count(g, &k("rope.dimension_count"), 1..=8192)?.unwrap_or(head_dim);
     if n_rot != head_dim || !head_dim.is_multiple_of(2) {
         bail!("{file}: metadata key '{arch}.rope.dimension_count' {n_rot} must equal the (even) head size {head_dim}: partial rotary embeddings are not supported");
     }
@@ -122,15 +100,15 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
         )
     })?;
     let vocab = embd.shape.get(1).copied().unwrap_or(0) as usize;
-    let ff = opt_usize(g, &k("feed_forward_length"), DIM_MAX)?;
+    let ff = opt_gguf_count(g, &k("feed_forward_length"), 1..=DIM_MAX)?;
     let (model_type, intermediate, moe_ff) = match (arch.as_str(), n_expert) {
         ("qwen3moe", _) => {
             if n_expert == 0 {
                 bail!("{file}: metadata key '{arch}.expert_count' is missing or 0 (qwen3moe needs experts)");
             }
-            let used = get_usize(g, &k("expert_used_count"), n_expert as u64)?;
+            let used = gguf_count(g, &k("expert_used_count"), 1..=n_expert as u64)?;
             // llama.cpp's fallback when the expert width is absent: n_ff / n_expert_used
-            let eff = match opt_usize(g, &k("expert_feed_forward_length"), DIM_MAX)? {
+            let eff = match opt_gguf_count(g, &k("expert_feed_forward_length"), 1..=DIM_MAX)? {
                 Some(e) => e,
                 None => ff.map(|f| f / used).filter(|&e| e > 0).ok_or_else(|| {
                     anyhow!("{file}: metadata key '{arch}.expert_feed_forward_length' is missing")
@@ -139,17 +117,17 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
             ("qwen3_moe", ff.unwrap_or(eff), Some(eff))
         }
         ("llama", e) if e > 0 => {
-            let ff = get_usize(g, &k("feed_forward_length"), DIM_MAX)?;
+            let ff = gguf_count(g, &k("feed_forward_length"), 1..=DIM_MAX)?;
             ("mixtral", ff, None)
         }
         _ => {
-            let ff = get_usize(g, &k("feed_forward_length"), DIM_MAX)?;
+            let ff = gguf_count(g, &k("feed_forward_length"), 1..=DIM_MAX)?;
             (if arch == "qwen3" { "qwen3" } else { "llama" }, ff, None)
         }
     };
     let used = match n_expert {
         0 => None,
-        _ => Some(get_usize(g, &k("expert_used_count"), n_expert as u64)?),
+        _ => Some(gguf_count(g, &k("expert_used_count"), 1..=n_expert as u64)?),
     };
     if n_expert > 1 << 16 {
         bail!("{file}: metadata key '{arch}.expert_count' = {n_expert} is larger than 65536");
@@ -160,7 +138,7 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
             .collect(),
         _ => vec![],
     };
-    let max_pos = get_usize(g, &k("context_length"), 1 << 24)?;
+    let max_pos = gguf_count(g, &k("context_length"), 1..=(1 << 24))?;
     let c = Config {
         model_type: model_type.to_string(),
         vocab_size: vocab,
@@ -313,13 +291,13 @@ fn read_small(g: &GgufModel, t: &TensorInfo) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-/// Loads a `qwen3moe`, `qwen3` or `llama` GGUF under `opts` (see [`Qwen3::load`] for what
+/// Loads a `qwen3moe`, `qwen3` or `llama` GGUF under `opts` (see [`Llama::load`] for what
 /// loading does).
 ///
 /// Errors: metadata errors ([`config_from_gguf`]), a missing, mis-shaped or unsupported tensor
 /// (named with the file), a budget too small to run, an unreadable file.
-pub fn load(g: &GgufModel, opts: &LoadOptions) -> Result<(Qwen3, WeightStore)> {
+pub fn load(g: &GgufModel, opts: &LoadOptions) -> Result<(Llama, WeightStore)> {
     let c = config_from_gguf(g)?;
     let ck = gguf_checkpoint(&c, g)?;
-    Qwen3::build(c, ck, opts)
+    Llama::build(c, ck, opts)
 }

@@ -1,14 +1,14 @@
 //! The tensors of a DeepSeek V3 checkpoint, resolved and checked per format into one list
-//! ([`Checkpoint`]) that [`super::deepseek_v3::DeepseekV3::build`] turns into weight units: the
+//! ([`Checkpoint`]) that [`super::DeepseekV3::build`] turns into weight units: the
 //! Hugging Face layout here ([`hf_checkpoint`]), llama.cpp's `deepseek2` GGUF layout in
-//! [`super::deepseek_v3_gguf`].
+//! [`super::gguf`].
 
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Result};
 
-use super::deepseek_v3_config::Config;
-use super::loading::{unit_of_pieces, MatRef, Tensors};
+use super::config::Config;
+use crate::models::loading::{unit_of_pieces, MatRef, Tensors};
 use crate::quant::GgmlType;
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
@@ -114,7 +114,7 @@ pub(crate) fn unit_of_lins(lins: &[&Lin]) -> (Unit, Vec<Fp8Pack>, Vec<MatRef>) {
     let mats = at
         .iter()
         .map(|a| match *a {
-            Ok(i) => super::loading::mat(tensors[i], (i, 0)),
+            Ok(i) => crate::models::loading::mat(tensors[i], (i, 0)),
             Err(k) => {
                 let (rows, cols) = (packs[k].rows, packs[k].cols);
                 MatRef {

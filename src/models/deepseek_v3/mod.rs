@@ -1,6 +1,6 @@
 //! DeepSeek V3 (and Kimi K2 text models) from Hugging Face checkpoints, as transformers 5.24
 //! defines them (`models/deepseek_v3/modeling_deepseek_v3.py`): RMSNorm before attention and
-//! before the feed-forward block; multi-head latent attention ([`super::mla`]) with an optional
+//! before the feed-forward block; multi-head latent attention ([`self::mla`]) with an optional
 //! low-rank query (`q_a_proj` → `q_a_layernorm` → `q_b_proj`, or `q_proj`), the KV latent
 //! `kv_a_proj_with_mqa` → (`kv_a_layernorm`ed latent, shared rotary key) and `kv_b_proj`; YaRN
 //! RoPE on the rotary parts; a dense SwiGLU MLP in the first `first_k_dense_replace` layers and
@@ -16,8 +16,8 @@
 //! prediction layers (`num_nextn_predict_layers`, stored as `model.layers.{N..}`) are ignored.
 //!
 //! The same forward pass runs llama.cpp's `deepseek2` GGUF files: the tensors of either format
-//! are resolved into one checked list (`super::deepseek_v3_tensors`, and
-//! [`super::deepseek_v3_gguf`] for GGUF) and `DeepseekV3::build` makes the units.
+//! are resolved into one checked list (`self::tensors`, and
+//! [`self::gguf`] for GGUF) and `DeepseekV3::build` makes the units.
 //!
 //! Weight units: one spine unit per layer (attention, and the dense MLP or the router and
 //! shared experts) and one unit per (layer, routed expert); embeddings and LM head as in
@@ -27,22 +27,27 @@
 //! (`budget.rs`). With prefetch on, the next MoE layer's experts are guessed as
 //! `moe::prefetch_next` describes (the dense layers have no router and guess nothing).
 
+mod config;
+pub mod gguf;
+pub mod mla;
+mod tensors;
+
 use anyhow::{Context, Result};
 
-pub use super::deepseek_v3_config::Config;
+pub use self::config::Config;
 
 use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
-use super::deepseek_v3_tensors::{hf_checkpoint, unit_of_lins, Checkpoint, FfnTensors, KvB, Lin};
+use self::tensors::{hf_checkpoint, unit_of_lins, Checkpoint, FfnTensors, KvB, Lin};
 use super::embed_head::{Embedding, Head};
 use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
 use super::loading::{read_vector, unit_of, MatRef};
-use super::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
+use self::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
 use super::moe::{
     keep_first, moe_forward, prefetch_next, route_rows, route_sigmoid_grouped, ExpertMats,
     RouterRef, Routers, StoreExperts, UnitExperts,
 };
 use super::{LoadOptions, Logits, Model, Placement};
-use crate::engine::KvCache;
+use crate::models::KvCache;
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
 use crate::store::{DirectFile, Fp8Pack, Unit, UnitBytes, WeightStore};
@@ -125,7 +130,7 @@ impl DeepseekV3 {
     ///
     /// Errors: a budget too small for KV cache, activations, stream and expert I/O buffers;
     /// an unreadable or short file (named, with the (layer, expert) for an expert).
-    pub(crate) fn build(
+    fn build(
         c: Config,
         ck: Checkpoint,
         opts: &LoadOptions,
@@ -578,3 +583,15 @@ impl Model for DeepseekV3 {
         })
     }
 }
+
+/// The registry entry of DeepSeek V3 (and Kimi K2).
+pub const FAMILY: crate::models::Family = crate::models::Family {
+    name: "deepseek_v3",
+    model_types: &["deepseek_v3", "kimi_k2"],
+    gguf_architectures: &["deepseek2"],
+    load_hf: Some(|hf, o| DeepseekV3::load(hf, o).map(crate::models::registry::boxed)),
+    load_gguf: Some(|g, o| gguf::load(g, o).map(crate::models::registry::boxed)),
+    experts: Some(crate::models::registry::SWIGLU_EXPERTS),
+    packable: false,
+    synth: &["deepseek_v3"],
+};

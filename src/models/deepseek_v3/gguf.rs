@@ -38,11 +38,11 @@
 use anyhow::{anyhow, bail, Result};
 use serde_json::json;
 
-use super::deepseek_v3::{Config, DeepseekV3};
-use super::deepseek_v3_tensors::{Checkpoint, FfnTensors, KvB, LayerTensors, Lin};
-use super::loading::Tensors;
-use super::qwen3_gguf::{get_usize, opt_usize};
-use super::LoadOptions;
+use super::{Config, DeepseekV3};
+use super::tensors::{Checkpoint, FfnTensors, KvB, LayerTensors, Lin};
+use crate::models::loading::Tensors;
+use crate::models::config::{gguf_count, opt_gguf_count};
+use crate::models::LoadOptions;
 use crate::source::gguf::GgufModel;
 use crate::store::WeightStore;
 
@@ -69,24 +69,24 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
         bail!("{file}: architecture '{arch}' is not deepseek2");
     }
     let k = |s: &str| format!("{arch}.{s}");
-    let n_all = get_usize(g, &k("block_count"), 4096)?;
+    let n_all = gguf_count(g, &k("block_count"), 1..=4096)?;
     let nextn = g.opt_u64(&k("nextn_predict_layers"))?.unwrap_or(0) as usize;
     if nextn >= n_all {
         bail!("{file}: metadata key '{arch}.nextn_predict_layers' = {nextn} leaves no decoder layer of '{arch}.block_count' = {n_all}");
     }
-    let d = get_usize(g, &k("embedding_length"), DIM_MAX)?;
-    let n_head = get_usize(g, &k("attention.head_count"), 4096)?;
-    let rank = get_usize(g, &k("attention.kv_lora_rank"), DIM_MAX)?;
-    let q_rank = opt_usize(g, &k("attention.q_lora_rank"), DIM_MAX)?;
-    let rope = get_usize(g, &k("rope.dimension_count"), 512)?;
+    let d = gguf_count(g, &k("embedding_length"), 1..=DIM_MAX)?;
+    let n_head = gguf_count(g, &k("attention.head_count"), 1..=4096)?;
+    let rank = gguf_count(g, &k("attention.kv_lora_rank"), 1..=DIM_MAX)?;
+    let q_rank = opt_gguf_count(g, &k("attention.q_lora_rank"), 1..=DIM_MAX)?;
+    let rope = gguf_count(g, &k("rope.dimension_count"), 1..=512)?;
     // per-head widths: the MLA keys of the absorbed form, else the plain key/value lengths
-    let qk = match opt_usize(g, &k("attention.key_length_mla"), 8192)? {
+    let qk = match opt_gguf_count(g, &k("attention.key_length_mla"), 1..=8192)? {
         Some(v) => v,
-        None => get_usize(g, &k("attention.key_length"), 8192)?,
+        None => gguf_count(g, &k("attention.key_length"), 1..=8192)?,
     };
-    let vd = match opt_usize(g, &k("attention.value_length_mla"), 8192)? {
+    let vd = match opt_gguf_count(g, &k("attention.value_length_mla"), 1..=8192)? {
         Some(v) => v,
-        None => get_usize(g, &k("attention.value_length"), 8192)?,
+        None => gguf_count(g, &k("attention.value_length"), 1..=8192)?,
     };
     if qk <= rope {
         bail!("{file}: metadata key '{arch}.attention.key_length_mla' = {qk} leaves no room beside '{arch}.rope.dimension_count' = {rope}");
@@ -101,14 +101,14 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
             bail!("{file}: metadata key '{arch}.{key}' = {v} must be a positive finite number");
         }
     }
-    let ne = get_usize(g, &k("expert_count"), 1 << 16)?;
-    let used = get_usize(g, &k("expert_used_count"), ne as u64)?;
-    let eff = get_usize(g, &k("expert_feed_forward_length"), DIM_MAX)?;
-    let shared = get_usize(g, &k("expert_shared_count"), 1024)?;
+    let ne = gguf_count(g, &k("expert_count"), 1..=(1 << 16))?;
+    let used = gguf_count(g, &k("expert_used_count"), 1..=ne as u64)?;
+    let eff = gguf_count(g, &k("expert_feed_forward_length"), 1..=DIM_MAX)?;
+    let shared = gguf_count(g, &k("expert_shared_count"), 1..=1024)?;
     let dense = g.opt_u64(&k("leading_dense_block_count"))?.unwrap_or(0) as usize;
     let dff = match dense {
-        0 => opt_usize(g, &k("feed_forward_length"), DIM_MAX)?.unwrap_or(eff),
-        _ => get_usize(g, &k("feed_forward_length"), DIM_MAX)?,
+        0 => opt_gguf_count(g, &k("feed_forward_length"), 1..=DIM_MAX)?.unwrap_or(eff),
+        _ => gguf_count(g, &k("feed_forward_length"), 1..=DIM_MAX)?,
     };
     match g.opt_u64(&k("expert_gating_func"))? {
         Some(GATING_SIGMOID) => {}
@@ -117,18 +117,18 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
             other.map_or("missing (llama.cpp: softmax)".to_string(), |v| v.to_string())
         ),
     }
-    let groups = opt_usize(g, &k("expert_group_count"), 1 << 16)?.unwrap_or(1);
-    let groups_used = opt_usize(g, &k("expert_group_used_count"), groups as u64)?.unwrap_or(1);
+    let groups = opt_gguf_count(g, &k("expert_group_count"), 1..=(1 << 16))?.unwrap_or(1);
+    let groups_used = opt_gguf_count(g, &k("expert_group_used_count"), 1..=groups as u64)?.unwrap_or(1);
     let scale = g.opt_f32(&k("expert_weights_scale"))?.unwrap_or(0.0);
     // llama.cpp skips the scaling when the key is absent or 0
     let scale = if scale == 0.0 { 1.0 } else { scale };
     let norm = g.opt_bool(&k("expert_weights_norm"))?.unwrap_or(false);
-    let max_pos = get_usize(g, &k("context_length"), 1 << 24)?;
+    let max_pos = gguf_count(g, &k("context_length"), 1..=(1 << 24))?;
     let rope_parameters = match g.opt_str(&k("rope.scaling.type"))? {
         None | Some("none") => json!({"rope_type": "default", "rope_theta": base}),
         Some("yarn") => {
             let factor = g.get_f32(&k("rope.scaling.factor"))?;
-            let orig = get_usize(g, &k("rope.scaling.original_context_length"), 1 << 24)?;
+            let orig = gguf_count(g, &k("rope.scaling.original_context_length"), 1..=(1 << 24))?;
             let fast = g.opt_f32(&k("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0);
             let slow = g.opt_f32(&k("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0);
             let log_mul = g

@@ -35,10 +35,10 @@
 use anyhow::{bail, Result};
 use serde_json::json;
 
-use super::gpt_oss::{Checkpoint, Config, ExpertTensors, GptOss, LayerTensors};
-use super::loading::Tensors;
-use super::qwen3_gguf::{get_usize, opt_usize};
-use super::LoadOptions;
+use super::{Checkpoint, Config, ExpertTensors, GptOss, LayerTensors};
+use crate::models::loading::Tensors;
+use crate::models::config::{gguf_count, opt_gguf_count};
+use crate::models::LoadOptions;
 use crate::source::gguf::{GgufModel, Value};
 use crate::store::WeightStore;
 
@@ -102,33 +102,33 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
         bail!("{file}: architecture '{arch}' is not '{ARCHITECTURE}'");
     }
     let k = |s: &str| format!("{arch}.{s}");
-    let n_layer = get_usize(g, &k("block_count"), 4096)?;
-    let d = get_usize(g, &k("embedding_length"), DIM_MAX)?;
-    let n_head = get_usize(g, &k("attention.head_count"), 4096)?;
-    let n_kv = opt_usize(g, &k("attention.head_count_kv"), 4096)?.unwrap_or(n_head);
-    let head_dim = opt_usize(g, &k("attention.key_length"), 8192)?.unwrap_or(d / n_head);
-    let v_len = opt_usize(g, &k("attention.value_length"), 8192)?.unwrap_or(head_dim);
+    let n_layer = gguf_count(g, &k("block_count"), 1..=4096)?;
+    let d = gguf_count(g, &k("embedding_length"), 1..=DIM_MAX)?;
+    let n_head = gguf_count(g, &k("attention.head_count"), 1..=4096)?;
+    let n_kv = opt_gguf_count(g, &k("attention.head_count_kv"), 1..=4096)?.unwrap_or(n_head);
+    let head_dim = opt_gguf_count(g, &k("attention.key_length"), 1..=8192)?.unwrap_or(d / n_head);
+    let v_len = opt_gguf_count(g, &k("attention.value_length"), 1..=8192)?.unwrap_or(head_dim);
     if v_len != head_dim {
         bail!("{file}: metadata key '{arch}.attention.value_length' {v_len} differs from key_length {head_dim}: not supported");
     }
-    if let Some(n_rot) = opt_usize(g, &k("rope.dimension_count"), 8192)? {
+    if let Some(n_rot) = opt_gguf_count(g, &k("rope.dimension_count"), 1..=8192)? {
         if n_rot != head_dim {
             bail!("{file}: metadata key '{arch}.rope.dimension_count' {n_rot} must equal the head size {head_dim}: partial rotary embeddings are not supported");
         }
     }
     let eps = g.get_f32(&k("attention.layer_norm_rms_epsilon"))?;
     let base = g.opt_f32(&k("rope.freq_base"))?.unwrap_or(150_000.0);
-    let window = get_usize(g, &k("attention.sliding_window"), 1 << 24)?;
-    let n_expert = get_usize(g, &k("expert_count"), 1 << 16)?;
-    let used = get_usize(g, &k("expert_used_count"), n_expert as u64)?;
-    let ff = get_usize(g, &k("expert_feed_forward_length"), DIM_MAX)?;
-    let max_pos = get_usize(g, &k("context_length"), 1 << 24)?;
+    let window = gguf_count(g, &k("attention.sliding_window"), 1..=(1 << 24))?;
+    let n_expert = gguf_count(g, &k("expert_count"), 1..=(1 << 16))?;
+    let used = gguf_count(g, &k("expert_used_count"), 1..=n_expert as u64)?;
+    let ff = gguf_count(g, &k("expert_feed_forward_length"), 1..=DIM_MAX)?;
+    let max_pos = gguf_count(g, &k("context_length"), 1..=(1 << 24))?;
     let mut rope = json!({"rope_type": "default", "rope_theta": base});
     match g.opt_str(&k("rope.scaling.type"))? {
         None | Some("none") => {}
         Some("yarn") => {
             let factor = g.get_f32(&k("rope.scaling.factor"))?;
-            let orig = get_usize(g, &k("rope.scaling.original_context_length"), 1 << 24)?;
+            let orig = gguf_count(g, &k("rope.scaling.original_context_length"), 1..=(1 << 24))?;
             if let Some(m) = g.opt_f32(&k("rope.scaling.yarn_log_multiplier"))? {
                 if m != 0.0 {
                     bail!("{file}: metadata key '{arch}.rope.scaling.yarn_log_multiplier' = {m} is not supported for gpt-oss");

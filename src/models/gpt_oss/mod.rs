@@ -1,4 +1,4 @@
-//! GPT-OSS (from Hugging Face checkpoints here, from GGUF in [`super::gpt_oss_gguf`]), as
+//! GPT-OSS (from Hugging Face checkpoints here, from GGUF in [`self::gguf`]), as
 //! transformers 5 defines it
 //! (`models/gpt_oss/modeling_gpt_oss.py`): RMSNorm before attention and before the MoE block;
 //! grouped-query attention with biases on q/k/v/o, NeoX-style RoPE (`rotate_half` over the two
@@ -29,15 +29,19 @@
 //! A format's loader resolves and checks its tensors into a `Checkpoint`; `GptOss::build`
 //! does the rest for both.
 
+mod config;
+mod experts;
+pub mod gguf;
+
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
-pub use super::gpt_oss_config::Config;
+pub use self::config::Config;
 
 use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
 use super::embed_head::{Embedding, Head};
-use super::gpt_oss_experts::{
+use self::experts::{
     add_bias, expert_ffn, mxfp4_transform, repack_expert, ExpertRef, ExpertTable, OssExperts,
     Packed,
 };
@@ -49,7 +53,7 @@ use super::moe::{
     keep_first, moe_forward_with, prefetch_next, route_rows, route_topk_softmax, RouterRef, Routers,
 };
 use super::{LoadOptions, Logits, Model, Placement};
-use crate::engine::KvCache;
+use crate::models::KvCache;
 use crate::quant::GgmlType;
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
@@ -92,7 +96,7 @@ pub struct GptOss {
 }
 
 /// The tensors of one layer of a GPT-OSS checkpoint, checked by its format's loader.
-pub(super) struct LayerTensors {
+struct LayerTensors {
     /// `q` (`[H, q_dim]`), `k`, `v` (`[H, kv_dim]`), `o` (`[q_dim, H]`), router
     /// (`[H, n_experts]`), GGML shape order.
     pub spine: [TensorInfo; 5],
@@ -103,8 +107,8 @@ pub(super) struct LayerTensors {
     pub experts: Vec<ExpertTensors>,
 }
 
-/// One expert's tensors in their stored layout (see [`super::gpt_oss_experts`]).
-pub(super) enum ExpertTensors {
+/// One expert's tensors in their stored layout (see [`self::experts`]).
+enum ExpertTensors {
     /// Hugging Face float experts: `gate_up`, `down`, `gate_up_bias`, `down_bias`.
     Float([TensorInfo; 4]),
     /// Hugging Face MXFP4 experts: `gate_up` blocks and scales, `down` blocks and scales,
@@ -115,9 +119,9 @@ pub(super) enum ExpertTensors {
 }
 
 /// A GPT-OSS checkpoint's tensors, resolved and checked (presence, shape, type) by a format's
-/// loader ([`GptOss::load`] for Hugging Face folders, [`super::gpt_oss_gguf`] for GGUF), for
+/// loader ([`GptOss::load`] for Hugging Face folders, [`self::gguf`] for GGUF), for
 /// the shared [`GptOss::build`].
-pub(super) struct Checkpoint {
+struct Checkpoint {
     pub files: Vec<PathBuf>,
     /// `[H, vocab]`.
     pub embd: TensorInfo,
@@ -240,7 +244,7 @@ impl GptOss {
     ///
     /// Errors: a budget too small for KV cache, activations, stream and expert I/O buffers;
     /// an unreadable or short file (named, with the (layer, expert) for an expert).
-    pub(super) fn build(
+    fn build(
         c: Config,
         ck: Checkpoint,
         opts: &LoadOptions,
@@ -620,3 +624,22 @@ impl Model for GptOss {
         })
     }
 }
+
+/// The registry entry of GPT-OSS.
+pub const FAMILY: crate::models::Family = crate::models::Family {
+    name: "gpt_oss",
+    model_types: &["gpt_oss"],
+    gguf_architectures: &["gpt-oss"],
+    load_hf: Some(|hf, o| GptOss::load(hf, o).map(crate::models::registry::boxed)),
+    load_gguf: Some(|g, o| gguf::load(g, o).map(crate::models::registry::boxed)),
+    experts: Some(crate::models::registry::ExpertNames {
+        markers: &[".experts.", "_exps."],
+        roles: &[
+            &["gate_up_proj", "_gate_exps."],
+            &["_up_exps."],
+            &["down_proj", "_down_exps."],
+        ],
+    }),
+    packable: false,
+    synth: &["gpt_oss"],
+};

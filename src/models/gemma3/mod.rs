@@ -11,9 +11,10 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use super::embed_head::{head_chunks, Embedding, Head};
 use super::layers::{add_post_normed, attention, mm, rms_norm_rows, AttnShape};
+use super::config::gguf_count;
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
 use super::{LoadOptions, Logits, Model, Placement};
-use crate::engine::KvCache;
+use crate::models::KvCache;
 use crate::kernels::ops::{gelu_tanh, rms_norm_inplace, rope_inv_freq, rope_neox, softcap};
 use crate::source::gguf::GgufModel;
 use crate::store::plan::{choose_resident, Candidate};
@@ -65,18 +66,6 @@ pub struct Config {
     pub max_position_embeddings: usize,
     /// Rows of `token_embd.weight`.
     pub vocab_size: usize,
-}
-
-/// The integer at `key` as `usize`. Errors: missing, not an integer, or above `max`.
-fn get_usize(g: &GgufModel, key: &str, max: u64) -> Result<usize> {
-    let v = g.get_u64(key)?;
-    if v > max {
-        bail!(
-            "{}: metadata key '{key}' = {v} is larger than the supported maximum {max}",
-            g.file_name()
-        );
-    }
-    Ok(v as usize)
 }
 
 impl Config {
@@ -136,11 +125,11 @@ impl Config {
         let a = "gemma3";
         let k = |s: &str| format!("{a}.{s}");
         const DIM_MAX: u64 = 1 << 20;
-        let num_hidden_layers = get_usize(g, &k("block_count"), 4096)?;
-        let hidden_size = get_usize(g, &k("embedding_length"), DIM_MAX)?;
-        let num_attention_heads = get_usize(g, &k("attention.head_count"), 4096)?;
-        let num_key_value_heads = get_usize(g, &k("attention.head_count_kv"), 4096)?;
-        let head_dim = get_usize(g, &k("attention.key_length"), 8192)?;
+        let num_hidden_layers = gguf_count(g, &k("block_count"), 0..=4096)?;
+        let hidden_size = gguf_count(g, &k("embedding_length"), 0..=DIM_MAX)?;
+        let num_attention_heads = gguf_count(g, &k("attention.head_count"), 0..=4096)?;
+        let num_key_value_heads = gguf_count(g, &k("attention.head_count_kv"), 0..=4096)?;
+        let head_dim = gguf_count(g, &k("attention.key_length"), 0..=8192)?;
         let v_len = g
             .opt_u64(&k("attention.value_length"))?
             .unwrap_or(head_dim as u64);
@@ -205,7 +194,7 @@ impl Config {
             })?;
         Ok(Self {
             hidden_size,
-            intermediate_size: get_usize(g, &k("feed_forward_length"), DIM_MAX)?,
+            intermediate_size: gguf_count(g, &k("feed_forward_length"), 0..=DIM_MAX)?,
             num_hidden_layers,
             num_attention_heads,
             num_key_value_heads,
@@ -224,7 +213,7 @@ impl Config {
             query_pre_attn_scalar,
             final_logit_softcapping: g.opt_f32(&k("final_logit_softcapping"))?,
             attn_logit_softcapping: g.opt_f32(&k("attn_logit_softcapping"))?,
-            max_position_embeddings: get_usize(g, &k("context_length"), 1 << 24)?,
+            max_position_embeddings: gguf_count(g, &k("context_length"), 0..=(1 << 24))?,
             vocab_size: embd.shape.get(1).copied().unwrap_or(0) as usize,
         })
     }
@@ -648,6 +637,18 @@ impl Gemma3 {
         Ok(out)
     }
 }
+
+/// The registry entry of Gemma 3 (text, GGUF).
+pub const FAMILY: crate::models::Family = crate::models::Family {
+    name: "gemma3",
+    model_types: &[],
+    gguf_architectures: &["gemma3"],
+    load_hf: None,
+    load_gguf: Some(|g, o| Gemma3::load(g, o).map(crate::models::registry::boxed)),
+    experts: None,
+    packable: false,
+    synth: &[],
+};
 
 #[cfg(test)]
 mod tests {

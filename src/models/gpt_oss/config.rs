@@ -7,6 +7,8 @@
 use anyhow::{anyhow, bail, Result};
 use serde::Deserialize;
 
+use crate::models::config::defaults;
+
 /// Fields of `config.json` that the forward pass uses; defaults are transformers'.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 pub struct Config {
@@ -21,7 +23,7 @@ pub struct Config {
     /// Default: `hidden_size / num_attention_heads`.
     #[serde(default)]
     pub head_dim: Option<usize>,
-    #[serde(default = "default_eps")]
+    #[serde(default = "defaults::eps_1e5")]
     pub rms_norm_eps: f64,
     #[serde(default)]
     pub rope_theta: Option<f64>,
@@ -29,15 +31,15 @@ pub struct Config {
     pub rope_scaling: Option<serde_json::Value>,
     #[serde(default)]
     pub rope_parameters: Option<serde_json::Value>,
-    #[serde(default = "default_max_pos")]
+    #[serde(default = "defaults::count::<131072>")]
     pub max_position_embeddings: usize,
     #[serde(default)]
     pub tie_word_embeddings: bool,
     /// Biases on q/k/v/o (transformers' default for gpt_oss: true).
-    #[serde(default = "yes")]
+    #[serde(default = "defaults::yes")]
     pub attention_bias: bool,
     /// Attention window of `sliding_attention` layers, in tokens (the current one included).
-    #[serde(default = "default_window")]
+    #[serde(default = "defaults::count::<128>")]
     pub sliding_window: usize,
     /// Per layer: `sliding_attention` or `full_attention`. Default: alternating, starting
     /// with `sliding_attention` (transformers' `GptOssConfig`).
@@ -49,33 +51,18 @@ pub struct Config {
     pub swiglu_alpha: f64,
     #[serde(default = "default_limit")]
     pub swiglu_limit: f64,
-    #[serde(default = "default_act")]
+    #[serde(default = "defaults::silu")]
     pub hidden_act: String,
     /// `{"quant_method": "mxfp4", ...}` for MXFP4 experts.
     #[serde(default)]
     pub quantization_config: Option<serde_json::Value>,
 }
 
-fn default_eps() -> f64 {
-    1e-5
-}
-fn default_max_pos() -> usize {
-    131072
-}
-fn yes() -> bool {
-    true
-}
-fn default_window() -> usize {
-    128
-}
 fn default_alpha() -> f64 {
     1.702
 }
 fn default_limit() -> f64 {
     7.0
-}
-fn default_act() -> String {
-    "silu".into()
 }
 
 /// YaRN parameters (`rope_type: yarn`).
@@ -111,7 +98,7 @@ impl Config {
             ("head_dim", c.head_dim()),
             ("sliding_window", c.sliding_window),
         ];
-        super::loading::check_config_dims(label, &dims)?;
+        crate::models::config::check_config_dims(label, &dims)?;
         if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
             bail!(
                 "{label}: num_attention_heads {} is not a multiple of num_key_value_heads {}",

@@ -12,8 +12,8 @@
 //! gate/up/down, router `block_sparse_moe.gate`, top-k always renormalised, attention limited
 //! to `sliding_window` tokens when set).
 //!
-//! Checkpoints come as Hugging Face folders ([`Qwen3::load`]) or as GGUF files of llama.cpp's
-//! `qwen3moe`, `qwen3` and `llama` architectures ([`super::qwen3_gguf`]); each is resolved to a
+//! Checkpoints come as Hugging Face folders ([`Llama::load`]) or as GGUF files of llama.cpp's
+//! `qwen3moe`, `qwen3` and `llama` architectures ([`self::gguf`]); each is resolved to a
 //! `Checkpoint` of tensors and built by the same code. GGUF `llama` files rotate interleaved
 //! pairs (llama.cpp's converter permuted their q/k rows), everything else NeoX pairs.
 //!
@@ -22,9 +22,12 @@
 //! as in [`super::embed_head`]. Streamed reads are planned as the pass goes: a layer's experts
 //! right after its router ran, then the next layer's spine.
 
+mod config;
+pub mod gguf;
+
 use anyhow::{Context, Result};
 
-pub use super::qwen3_config::Config;
+pub use self::config::Config;
 
 use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
 use super::embed_head::{Embedding, Head};
@@ -37,7 +40,7 @@ use super::moe::{
     Routers, StoreExperts, UnitExperts,
 };
 use super::{LoadOptions, Logits, Model, Placement};
-use crate::engine::KvCache;
+use crate::models::KvCache;
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
 use crate::store::{DirectFile, Unit, UnitBytes, WeightStore};
@@ -70,8 +73,8 @@ struct LayerNorms {
     post_attn: Vec<f32>,
 }
 
-/// A loaded Qwen3, Qwen3-MoE, Llama or Mixtral model.
-pub struct Qwen3 {
+/// A loaded Qwen3, Qwen3-MoE, Llama or Mixtral model (the `llama` family).
+pub struct Llama {
     pub config: Config,
     layers: Vec<(usize, LayerMats)>,
     norms: Vec<LayerNorms>,
@@ -85,7 +88,7 @@ pub struct Qwen3 {
 }
 
 /// The feed-forward tensors of one layer.
-pub(super) enum FfnTensors {
+enum FfnTensors {
     /// SwiGLU MLP: gate, up (`[hidden, ff]` in GGML order), down (`[ff, hidden]`).
     Dense([TensorInfo; 3]),
     /// Router (`[hidden, n_experts]`) and each expert's gate, up, down (as for `Dense`, of
@@ -97,7 +100,7 @@ pub(super) enum FfnTensors {
 }
 
 /// The tensors of one decoder layer, already checked for presence, shape and type.
-pub(super) struct LayerTensors {
+struct LayerTensors {
     /// q (`[hidden, q_dim]`), k, v (`[hidden, kv_dim]`), o (`[q_dim, hidden]`).
     pub attn: [TensorInfo; 4],
     pub input_norm: TensorInfo,
@@ -108,7 +111,7 @@ pub(super) struct LayerTensors {
 }
 
 /// A checkpoint resolved to tensors, whatever its format (Hugging Face folder or GGUF).
-pub(super) struct Checkpoint {
+struct Checkpoint {
     pub files: Vec<std::path::PathBuf>,
     /// The pack `files` belong to (its relocation to physical files and expert checksums).
     pub pack: Option<std::sync::Arc<crate::source::pack::PackInfo>>,
@@ -209,7 +212,7 @@ fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
     })
 }
 
-impl Qwen3 {
+impl Llama {
     /// Loads a `qwen3`, `qwen3_moe`, `llama` or `mixtral` checkpoint folder under `opts`:
     /// checks every tensor's presence, shape and dtype, plans residency under the RAM budget
     /// (LM head, embeddings, spine layers, then experts, greedily), reads the resident units
@@ -230,7 +233,7 @@ impl Qwen3 {
     ///
     /// Errors: a budget too small for KV cache, activations and stream buffers; an unreadable
     /// file.
-    pub(super) fn build(
+    fn build(
         c: Config,
         ck: Checkpoint,
         opts: &LoadOptions,
@@ -508,7 +511,7 @@ impl Qwen3 {
     }
 }
 
-impl Routers for Qwen3 {
+impl Routers for Llama {
     fn n_layers(&self) -> usize {
         self.layers.len()
     }
@@ -534,7 +537,7 @@ impl Routers for Qwen3 {
     }
 }
 
-impl Model for Qwen3 {
+impl Model for Llama {
     fn vocab_size(&self) -> usize {
         self.config.vocab_size
     }
@@ -572,3 +575,15 @@ impl Model for Qwen3 {
         })
     }
 }
+
+/// The registry entry of the Llama family (Qwen3, Qwen3-MoE, Llama, Mixtral).
+pub const FAMILY: crate::models::Family = crate::models::Family {
+    name: "llama",
+    model_types: &["qwen3", "qwen3_moe", "llama", "mixtral"],
+    gguf_architectures: &gguf::ARCHITECTURES,
+    load_hf: Some(|hf, o| Llama::load(hf, o).map(crate::models::registry::boxed)),
+    load_gguf: Some(|g, o| gguf::load(g, o).map(crate::models::registry::boxed)),
+    experts: Some(crate::models::registry::SWIGLU_EXPERTS),
+    packable: true,
+    synth: &["qwen3_moe"],
+};

@@ -11,6 +11,8 @@
 use anyhow::{anyhow, bail, Result};
 use serde::Deserialize;
 
+use crate::models::config::defaults;
+
 /// Fields of `config.json` that the forward pass uses; defaults are transformers'.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 pub struct Config {
@@ -25,18 +27,18 @@ pub struct Config {
     pub num_attention_heads: usize,
     /// Routed experts per MoE layer.
     pub n_routed_experts: usize,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::count::<1>")]
     pub n_shared_experts: usize,
     pub num_experts_per_tok: usize,
     /// Expert groups for group-limited routing (default 1: no limit).
-    #[serde(default = "one")]
+    #[serde(default = "defaults::count::<1>")]
     pub n_group: usize,
     /// Groups kept per token.
-    #[serde(default = "one")]
+    #[serde(default = "defaults::count::<1>")]
     pub topk_group: usize,
-    #[serde(default = "one_f")]
+    #[serde(default = "defaults::one_f64")]
     pub routed_scaling_factor: f64,
-    #[serde(default = "yes")]
+    #[serde(default = "defaults::yes")]
     pub norm_topk_prob: bool,
     /// Layers `0..first_k_dense_replace` use the dense MLP.
     #[serde(default)]
@@ -49,7 +51,7 @@ pub struct Config {
     pub qk_rope_head_dim: usize,
     pub qk_nope_head_dim: usize,
     pub v_head_dim: usize,
-    #[serde(default = "default_eps")]
+    #[serde(default = "defaults::eps_1e6")]
     pub rms_norm_eps: f64,
     #[serde(default)]
     pub rope_theta: Option<f64>,
@@ -58,15 +60,15 @@ pub struct Config {
     #[serde(default)]
     pub rope_parameters: Option<serde_json::Value>,
     /// Rotary pairs `(x0, x1), (x2, x3), ...` (true, transformers' default) or NeoX halves.
-    #[serde(default = "yes")]
+    #[serde(default = "defaults::yes")]
     pub rope_interleave: bool,
-    #[serde(default = "default_max_pos")]
+    #[serde(default = "defaults::count::<4096>")]
     pub max_position_embeddings: usize,
     #[serde(default)]
     pub tie_word_embeddings: bool,
     #[serde(default)]
     pub attention_bias: bool,
-    #[serde(default = "default_act")]
+    #[serde(default = "defaults::silu")]
     pub hidden_act: String,
     /// Multi-token-prediction layers stored after the decoder layers; not run.
     #[serde(default)]
@@ -81,24 +83,6 @@ pub struct Config {
     pub quantization_config: Option<serde_json::Value>,
 }
 
-fn one() -> usize {
-    1
-}
-fn one_f() -> f64 {
-    1.0
-}
-fn yes() -> bool {
-    true
-}
-fn default_eps() -> f64 {
-    1e-6
-}
-fn default_max_pos() -> usize {
-    4096
-}
-fn default_act() -> String {
-    "silu".into()
-}
 
 /// Parameters of YaRN RoPE as read from the config.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -154,7 +138,7 @@ impl Config {
             ("topk_group", c.topk_group),
             ("q_lora_rank", c.q_lora_rank.unwrap_or(1)),
         ];
-        super::loading::check_config_dims(label, &dims)?;
+        crate::models::config::check_config_dims(label, &dims)?;
         if !c.qk_rope_head_dim.is_multiple_of(2) || c.qk_rope_head_dim > 512 {
             bail!(
                 "{label}: 'qk_rope_head_dim' = {} must be even and at most 512",

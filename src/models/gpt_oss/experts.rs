@@ -9,10 +9,10 @@
 //! output-major `gate` and `up` matrices (the even and odd rows of Hugging Face's `gate_up`)
 //! and `down`, in any GGML type (MXFP4 as stored), with separate `gate`/`up`/`down` biases.
 
-use super::budget::recycling_transform;
-use super::layers::{add_into, mm};
-use super::loading::MatRef;
-use super::moe::{landed_in_store, plan_in_store, ExpertSource};
+use crate::models::budget::recycling_transform;
+use crate::models::layers::{add_into, mm};
+use crate::models::loading::MatRef;
+use crate::models::moe::{landed_in_store, plan_in_store, ExpertSource};
 use crate::kernels::{matmul_t, Matrix};
 use crate::quant::mxfp4::repack_hf_mxfp4;
 use crate::quant::{dequantize_row, GgmlType};

@@ -11,6 +11,8 @@
 use anyhow::{anyhow, bail, Result};
 use serde::Deserialize;
 
+use crate::models::config::defaults;
+
 use crate::kernels::ops::rope_inv_freq;
 
 /// Fields of `config.json` that the forward pass uses; defaults are transformers'.
@@ -29,7 +31,7 @@ pub struct Config {
     /// Default: `hidden_size / num_attention_heads`.
     #[serde(default)]
     pub head_dim: Option<usize>,
-    #[serde(default = "default_eps")]
+    #[serde(default = "defaults::eps_1e6")]
     pub rms_norm_eps: f64,
     /// Published dialect: RoPE base at top level.
     #[serde(default)]
@@ -40,13 +42,13 @@ pub struct Config {
     /// transformers 5 dialect: `{rope_type, rope_theta, ...}`.
     #[serde(default)]
     pub rope_parameters: Option<serde_json::Value>,
-    #[serde(default = "default_max_pos")]
+    #[serde(default = "defaults::count::<32768>")]
     pub max_position_embeddings: usize,
     #[serde(default)]
     pub tie_word_embeddings: bool,
     #[serde(default)]
     pub attention_bias: bool,
-    #[serde(default = "default_act")]
+    #[serde(default = "defaults::silu")]
     pub hidden_act: String,
     /// Llama: biases on the MLP projections (only `false` is supported).
     #[serde(default)]
@@ -69,26 +71,14 @@ pub struct Config {
     pub moe_intermediate_size: Option<usize>,
     #[serde(default)]
     pub norm_topk_prob: bool,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::count::<1>")]
     pub decoder_sparse_step: usize,
     #[serde(default)]
     pub mlp_only_layers: Vec<usize>,
 }
 
-fn default_eps() -> f64 {
-    1e-6
-}
-fn default_max_pos() -> usize {
-    32768
-}
-fn default_act() -> String {
-    "silu".into()
-}
-fn one() -> usize {
-    1
-}
 
-use super::loading::CONFIG_DIM_MAX as DIM_MAX;
+use crate::models::config::CONFIG_DIM_MAX as DIM_MAX;
 
 impl Config {
     /// Parses and checks `config.json` (`label` names the file in errors).
@@ -109,7 +99,7 @@ impl Config {
             ("num_key_value_heads", c.n_kv_heads()),
             ("head_dim", c.head_dim()),
         ];
-        super::loading::check_config_dims(label, &dims)?;
+        crate::models::config::check_config_dims(label, &dims)?;
         if !c.num_attention_heads.is_multiple_of(c.n_kv_heads()) {
             bail!(
                 "{label}: num_attention_heads {} is not a multiple of num_key_value_heads {}",

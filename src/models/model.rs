@@ -1,0 +1,139 @@
+//! The interface every architecture implements ([`Model`]) and the options and reports of
+//! loading one ([`LoadOptions`], [`Placement`]).
+
+use crate::store::{ExpertStoreOptions, WeightStore};
+
+use super::KvCache;
+
+/// How to load a model's weights.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Bytes of RAM for resident weights, KV cache, activations and I/O buffers together;
+    /// `None` keeps every weight resident.
+    pub ram_budget: Option<u64>,
+    /// KV cache capacity in tokens.
+    pub n_ctx: usize,
+    /// Largest number of tokens one forward pass takes (prompt batch size).
+    pub n_batch: usize,
+    /// Use `O_DIRECT` reads where the filesystem allows them.
+    pub direct_io: bool,
+    /// How routed experts are read and cached when they do not all fit the budget.
+    pub experts: ExpertStoreOptions,
+}
+
+impl Default for LoadOptions {
+    /// Everything resident, a 4096-token cache, batches of 512, `O_DIRECT`, default expert store.
+    fn default() -> Self {
+        Self {
+            ram_budget: None,
+            n_ctx: 4096,
+            n_batch: 512,
+            direct_io: true,
+            experts: ExpertStoreOptions::default(),
+        }
+    }
+}
+
+/// Which positions' logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's (`vocab` floats).
+    Last,
+    /// Every token's (`n × vocab` floats, token-major).
+    All,
+}
+
+/// What `deltafin run --stats` and `inspect` report about placement.
+#[derive(Clone, Debug, Default)]
+pub struct Placement {
+    /// Bytes of weights kept in RAM.
+    pub resident_bytes: usize,
+    /// Bytes of weights read from disk on every forward pass.
+    pub streamed_bytes: usize,
+    /// Bytes of stream buffers.
+    pub stream_buffer_bytes: usize,
+    /// Bytes of KV cache.
+    pub kv_bytes: usize,
+    /// Bytes reserved for activations.
+    pub scratch_bytes: usize,
+    /// Units kept resident / total units, as text (e.g. `"12/18 layers, head streamed"`).
+    pub summary: String,
+}
+
+/// Checks a forward pass's input before any weight is read: at least one token, room in the
+/// KV cache, every id inside the vocabulary of `vocab` tokens.
+fn check_forward(tokens: &[u32], cache: &KvCache, vocab: usize) -> anyhow::Result<()> {
+    let (n, pos0) = (tokens.len(), cache.len);
+    if n == 0 {
+        anyhow::bail!("forward pass over zero tokens");
+    }
+    if pos0 + n > cache.n_ctx {
+        anyhow::bail!(
+            "context full: {pos0} + {n} tokens exceed the KV cache of {} tokens",
+            cache.n_ctx
+        );
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        anyhow::bail!("token id {bad} is outside the vocabulary of {vocab} tokens");
+    }
+    Ok(())
+}
+
+/// Ends a forward pass over `n` tokens: on success the tokens join the KV cache; on failure
+/// the reads still queued for the pass are dropped so the next pass starts clean.
+fn finish_pass(
+    store: &mut WeightStore,
+    cache: &mut KvCache,
+    n: usize,
+    r: anyhow::Result<Vec<f32>>,
+) -> anyhow::Result<Vec<f32>> {
+    match r {
+        Ok(_) => cache.len += n,
+        Err(_) => store.reset(),
+    }
+    r
+}
+
+/// One forward pass over `tokens` as every architecture runs it: checks the input
+/// (`check_forward`, against a vocabulary of `vocab` tokens) before any weight is read, lets
+/// `plan` announce the pass's first streamed reads, runs `body`, and ends the pass
+/// (`finish_pass`: the tokens join the cache on success, queued reads are dropped on error).
+///
+/// Errors: those of `check_forward` and of `body`.
+pub fn run_pass(
+    store: &mut WeightStore,
+    cache: &mut KvCache,
+    tokens: &[u32],
+    vocab: usize,
+    plan: impl FnOnce(&mut WeightStore),
+    body: impl FnOnce(&mut WeightStore, &mut KvCache) -> anyhow::Result<Vec<f32>>,
+) -> anyhow::Result<Vec<f32>> {
+    check_forward(tokens, cache, vocab)?;
+    plan(store);
+    let r = body(store, cache);
+    finish_pass(store, cache, tokens.len(), r)
+}
+
+/// A loaded model: the forward pass of one architecture.
+pub trait Model: Send {
+    /// Vocabulary size (rows of the LM head).
+    fn vocab_size(&self) -> usize;
+    /// Longest context the model was trained for, in tokens.
+    fn context_length(&self) -> usize;
+    /// A KV cache with room for `n_ctx` tokens.
+    fn new_cache(&self, n_ctx: usize) -> KvCache;
+    /// Runs `tokens` (positions `cache.len ..`) through the model, appends them to the cache and
+    /// returns logits (see [`Logits`]).
+    ///
+    /// Errors: a streamed weight could not be read (the message names the file), or the cache
+    /// is full.
+    fn forward(
+        &self,
+        store: &mut WeightStore,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> anyhow::Result<Vec<f32>>;
+    /// Where the weights live.
+    fn placement(&self) -> &Placement;
+}
