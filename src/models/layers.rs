@@ -2,6 +2,7 @@
 //! grouped-query attention over the KV cache. Every output element is computed the same way
 //! whatever the batch size and thread count, so prefill equals token-by-token decode.
 
+use super::rope::RopeStyle;
 use rayon::prelude::*;
 
 use crate::kernels::ops::{
@@ -53,17 +54,6 @@ pub fn swiglu_mlp(gate: &Matrix, up: &Matrix, down: &Matrix, x: &[f32], n: usize
     mm(up, x, n, &mut u);
     g.iter_mut().zip(&u).for_each(|(a, b)| *a = silu(*a) * b);
     mm(down, &g, n, out);
-}
-
-/// Which dimensions RoPE rotates together.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// `i` with `i + head_dim/2` ([`rope_neox`]): Hugging Face checkpoints, llama.cpp's NeoX
-    /// architectures (`qwen3`, `qwen3moe`, `gemma3`).
-    Neox,
-    /// `2i` with `2i + 1` ([`rope_interleaved`]): llama.cpp's `llama` architecture, whose
-    /// converter permuted the q/k rows to match.
-    Interleaved,
 }
 
 /// Per-head RMSNorm (weight `w`, `head_dim` wide; skipped when `None`), then RoPE of `style`

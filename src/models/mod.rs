@@ -3,6 +3,7 @@
 
 mod budget;
 pub mod config;
+pub mod decoder;
 pub mod embed_head;
 pub mod kv_cache;
 pub mod layers;
@@ -10,6 +11,7 @@ pub mod loading;
 mod model;
 pub mod moe;
 pub mod registry;
+pub mod rope;
 
 /// Declares the family folders and [`FAMILIES`], their registry entries in this order (the
 /// order of the "supported: …" lists in errors). Adding a family: its folder (with

@@ -11,6 +11,8 @@
 use anyhow::{anyhow, bail, Result};
 use serde::Deserialize;
 
+use crate::models::rope::{default_inv_freq_f32, get_mscale, HfRope, Yarn};
+
 use crate::models::config::defaults;
 
 /// Fields of `config.json` that the forward pass uses; defaults are transformers'.
@@ -83,30 +85,6 @@ pub struct Config {
     pub quantization_config: Option<serde_json::Value>,
 }
 
-
-/// Parameters of YaRN RoPE as read from the config.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Yarn {
-    pub factor: f64,
-    pub original_max_position_embeddings: f64,
-    pub beta_fast: f64,
-    pub beta_slow: f64,
-    pub mscale: Option<f64>,
-    pub mscale_all_dim: Option<f64>,
-    /// Explicit `attention_factor`, if given.
-    pub attention_factor: Option<f64>,
-    /// Round the correction range outward (default true).
-    pub truncate: bool,
-}
-
-/// YaRN's `get_mscale`: `0.1 · m · ln(s) + 1` for `s > 1`, else 1.
-fn get_mscale(scale: f64, m: f64) -> f64 {
-    if scale <= 1.0 {
-        1.0
-    } else {
-        0.1 * m * scale.ln() + 1.0
-    }
-}
 
 impl Config {
     /// Parses and checks `config.json` (`label` names the file in errors).
@@ -190,23 +168,9 @@ impl Config {
                 bail!("{label}: 'scoring_func' = '{f}' is not supported (only sigmoid)");
             }
         }
-        let rt = c.rope_type();
-        match rt.as_str() {
-            "default" => {}
-            "yarn" => {
-                let y = c.yarn().ok_or_else(|| {
-                    anyhow!("{label}: yarn RoPE needs numeric 'factor' (or max_position_embeddings) and 'original_max_position_embeddings'")
-                })?;
-                if !(y.factor > 0.0 && y.original_max_position_embeddings > 0.0) {
-                    bail!(
-                        "{label}: yarn RoPE parameters out of range (factor {}, original_max_position_embeddings {})",
-                        y.factor,
-                        y.original_max_position_embeddings
-                    );
-                }
-            }
-            other => bail!("{label}: rope type '{other}' is not supported (only default, yarn)"),
-        }
+        c.hf_rope()
+            .scaling(c.max_position_embeddings, &["default", "yarn"])
+            .map_err(|e| anyhow!("{label}: {e}"))?;
         if let Some(q) = &c.quantization_config {
             let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
             let fmt = q.get("fmt").and_then(|m| m.as_str()).unwrap_or("e4m3");
@@ -243,55 +207,32 @@ impl Config {
         l >= self.first_k_dense_replace
     }
 
-    /// The RoPE parameters object: `rope_parameters`, else `rope_scaling`.
-    fn rope_object(&self) -> Option<&serde_json::Map<String, serde_json::Value>> {
-        self.rope_parameters
-            .as_ref()
-            .and_then(|v| v.as_object())
-            .or_else(|| self.rope_scaling.as_ref().and_then(|v| v.as_object()))
+    /// The RoPE fields, in either dialect.
+    pub fn hf_rope(&self) -> HfRope<'_> {
+        HfRope {
+            parameters: self.rope_parameters.as_ref(),
+            scaling: self.rope_scaling.as_ref(),
+            theta: self.rope_theta,
+        }
     }
 
     /// RoPE base: `rope_parameters.rope_theta`, else `rope_theta`, else 10000.
     pub fn rope_base(&self) -> f64 {
-        self.rope_parameters
-            .as_ref()
-            .and_then(|p| p.get("rope_theta"))
-            .and_then(|v| v.as_f64())
-            .or(self.rope_theta)
-            .unwrap_or(10_000.0)
+        self.hf_rope().theta(10_000.0)
     }
 
-    /// RoPE type: `rope_type`, else `type`, of the RoPE parameters object, else `default`.
+    /// RoPE type: `rope_type`, else `type`, of the RoPE parameters, else `default`.
     pub fn rope_type(&self) -> String {
-        self.rope_object()
-            .and_then(|o| o.get("rope_type").or_else(|| o.get("type")))
-            .and_then(|t| t.as_str())
-            .unwrap_or("default")
-            .to_string()
+        self.hf_rope().rope_type()
     }
 
-    /// YaRN parameters when the RoPE type is `yarn` and the required numbers are present.
-    /// A missing `factor` is `max_position_embeddings / original_max_position_embeddings`;
-    /// `beta_fast` / `beta_slow` default to 32 / 1 (also when 0 or null), `truncate` to true.
+    /// YaRN parameters when the RoPE type is `yarn` and the required numbers are present
+    /// ([`HfRope::scaling`]).
     pub fn yarn(&self) -> Option<Yarn> {
-        if self.rope_type() != "yarn" {
-            return None;
-        }
-        let o = self.rope_object()?;
-        let g = |k: &str| o.get(k).and_then(|v| v.as_f64());
-        let orig = g("original_max_position_embeddings")?;
-        let factor = g("factor").unwrap_or(self.max_position_embeddings as f64 / orig);
-        let nz = |v: Option<f64>| v.filter(|x| *x != 0.0);
-        Some(Yarn {
-            factor,
-            original_max_position_embeddings: orig,
-            beta_fast: nz(g("beta_fast")).unwrap_or(32.0),
-            beta_slow: nz(g("beta_slow")).unwrap_or(1.0),
-            mscale: g("mscale"),
-            mscale_all_dim: g("mscale_all_dim"),
-            attention_factor: g("attention_factor"),
-            truncate: o.get("truncate").and_then(|v| v.as_bool()).unwrap_or(true),
-        })
+        self.hf_rope()
+            .scaling(self.max_position_embeddings, &["yarn"])
+            .ok()
+            .and_then(|s| s.yarn().copied())
     }
 
     /// RoPE inverse frequencies (`qk_rope_head_dim / 2`) and the factor the rotated values are
@@ -305,50 +246,11 @@ impl Config {
     /// `attention_factor`, else `mscale(factor, mscale) / mscale(factor, mscale_all_dim)` when
     /// both are non-zero, else `mscale(factor, 1)`, with `mscale(s, m) = 0.1 m ln s + 1`.
     pub fn rope_freqs(&self) -> (Vec<f32>, f32) {
-        let dim = self.qk_rope_head_dim;
-        let base = self.rope_base();
-        let half = dim / 2;
-        let pos: Vec<f32> = (0..half)
-            .map(|i| (base as f32).powf((2 * i) as f32 / dim as f32))
-            .collect();
-        let Some(y) = self.yarn() else {
-            return (pos.iter().map(|p| 1.0 / p).collect(), 1.0);
-        };
-        let corr = |rot: f64| {
-            (dim as f64
-                * (y.original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI)).ln())
-                / (2.0 * base.ln())
-        };
-        let (mut low, mut high) = (corr(y.beta_fast), corr(y.beta_slow));
-        if y.truncate {
-            low = low.floor();
-            high = high.ceil();
+        let (dim, base) = (self.qk_rope_head_dim, self.rope_base());
+        match self.yarn() {
+            Some(y) => (y.inv_freq_f32(dim, base), y.attention_factor() as f32),
+            None => (default_inv_freq_f32(dim, base), 1.0),
         }
-        let low = low.max(0.0) as f32;
-        let mut high = high.min(dim as f64 - 1.0) as f32;
-        if low == high {
-            high += 0.001;
-        }
-        let factor = y.factor as f32;
-        let inv = pos
-            .iter()
-            .enumerate()
-            .map(|(i, &p)| {
-                let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
-                let e = 1.0 - ramp;
-                let extrap = 1.0 / p;
-                let interp = 1.0 / (factor * p);
-                interp * (1.0 - e) + extrap * e
-            })
-            .collect();
-        let att = match (y.attention_factor, y.mscale, y.mscale_all_dim) {
-            (Some(a), _, _) => a,
-            (None, Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => {
-                get_mscale(y.factor, m) / get_mscale(y.factor, ma)
-            }
-            _ => get_mscale(y.factor, 1.0),
-        };
-        (inv, att as f32)
     }
 
     /// Softmax scale of the attention scores (`DeepseekV3Attention.scaling`):

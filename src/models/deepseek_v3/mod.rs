@@ -38,16 +38,12 @@ pub use self::config::Config;
 
 use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
 use self::tensors::{hf_checkpoint, unit_of_lins, Checkpoint, FfnTensors, KvB, Lin};
-use super::embed_head::{Embedding, Head};
 use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
 use super::loading::{read_vector, unit_of, MatRef};
 use self::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
-use super::moe::{
-    keep_first, moe_forward, prefetch_next, route_rows, route_sigmoid_grouped, ExpertMats,
-    RouterRef, Routers, StoreExperts, UnitExperts,
-};
-use super::{LoadOptions, Logits, Model, Placement};
-use crate::models::KvCache;
+use super::moe::{moe_forward, route_sigmoid_grouped, ExpertMats, StoreExperts, UnitExperts};
+use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
+use super::{KvCache, LoadOptions};
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
 use crate::store::{DirectFile, Fp8Pack, Unit, UnitBytes, WeightStore};
@@ -93,20 +89,24 @@ struct LayerNorms {
     bias: Vec<f32>,
 }
 
+/// One layer's matrices inside its spine unit.
+pub struct Layer {
+    attn: Attn,
+    ffn: Ffn,
+}
+
 /// A loaded DeepSeek V3 model.
-pub struct DeepseekV3 {
+pub type DeepseekV3 = Decoder<DeepseekV3Blocks>;
+
+/// The DeepSeek V3 part of a [`Decoder`]: config, per-layer norms, routed experts, RoPE.
+pub struct DeepseekV3Blocks {
     pub config: Config,
-    layers: Vec<(usize, Attn, Ffn)>,
     norms: Vec<LayerNorms>,
     experts: UnitExperts,
-    final_norm: Vec<f32>,
-    embedding: Embedding,
-    head: Head,
     inv_freq: Vec<f32>,
     rope_att: f32,
     /// `eps` of the q/kv latent RMSNorms.
     lora_norm_eps: f32,
-    placement: Placement,
 }
 
 impl DeepseekV3 {
@@ -218,7 +218,7 @@ impl DeepseekV3 {
                     down: next(),
                 },
             };
-            layers.push((units.len(), attn, ffn));
+            layers.push((units.len(), Layer { attn, ffn }));
             units.push(unit);
             packs.push(pk);
             norms.push(LayerNorms {
@@ -296,50 +296,73 @@ impl DeepseekV3 {
             },
         )?;
         let (inv_freq, rope_att) = c.rope_freqs();
-        Ok((
-            Self {
-                lora_norm_eps: ck.lora_norm_eps,
-                inv_freq,
-                rope_att,
-                config: c,
-                layers,
-                norms,
-                experts,
-                final_norm,
-                embedding: placed.embedding,
-                head: placed.head,
-                placement: placed.placement,
-            },
-            placed.store,
-        ))
+        let blocks = DeepseekV3Blocks {
+            lora_norm_eps: ck.lora_norm_eps,
+            inv_freq,
+            rope_att,
+            config: c,
+            norms,
+            experts,
+        };
+        let m = Decoder::new(
+            blocks,
+            layers,
+            placed.embedding,
+            placed.head,
+            final_norm,
+            placed.placement,
+        );
+        Ok((m, placed.store))
+    }
+}
+
+impl Blocks for DeepseekV3Blocks {
+    type Layer = Layer;
+
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
     }
 
-    /// Queues what comes after layer `l`: the next spine unit, or the LM head chunks.
-    fn plan_after(&self, store: &mut WeightStore, l: usize) {
-        match self.layers.get(l + 1) {
-            Some((u, _, _)) => store.plan([*u]),
-            None => self.head.plan(store),
-        }
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn context_length(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    fn new_cache(&self, n_ctx: usize) -> KvCache {
+        KvCache::new_latent(
+            self.config.num_hidden_layers,
+            n_ctx.min(self.config.max_position_embeddings),
+            self.config.latent_dim(),
+        )
+    }
+
+    fn final_norm_eps(&self) -> f32 {
+        self.config.rms_norm_eps as f32
+    }
+
+    fn is_moe(&self, w: &Layer) -> bool {
+        matches!(w.ffn, Ffn::Moe { .. })
     }
 
     /// Attention of layer `l` (with its residual) over the spine unit's bytes `u`, then the
     /// post-attention norm into `xn` and either the dense MLP added to `x`, or the router
     /// logits (`n × n_routed_experts`) into `router` and the shared experts' output into
     /// `shared` (`n × hidden`).
-    #[allow(clippy::too_many_arguments)]
     fn spine(
         &self,
         l: usize,
-        a: &Attn,
-        f: &Ffn,
+        w: &Layer,
         u: &UnitBytes,
         cache: &mut KvCache,
         pos0: usize,
         x: &mut [f32],
-        xn: &mut [f32],
-        router: &mut Vec<f32>,
-        shared: &mut Vec<f32>,
+        s: &mut Scratch,
     ) {
+        let (a, f) = (&w.attn, &w.ffn);
+        let (xn, router, shared) = (&mut s.xn, &mut s.router, &mut s.shared);
         let c = &self.config;
         let (d, nh, qh) = (c.hidden_size, c.num_attention_heads, c.qk_head_dim());
         let (nope, rope, vd, rank) = (
@@ -447,86 +470,21 @@ impl DeepseekV3 {
         }
     }
 
-    fn forward_planned(
-        &self,
-        store: &mut WeightStore,
-        cache: &mut KvCache,
-        tokens: &[u32],
-        logits: Logits,
-    ) -> Result<Vec<f32>> {
-        let c = &self.config;
-        let (n, d, vocab) = (tokens.len(), c.hidden_size, c.vocab_size);
-        let pos0 = cache.len;
-        let mut x = vec![0f32; n * d];
-        self.embedding.rows(store, tokens, d, &mut x)?;
-        let mut xn = vec![0f32; n * d];
-        let (mut router, mut shared) = (Vec::new(), Vec::new());
-        // the first MoE layer's routes of the pass's last token (the next pass's guesses)
-        let mut first_routes: Option<Vec<(usize, f32)>> = None;
-        for (l, (unit, a, f)) in self.layers.iter().enumerate() {
-            let moe = matches!(f, Ffn::Moe { .. });
-            if !moe {
-                self.plan_after(store, l);
-            }
-            store.with_unit(*unit, |u| {
-                self.spine(
-                    l,
-                    a,
-                    f,
-                    u,
-                    cache,
-                    pos0,
-                    &mut x,
-                    &mut xn,
-                    &mut router,
-                    &mut shared,
-                )
-            })?;
-            if moe {
-                let routes = route_rows(self, l, &router, c.n_routed_experts);
-                let first = keep_first(&mut first_routes, &routes);
-                let mut out = vec![0f32; n * d];
-                let mut src = StoreExperts {
-                    table: &self.experts,
-                    store,
-                };
-                moe_forward(&mut src, l, &routes, &xn, d, &mut out, |s| {
-                    self.plan_after(s.store, l);
-                    prefetch_next(self, s.store, l, &x, first);
-                })?;
-                // transformers: (routed experts + shared experts) + residual
-                add_into(&mut out, &shared);
-                add_into(&mut x, &out);
-            }
-        }
-        Ok(self.head.final_logits(
-            store,
-            &x,
-            &self.final_norm,
-            c.rms_norm_eps as f32,
-            logits,
-            vocab,
-        )?)
-    }
-}
-
-impl Routers for DeepseekV3 {
-    fn n_layers(&self) -> usize {
-        self.layers.len()
-    }
-
     /// The router of a MoE layer (the first `first_k_dense_replace` layers have none).
-    fn router(&self, l: usize) -> Option<RouterRef<'_>> {
-        let (unit, _, Ffn::Moe { router, .. }) = self.layers.get(l)? else {
+    fn router<'a>(&'a self, l: usize, w: &'a Layer) -> Option<RouterParts<'a>> {
+        let Ffn::Moe { router, .. } = &w.ffn else {
             return None;
         };
-        Some(RouterRef {
-            unit: *unit,
+        Some(RouterParts {
             router: *router,
             norm: &self.norms[l].post_attn,
             eps: self.config.rms_norm_eps as f32,
             bias: None,
         })
+    }
+
+    fn n_experts(&self) -> usize {
+        self.config.n_routed_experts
     }
 
     /// Sigmoid group-limited routing with layer `l`'s `e_score_correction_bias`
@@ -543,44 +501,23 @@ impl Routers for DeepseekV3 {
             c.routed_scaling_factor as f32,
         )
     }
-}
 
-impl Model for DeepseekV3 {
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn context_length(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new_latent(
-            self.config.num_hidden_layers,
-            n_ctx.min(self.config.max_position_embeddings),
-            self.config.latent_dim(),
-        )
-    }
-
-    fn placement(&self) -> &Placement {
-        &self.placement
-    }
-
-    fn forward(
+    /// SwiGLU experts from the store ([`moe_forward`]).
+    fn experts(
         &self,
         store: &mut WeightStore,
-        cache: &mut KvCache,
-        tokens: &[u32],
-        logits: Logits,
-    ) -> Result<Vec<f32>> {
-        let c = &self.config;
-        let plan = |s: &mut WeightStore| {
-            self.embedding.plan(s, tokens, c.hidden_size);
-            s.plan([self.layers[0].0]);
+        l: usize,
+        routes: &[Vec<(usize, f32)>],
+        xn: &[f32],
+        out: &mut [f32],
+        after_plan: &mut dyn FnMut(&mut WeightStore),
+    ) -> std::io::Result<()> {
+        let mut src = StoreExperts {
+            table: &self.experts,
+            store,
         };
-        super::run_pass(store, cache, tokens, c.vocab_size, plan, |s, k| {
-            self.forward_planned(s, k, tokens, logits)
-        })
+        let d = self.config.hidden_size;
+        moe_forward(&mut src, l, routes, xn, d, out, |s| after_plan(s.store))
     }
 }
 

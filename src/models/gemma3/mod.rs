@@ -7,14 +7,17 @@
 //! GGUF stores Gemma's norm weights with the `1 +` of `Gemma3RMSNorm` already added by
 //! llama.cpp's converter, so here every norm is a plain RMSNorm with the stored weight.
 
-use anyhow::{anyhow, bail, Context, Result};
+mod config;
+
+pub use config::Config;
+
+use anyhow::{bail, Context, Result};
 
 use super::embed_head::{head_chunks, Embedding, Head};
 use super::layers::{add_post_normed, attention, mm, rms_norm_rows, AttnShape};
-use super::config::gguf_count;
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
-use super::{LoadOptions, Logits, Model, Placement};
-use crate::models::KvCache;
+use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
+use super::{KvCache, LoadOptions, Placement};
 use crate::kernels::ops::{gelu_tanh, rms_norm_inplace, rope_inv_freq, rope_neox, softcap};
 use crate::source::gguf::GgufModel;
 use crate::store::plan::{choose_resident, Candidate};
@@ -24,219 +27,8 @@ use crate::store::{DirectFile, Unit, UnitBytes, WeightStore};
 /// one being read).
 const STREAM_SLOTS: usize = 2;
 
-/// Hyper-parameters, named as in the Hugging Face `Gemma3TextConfig`; read from the GGUF keys
-/// `gemma3.*` (llama.cpp's names in comments).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Config {
-    /// `embedding_length`
-    pub hidden_size: usize,
-    /// `feed_forward_length`
-    pub intermediate_size: usize,
-    /// `block_count`
-    pub num_hidden_layers: usize,
-    /// `attention.head_count`
-    pub num_attention_heads: usize,
-    /// `attention.head_count_kv`
-    pub num_key_value_heads: usize,
-    /// `attention.key_length` (equal to `attention.value_length`)
-    pub head_dim: usize,
-    /// `attention.layer_norm_rms_epsilon`
-    pub rms_norm_eps: f32,
-    /// `rope.freq_base`: RoPE base of the global-attention layers.
-    pub rope_theta: f32,
-    /// `rope.freq_base_swa` when present, else 10000 (Gemma 3's `rope_local_base_freq`).
-    pub rope_local_base_freq: f32,
-    /// Linear RoPE scaling factor of the global layers (`rope.scaling.factor` with type linear).
-    pub rope_scaling_factor: Option<f32>,
-    /// `attention.sliding_window`, in tokens.
-    pub sliding_window: usize,
-    /// Per layer: whether it uses sliding-window attention. From
-    /// `attention.sliding_window_pattern` (a period `n`: every `n`-th layer is global; or one
-    /// bool per layer) and otherwise Gemma 3's period of 6.
-    pub sliding_layers: Vec<bool>,
-    /// Attention scores are scaled by `query_pre_attn_scalar^-½`. Not in GGUF: `head_dim`,
-    /// except Gemma 3 27B (62 layers) which uses `hidden_size / num_attention_heads`, as in its
-    /// Hugging Face config and llama.cpp.
-    pub query_pre_attn_scalar: f32,
-    /// `final_logit_softcapping` when present.
-    pub final_logit_softcapping: Option<f32>,
-    /// `attn_logit_softcapping` when present.
-    pub attn_logit_softcapping: Option<f32>,
-    /// `context_length`
-    pub max_position_embeddings: usize,
-    /// Rows of `token_embd.weight`.
-    pub vocab_size: usize,
-}
-
-impl Config {
-    /// Reads the configuration from GGUF metadata and checks that it can run. Errors name the
-    /// file and the missing or invalid key.
-    pub fn from_gguf(g: &GgufModel) -> Result<Self> {
-        let file = g.file_name();
-        let c = Self::read(g).map_err(|e| {
-            if e.to_string().starts_with(&file) {
-                e
-            } else {
-                e.context(file.clone())
-            }
-        })?;
-        c.check().map_err(|e| e.context(file))?;
-        Ok(c)
-    }
-
-    /// Rejects values that would run but compute nonsense (zero sizes, non-finite floats).
-    fn check(&self) -> Result<()> {
-        let sizes = [
-            ("block_count", self.num_hidden_layers),
-            ("embedding_length", self.hidden_size),
-            ("feed_forward_length", self.intermediate_size),
-            ("attention.head_count", self.num_attention_heads),
-            ("attention.sliding_window", self.sliding_window),
-            (
-                "context_length",
-                self.max_position_embeddings.saturating_sub(1),
-            ),
-            ("token_embd.weight rows", self.vocab_size),
-        ];
-        for (key, v) in sizes {
-            if v == 0 {
-                bail!("gemma3.{key} is too small to run a model");
-            }
-        }
-        let floats = [
-            ("attention.layer_norm_rms_epsilon", Some(self.rms_norm_eps)),
-            ("rope.freq_base", Some(self.rope_theta)),
-            ("rope.freq_base_swa", Some(self.rope_local_base_freq)),
-            ("rope.scaling.factor", self.rope_scaling_factor),
-            ("final_logit_softcapping", self.final_logit_softcapping),
-            ("attn_logit_softcapping", self.attn_logit_softcapping),
-        ];
-        for (key, v) in floats {
-            if let Some(v) = v {
-                if !(v.is_finite() && v > 0.0) {
-                    bail!("gemma3.{key} = {v} must be a positive finite number");
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn read(g: &GgufModel) -> Result<Self> {
-        let a = "gemma3";
-        let k = |s: &str| format!("{a}.{s}");
-        const DIM_MAX: u64 = 1 << 20;
-        let num_hidden_layers = gguf_count(g, &k("block_count"), 0..=4096)?;
-        let hidden_size = gguf_count(g, &k("embedding_length"), 0..=DIM_MAX)?;
-        let num_attention_heads = gguf_count(g, &k("attention.head_count"), 0..=4096)?;
-        let num_key_value_heads = gguf_count(g, &k("attention.head_count_kv"), 0..=4096)?;
-        let head_dim = gguf_count(g, &k("attention.key_length"), 0..=8192)?;
-        let v_len = g
-            .opt_u64(&k("attention.value_length"))?
-            .unwrap_or(head_dim as u64);
-        if v_len != head_dim as u64 {
-            bail!("{a}.attention.value_length {v_len} differs from key_length {head_dim}: not supported");
-        }
-        if num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
-            bail!("{a}.attention.head_count {num_attention_heads} is not a multiple of head_count_kv {num_key_value_heads}");
-        }
-        if head_dim % 2 != 0 || head_dim == 0 {
-            bail!("{a}.attention.key_length {head_dim} must be even for RoPE");
-        }
-        let sliding_layers = match g.metadata.get(&k("attention.sliding_window_pattern")) {
-            Some(crate::source::gguf::Value::Array(v)) => {
-                let flags: Option<Vec<bool>> = v
-                    .iter()
-                    .map(|x| match x {
-                        crate::source::gguf::Value::Bool(b) => Some(*b),
-                        _ => None,
-                    })
-                    .collect();
-                let flags = flags.ok_or_else(|| {
-                    anyhow!("{a}.attention.sliding_window_pattern: expected an array of bools")
-                })?;
-                if flags.len() != num_hidden_layers {
-                    bail!("{a}.attention.sliding_window_pattern has {} entries for {num_hidden_layers} layers", flags.len());
-                }
-                flags
-            }
-            _ => {
-                let period = g
-                    .opt_u64(&k("attention.sliding_window_pattern"))?
-                    .unwrap_or(6)
-                    .max(1) as usize;
-                (0..num_hidden_layers)
-                    .map(|i| (i + 1) % period != 0)
-                    .collect()
-            }
-        };
-        let rope_scaling_factor = match g.metadata.get(&k("rope.scaling.type")) {
-            Some(crate::source::gguf::Value::String(t)) if t == "linear" => {
-                g.opt_f32(&k("rope.scaling.factor"))?
-            }
-            Some(crate::source::gguf::Value::String(t)) if t == "none" => None,
-            Some(v) => bail!("{a}.rope.scaling.type {v:?} is not supported (only linear)"),
-            None => None,
-        };
-        let query_pre_attn_scalar = if num_hidden_layers == 62 {
-            (hidden_size / num_attention_heads) as f32
-        } else {
-            head_dim as f32
-        };
-        let embd = g
-            .tensors
-            .iter()
-            .find(|t| t.name == "token_embd.weight")
-            .ok_or_else(|| {
-                anyhow!(
-                    "{}: tensor 'token_embd.weight' is missing",
-                    g.files[0].display()
-                )
-            })?;
-        Ok(Self {
-            hidden_size,
-            intermediate_size: gguf_count(g, &k("feed_forward_length"), 0..=DIM_MAX)?,
-            num_hidden_layers,
-            num_attention_heads,
-            num_key_value_heads,
-            head_dim,
-            rms_norm_eps: g
-                .opt_f32(&k("attention.layer_norm_rms_epsilon"))?
-                .unwrap_or(1e-6),
-            rope_theta: g.opt_f32(&k("rope.freq_base"))?.unwrap_or(1_000_000.0),
-            rope_local_base_freq: g.opt_f32(&k("rope.freq_base_swa"))?.unwrap_or(10_000.0),
-            rope_scaling_factor,
-            sliding_window: g
-                .opt_u64(&k("attention.sliding_window"))?
-                .unwrap_or(u64::MAX)
-                .min(usize::MAX as u64) as usize,
-            sliding_layers,
-            query_pre_attn_scalar,
-            final_logit_softcapping: g.opt_f32(&k("final_logit_softcapping"))?,
-            attn_logit_softcapping: g.opt_f32(&k("attn_logit_softcapping"))?,
-            max_position_embeddings: gguf_count(g, &k("context_length"), 0..=(1 << 24))?,
-            vocab_size: embd.shape.get(1).copied().unwrap_or(0) as usize,
-        })
-    }
-
-    fn q_dim(&self) -> usize {
-        self.num_attention_heads * self.head_dim
-    }
-
-    fn kv_dim(&self) -> usize {
-        self.num_key_value_heads * self.head_dim
-    }
-
-    /// Activation bytes of a forward pass over `n` tokens returning logits for `m` of them.
-    fn scratch_bytes(&self, n: usize, m: usize, n_ctx: usize) -> usize {
-        let per_tok = 4 * self.hidden_size
-            + 2 * self.q_dim()
-            + 2 * self.kv_dim()
-            + 2 * self.intermediate_size;
-        4 * (n * per_tok + m * self.vocab_size + rayon::current_num_threads() * n_ctx)
-    }
-}
-
-struct LayerMats {
+/// One layer's matrices inside its spine unit.
+pub struct LayerMats {
     q: MatRef,
     k: MatRef,
     v: MatRef,
@@ -256,16 +48,14 @@ struct LayerNorms {
 }
 
 /// A loaded Gemma 3 model.
-pub struct Gemma3 {
+pub type Gemma3 = Decoder<Gemma3Blocks>;
+
+/// The Gemma 3 part of a [`Decoder`]: config, per-layer norms, the two RoPE frequency sets.
+pub struct Gemma3Blocks {
     pub config: Config,
-    layers: Vec<(usize, LayerMats)>,
     norms: Vec<LayerNorms>,
-    output_norm: Vec<f32>,
-    embedding: Embedding,
-    head: Head,
     inv_freq_global: Vec<f32>,
     inv_freq_local: Vec<f32>,
-    placement: Placement,
 }
 
 impl Gemma3 {
@@ -474,33 +264,61 @@ impl Gemma3 {
             ),
         };
         let scale = c.rope_scaling_factor.map_or(1.0, |f| 1.0 / f);
-        Ok((
-            Self {
-                inv_freq_global: rope_inv_freq(hd, c.rope_theta, scale),
-                inv_freq_local: rope_inv_freq(hd, c.rope_local_base_freq, 1.0),
-                config: c,
-                layers,
-                norms,
-                output_norm,
-                embedding,
-                head,
-                placement,
-            },
-            store,
-        ))
+        let blocks = Gemma3Blocks {
+            inv_freq_global: rope_inv_freq(hd, c.rope_theta, scale),
+            inv_freq_local: rope_inv_freq(hd, c.rope_local_base_freq, 1.0),
+            config: c,
+            norms,
+        };
+        let m = Decoder::new(blocks, layers, embedding, head, output_norm, placement);
+        Ok((m, store))
+    }
+}
+
+impl Blocks for Gemma3Blocks {
+    type Layer = LayerMats;
+
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
     }
 
-    /// Writes the scaled embeddings of `tokens` into `x` (`n × hidden_size`).
-    fn embed(&self, store: &mut WeightStore, tokens: &[u32], x: &mut [f32]) -> Result<()> {
-        let d = self.config.hidden_size;
-        self.embedding.rows(store, tokens, d, x)?;
-        let scale = (d as f32).sqrt();
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn context_length(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    fn new_cache(&self, n_ctx: usize) -> KvCache {
+        KvCache::new(
+            self.config.num_hidden_layers,
+            n_ctx.min(self.config.max_position_embeddings),
+            self.config.kv_dim(),
+        )
+    }
+
+    fn final_norm_eps(&self) -> f32 {
+        self.config.rms_norm_eps
+    }
+
+    /// Every streamed read of a pass is announced at its start, in order.
+    fn plan_whole_pass(&self) -> bool {
+        true
+    }
+
+    /// Gemma scales the embeddings by √hidden_size.
+    fn scale_embeddings(&self, x: &mut [f32]) {
+        let scale = (self.config.hidden_size as f32).sqrt();
         x.iter_mut().for_each(|v| *v *= scale);
-        Ok(())
+    }
+
+    fn is_moe(&self, _w: &LayerMats) -> bool {
+        false
     }
 
     /// One decoder layer over `n` tokens at positions `pos0..pos0+n`, updating `x` in place.
-    fn layer(
+    fn spine(
         &self,
         l: usize,
         w: &LayerMats,
@@ -508,6 +326,7 @@ impl Gemma3 {
         cache: &mut KvCache,
         pos0: usize,
         x: &mut [f32],
+        s: &mut Scratch,
     ) {
         let c = &self.config;
         let (d, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
@@ -522,8 +341,8 @@ impl Gemma3 {
             &self.inv_freq_global
         };
 
-        let mut xn = vec![0f32; n * d];
-        rms_norm_rows(x, &nrm.attn, eps, &mut xn);
+        let xn = &mut s.xn;
+        rms_norm_rows(x, &nrm.attn, eps, xn);
         let mut q = vec![0f32; n * qd];
         let mut k = vec![0f32; n * kvd];
         let mut v = vec![0f32; n * kvd];
@@ -558,7 +377,7 @@ impl Gemma3 {
         add_post_normed(x, &mut o, &nrm.post_attn, eps);
 
         // feed-forward (GeGLU)
-        rms_norm_rows(x, &nrm.ffn, eps, &mut xn);
+        rms_norm_rows(x, &nrm.ffn, eps, xn);
         let mut g = vec![0f32; n * ff];
         let mut up = vec![0f32; n * ff];
         mm(&w.gate.view(u), &xn, n, &mut g);
@@ -569,72 +388,38 @@ impl Gemma3 {
         mm(&w.down.view(u), &g, n, &mut o);
         add_post_normed(x, &mut o, &nrm.post_ffw, eps);
     }
-}
 
-impl Model for Gemma3 {
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
+    /// Gemma 3 has no routed experts.
+    fn router<'a>(&'a self, _l: usize, _w: &'a LayerMats) -> Option<RouterParts<'a>> {
+        None
     }
 
-    fn context_length(&self) -> usize {
-        self.config.max_position_embeddings
+    fn n_experts(&self) -> usize {
+        0
     }
 
-    fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(
-            self.config.num_hidden_layers,
-            n_ctx.min(self.config.max_position_embeddings),
-            self.config.kv_dim(),
-        )
+    fn route(&self, _l: usize, _logits: &[f32]) -> Vec<(usize, f32)> {
+        Vec::new()
     }
 
-    fn placement(&self) -> &Placement {
-        &self.placement
-    }
-
-    fn forward(
+    /// Never called: no layer is a MoE layer.
+    fn experts(
         &self,
-        store: &mut WeightStore,
-        cache: &mut KvCache,
-        tokens: &[u32],
-        logits: Logits,
-    ) -> Result<Vec<f32>> {
-        let c = &self.config;
-        // announce every streamed read of this pass, in order
-        let plan = |s: &mut WeightStore| {
-            self.embedding.plan(s, tokens, c.hidden_size);
-            s.plan(self.layers.iter().map(|(u, _)| *u));
-            self.head.plan(s);
-        };
-        super::run_pass(store, cache, tokens, c.vocab_size, plan, |s, k| {
-            self.forward_planned(s, k, tokens, logits)
-        })
+        _store: &mut WeightStore,
+        _l: usize,
+        _routes: &[Vec<(usize, f32)>],
+        _xn: &[f32],
+        _out: &mut [f32],
+        _after_plan: &mut dyn FnMut(&mut WeightStore),
+    ) -> std::io::Result<()> {
+        Ok(())
     }
-}
 
-impl Gemma3 {
-    fn forward_planned(
-        &self,
-        store: &mut WeightStore,
-        cache: &mut KvCache,
-        tokens: &[u32],
-        logits: Logits,
-    ) -> Result<Vec<f32>> {
-        let c = &self.config;
-        let (n, d, vocab) = (tokens.len(), c.hidden_size, c.vocab_size);
-        let pos0 = cache.len;
-        let mut x = vec![0f32; n * d];
-        self.embed(store, tokens, &mut x)?;
-        for (l, (unit, w)) in self.layers.iter().enumerate() {
-            store.with_unit(*unit, |u| self.layer(l, w, u, cache, pos0, &mut x))?;
+    /// `final_logit_softcapping`, when the model has it.
+    fn finish_logits(&self, logits: &mut [f32]) {
+        if let Some(cap) = self.config.final_logit_softcapping {
+            logits.iter_mut().for_each(|v| *v = softcap(*v, cap));
         }
-        let mut out =
-            self.head
-                .final_logits(store, &x, &self.output_norm, c.rms_norm_eps, logits, vocab)?;
-        if let Some(cap) = c.final_logit_softcapping {
-            out.iter_mut().for_each(|v| *v = softcap(*v, cap));
-        }
-        Ok(out)
     }
 }
 
@@ -649,83 +434,3 @@ pub const FAMILY: crate::models::Family = crate::models::Family {
     packable: false,
     synth: &[],
 };
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::quant::GgmlType;
-    use crate::source::gguf::{TensorInfo, Value};
-
-    fn header(extra: &[(&str, Value)]) -> GgufModel {
-        let mut metadata = std::collections::BTreeMap::new();
-        for (k, v) in [
-            ("gemma3.block_count", Value::U32(2)),
-            ("gemma3.embedding_length", Value::U32(64)),
-            ("gemma3.feed_forward_length", Value::U32(128)),
-            ("gemma3.attention.head_count", Value::U32(2)),
-            ("gemma3.attention.head_count_kv", Value::U32(1)),
-            ("gemma3.attention.key_length", Value::U32(32)),
-            ("gemma3.attention.sliding_window", Value::U32(16)),
-            ("gemma3.context_length", Value::U32(256)),
-        ]
-        .into_iter()
-        .chain(extra.iter().cloned())
-        {
-            metadata.insert(k.to_string(), v);
-        }
-        GgufModel {
-            files: vec!["tiny.gguf".into()],
-            version: 3,
-            alignment: 32,
-            metadata,
-            tensors: vec![TensorInfo {
-                name: "token_embd.weight".into(),
-                ty: GgmlType::F32,
-                shape: vec![64, 100],
-                file: 0,
-                offset: 0,
-                n_bytes: 64 * 100 * 4,
-            }],
-            pack: None,
-        }
-    }
-
-    #[test]
-    fn config_defaults_and_sliding_pattern() {
-        let c = Config::from_gguf(&header(&[])).unwrap();
-        assert_eq!(c.vocab_size, 100);
-        assert_eq!(c.rms_norm_eps, 1e-6);
-        assert_eq!(c.rope_local_base_freq, 10_000.0);
-        assert_eq!(c.query_pre_attn_scalar, 32.0);
-        assert_eq!(c.sliding_layers, vec![true, true]);
-        let c = Config::from_gguf(&header(&[(
-            "gemma3.attention.sliding_window_pattern",
-            Value::U32(2),
-        )]))
-        .unwrap();
-        assert_eq!(c.sliding_layers, vec![true, false]);
-    }
-
-    #[test]
-    fn config_that_cannot_run_is_rejected_with_file_and_key() {
-        let err = |extra: &[(&str, Value)]| {
-            format!("{:#}", Config::from_gguf(&header(extra)).unwrap_err())
-        };
-        assert_eq!(
-            err(&[("gemma3.attention.layer_norm_rms_epsilon", Value::F32(f32::NAN))]),
-            "tiny.gguf: gemma3.attention.layer_norm_rms_epsilon = NaN must be a positive finite number"
-        );
-        assert_eq!(
-            err(&[("gemma3.block_count", Value::U32(0))]),
-            "tiny.gguf: gemma3.block_count is too small to run a model"
-        );
-        assert_eq!(
-            err(&[("gemma3.attention.sliding_window", Value::U32(0))]),
-            "tiny.gguf: gemma3.attention.sliding_window is too small to run a model"
-        );
-        assert_eq!(
-            err(&[("gemma3.attention.head_count_kv", Value::U32(0))]),
-            "tiny.gguf: gemma3.attention.head_count 2 is not a multiple of head_count_kv 0"
-        );
-    }
-}

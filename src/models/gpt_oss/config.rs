@@ -7,6 +7,8 @@
 use anyhow::{anyhow, bail, Result};
 use serde::Deserialize;
 
+use crate::models::rope::{default_inv_freq_f64, HfRope, Yarn};
+
 use crate::models::config::defaults;
 
 /// Fields of `config.json` that the forward pass uses; defaults are transformers'.
@@ -63,18 +65,6 @@ fn default_alpha() -> f64 {
 }
 fn default_limit() -> f64 {
     7.0
-}
-
-/// YaRN parameters (`rope_type: yarn`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Yarn {
-    pub factor: f64,
-    pub original_max_position_embeddings: f64,
-    pub beta_fast: f64,
-    pub beta_slow: f64,
-    pub truncate: bool,
-    /// `attention_factor` if given, else from `factor` (and `mscale`, `mscale_all_dim`).
-    pub attention_factor: f64,
 }
 
 impl Config {
@@ -145,22 +135,9 @@ impl Config {
                 c.swiglu_alpha
             );
         }
-        match c.rope_type().as_str() {
-            "default" => {}
-            "yarn" => {
-                let y = c.yarn().ok_or_else(|| {
-                    anyhow!("{label}: yarn RoPE needs numeric factor and original_max_position_embeddings")
-                })?;
-                if !(y.factor >= 1.0 && y.original_max_position_embeddings > 0.0) {
-                    bail!(
-                        "{label}: yarn RoPE parameters out of range (factor {}, original_max_position_embeddings {})",
-                        y.factor,
-                        y.original_max_position_embeddings
-                    );
-                }
-            }
-            rt => bail!("{label}: rope type '{rt}' is not supported (only default, yarn)"),
-        }
+        c.hf_rope()
+            .scaling(c.max_position_embeddings, &["default", "yarn"])
+            .map_err(|e| anyhow!("{label}: {e}"))?;
         if let Some(q) = &c.quantization_config {
             let m = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
             if m != "mxfp4" {
@@ -200,107 +177,43 @@ impl Config {
         sliding.then_some(self.sliding_window)
     }
 
-    /// The RoPE parameters object: `rope_parameters`, else `rope_scaling`.
-    fn rope_object(&self) -> Option<&serde_json::Map<String, serde_json::Value>> {
-        self.rope_parameters
-            .as_ref()
-            .and_then(|v| v.as_object())
-            .or_else(|| self.rope_scaling.as_ref().and_then(|v| v.as_object()))
+    /// The RoPE fields, in either dialect.
+    pub fn hf_rope(&self) -> HfRope<'_> {
+        HfRope {
+            parameters: self.rope_parameters.as_ref(),
+            scaling: self.rope_scaling.as_ref(),
+            theta: self.rope_theta,
+        }
     }
 
     /// RoPE type: `rope_type` (or `type`) of the RoPE parameters object, else `default`.
     pub fn rope_type(&self) -> String {
-        self.rope_object()
-            .and_then(|o| o.get("rope_type").or_else(|| o.get("type")))
-            .and_then(|t| t.as_str())
-            .unwrap_or("default")
-            .to_string()
+        self.hf_rope().rope_type()
     }
 
     /// RoPE base: `rope_parameters.rope_theta`, else `rope_theta`, else 150000 (GPT-OSS).
     pub fn rope_base(&self) -> f64 {
-        self.rope_parameters
-            .as_ref()
-            .and_then(|p| p.get("rope_theta"))
-            .and_then(|v| v.as_f64())
-            .or(self.rope_theta)
-            .unwrap_or(150_000.0)
+        self.hf_rope().theta(150_000.0)
     }
 
-    /// The YaRN parameters, if `factor` and `original_max_position_embeddings` are numbers;
-    /// `beta_fast` 32 and `beta_slow` 1 when absent (or 0), `truncate` true when absent, and
-    /// the attention factor `attention_factor` if given, else
-    /// `mscale(factor, mscale) / mscale(factor, mscale_all_dim)` when both are given, else
-    /// `mscale(factor)`, with `mscale(s, m) = 0.1 m ln s + 1` (1 for `s ≤ 1`).
+    /// The YaRN parameters, when the RoPE type is `yarn` ([`HfRope::scaling`]).
     pub fn yarn(&self) -> Option<Yarn> {
-        let o = self.rope_object()?;
-        let g = |k: &str| o.get(k).and_then(|v| v.as_f64());
-        let factor = g("factor")?;
-        let mscale = |s: f64, m: f64| {
-            if s <= 1.0 {
-                1.0
-            } else {
-                0.1 * m * s.ln() + 1.0
-            }
-        };
-        let attention_factor = match (g("attention_factor"), g("mscale"), g("mscale_all_dim")) {
-            (Some(a), _, _) => a,
-            (None, Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => {
-                mscale(factor, m) / mscale(factor, ma)
-            }
-            _ => mscale(factor, 1.0),
-        };
-        let nonzero = |k: &str, d: f64| g(k).filter(|&v| v != 0.0).unwrap_or(d);
-        Some(Yarn {
-            factor,
-            original_max_position_embeddings: g("original_max_position_embeddings")?,
-            beta_fast: nonzero("beta_fast", 32.0),
-            beta_slow: nonzero("beta_slow", 1.0),
-            truncate: o.get("truncate").and_then(|v| v.as_bool()).unwrap_or(true),
-            attention_factor,
-        })
+        self.hf_rope()
+            .scaling(self.max_position_embeddings, &["yarn"])
+            .ok()
+            .and_then(|s| s.yarn().copied())
     }
 
     /// RoPE inverse frequencies (`head_dim / 2`, radians per token) and the factor applied to
-    /// cos and sin (so to both q and k). `default`: `base^(-2i/d)`, factor 1. `yarn`: with
-    /// `f_e = base^(-2i/d)` (extrapolation) and `f_i = f_e / factor` (interpolation),
-    /// `inv_freq = f_i (1 − r_i) + f_e r_i` where `r_i = 1 − clamp((i − low) / (high − low), 0, 1)`,
-    /// `low`/`high` the dimensions where `beta_fast`/`beta_slow` rotations fit the original
-    /// context: `d ln(L / (2π β)) / (2 ln base)`, floored/ceiled when `truncate`, clamped to
-    /// `[0, d − 1]` (transformers' `_compute_yarn_parameters`). Computed in f64.
+    /// cos and sin (so to both q and k): `default`, `base^(-2i/d)` and 1; `yarn`,
+    /// [`Yarn::inv_freq`] and [`Yarn::attention_factor`]. Computed in f64.
     pub fn rope(&self) -> (Vec<f32>, f32) {
-        let d = self.head_dim();
-        let base = self.rope_base();
-        let fe: Vec<f64> = (0..d / 2)
-            .map(|i| 1.0 / base.powf((2 * i) as f64 / d as f64))
-            .collect();
-        let Some(y) = self.yarn().filter(|_| self.rope_type() == "yarn") else {
-            return (fe.iter().map(|&f| f as f32).collect(), 1.0);
+        let (d, base) = (self.head_dim(), self.rope_base());
+        let (inv, att) = match self.yarn() {
+            Some(y) => (y.inv_freq(d, base), y.attention_factor()),
+            None => (default_inv_freq_f64(d, base), 1.0),
         };
-        let corr = |rot: f64| {
-            (d as f64
-                * (y.original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI)).ln())
-                / (2.0 * base.ln())
-        };
-        let (mut low, mut high) = (corr(y.beta_fast), corr(y.beta_slow));
-        if y.truncate {
-            low = low.floor();
-            high = high.ceil();
-        }
-        let (low, mut high) = (low.max(0.0), high.min(d as f64 - 1.0));
-        if low == high {
-            high += 0.001;
-        }
-        let inv = fe
-            .iter()
-            .enumerate()
-            .map(|(i, &e)| {
-                let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
-                let extra = 1.0 - ramp;
-                ((e / y.factor) * (1.0 - extra) + e * extra) as f32
-            })
-            .collect();
-        (inv, y.attention_factor as f32)
+        (inv.iter().map(|&f| f as f32).collect(), att as f32)
     }
 }
 

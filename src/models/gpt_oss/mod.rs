@@ -40,27 +40,25 @@ use anyhow::{bail, Context, Result};
 pub use self::config::Config;
 
 use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
-use super::embed_head::{Embedding, Head};
 use self::experts::{
     add_bias, expert_ffn, mxfp4_transform, repack_expert, ExpertRef, ExpertTable, OssExperts,
     Packed,
 };
 use super::layers::{
-    add_into, attention_with_sinks, mm, norm_rope_heads, rms_norm_rows, AttnShape, RopeStyle,
+    add_into, attention_with_sinks, mm, norm_rope_heads, rms_norm_rows, AttnShape,
 };
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
-use super::moe::{
-    keep_first, moe_forward_with, prefetch_next, route_rows, route_topk_softmax, RouterRef, Routers,
-};
-use super::{LoadOptions, Logits, Model, Placement};
-use crate::models::KvCache;
+use super::moe::{moe_forward_with, route_topk_softmax};
+use super::rope::RopeStyle;
+use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
+use super::{KvCache, LoadOptions};
 use crate::quant::GgmlType;
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
 use crate::store::{AlignedBuf, DirectFile, Unit, UnitBytes, WeightStore};
 
 /// A layer's spine matrices inside its unit.
-struct LayerMats {
+pub struct LayerMats {
     q: MatRef,
     k: MatRef,
     v: MatRef,
@@ -82,17 +80,15 @@ struct LayerVecs {
 }
 
 /// A loaded GPT-OSS model.
-pub struct GptOss {
+pub type GptOss = Decoder<GptOssBlocks>;
+
+/// The GPT-OSS part of a [`Decoder`]: config, per-layer vectors, routed experts, YaRN RoPE.
+pub struct GptOssBlocks {
     pub config: Config,
-    layers: Vec<(usize, LayerMats)>,
     vecs: Vec<LayerVecs>,
     experts: ExpertTable,
-    final_norm: Vec<f32>,
-    embedding: Embedding,
-    head: Head,
     inv_freq: Vec<f32>,
     attn_factor: f32,
-    placement: Placement,
 }
 
 /// The tensors of one layer of a GPT-OSS checkpoint, checked by its format's loader.
@@ -399,35 +395,60 @@ impl GptOss {
         let mut placement = placed.placement;
         placement.resident_bytes = store.resident_bytes();
         let (inv_freq, attn_factor) = c.rope();
-        Ok((
-            Self {
-                inv_freq,
-                attn_factor,
-                config: c,
-                layers,
-                vecs,
-                experts: table,
-                final_norm,
-                embedding: placed.embedding,
-                head: placed.head,
-                placement,
-            },
-            store,
-        ))
+        let blocks = GptOssBlocks {
+            inv_freq,
+            attn_factor,
+            config: c,
+            vecs,
+            experts: table,
+        };
+        let m = Decoder::new(
+            blocks,
+            layers,
+            placed.embedding,
+            placed.head,
+            final_norm,
+            placement,
+        );
+        Ok((m, store))
+    }
+}
+
+impl Blocks for GptOssBlocks {
+    type Layer = LayerMats;
+
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
     }
 
-    /// Queues what comes after layer `l`: the next spine unit, or the LM head chunks.
-    fn plan_after(&self, store: &mut WeightStore, l: usize) {
-        match self.layers.get(l + 1) {
-            Some((u, _)) => store.plan([*u]),
-            None => self.head.plan(store),
-        }
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn context_length(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    fn new_cache(&self, n_ctx: usize) -> KvCache {
+        KvCache::new(
+            self.config.num_hidden_layers,
+            n_ctx.min(self.config.max_position_embeddings),
+            self.config.kv_dim(),
+        )
+    }
+
+    fn final_norm_eps(&self) -> f32 {
+        self.config.rms_norm_eps as f32
+    }
+
+    /// Every GPT-OSS layer is a MoE layer.
+    fn is_moe(&self, _w: &LayerMats) -> bool {
+        true
     }
 
     /// Attention (with its residual) and the router of layer `l` over the spine unit's bytes
     /// `u`: writes the post-attention normed rows to `xn` and the router logits
     /// (`n × n_experts`, bias added) to `router`.
-    #[allow(clippy::too_many_arguments)]
     fn spine(
         &self,
         l: usize,
@@ -436,9 +457,9 @@ impl GptOss {
         cache: &mut KvCache,
         pos0: usize,
         x: &mut [f32],
-        xn: &mut [f32],
-        router: &mut Vec<f32>,
+        s: &mut Scratch,
     ) {
+        let (xn, router) = (&mut s.xn, &mut s.router);
         let c = &self.config;
         let (d, hd, qd, kvd) = (c.hidden_size, c.head_dim(), c.q_dim(), c.kv_dim());
         let n = x.len() / d;
@@ -508,71 +529,10 @@ impl GptOss {
         add_bias(router, &v_.router_bias);
     }
 
-    fn forward_planned(
-        &self,
-        store: &mut WeightStore,
-        cache: &mut KvCache,
-        tokens: &[u32],
-        logits: Logits,
-    ) -> Result<Vec<f32>> {
-        let c = &self.config;
-        let (n, d, vocab) = (tokens.len(), c.hidden_size, c.vocab_size);
-        let pos0 = cache.len;
-        let mut x = vec![0f32; n * d];
-        self.embedding.rows(store, tokens, d, &mut x)?;
-        let mut xn = vec![0f32; n * d];
-        let mut router = Vec::new();
-        let (alpha, limit) = (c.swiglu_alpha as f32, c.swiglu_limit as f32);
-        // the first MoE layer's routes of the pass's last token (the next pass's guesses)
-        let mut first_routes: Option<Vec<(usize, f32)>> = None;
-        for (l, (unit, w)) in self.layers.iter().enumerate() {
-            store.with_unit(*unit, |u| {
-                self.spine(l, w, u, cache, pos0, &mut x, &mut xn, &mut router)
-            })?;
-            let routes = route_rows(self, l, &router, c.num_local_experts);
-            let first = keep_first(&mut first_routes, &routes);
-            let mut out = vec![0f32; n * d];
-            let mut src = OssExperts {
-                table: &self.experts,
-                store,
-            };
-            moe_forward_with(
-                &mut src,
-                l,
-                &routes,
-                &xn,
-                d,
-                &mut out,
-                |s| {
-                    self.plan_after(s.store, l);
-                    prefetch_next(self, s.store, l, &x, first);
-                },
-                |w, xg, m, y| expert_ffn(w, alpha, limit, xg, m, y),
-            )?;
-            add_into(&mut x, &out);
-        }
-        Ok(self.head.final_logits(
-            store,
-            &x,
-            &self.final_norm,
-            c.rms_norm_eps as f32,
-            logits,
-            vocab,
-        )?)
-    }
-}
-
-impl Routers for GptOss {
-    fn n_layers(&self) -> usize {
-        self.layers.len()
-    }
-
     /// Every layer's router, with its bias.
-    fn router(&self, l: usize) -> Option<RouterRef<'_>> {
-        let (unit, w) = self.layers.get(l)?;
+    fn router<'a>(&'a self, l: usize, w: &'a LayerMats) -> Option<RouterParts<'a>> {
         let v = &self.vecs[l];
-        Some(RouterRef {
-            unit: *unit,
+        Some(RouterParts {
             router: w.router,
             norm: &v.post_norm,
             eps: self.config.rms_norm_eps as f32,
@@ -580,48 +540,41 @@ impl Routers for GptOss {
         })
     }
 
+    fn n_experts(&self) -> usize {
+        self.config.num_local_experts
+    }
+
     /// Top-k then softmax over the kept logits ([`route_topk_softmax`]).
     fn route(&self, _l: usize, logits: &[f32]) -> Vec<(usize, f32)> {
         route_topk_softmax(logits, self.config.num_experts_per_tok)
     }
-}
 
-impl Model for GptOss {
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn context_length(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(
-            self.config.num_hidden_layers,
-            n_ctx.min(self.config.max_position_embeddings),
-            self.config.kv_dim(),
-        )
-    }
-
-    fn placement(&self) -> &Placement {
-        &self.placement
-    }
-
-    fn forward(
+    /// GPT-OSS experts in their stored layout ([`expert_ffn`] over [`OssExperts`]).
+    fn experts(
         &self,
         store: &mut WeightStore,
-        cache: &mut KvCache,
-        tokens: &[u32],
-        logits: Logits,
-    ) -> Result<Vec<f32>> {
+        l: usize,
+        routes: &[Vec<(usize, f32)>],
+        xn: &[f32],
+        out: &mut [f32],
+        after_plan: &mut dyn FnMut(&mut WeightStore),
+    ) -> std::io::Result<()> {
         let c = &self.config;
-        let plan = |s: &mut WeightStore| {
-            self.embedding.plan(s, tokens, c.hidden_size);
-            s.plan([self.layers[0].0]);
+        let (alpha, limit) = (c.swiglu_alpha as f32, c.swiglu_limit as f32);
+        let mut src = OssExperts {
+            table: &self.experts,
+            store,
         };
-        super::run_pass(store, cache, tokens, c.vocab_size, plan, |s, k| {
-            self.forward_planned(s, k, tokens, logits)
-        })
+        moe_forward_with(
+            &mut src,
+            l,
+            routes,
+            xn,
+            c.hidden_size,
+            out,
+            |s| after_plan(s.store),
+            |w, xg, m, y| expert_ffn(w, alpha, limit, xg, m, y),
+        )
     }
 }
 

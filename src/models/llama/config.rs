@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use crate::models::config::defaults;
 
-use crate::kernels::ops::rope_inv_freq;
+use crate::models::rope::{HfRope, RopeScaling};
 
 /// Fields of `config.json` that the forward pass uses; defaults are transformers'.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -110,18 +110,9 @@ impl Config {
         if !c.head_dim().is_multiple_of(2) {
             bail!("{label}: head_dim {} must be even for RoPE", c.head_dim());
         }
-        let rt = c.rope_type();
-        if rt != "default" && rt != "llama3" {
-            bail!("{label}: rope type '{rt}' is not supported yet (only default, llama3)");
-        }
-        if rt == "llama3" {
-            let (f, lo, hi, old) = c.llama3_params().ok_or_else(|| {
-                anyhow!("{label}: llama3 RoPE needs numeric factor, low_freq_factor, high_freq_factor and original_max_position_embeddings")
-            })?;
-            if !(f >= 1.0 && lo > 0.0 && hi > lo && old > 0.0) {
-                bail!("{label}: llama3 RoPE parameters out of range (factor {f}, low_freq_factor {lo}, high_freq_factor {hi}, original_max_position_embeddings {old})");
-            }
-        }
+        c.hf_rope()
+            .scaling(c.max_position_embeddings, &["default", "llama3"])
+            .map_err(|e| anyhow!("{label}: {e}"))?;
         if c.hidden_act != "silu" {
             bail!(
                 "{label}: hidden_act '{}' is not supported (only silu)",
@@ -178,68 +169,30 @@ impl Config {
         self.num_experts.or(self.num_local_experts).unwrap_or(0)
     }
 
+    /// The RoPE fields, in either dialect.
+    pub fn hf_rope(&self) -> HfRope<'_> {
+        HfRope {
+            parameters: self.rope_parameters.as_ref(),
+            scaling: self.rope_scaling.as_ref(),
+            theta: self.rope_theta,
+        }
+    }
+
     /// RoPE base: `rope_parameters.rope_theta`, else `rope_theta`, else 10000 (transformers'
     /// default).
     pub fn rope_base(&self) -> f64 {
-        self.rope_parameters
-            .as_ref()
-            .and_then(|p| p.get("rope_theta"))
-            .and_then(|v| v.as_f64())
-            .or(self.rope_theta)
-            .unwrap_or(10_000.0)
-    }
-
-    /// The RoPE parameters object: `rope_parameters`, else `rope_scaling`.
-    fn rope_object(&self) -> Option<&serde_json::Map<String, serde_json::Value>> {
-        self.rope_parameters
-            .as_ref()
-            .and_then(|v| v.as_object())
-            .or_else(|| self.rope_scaling.as_ref().and_then(|v| v.as_object()))
-    }
-
-    /// `llama3` RoPE scaling: (factor, low_freq_factor, high_freq_factor,
-    /// original_max_position_embeddings) from the RoPE parameters object, if all are numbers.
-    pub fn llama3_params(&self) -> Option<(f64, f64, f64, f64)> {
-        let o = self.rope_object()?;
-        let g = |k: &str| o.get(k).and_then(|v| v.as_f64());
-        Some((
-            g("factor")?,
-            g("low_freq_factor")?,
-            g("high_freq_factor")?,
-            g("original_max_position_embeddings")?,
-        ))
+        self.hf_rope().theta(10_000.0)
     }
 
     /// RoPE inverse frequencies (`head_dim / 2`, radians per token): `base^(-2i/head_dim)`,
-    /// adjusted for `llama3` scaling as transformers' `_compute_llama3_parameters`
-    /// (`modeling_rope_utils.py`) defines it: with wavelength `λ = 2π / f`, frequencies with
-    /// `λ > old_ctx / low_freq_factor` are divided by `factor`, those with
-    /// `λ < old_ctx / high_freq_factor` kept, and those between interpolated as
-    /// `(1 − s) · f / factor + s · f` with `s = (old_ctx / λ − low) / (high − low)`.
+    /// adjusted for `llama3` scaling ([`crate::models::rope::Llama3::apply`]); a config whose
+    /// RoPE parameters [`Config::from_json`] refuses gets the default ones.
     pub fn rope_freqs(&self) -> Vec<f32> {
-        let base = rope_inv_freq(self.head_dim(), self.rope_base() as f32, 1.0);
-        if self.rope_type() != "llama3" {
-            return base;
-        }
-        let Some((factor, lo, hi, old)) = self.llama3_params() else {
-            return base;
-        };
-        let (lo_wave, hi_wave) = (old / lo, old / hi);
-        base.iter()
-            .map(|&f| {
-                let f = f as f64;
-                let wave = 2.0 * std::f64::consts::PI / f;
-                let g = if wave > lo_wave {
-                    f / factor
-                } else if wave < hi_wave {
-                    f
-                } else {
-                    let s = (old / wave - lo) / (hi - lo);
-                    (1.0 - s) * f / factor + s * f
-                };
-                g as f32
-            })
-            .collect()
+        let s = self
+            .hf_rope()
+            .scaling(self.max_position_embeddings, &["default", "llama3"])
+            .unwrap_or(RopeScaling::Default);
+        s.inv_freq(self.head_dim(), self.rope_base())
     }
 
     /// Width of one routed expert: `moe_intermediate_size` (Qwen3-MoE), `intermediate_size`
@@ -273,16 +226,7 @@ impl Config {
     /// RoPE type: `rope_parameters.rope_type`, else `rope_scaling.rope_type` or `.type`, else
     /// `default`.
     pub fn rope_type(&self) -> String {
-        let from = |v: &Option<serde_json::Value>| -> Option<String> {
-            let o = v.as_ref()?.as_object()?;
-            o.get("rope_type")
-                .or_else(|| o.get("type"))
-                .and_then(|t| t.as_str())
-                .map(str::to_string)
-        };
-        from(&self.rope_parameters)
-            .or_else(|| from(&self.rope_scaling))
-            .unwrap_or_else(|| "default".into())
+        self.hf_rope().rope_type()
     }
 
     /// Whether layer `l` uses the sparse MoE block (transformers' `Qwen3MoeDecoderLayer`:
@@ -353,7 +297,7 @@ mod tests {
         let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
         assert_eq!(
             e,
-            "c.json: rope type 'yarn' is not supported yet (only default, llama3)"
+            "c.json: rope type 'yarn' is not supported (only default, llama3)"
         );
         let e = Config::from_json(&base(), "c.json")
             .unwrap_err()

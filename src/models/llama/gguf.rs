@@ -26,7 +26,7 @@ use crate::models::loading::Tensors;
 use super::{Checkpoint, Config, FfnTensors, LayerTensors, Llama};
 use crate::models::LoadOptions;
 use crate::kernels::ops::rope_inv_freq;
-use crate::models::layers::RopeStyle;
+use crate::models::rope::RopeStyle;
 use crate::quant::{dequantize_row, GgmlType};
 use crate::source::gguf::{GgufModel, TensorInfo};
 use crate::store::WeightStore;

@@ -30,17 +30,14 @@ use anyhow::{Context, Result};
 pub use self::config::Config;
 
 use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
-use super::embed_head::{Embedding, Head};
 use super::layers::{
-    add_into, attention, mm, norm_rope_heads, rms_norm_rows, swiglu_mlp, AttnShape, RopeStyle,
+    add_into, attention, mm, norm_rope_heads, rms_norm_rows, swiglu_mlp, AttnShape,
 };
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
-use super::moe::{
-    keep_first, moe_forward, prefetch_next, route_rows, route_softmax_topk, ExpertMats, RouterRef,
-    Routers, StoreExperts, UnitExperts,
-};
-use super::{LoadOptions, Logits, Model, Placement};
-use crate::models::KvCache;
+use super::moe::{moe_forward, route_softmax_topk, ExpertMats, StoreExperts, UnitExperts};
+use super::rope::RopeStyle;
+use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
+use super::{KvCache, LoadOptions};
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
 use crate::store::{DirectFile, Unit, UnitBytes, WeightStore};
@@ -57,7 +54,8 @@ enum Ffn {
     Moe { router: MatRef },
 }
 
-struct LayerMats {
+/// One layer's matrices inside its spine unit.
+pub struct LayerMats {
     q: MatRef,
     k: MatRef,
     v: MatRef,
@@ -74,17 +72,16 @@ struct LayerNorms {
 }
 
 /// A loaded Qwen3, Qwen3-MoE, Llama or Mixtral model (the `llama` family).
-pub struct Llama {
+pub type Llama = Decoder<LlamaBlocks>;
+
+/// The `llama` family's part of a [`Decoder`]: its config, per-layer norms, routed experts
+/// and RoPE.
+pub struct LlamaBlocks {
     pub config: Config,
-    layers: Vec<(usize, LayerMats)>,
     norms: Vec<LayerNorms>,
     experts: UnitExperts,
-    final_norm: Vec<f32>,
-    embedding: Embedding,
-    head: Head,
     inv_freq: Vec<f32>,
     rope: RopeStyle,
-    placement: Placement,
 }
 
 /// The feed-forward tensors of one layer.
@@ -359,35 +356,58 @@ impl Llama {
             },
             Notes::default(),
         )?;
-        Ok((
-            Self {
-                inv_freq: ck.inv_freq,
-                rope: ck.rope,
-                config: c,
-                layers,
-                norms,
-                experts,
-                final_norm,
-                embedding: placed.embedding,
-                head: placed.head,
-                placement: placed.placement,
-            },
-            placed.store,
-        ))
+        let blocks = LlamaBlocks {
+            inv_freq: ck.inv_freq,
+            rope: ck.rope,
+            config: c,
+            norms,
+            experts,
+        };
+        let m = Decoder::new(
+            blocks,
+            layers,
+            placed.embedding,
+            placed.head,
+            final_norm,
+            placed.placement,
+        );
+        Ok((m, placed.store))
+    }
+}
+
+impl Blocks for LlamaBlocks {
+    type Layer = LayerMats;
+
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
     }
 
-    /// Queues what comes after layer `l`: the next spine unit, or the LM head chunks.
-    fn plan_after(&self, store: &mut WeightStore, l: usize) {
-        match self.layers.get(l + 1) {
-            Some((u, _)) => store.plan([*u]),
-            None => self.head.plan(store),
-        }
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
     }
 
-    /// Attention (with its residual) and the start of the feed-forward block of layer `l` over
-    /// the spine unit's bytes `u`: writes the post-attention normed rows to `xn`, and either
-    /// adds the dense MLP to `x` or writes the router logits (`n × n_experts`) to `router`.
-    #[allow(clippy::too_many_arguments)]
+    fn context_length(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    fn new_cache(&self, n_ctx: usize) -> KvCache {
+        KvCache::new(
+            self.config.num_hidden_layers,
+            n_ctx.min(self.config.max_position_embeddings),
+            self.config.kv_dim(),
+        )
+    }
+
+    fn final_norm_eps(&self) -> f32 {
+        self.config.rms_norm_eps as f32
+    }
+
+    fn is_moe(&self, w: &LayerMats) -> bool {
+        matches!(w.ffn, Ffn::Moe { .. })
+    }
+
+    /// Attention (with its residual) and the start of the feed-forward block of layer `l`:
+    /// the dense SwiGLU MLP added to `x`, or the router logits (`n × n_experts`).
     fn spine(
         &self,
         l: usize,
@@ -396,9 +416,9 @@ impl Llama {
         cache: &mut KvCache,
         pos0: usize,
         x: &mut [f32],
-        xn: &mut [f32],
-        router: &mut Vec<f32>,
+        s: &mut Scratch,
     ) {
+        let (xn, router) = (&mut s.xn, &mut s.router);
         let c = &self.config;
         let (d, hd, qd, kvd) = (c.hidden_size, c.head_dim(), c.q_dim(), c.kv_dim());
         let n = x.len() / d;
@@ -461,68 +481,11 @@ impl Llama {
         }
     }
 
-    fn forward_planned(
-        &self,
-        store: &mut WeightStore,
-        cache: &mut KvCache,
-        tokens: &[u32],
-        logits: Logits,
-    ) -> Result<Vec<f32>> {
-        let c = &self.config;
-        let (n, d, vocab) = (tokens.len(), c.hidden_size, c.vocab_size);
-        let pos0 = cache.len;
-        let mut x = vec![0f32; n * d];
-        self.embedding.rows(store, tokens, d, &mut x)?;
-        let mut xn = vec![0f32; n * d];
-        let mut router = Vec::new();
-        // the first MoE layer's routes of the pass's last token (the next pass's guesses)
-        let mut first_routes: Option<Vec<(usize, f32)>> = None;
-        for (l, (unit, w)) in self.layers.iter().enumerate() {
-            let moe = matches!(w.ffn, Ffn::Moe { .. });
-            if !moe {
-                self.plan_after(store, l);
-            }
-            store.with_unit(*unit, |u| {
-                self.spine(l, w, u, cache, pos0, &mut x, &mut xn, &mut router)
-            })?;
-            if moe {
-                let routes = route_rows(self, l, &router, c.n_experts());
-                let first = keep_first(&mut first_routes, &routes);
-                let mut out = vec![0f32; n * d];
-                let mut src = StoreExperts {
-                    table: &self.experts,
-                    store,
-                };
-                moe_forward(&mut src, l, &routes, &xn, d, &mut out, |s| {
-                    self.plan_after(s.store, l);
-                    prefetch_next(self, s.store, l, &x, first);
-                })?;
-                add_into(&mut x, &out);
-            }
-        }
-        Ok(self.head.final_logits(
-            store,
-            &x,
-            &self.final_norm,
-            c.rms_norm_eps as f32,
-            logits,
-            vocab,
-        )?)
-    }
-}
-
-impl Routers for Llama {
-    fn n_layers(&self) -> usize {
-        self.layers.len()
-    }
-
-    fn router(&self, l: usize) -> Option<RouterRef<'_>> {
-        let (unit, w) = self.layers.get(l)?;
+    fn router<'a>(&'a self, l: usize, w: &'a LayerMats) -> Option<RouterParts<'a>> {
         let Ffn::Moe { router } = &w.ffn else {
             return None;
         };
-        Some(RouterRef {
-            unit: *unit,
+        Some(RouterParts {
             router: *router,
             norm: &self.norms[l].post_attn,
             eps: self.config.rms_norm_eps as f32,
@@ -530,49 +493,32 @@ impl Routers for Llama {
         })
     }
 
+    fn n_experts(&self) -> usize {
+        self.config.n_experts()
+    }
+
     /// Top-k softmax routing ([`route_softmax_topk`]).
     fn route(&self, _l: usize, logits: &[f32]) -> Vec<(usize, f32)> {
         let c = &self.config;
         route_softmax_topk(logits, c.num_experts_per_tok.unwrap_or(1), c.renorm_topk())
     }
-}
 
-impl Model for Llama {
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn context_length(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(
-            self.config.num_hidden_layers,
-            n_ctx.min(self.config.max_position_embeddings),
-            self.config.kv_dim(),
-        )
-    }
-
-    fn placement(&self) -> &Placement {
-        &self.placement
-    }
-
-    fn forward(
+    /// SwiGLU experts from the store ([`moe_forward`]).
+    fn experts(
         &self,
         store: &mut WeightStore,
-        cache: &mut KvCache,
-        tokens: &[u32],
-        logits: Logits,
-    ) -> Result<Vec<f32>> {
-        let c = &self.config;
-        let plan = |s: &mut WeightStore| {
-            self.embedding.plan(s, tokens, c.hidden_size);
-            s.plan([self.layers[0].0]);
+        l: usize,
+        routes: &[Vec<(usize, f32)>],
+        xn: &[f32],
+        out: &mut [f32],
+        after_plan: &mut dyn FnMut(&mut WeightStore),
+    ) -> std::io::Result<()> {
+        let mut src = StoreExperts {
+            table: &self.experts,
+            store,
         };
-        super::run_pass(store, cache, tokens, c.vocab_size, plan, |s, k| {
-            self.forward_planned(s, k, tokens, logits)
-        })
+        let d = self.config.hidden_size;
+        moe_forward(&mut src, l, routes, xn, d, out, |s| after_plan(s.store))
     }
 }
 

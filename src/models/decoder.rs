@@ -1,0 +1,286 @@
+//! The decoder-only transformer every family is: embeddings, a stack of layers, a final norm
+//! and the LM head, with [`Model`] implemented once for all of them by [`Decoder`].
+//!
+//! A family supplies its [`Blocks`]: what one layer's *spine* (its resident-or-streamed unit:
+//! attention, norms, the dense MLP or the router and shared experts) computes, how a MoE
+//! layer routes, and how its routed experts compute. The skeleton owns what they share:
+//! placement (the [`Placement`] report, the embedding table and LM head units), the layer loop,
+//! and the order in which streamed reads are announced to the store:
+//!
+//! - a pass first plans its embedding rows and layer 0's spine unit;
+//! - a dense layer plans what comes after it (the next spine unit, or the LM head) before it
+//!   computes; a MoE layer plans it right after its routed experts are planned, so the
+//!   experts' reads go first, and then asks the expert store to prefetch the next MoE layer's
+//!   guessed experts ([`prefetch_next`]);
+//! - families whose [`Blocks::plan_whole_pass`] is true (dense models streamed layer by layer,
+//!   Gemma 3) announce every unit of the pass at its start instead.
+//!
+//! MoE output is `x += (Σ routed + shared)`: the routed experts' weighted sum, then the shared
+//! experts' output when the spine wrote one, then the residual, in that order, as transformers
+//! adds them.
+
+use std::io;
+
+use anyhow::Result;
+
+use super::embed_head::{Embedding, Head};
+use super::layers::add_into;
+use super::moe::{keep_first, prefetch_next, route_rows, RouterRef, Routers};
+use super::{run_pass, KvCache, Logits, Model, Placement};
+use crate::store::{UnitBytes, WeightStore};
+
+/// Activations a layer's spine writes for the rest of the layer, reused across layers.
+#[derive(Default)]
+pub struct Scratch {
+    /// The post-attention normed rows (`n × hidden`), the routed experts' input.
+    pub xn: Vec<f32>,
+    /// Router logits (`n × n_experts`, bias added) of a MoE layer.
+    pub router: Vec<f32>,
+    /// Shared experts' output (`n × hidden`) of a MoE layer, when the family has shared
+    /// experts; left empty otherwise.
+    pub shared: Vec<f32>,
+}
+
+/// A MoE layer's router as a family describes it (the skeleton adds the spine unit).
+pub struct RouterParts<'a> {
+    /// The router matrix (`n_experts × hidden`) inside the layer's spine unit.
+    pub router: super::loading::MatRef,
+    /// The post-attention RMSNorm weights (`hidden`) the router's input is normed with.
+    pub norm: &'a [f32],
+    /// That norm's epsilon.
+    pub eps: f32,
+    /// The router bias (`n_experts`; GPT-OSS), if any.
+    pub bias: Option<&'a [f32]>,
+}
+
+/// What differs between families: one layer's spine, routing and routed experts.
+pub trait Blocks: Send + Sync {
+    /// One layer's weights (views into its spine unit) and resident vectors (norms, biases).
+    type Layer: Send + Sync;
+    /// Hidden size (floats per token in the residual stream).
+    fn hidden_size(&self) -> usize;
+    /// Vocabulary size (rows of the LM head).
+    fn vocab_size(&self) -> usize;
+    /// Longest context the model was trained for, in tokens.
+    fn context_length(&self) -> usize;
+    /// A KV cache (or latent cache) with room for `n_ctx` tokens.
+    fn new_cache(&self, n_ctx: usize) -> KvCache;
+    /// Epsilon of the final RMSNorm.
+    fn final_norm_eps(&self) -> f32;
+    /// Whether a pass announces all its streamed reads at its start (dense families) rather
+    /// than layer by layer. Default: false.
+    fn plan_whole_pass(&self) -> bool {
+        false
+    }
+    /// Scales the embedded rows `x` (`n × hidden`) in place (Gemma: by √hidden). Default:
+    /// nothing.
+    fn scale_embeddings(&self, _x: &mut [f32]) {}
+    /// Whether layer `w` ends in routed experts (its spine writes router logits).
+    fn is_moe(&self, w: &Self::Layer) -> bool;
+    /// Layer `l`'s spine over its unit's bytes `u`, for the `n` rows of `x` (`n × hidden`) at
+    /// positions `pos0 ..`: attention with its residual (writing the cache), then either the
+    /// dense feed-forward added to `x`, or (MoE) the post-attention normed rows into `s.xn`,
+    /// the router logits into `s.router` and, with shared experts, their output into
+    /// `s.shared`.
+    #[allow(clippy::too_many_arguments)]
+    fn spine(
+        &self,
+        l: usize,
+        w: &Self::Layer,
+        u: &UnitBytes,
+        cache: &mut KvCache,
+        pos0: usize,
+        x: &mut [f32],
+        s: &mut Scratch,
+    );
+    /// Layer `l`'s router (`None` for a dense layer), as the prefetcher applies it.
+    fn router<'a>(&'a self, l: usize, w: &'a Self::Layer) -> Option<RouterParts<'a>>;
+    /// Routed experts per MoE layer (columns of the router logits).
+    fn n_experts(&self) -> usize;
+    /// One token's routing in MoE layer `l` from its router logits (`n_experts`, bias
+    /// added): the chosen (expert id, weight) pairs in ascending id order.
+    fn route(&self, l: usize, logits: &[f32]) -> Vec<(usize, f32)>;
+    /// Adds the routed experts of MoE layer `l` to `out` (`n × hidden`) for the normed rows
+    /// `xn` routed by `routes` (one list per token); `after_plan` must run once, right after
+    /// the experts are planned (see [`super::moe::moe_forward_with`]).
+    ///
+    /// Errors: an expert could not be read (the message names the file and expert).
+    #[allow(clippy::too_many_arguments)]
+    fn experts(
+        &self,
+        store: &mut WeightStore,
+        l: usize,
+        routes: &[Vec<(usize, f32)>],
+        xn: &[f32],
+        out: &mut [f32],
+        after_plan: &mut dyn FnMut(&mut WeightStore),
+    ) -> io::Result<()>;
+    /// Adjusts the final logits in place (Gemma: soft-capping). Default: nothing.
+    fn finish_logits(&self, _logits: &mut [f32]) {}
+}
+
+/// A loaded decoder of any family: its [`Blocks`], the spine units of its layers, the
+/// embedding table, final norm and LM head, and where the weights live.
+pub struct Decoder<B: Blocks> {
+    /// The family's part (its config is there).
+    pub blocks: B,
+    /// Per layer: the spine unit id and the layer's weights.
+    layers: Vec<(usize, B::Layer)>,
+    embedding: Embedding,
+    head: Head,
+    /// Final RMSNorm weights (`hidden`).
+    final_norm: Vec<f32>,
+    placement: Placement,
+}
+
+impl<B: Blocks> Decoder<B> {
+    /// Assembles a decoder from its parts: `layers` pairs each layer's spine unit id (in the
+    /// store built alongside) with its weights.
+    pub fn new(
+        blocks: B,
+        layers: Vec<(usize, B::Layer)>,
+        embedding: Embedding,
+        head: Head,
+        final_norm: Vec<f32>,
+        placement: Placement,
+    ) -> Self {
+        Self {
+            blocks,
+            layers,
+            embedding,
+            head,
+            final_norm,
+            placement,
+        }
+    }
+
+    /// Queues what comes after layer `l`: the next spine unit, or the LM head chunks.
+    fn plan_after(&self, store: &mut WeightStore, l: usize) {
+        match self.layers.get(l + 1) {
+            Some((u, _)) => store.plan([*u]),
+            None => self.head.plan(store),
+        }
+    }
+
+    /// The layer loop over planned reads (see the module header).
+    fn forward_planned(
+        &self,
+        store: &mut WeightStore,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>> {
+        let b = &self.blocks;
+        let (n, d) = (tokens.len(), b.hidden_size());
+        let pos0 = cache.len;
+        let whole = b.plan_whole_pass();
+        let mut x = vec![0f32; n * d];
+        self.embedding.rows(store, tokens, d, &mut x)?;
+        b.scale_embeddings(&mut x);
+        let mut s = Scratch {
+            xn: vec![0f32; n * d],
+            ..Scratch::default()
+        };
+        // the first MoE layer's routes of the pass's last token (the next pass's guesses)
+        let mut first_routes: Option<Vec<(usize, f32)>> = None;
+        for (l, (unit, w)) in self.layers.iter().enumerate() {
+            let moe = b.is_moe(w);
+            if !moe && !whole {
+                self.plan_after(store, l);
+            }
+            store.with_unit(*unit, |u| b.spine(l, w, u, cache, pos0, &mut x, &mut s))?;
+            if moe {
+                let routes = route_rows(self, l, &s.router, b.n_experts());
+                let first = keep_first(&mut first_routes, &routes);
+                let mut out = vec![0f32; n * d];
+                b.experts(store, l, &routes, &s.xn, &mut out, &mut |st| {
+                    if !whole {
+                        self.plan_after(st, l);
+                    }
+                    prefetch_next(self, st, l, &x, first);
+                })?;
+                if !s.shared.is_empty() {
+                    add_into(&mut out, &s.shared);
+                }
+                add_into(&mut x, &out);
+            }
+        }
+        let mut out = self.head.final_logits(
+            store,
+            &x,
+            &self.final_norm,
+            b.final_norm_eps(),
+            logits,
+            b.vocab_size(),
+        )?;
+        b.finish_logits(&mut out);
+        Ok(out)
+    }
+}
+
+impl<B: Blocks> Routers for Decoder<B> {
+    fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn router(&self, l: usize) -> Option<RouterRef<'_>> {
+        let (unit, w) = self.layers.get(l)?;
+        let r = self.blocks.router(l, w)?;
+        Some(RouterRef {
+            unit: *unit,
+            router: r.router,
+            norm: r.norm,
+            eps: r.eps,
+            bias: r.bias,
+        })
+    }
+
+    fn route(&self, l: usize, logits: &[f32]) -> Vec<(usize, f32)> {
+        self.blocks.route(l, logits)
+    }
+}
+
+impl<B: Blocks> Model for Decoder<B> {
+    fn vocab_size(&self) -> usize {
+        self.blocks.vocab_size()
+    }
+
+    fn context_length(&self) -> usize {
+        self.blocks.context_length()
+    }
+
+    fn new_cache(&self, n_ctx: usize) -> KvCache {
+        self.blocks.new_cache(n_ctx)
+    }
+
+    fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    fn forward(
+        &self,
+        store: &mut WeightStore,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>> {
+        let d = self.blocks.hidden_size();
+        let plan = |s: &mut WeightStore| {
+            self.embedding.plan(s, tokens, d);
+            if self.blocks.plan_whole_pass() {
+                s.plan(self.layers.iter().map(|(u, _)| *u));
+                self.head.plan(s);
+            } else {
+                s.plan([self.layers[0].0]);
+            }
+        };
+        run_pass(
+            store,
+            cache,
+            tokens,
+            self.blocks.vocab_size(),
+            plan,
+            |s, k| self.forward_planned(s, k, tokens, logits),
+        )
+    }
+}
