@@ -1,14 +1,95 @@
-//! Loading helpers shared by the architectures: tensor lookup with shape and type checks,
+//! Loading helpers shared by the architectures: a checkpoint's files opened (a pack's
+//! physical files and relocation included), tensor lookup with shape and type checks,
 //! grouping tensors into read units, and views of matrices inside a unit's bytes.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::kernels::Matrix;
 use crate::quant::{dequantize_row, GgmlType};
 use crate::source::gguf::{GgufModel, TensorInfo};
+use crate::source::pack::PackInfo;
 use crate::store::{DirectFile, ReadRange, Unit, UnitBytes};
+
+/// A checkpoint's files opened for reading. Loaders build units over a checkpoint's tensor
+/// index, in its *logical* files; for a pack (see [`crate::source::pack`]) those differ from
+/// the files on disk, so every unit goes through [`CheckpointFiles::relocate`] before it is
+/// read, and the stores open [`CheckpointFiles::paths`].
+pub struct CheckpointFiles {
+    /// The physical files (what the stores open): the checkpoint's own, or the pack's
+    /// ([`crate::store::relocate::Relocation::files`]).
+    pub paths: Vec<PathBuf>,
+    /// Those files, opened.
+    pub files: Vec<DirectFile>,
+    /// The pack the checkpoint's files belong to (for the expert store: drive labels and
+    /// checksums).
+    pub pack: Option<Arc<PackInfo>>,
+}
+
+impl CheckpointFiles {
+    /// Opens `files` (a checkpoint's files, the logical files of `pack` when it has one) for
+    /// reading, with `O_DIRECT` when `direct_io`.
+    ///
+    /// Errors: a file cannot be opened (named).
+    pub fn open(files: &[PathBuf], pack: Option<&Arc<PackInfo>>, direct_io: bool) -> Result<Self> {
+        let paths = match pack {
+            Some(p) => p.relocation.files.clone(),
+            None => files.to_vec(),
+        };
+        let files = paths
+            .iter()
+            .map(|p| {
+                DirectFile::open(p, direct_io).with_context(|| format!("opening {}", p.display()))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            paths,
+            files,
+            pack: pack.cloned(),
+        })
+    }
+
+    /// `u` (ranges in the checkpoint's logical files) as reads of [`CheckpointFiles::paths`],
+    /// the same pieces where the logical layout puts them.
+    pub fn relocate(&self, u: &Unit) -> Unit {
+        match &self.pack {
+            Some(p) => p.relocation.apply(u),
+            None => u.clone(),
+        }
+    }
+
+    /// Every unit of `units` relocated ([`CheckpointFiles::relocate`]).
+    pub fn relocate_all(&self, units: Vec<Unit>) -> Vec<Unit> {
+        match &self.pack {
+            Some(_) => units.iter().map(|u| self.relocate(u)).collect(),
+            None => units,
+        }
+    }
+
+    /// Reads a small tensor (a norm weight) into f32.
+    ///
+    /// Errors: the read fails (the message names the tensor).
+    pub fn vector(&self, t: &TensorInfo) -> Result<Vec<f32>> {
+        let unit = self.relocate(&Unit {
+            pieces: None,
+            ranges: vec![ReadRange {
+                file: t.file,
+                offset: t.offset,
+                len: t.n_bytes as usize,
+            }],
+        });
+        let stats = crate::store::IoStats::default();
+        let b = crate::store::load_resident(&self.files, &unit, &stats)
+            .with_context(|| format!("reading tensor '{}'", t.name))?;
+        let n = t.shape.iter().product::<u64>() as usize;
+        let mut out = vec![0f32; n];
+        dequantize_row(t.ty, b.piece(0), &mut out);
+        Ok(out)
+    }
+}
 
 /// Where a matrix lives inside its unit.
 #[derive(Clone, Copy, Debug)]
@@ -87,20 +168,43 @@ impl<'a> Tensors<'a> {
     /// The `n` slices of the stacked tensor `name` (GGML `shape`, slices outermost: `n` is
     /// `shape`'s last dimension, e.g. the experts of a GGUF `ffn_*_exps` tensor), one tensor
     /// each ([`TensorInfo::slice_outer`]). Where the index lists the slices instead of the
-    /// stacked tensor (`NAME[0]` … `NAME[n-1]`, as a pack of a GGUF model does, each slice in
-    /// its own record), those are returned, each checked to have the slice shape.
+    /// stacked tensor (`NAME[0]` … `NAME[n-1]`, as a pack does, each slice in its expert's
+    /// record), those are returned, each checked to have the slice shape.
     ///
     /// Errors: as [`Tensors::get`], naming the stacked tensor or the slice.
     pub fn stacked(&self, name: &str, shape: &[usize]) -> Result<Vec<TensorInfo>> {
+        self.stacked_by(name, shape, |n, s| self.get(n, s))
+    }
+
+    /// [`Tensors::stacked`] for tensors read as bytes, checked as [`Tensors::get_raw`] does
+    /// (type `ty` exactly).
+    ///
+    /// Errors: as [`Tensors::get_raw`], naming the stacked tensor or the slice.
+    pub fn stacked_raw(
+        &self,
+        name: &str,
+        shape: &[usize],
+        ty: GgmlType,
+    ) -> Result<Vec<TensorInfo>> {
+        self.stacked_by(name, shape, |n, s| self.get_raw(n, s, ty))
+    }
+
+    /// [`Tensors::stacked`] with `get` looking up and checking each tensor.
+    fn stacked_by(
+        &self,
+        name: &str,
+        shape: &[usize],
+        get: impl Fn(&str, &[usize]) -> Result<&'a TensorInfo>,
+    ) -> Result<Vec<TensorInfo>> {
         let n = *shape.last().expect("a stacked tensor has dimensions");
         let first = format!("{name}[0]");
         if self.by_name.contains_key(name) || !self.by_name.contains_key(first.as_str()) {
-            let t = self.get(name, shape)?;
+            let t = get(name, shape)?;
             return Ok((0..n).map(|i| t.slice_outer(i, n)).collect());
         }
         let slice = &shape[..shape.len() - 1];
         (0..n)
-            .map(|i| self.get(&format!("{name}[{i}]"), slice).cloned())
+            .map(|i| get(&format!("{name}[{i}]"), slice).cloned())
             .collect()
     }
 
@@ -190,23 +294,4 @@ pub fn mat(t: &TensorInfo, place: (usize, usize)) -> MatRef {
         cols: t.shape[0] as usize,
         bytes: t.n_bytes as usize,
     }
-}
-
-/// Reads a small tensor (a norm weight) into f32.
-pub fn read_vector(files: &[DirectFile], t: &TensorInfo) -> Result<Vec<f32>> {
-    let unit = Unit {
-        pieces: None,
-        ranges: vec![ReadRange {
-            file: t.file,
-            offset: t.offset,
-            len: t.n_bytes as usize,
-        }],
-    };
-    let stats = crate::store::IoStats::default();
-    let b = crate::store::load_resident(files, &unit, &stats)
-        .with_context(|| format!("reading tensor '{}'", t.name))?;
-    let n = t.shape.iter().product::<u64>() as usize;
-    let mut out = vec![0f32; n];
-    dequantize_row(t.ty, b.piece(0), &mut out);
-    Ok(out)
 }

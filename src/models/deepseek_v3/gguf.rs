@@ -304,6 +304,7 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
     };
     Ok(Checkpoint {
         files: g.files.clone(),
+        pack: g.pack.clone(),
         final_norm: get("output_norm.weight", &[d])?,
         embd,
         head,

@@ -32,21 +32,21 @@ pub mod gguf;
 pub mod mla;
 mod tensors;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 pub use self::config::Config;
 
 use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
 use self::tensors::{hf_checkpoint, unit_of_lins, Checkpoint, FfnTensors, KvB, Lin};
 use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
-use super::loading::{read_vector, unit_of, MatRef};
+use super::loading::{unit_of, CheckpointFiles, MatRef};
 use self::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
 use super::moe::{moe_forward, route_sigmoid_grouped, ExpertMats, StoreExperts, UnitExperts};
 use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
-use crate::store::{DirectFile, Fp8Pack, Unit, UnitBytes, WeightStore};
+use crate::store::{Fp8Pack, Unit, UnitBytes, WeightStore};
 
 /// Attention weights of one layer.
 struct Attn {
@@ -143,15 +143,8 @@ impl DeepseekV3 {
         );
         let sff = eff * c.n_shared_experts;
         let (embd, head_t) = (&ck.embd, &ck.head);
-        let files: Vec<DirectFile> = ck
-            .files
-            .iter()
-            .map(|p| {
-                DirectFile::open(p, opts.direct_io)
-                    .with_context(|| format!("opening {}", p.display()))
-            })
-            .collect::<Result<_>>()?;
-        let vec_of = |t: &TensorInfo| -> Result<Vec<f32>> { read_vector(&files, t) };
+        let files = CheckpointFiles::open(&ck.files, ck.pack.as_ref(), opts.direct_io)?;
+        let vec_of = |t: &TensorInfo| files.vector(t);
         let final_norm = vec_of(&ck.final_norm)?;
 
         let (qh, vd, rank) = (c.qk_head_dim(), c.v_head_dim, c.kv_lora_rank);
@@ -248,6 +241,7 @@ impl DeepseekV3 {
             experts.units.push(le);
         }
         let mut w = WeightUnits::new(units, expert_units, &mut experts.units);
+        w.units = files.relocate_all(w.units);
         packs.extend(expert_packs);
         w.packs = packs;
 
@@ -270,13 +264,13 @@ impl DeepseekV3 {
                 + c.num_hidden_layers * (c.q_lora_rank.unwrap_or(0) + rank + ne));
         let placed = place(
             opts,
-            &ck.files,
+            &files.paths,
             w,
             HeadTensors {
                 head: head_t,
-                head_unit: unit_of(&[head_t]).0,
+                head_unit: files.relocate(&unit_of(&[head_t]).0),
                 embd,
-                embd_unit: unit_of(&[embd]).0,
+                embd_unit: files.relocate(&unit_of(&[embd]).0),
                 tied: c.tie_word_embeddings,
             },
             Reserved {
@@ -288,7 +282,7 @@ impl DeepseekV3 {
             OnDemand {
                 per_tok: c.num_experts_per_tok,
                 transform: None,
-                pack: None,
+                pack: files.pack.clone(),
             },
             Notes {
                 experts: "",

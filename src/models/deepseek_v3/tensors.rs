@@ -68,6 +68,8 @@ pub(crate) struct LayerTensors {
 /// Every tensor the forward pass reads, checked against the config.
 pub(crate) struct Checkpoint {
     pub files: Vec<PathBuf>,
+    /// The pack `files` belong to (its relocation to physical files and expert checksums).
+    pub pack: Option<std::sync::Arc<crate::source::pack::PackInfo>>,
     /// Token embeddings `[hidden, vocab]`.
     pub embd: TensorInfo,
     /// LM head `[hidden, vocab]` (the embeddings' tensor when tied).
@@ -269,6 +271,7 @@ pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
     };
     Ok(Checkpoint {
         files: hf.files.clone(),
+        pack: hf.pack.clone(),
         final_norm: vec("model.norm.weight", d)?,
         embd,
         head,

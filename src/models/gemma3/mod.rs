@@ -11,17 +11,17 @@ mod config;
 
 pub use config::Config;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use super::embed_head::{head_chunks, Embedding, Head};
 use super::layers::{add_post_normed, attention, mm, rms_norm_rows, AttnShape};
-use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
+use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
 use super::{KvCache, LoadOptions, Placement};
 use crate::kernels::ops::{gelu_tanh, rms_norm_inplace, rope_inv_freq, rope_neox, softcap};
 use crate::source::gguf::GgufModel;
 use crate::store::plan::{choose_resident, Candidate};
-use crate::store::{DirectFile, Unit, UnitBytes, WeightStore};
+use crate::store::{Unit, UnitBytes, WeightStore};
 
 /// Stream buffers used when any weight is streamed (double buffering: one being computed on,
 /// one being read).
@@ -81,16 +81,9 @@ impl Gemma3 {
             None => embd,
         };
         let tied = std::ptr::eq(head_t, embd);
-        let files: Vec<DirectFile> = g
-            .files
-            .iter()
-            .map(|p| {
-                DirectFile::open(p, opts.direct_io)
-                    .with_context(|| format!("opening {}", p.display()))
-            })
-            .collect::<Result<_>>()?;
-        let vec_of =
-            |name: &str, n: usize| -> Result<Vec<f32>> { read_vector(&files, ts.get(name, &[n])?) };
+        // a dense family: never a pack (loading refuses packs of it)
+        let files = CheckpointFiles::open(&g.files, None, opts.direct_io)?;
+        let vec_of = |name: &str, n: usize| files.vector(ts.get(name, &[n])?);
         let output_norm = vec_of("output_norm.weight", d)?;
 
         let mut units: Vec<Unit> = Vec::new();

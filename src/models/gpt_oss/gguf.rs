@@ -214,16 +214,17 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
             get(&b("ffn_gate_inp"), &[ne])?,
             get(&w("attn_sinks"), &[nh])?,
         ];
+        // stacked over the experts, or listed per expert (`NAME[E]`, as in a pack)
         let stacked = [
-            ts.get(&w("ffn_gate_exps"), &[d, ff, ne])?,
-            ts.get(&w("ffn_up_exps"), &[d, ff, ne])?,
-            ts.get(&w("ffn_down_exps"), &[ff, d, ne])?,
-            ts.get(&b("ffn_gate_exps"), &[ff, ne])?,
-            ts.get(&b("ffn_up_exps"), &[ff, ne])?,
-            ts.get(&b("ffn_down_exps"), &[d, ne])?,
+            ts.stacked(&w("ffn_gate_exps"), &[d, ff, ne])?,
+            ts.stacked(&w("ffn_up_exps"), &[d, ff, ne])?,
+            ts.stacked(&w("ffn_down_exps"), &[ff, d, ne])?,
+            ts.stacked(&b("ffn_gate_exps"), &[ff, ne])?,
+            ts.stacked(&b("ffn_up_exps"), &[ff, ne])?,
+            ts.stacked(&b("ffn_down_exps"), &[d, ne])?,
         ];
         let experts = (0..ne)
-            .map(|e| ExpertTensors::Split(stacked.map(|t| t.slice_outer(e, ne))))
+            .map(|e| ExpertTensors::Split(stacked.each_ref().map(|t| t[e].clone())))
             .collect();
         layers.push(LayerTensors {
             spine,
@@ -233,6 +234,7 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
     }
     Ok(Checkpoint {
         files: g.files.clone(),
+        pack: g.pack.clone(),
         embd,
         head,
         final_norm: get("output_norm.weight", &[d])?,

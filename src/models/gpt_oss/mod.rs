@@ -35,7 +35,7 @@ pub mod gguf;
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 pub use self::config::Config;
 
@@ -47,7 +47,7 @@ use self::experts::{
 use super::layers::{
     add_into, attention_with_sinks, mm, norm_rope_heads, rms_norm_rows, AttnShape,
 };
-use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
+use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::{moe_forward_with, route_topk_softmax};
 use super::rope::RopeStyle;
 use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
@@ -55,7 +55,7 @@ use super::{KvCache, LoadOptions};
 use crate::quant::GgmlType;
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
-use crate::store::{AlignedBuf, DirectFile, Unit, UnitBytes, WeightStore};
+use crate::store::{AlignedBuf, Unit, UnitBytes, WeightStore};
 
 /// A layer's spine matrices inside its unit.
 pub struct LayerMats {
@@ -119,6 +119,8 @@ enum ExpertTensors {
 /// the shared [`GptOss::build`].
 struct Checkpoint {
     pub files: Vec<PathBuf>,
+    /// The pack `files` belong to (its relocation to physical files and expert checksums).
+    pub pack: Option<std::sync::Arc<crate::source::pack::PackInfo>>,
     /// `[H, vocab]`.
     pub embd: TensorInfo,
     /// `[H, vocab]`; the embedding itself when tied.
@@ -178,41 +180,41 @@ impl GptOss {
                 get(&n("self_attn.sinks"), &[nh])?,
             ];
             let x = |s: &str| format!("model.layers.{l}.mlp.experts.{s}");
-            let gub = ts.get(&x("gate_up_proj_bias"), &[2 * ff, ne])?;
-            let db = ts.get(&x("down_proj_bias"), &[d, ne])?;
+            // stacked over the experts, or listed per expert (`NAME[E]`, as in a pack)
+            let gub = ts.stacked(&x("gate_up_proj_bias"), &[2 * ff, ne])?;
+            let db = ts.stacked(&x("down_proj_bias"), &[d, ne])?;
             let experts = if c.mxfp4() {
                 let (gd, gf) = (d / 32, ff / 32);
                 let i8 = GgmlType::I8;
-                let gb = ts.get_raw(&x("gate_up_proj_blocks"), &[16, gd, 2 * ff, ne], i8)?;
-                let gs = ts.get_raw(&x("gate_up_proj_scales"), &[gd, 2 * ff, ne], i8)?;
-                let dbk = ts.get_raw(&x("down_proj_blocks"), &[16, gf, d, ne], i8)?;
-                let ds = ts.get_raw(&x("down_proj_scales"), &[gf, d, ne], i8)?;
-                if gub.ty != db.ty {
+                let gb = ts.stacked_raw(&x("gate_up_proj_blocks"), &[16, gd, 2 * ff, ne], i8)?;
+                let gs = ts.stacked_raw(&x("gate_up_proj_scales"), &[gd, 2 * ff, ne], i8)?;
+                let dbk = ts.stacked_raw(&x("down_proj_blocks"), &[16, gf, d, ne], i8)?;
+                let ds = ts.stacked_raw(&x("down_proj_scales"), &[gf, d, ne], i8)?;
+                let bias_ty = gub[0].ty;
+                if gub.iter().chain(&db).any(|t| t.ty != bias_ty) {
                     bail!(
                         "{label}: '{}' and '{}' have different types",
-                        gub.name,
-                        db.name
+                        x("gate_up_proj_bias"),
+                        x("down_proj_bias")
                     );
                 }
                 packed = Some(Packed {
                     gate_up: 2 * ff * gd * 17,
                     down: d * gf * 17,
-                    gate_up_bias: (gub.n_bytes / ne as u64) as usize,
-                    down_bias: (db.n_bytes / ne as u64) as usize,
-                    bias_ty: gub.ty,
+                    gate_up_bias: gub[0].n_bytes as usize,
+                    down_bias: db[0].n_bytes as usize,
+                    bias_ty,
                 });
                 (0..ne)
                     .map(|e| {
-                        ExpertTensors::Mxfp4(
-                            [gb, gs, dbk, ds, gub, db].map(|t| t.slice_outer(e, ne)),
-                        )
+                        ExpertTensors::Mxfp4([&gb, &gs, &dbk, &ds, &gub, &db].map(|t| t[e].clone()))
                     })
                     .collect()
             } else {
-                let gu = ts.get(&x("gate_up_proj"), &[2 * ff, d, ne])?;
-                let dn = ts.get(&x("down_proj"), &[d, ff, ne])?;
+                let gu = ts.stacked(&x("gate_up_proj"), &[2 * ff, d, ne])?;
+                let dn = ts.stacked(&x("down_proj"), &[d, ff, ne])?;
                 (0..ne)
-                    .map(|e| ExpertTensors::Float([gu, dn, gub, db].map(|t| t.slice_outer(e, ne))))
+                    .map(|e| ExpertTensors::Float([&gu, &dn, &gub, &db].map(|t| t[e].clone())))
                     .collect()
             };
             layers.push(LayerTensors {
@@ -223,6 +225,7 @@ impl GptOss {
         }
         let ck = Checkpoint {
             files: hf.files.clone(),
+            pack: hf.pack.clone(),
             embd,
             head,
             final_norm,
@@ -247,16 +250,9 @@ impl GptOss {
     ) -> Result<(Self, WeightStore)> {
         let (d, ff, qd, kvd) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim());
         let (ne, nh) = (c.num_local_experts, c.num_attention_heads);
-        let files: Vec<DirectFile> = ck
-            .files
-            .iter()
-            .map(|p| {
-                DirectFile::open(p, opts.direct_io)
-                    .with_context(|| format!("opening {}", p.display()))
-            })
-            .collect::<Result<_>>()?;
+        let files = CheckpointFiles::open(&ck.files, ck.pack.as_ref(), opts.direct_io)?;
         let (embd, head_t) = (&ck.embd, &ck.head);
-        let final_norm = read_vector(&files, &ck.final_norm)?;
+        let final_norm = files.vector(&ck.final_norm)?;
         let mxfp4 = ck.layers.iter().flat_map(|l| &l.experts).any(|e| match e {
             ExpertTensors::Float(_) => false,
             ExpertTensors::Mxfp4(_) => true,
@@ -290,7 +286,7 @@ impl GptOss {
             let v: Vec<Vec<f32>> = lt
                 .vecs
                 .iter()
-                .map(|t| read_vector(&files, t))
+                .map(|t| files.vector(t))
                 .collect::<Result<_>>()?;
             let [input_norm, post_norm, q_bias, k_bias, v_bias, o_bias, router_bias, sinks] =
                 <[Vec<f32>; 8]>::try_from(v).expect("eight vectors");
@@ -342,7 +338,8 @@ impl GptOss {
             }
             table.units.push(le);
         }
-        let w = WeightUnits::new(units, expert_units, &mut table.units);
+        let mut w = WeightUnits::new(units, expert_units, &mut table.units);
+        w.units = files.relocate_all(w.units);
 
         // --- budget -------------------------------------------------------------------------
         let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
@@ -354,13 +351,13 @@ impl GptOss {
         let vec_bytes = 4 * (c.num_hidden_layers * (2 * d + qd + 2 * kvd + d + ne + nh) + d);
         let placed = place(
             opts,
-            &ck.files,
+            &files.paths,
             w,
             HeadTensors {
                 head: head_t,
-                head_unit: unit_of(&[head_t]).0,
+                head_unit: files.relocate(&unit_of(&[head_t]).0),
                 embd,
-                embd_unit: unit_of(&[embd]).0,
+                embd_unit: files.relocate(&unit_of(&[embd]).0),
                 tied: c.tie_word_embeddings,
             },
             Reserved {
@@ -372,7 +369,7 @@ impl GptOss {
                 per_tok: c.num_experts_per_tok,
                 // Hugging Face MXFP4 experts are repacked as they land
                 transform: mxfp4_transform(&table),
-                pack: None,
+                pack: files.pack.clone(),
             },
             Notes {
                 experts: if mxfp4 { " (MXFP4)" } else { "" },

@@ -25,7 +25,7 @@
 mod config;
 pub mod gguf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 pub use self::config::Config;
 
@@ -33,14 +33,14 @@ use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
 use super::layers::{
     add_into, attention, mm, norm_rope_heads, rms_norm_rows, swiglu_mlp, AttnShape,
 };
-use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
+use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::{moe_forward, route_softmax_topk, ExpertMats, StoreExperts, UnitExperts};
 use super::rope::RopeStyle;
 use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
 use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
-use crate::store::{DirectFile, Unit, UnitBytes, WeightStore};
+use crate::store::{Unit, UnitBytes, WeightStore};
 
 /// The feed-forward part of a spine unit.
 enum Ffn {
@@ -240,23 +240,8 @@ impl Llama {
         let embd = &ck.embd;
         let head_t = ck.head.as_ref().unwrap_or(embd);
         let tied = ck.head.is_none();
-        // a pack's logical units are read from its physical files
-        let phys_files = match &ck.pack {
-            Some(p) => p.relocation.files.clone(),
-            None => ck.files.clone(),
-        };
-        let relocate = |u: &Unit| match &ck.pack {
-            Some(p) => p.relocation.apply(u),
-            None => u.clone(),
-        };
-        let files: Vec<DirectFile> = phys_files
-            .iter()
-            .map(|p| {
-                DirectFile::open(p, opts.direct_io)
-                    .with_context(|| format!("opening {}", p.display()))
-            })
-            .collect::<Result<_>>()?;
-        let vec_of = |t: &TensorInfo| -> Result<Vec<f32>> { read_vector(&files, t) };
+        let files = CheckpointFiles::open(&ck.files, ck.pack.as_ref(), opts.direct_io)?;
+        let vec_of = |t: &TensorInfo| files.vector(t);
         let final_norm = vec_of(&ck.final_norm)?;
 
         let mut units: Vec<Unit> = Vec::new();
@@ -317,7 +302,7 @@ impl Llama {
             experts.units.push(le);
         }
         let mut w = WeightUnits::new(units, expert_units, &mut experts.units);
-        w.units = w.units.iter().map(relocate).collect();
+        w.units = files.relocate_all(w.units);
 
         // --- budget -------------------------------------------------------------------------
         let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
@@ -335,13 +320,13 @@ impl Llama {
         let norms_bytes = 4 * (d * (2 * c.num_hidden_layers + 1) + qk_norms * c.num_hidden_layers);
         let placed = place(
             opts,
-            &phys_files,
+            &files.paths,
             w,
             HeadTensors {
                 head: head_t,
-                head_unit: relocate(&unit_of(&[head_t]).0),
+                head_unit: files.relocate(&unit_of(&[head_t]).0),
                 embd,
-                embd_unit: relocate(&unit_of(&[embd]).0),
+                embd_unit: files.relocate(&unit_of(&[embd]).0),
                 tied,
             },
             Reserved {
@@ -352,7 +337,7 @@ impl Llama {
             OnDemand {
                 per_tok: c.num_experts_per_tok.unwrap_or(1),
                 transform: None,
-                pack: ck.pack.clone(),
+                pack: files.pack.clone(),
             },
             Notes::default(),
         )?;
