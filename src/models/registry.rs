@@ -21,7 +21,16 @@ pub type LoadHf = fn(&HfModel, &LoadOptions) -> Result<Loaded>;
 pub type LoadGguf = fn(&GgufModel, &LoadOptions) -> Result<Loaded>;
 
 /// How a family's routed-expert tensors are named, so that tools that never run the model
-/// (`pack`, `inspect`) can tell experts from the spine and order an expert's tensors.
+/// (`pack`, `inspect`) can tell experts from the spine, split stacked experts and order an
+/// expert's tensors.
+///
+/// An expert tensor (one whose name holds a [marker](ExpertNames::markers)) is either one
+/// expert's ([`ExpertNames::key`]: Hugging Face `model.layers.L.….experts.E.NAME`, where a
+/// marker is followed by the expert's number, or a slice `NAME[E]` as packs list them) or
+/// *stacked*, every expert of its layer in one tensor with the experts outermost
+/// ([`ExpertNames::is_stacked`]: GGUF `blk.L.ffn_*_exps.*`, Hugging Face GPT-OSS
+/// `model.layers.L.mlp.experts.gate_up_proj…`), which `pack` cuts into one slice per expert
+/// (`TensorInfo::slice_outer`) and the loaders accept either way (`Tensors::stacked`).
 #[derive(Clone, Copy, Debug)]
 pub struct ExpertNames {
     /// Substrings that mark a tensor holding routed-expert weights: Hugging Face per-expert
@@ -39,6 +48,30 @@ impl ExpertNames {
         self.markers.iter().any(|m| name.contains(m))
     }
 
+    /// The (layer, expert) of a tensor holding one routed expert's weights: an expert tensor
+    /// ([`ExpertNames::is_expert`]) of a layer ([`layer_of`]) named `NAME[E]`, or with a marker
+    /// followed by `E.`; `None` for spine tensors and stacked expert tensors.
+    pub fn key(&self, name: &str) -> Option<(usize, usize)> {
+        if !self.is_expert(name) {
+            return None;
+        }
+        let layer = layer_of(name)?;
+        if let Some((_, e)) = name.strip_suffix(']').and_then(|n| n.rsplit_once('[')) {
+            return Some((layer, e.parse().ok()?));
+        }
+        let e = self.markers.iter().find_map(|m| {
+            let (_, rest) = name.split_once(m)?;
+            rest.split_once('.')?.0.parse().ok()
+        })?;
+        Some((layer, e))
+    }
+
+    /// Whether `name` is a stacked expert tensor: an expert tensor of a layer that holds
+    /// every expert of it (experts outermost) rather than one ([`ExpertNames::key`]).
+    pub fn is_stacked(&self, name: &str) -> bool {
+        self.is_expert(name) && layer_of(name).is_some() && self.key(name).is_none()
+    }
+
     /// The record position of the tensor `name` ([`ExpertNames::roles`]); `roles.len()` for
     /// a tensor matching no role.
     pub fn role(&self, name: &str) -> usize {
@@ -47,6 +80,14 @@ impl ExpertNames {
             .position(|r| r.iter().any(|x| name.contains(x)))
             .unwrap_or(self.roles.len())
     }
+}
+
+/// The layer of a tensor named `model.layers.L.…` (Hugging Face) or `blk.L.…` (GGUF).
+pub fn layer_of(name: &str) -> Option<usize> {
+    let rest = name
+        .strip_prefix("model.layers.")
+        .or_else(|| name.strip_prefix("blk."))?;
+    rest.split_once('.')?.0.parse().ok()
 }
 
 /// The expert naming of the SwiGLU MoE families: Hugging Face `experts.E.{gate,up,down}_proj`
@@ -113,4 +154,53 @@ pub fn names(
 /// Boxes a family's `(model, store)` into [`Loaded`], for the registry's loader entries.
 pub fn boxed<M: Model + 'static>((m, s): (M, WeightStore)) -> Loaded {
     (Box::new(m), s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_tensors_are_told_apart_by_layer_and_expert_or_as_stacked() {
+        let n = SWIGLU_EXPERTS;
+        let key = |s| n.key(s);
+        assert_eq!(
+            key("model.layers.3.mlp.experts.12.gate_proj.weight"),
+            Some((3, 12))
+        );
+        assert_eq!(
+            key("model.layers.1.mlp.experts.0.up_proj.weight_scale_inv"),
+            Some((1, 0))
+        );
+        assert_eq!(
+            key("model.layers.2.block_sparse_moe.experts.5.w2.weight"),
+            Some((2, 5))
+        );
+        assert_eq!(key("blk.4.ffn_down_exps.weight[7]"), Some((4, 7)));
+        for spine in [
+            "model.layers.1.mlp.shared_experts.gate_proj.weight",
+            "model.layers.1.mlp.gate.weight",
+            "blk.1.ffn_gate_shexp.weight",
+            "blk.1.exp_probs_b.bias",
+            "token_embd.weight",
+        ] {
+            assert_eq!((key(spine), n.is_stacked(spine)), (None, false), "{spine}");
+        }
+        assert!(n.is_stacked("blk.0.ffn_gate_exps.weight"));
+        assert!(!n.is_stacked("blk.0.ffn_gate_exps.weight[0]"));
+        let oss = ExpertNames {
+            markers: &[".experts.", "_exps."],
+            roles: &[&["gate_up_proj"], &["down_proj"]],
+        };
+        assert!(oss.is_stacked("model.layers.0.mlp.experts.gate_up_proj_blocks"));
+        assert_eq!(
+            oss.key("model.layers.1.mlp.experts.down_proj_bias[3]"),
+            Some((1, 3))
+        );
+        assert!(oss.is_stacked("blk.1.ffn_up_exps.bias"));
+        assert_eq!(
+            oss.role("model.layers.0.mlp.experts.down_proj_scales[2]"),
+            1
+        );
+    }
 }
