@@ -5,6 +5,7 @@ pub mod cli;
 pub mod engine;
 pub mod kernels;
 pub mod models;
+pub mod pull;
 pub mod quant;
 pub mod source;
 pub mod store;

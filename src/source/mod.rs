@@ -12,5 +12,4 @@ pub mod pack;
 mod pack_gguf;
 mod pack_verify;
 pub mod pack_write;
-pub mod pull;
 pub mod synth;

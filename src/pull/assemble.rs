@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
 use super::wheel::hex;
-use super::HashMismatch;
+use super::error::HashMismatch;
 
 /// Suffix of files that are still being written; never a finished artifact.
 pub const PARTIAL_SUFFIX: &str = ".partial";

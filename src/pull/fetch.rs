@@ -17,7 +17,8 @@ use sha2::{Digest, Sha256};
 
 use super::assemble::partial_path;
 use super::wheel::hex;
-use super::{HashMismatch, PullOptions, Via};
+use super::error::HashMismatch;
+use super::options::{PullOptions, Via};
 
 /// A wheel on disk and how it got there.
 #[derive(Debug)]
