@@ -10,3 +10,4 @@ pub mod quant;
 pub mod source;
 pub mod store;
 pub mod tokenizer;
+pub mod write;

@@ -43,8 +43,8 @@ use super::moe::{
 };
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
-use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
+use crate::source::tensor::TensorInfo;
 use crate::store::{DirectFile, Fp8Pack, Unit, UnitBytes, WeightStore};
 
 /// Attention weights of one layer.

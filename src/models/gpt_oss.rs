@@ -51,8 +51,8 @@ use super::moe::{
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
 use crate::quant::GgmlType;
-use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
+use crate::source::tensor::TensorInfo;
 use crate::store::{AlignedBuf, DirectFile, Unit, UnitBytes, WeightStore};
 
 /// A layer's spine matrices inside its unit.

@@ -38,8 +38,8 @@ use super::moe::{
 };
 use super::{LoadOptions, Logits, Model, Placement};
 use crate::engine::KvCache;
-use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
+use crate::source::tensor::TensorInfo;
 use crate::store::{DirectFile, Unit, UnitBytes, WeightStore};
 
 /// The feed-forward part of a spine unit.

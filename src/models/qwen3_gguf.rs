@@ -27,7 +27,8 @@ use super::LoadOptions;
 use crate::kernels::ops::rope_inv_freq;
 use crate::models::layers::RopeStyle;
 use crate::quant::{dequantize_row, GgmlType};
-use crate::source::gguf::{GgufModel, TensorInfo};
+use crate::source::gguf::GgufModel;
+use crate::source::tensor::TensorInfo;
 use crate::store::WeightStore;
 
 /// Dimension limit checked at load (a hostile file must not make us allocate terabytes).
