@@ -26,6 +26,9 @@
 //!
 //! A pack is complete only once `manifest.json` exists; it is written last, by rename. A folder
 //! with `pack.journal` and no manifest is a pack being written and is refused.
+//!
+//! This module defines the format and opens packs; writing, resuming and verifying them is
+//! `write::pack`'s.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
