@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 
-use crate::source::synth::{catalog, plan, write, Encoding, Planned, Shape, ARCHS};
 use crate::store::plan::parse_size;
+use crate::write::synth::{catalog, plan, write, Encoding, Planned, Shape, ARCHS};
 
 /// Arguments of `deltafin synth`.
 #[derive(clap::Args, Debug)]

@@ -7,7 +7,8 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use crate::kernels::Matrix;
 use crate::quant::{dequantize_row, GgmlType};
-use crate::source::gguf::{GgufModel, TensorInfo};
+use crate::source::gguf::GgufModel;
+use crate::source::tensor::TensorInfo;
 use crate::store::{DirectFile, ReadRange, Unit, UnitBytes};
 
 /// Where a matrix lives inside its unit.
