@@ -39,8 +39,14 @@ pub use qwen3_moe::{config_json, presets, write_qwen3_moe, Qwen3MoeShape};
 use crate::quant::GgmlType;
 use hf_checkpoint::HfCheckpoint;
 
-/// The architectures `synth` writes (Hugging Face `model_type`).
-pub const ARCHS: [&str; 3] = ["qwen3_moe", "deepseek_v3", "gpt_oss"];
+/// The architectures `synth` writes (Hugging Face `model_type`), as the registry lists them
+/// ([`crate::models::Family::synth`], in [`crate::models::FAMILIES`] order).
+pub fn archs() -> Vec<&'static str> {
+    crate::models::FAMILIES
+        .iter()
+        .flat_map(|f| f.synth.iter().copied())
+        .collect()
+}
 
 /// A synthetic model: its architecture and shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -191,7 +197,7 @@ pub struct Preset {
     pub shape: Shape,
 }
 
-/// Every preset of every architecture, in [`ARCHS`] order.
+/// Every preset of every architecture ([`archs`]).
 pub fn catalog() -> Vec<Preset> {
     let qwen = presets().into_iter().map(|(name, description, s)| Preset {
         name,
