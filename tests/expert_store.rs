@@ -11,8 +11,8 @@ use std::path::Path;
 use deltafin::engine::Session;
 use deltafin::models::{load_hf_model, LoadOptions, Logits};
 use deltafin::source::hf::HfModel;
-use deltafin::source::synth::{presets, write_qwen3_moe};
 use deltafin::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions, PrefetchMode};
+use deltafin::write::synth::{presets, write_qwen3_moe};
 
 const PROMPT: [u32; 10] = [17, 300, 42, 99, 5, 256, 411, 3, 77, 128];
 const DECODE: usize = 6;

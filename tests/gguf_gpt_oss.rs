@@ -32,8 +32,8 @@ use deltafin::engine::Session;
 use deltafin::models::gpt_oss::gguf::{config_from_gguf, load_with_config};
 use deltafin::models::{load_gguf, LoadOptions, Logits};
 use deltafin::source::gguf::{GgufModel, Value};
-use deltafin::source::gguf_writer::GgufWriter;
 use deltafin::tokenizer::Tokenizer;
+use deltafin::write::gguf_writer::GgufWriter;
 use serde_json::Value as Json;
 
 /// Where both sides compute in f32 over the same weight values.

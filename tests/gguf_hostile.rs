@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use deltafin::quant::GgmlType;
 use deltafin::source::gguf::{GgufModel, Value};
-use deltafin::source::gguf_writer::GgufWriter;
+use deltafin::write::gguf_writer::GgufWriter;
 use proptest::prelude::*;
 
 /// Hand-made GGUF bytes, so tests can write any field value.

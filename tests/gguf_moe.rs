@@ -34,8 +34,8 @@ use common::hf::{argmax, f32s, rel_diff, u32s};
 use deltafin::engine::Session;
 use deltafin::models::{load_gguf, LoadOptions, Logits};
 use deltafin::source::gguf::{GgufModel, Value};
-use deltafin::source::gguf_writer::GgufWriter;
 use deltafin::tokenizer::Tokenizer;
+use deltafin::write::gguf_writer::GgufWriter;
 use serde_json::Value as Json;
 
 /// Relative tolerance where both sides compute in f32 over the same weight values.
@@ -458,7 +458,7 @@ fn load_errors_name_the_key_or_tensor() {
         |_| true,
     );
     assert!(load_err(&p).ends_with(
-        "architecture 'deepseek4' is not supported (supported: gemma3, qwen3moe, qwen3, llama, deepseek2, gpt-oss)"
+        "architecture 'deepseek4' is not supported (supported: gemma3, qwen3moe, qwen3, llama, gpt-oss, deepseek2)"
     ));
 }
 

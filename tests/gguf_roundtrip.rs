@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use deltafin::quant::GgmlType;
 use deltafin::source::gguf::{GgufModel, Value};
-use deltafin::source::gguf_writer::GgufWriter;
+use deltafin::write::gguf_writer::GgufWriter;
 use proptest::prelude::*;
 
 fn s(x: &str) -> Value {

@@ -16,11 +16,11 @@ use deltafin::engine::Session;
 use deltafin::models::{load_gguf, load_hf_model, LoadOptions, Logits};
 use deltafin::quant::GgmlType;
 use deltafin::source::gguf::GgufModel;
-use deltafin::source::gguf_synth::write_qwen3moe_gguf;
 use deltafin::source::pack::{open_gguf_pack, open_pack, Manifest};
-use deltafin::source::pack_write::{verify_pack, write_pack, PackOptions, PackPlacement};
-use deltafin::source::synth::{presets, write_qwen3_moe};
 use deltafin::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions, PrefetchMode};
+use deltafin::write::pack::{verify_pack, write_pack, PackOptions, PackPlacement};
+use deltafin::write::synth::qwen3_moe_gguf::write_qwen3moe_gguf;
+use deltafin::write::synth::{presets, write_qwen3_moe};
 use sha2::{Digest, Sha256};
 
 const PROMPT: [u32; 10] = [17, 300, 42, 99, 5, 256, 411, 3, 77, 128];

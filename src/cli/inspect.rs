@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::run::{open_any, OpenedModel};
-use crate::source::gguf::{TensorInfo, Value};
+use crate::source::gguf::Value;
+use crate::source::tensor::TensorInfo;
 
 /// Arguments of `deltafin inspect`.
 #[derive(clap::Args, Debug)]

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 
 use super::store_args::StoreArgs;
-use crate::source::pack_write::{verify_pack, write_pack, PackOptions, PackPlacement};
+use crate::write::pack::{verify_pack, write_pack, PackOptions, PackPlacement};
 
 /// `deltafin pack` flags.
 #[derive(clap::Args, Debug)]

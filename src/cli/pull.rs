@@ -1,6 +1,6 @@
 //! `deltafin pull NAME`.
 
-use crate::source::pull::{home_dir, pull, PullOptions, Via};
+use crate::pull::{home_dir, pull, PullOptions, Via};
 
 /// How `deltafin pull` fetches wheels.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]

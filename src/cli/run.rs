@@ -162,7 +162,7 @@ fn non_empty(s: &str) -> Result<String, String> {
 
 /// Opens the model at `path`, or the demo model when `None` (fetching it if absent).
 pub fn open_model(path: Option<&PathBuf>) -> Result<GgufModel> {
-    use crate::source::pull::{home_dir, pull, PullOptions, DEMO_MODEL};
+    use crate::pull::{home_dir, pull, PullOptions, DEMO_MODEL};
     match path {
         Some(p) => Ok(GgufModel::open_model_path(p)?),
         None => {

@@ -88,7 +88,7 @@ impl StoreArgs {
                 let digest = sha2::Sha256::digest(abs.as_os_str().as_encoded_bytes());
                 let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
                 Some(
-                    crate::source::pull::home_dir()
+                    crate::pull::home_dir()
                         .join("heat")
                         .join(format!("{name}-{hash}.json")),
                 )

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 
-use crate::source::synth::{catalog, plan, write, Encoding, Planned, Shape, ARCHS};
 use crate::store::plan::parse_size;
+use crate::write::synth::{catalog, plan, write, Encoding, Planned, Shape};
 
 /// Arguments of `deltafin synth`.
 #[derive(clap::Args, Debug)]
@@ -67,8 +67,9 @@ fn describe(p: &Planned, enc: Encoding) -> String {
 
 /// Runs `deltafin synth`.
 pub fn run(a: SynthArgs) -> Result<()> {
-    if !ARCHS.contains(&a.arch.as_str()) {
-        bail!("--arch {}: synth writes {} only", a.arch, ARCHS.join(", "));
+    let archs = crate::write::synth::archs();
+    if !archs.contains(&a.arch.as_str()) {
+        bail!("--arch {}: synth writes {} only", a.arch, archs.join(", "));
     }
     let all = catalog();
     if a.preset == "list" {

@@ -20,8 +20,8 @@ use anyhow::{bail, Result};
 
 use super::embed_head::{head_chunks, whole, Embedding, Head};
 use super::{LoadOptions, Placement};
-use crate::source::gguf::TensorInfo;
 use crate::source::pack::PackInfo;
+use crate::source::tensor::TensorInfo;
 use crate::store::aligned::round_up;
 use crate::store::experts::expert_layout;
 use crate::store::plan::{choose_resident, Candidate};

@@ -9,7 +9,7 @@ use super::loading::{mat, MatRef};
 use super::Logits;
 use crate::kernels::{matmul, matvec};
 use crate::quant::dequantize_row;
-use crate::source::gguf::TensorInfo;
+use crate::source::tensor::TensorInfo;
 use crate::store::{ReadRange, Unit, WeightStore, IO_ALIGN};
 
 /// How the LM head (`vocab × hidden` matrix) is held.

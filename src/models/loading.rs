@@ -10,8 +10,9 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use crate::kernels::Matrix;
 use crate::quant::{dequantize_row, GgmlType};
-use crate::source::gguf::{GgufModel, TensorInfo};
+use crate::source::gguf::GgufModel;
 use crate::source::pack::PackInfo;
+use crate::source::tensor::TensorInfo;
 use crate::store::{DirectFile, ReadRange, Unit, UnitBytes};
 
 /// A checkpoint's files opened for reading. Loaders build units over a checkpoint's tensor

@@ -12,7 +12,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
 
-use super::gguf::{GgufError, TensorInfo, Value};
+use super::gguf_value::{GgufError, Value};
+use super::tensor::TensorInfo;
 use crate::quant::GgmlType;
 
 /// Deepest nesting of arrays accepted in metadata (an array of arrays has depth 2).

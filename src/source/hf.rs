@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use safetensors::tensor::{Dtype, Metadata};
 
+use super::pack_info::PackInfo;
+use super::tensor::TensorInfo;
 use crate::quant::GgmlType;
-use crate::source::gguf::TensorInfo;
 
 /// Largest safetensors JSON header accepted, in bytes (the `safetensors` crate's own limit).
 pub const MAX_HEADER_BYTES: u64 = 100_000_000;
@@ -35,7 +36,7 @@ pub struct HfModel {
     pub tensors: Vec<TensorInfo>,
     /// Set when the folder is a Deltafin pack (see [`super::pack`]): `files` and `tensors` are
     /// then the pack's logical files, mapped to physical reads by the pack's relocation.
-    pub pack: Option<std::sync::Arc<super::pack::PackInfo>>,
+    pub pack: Option<std::sync::Arc<PackInfo>>,
 }
 
 /// Whether `path` is a Hugging Face checkpoint folder (a directory holding `config.json`).

@@ -1,16 +1,18 @@
-//! Reading checkpoints: Hugging Face folders (safetensors, see [`hf`]) and GGUF files (also split) into a tensor index (name → file, byte range,
-//! type, shape) plus metadata; writing and reading Deltafin packs ([`pack`]); fetching known
-//! models into the model cache. Nothing here computes.
+//! Reading checkpoints, and only reading: GGUF files, also split ([`gguf`], with its typed
+//! metadata getters), Hugging Face safetensors folders ([`hf`]) and Deltafin packs ([`pack`]:
+//! the format, and opening a pack as the GGUF or Hugging Face model it was made from), each
+//! into the tensor index ([`tensor`]: name → file, byte range, type, shape) plus metadata.
+//! Only headers and metadata are read here, never tensor data.
+//!
+//! Nothing here writes a file, computes or touches the network: writing packs, GGUF files and
+//! synthetic models is [`crate::write`]'s, fetching models [`crate::pull`]'s. This module
+//! must never import `write`, `models`, `engine` or `cli`.
 
 pub mod gguf;
 mod gguf_meta;
-mod gguf_parse;
-pub mod gguf_synth;
-pub mod gguf_writer;
+pub(crate) mod gguf_parse;
+mod gguf_value;
 pub mod hf;
 pub mod pack;
-mod pack_gguf;
-mod pack_verify;
-pub mod pack_write;
-pub mod pull;
-pub mod synth;
+mod pack_info;
+pub mod tensor;

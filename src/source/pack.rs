@@ -22,10 +22,13 @@
 //! `blk.L.ffn_{gate,up,down}_exps.weight` are listed per expert (`NAME[E]`, expert E's three
 //! slices its record), and the spine file is itself a GGUF file: the source's metadata
 //! (tokenizer included, `split.*` keys dropped) and a tensor table of the spine tensors,
-//! whose header the manifest checksums too (`source/pack_gguf.rs`).
+//! whose header the manifest checksums too (`write/pack/gguf.rs`).
 //!
 //! A pack is complete only once `manifest.json` exists; it is written last, by rename. A folder
 //! with `pack.journal` and no manifest is a pack being written and is refused.
+//!
+//! This module defines the format and opens packs; writing, resuming and verifying them is
+//! `write::pack`'s.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,11 +36,12 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::gguf::{GgufModel, TensorInfo};
+use super::gguf::GgufModel;
 use super::hf::HfModel;
+pub use super::pack_info::PackInfo;
+use super::tensor::TensorInfo;
 use crate::quant::GgmlType;
 use crate::store::relocate::{Relocation, Stripe};
-use crate::store::ExpertStore;
 
 /// The pack format this code writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -147,35 +151,6 @@ pub struct Manifest {
     pub tensors: Vec<PackTensor>,
     /// Experts in (layer, expert) order.
     pub experts: Vec<ExpertRecord>,
-}
-
-/// What the loaders need of a pack beyond its tensor index.
-#[derive(Debug)]
-pub struct PackInfo {
-    /// The pack folder.
-    pub dir: PathBuf,
-    pub relocation: Relocation,
-    /// `checksums[layer][expert]` (empty rows for layers without experts).
-    pub checksums: Vec<Vec<[u8; 32]>>,
-    /// How errors name each physical file of [`Relocation::files`]: `None` for the spine,
-    /// [`Manifest::drive_label`] for a drive file.
-    pub labels: Vec<Option<String>>,
-}
-
-impl PackInfo {
-    /// Readies an expert store opened over [`Relocation::files`]: its errors name each drive
-    /// file by its drive ([`DirectFile::set_label`](crate::store::DirectFile::set_label)), and
-    /// with `verify` every expert read is checked against its checksum.
-    pub fn attach(&self, es: &mut ExpertStore, verify: bool) {
-        for (f, l) in es.engine().files().iter().zip(&self.labels) {
-            if let Some(l) = l {
-                f.set_label(l.clone());
-            }
-        }
-        if verify {
-            es.set_checksums(self.checksums.clone());
-        }
-    }
 }
 
 /// Whether `dir` holds a complete pack (a `manifest.json`).

@@ -15,7 +15,7 @@ pub fn demo_gguf() -> PathBuf {
     if let Ok(p) = std::env::var("DELTAFIN_DEMO_GGUF") {
         return PathBuf::from(p);
     }
-    deltafin::source::pull::ensure_demo_model().expect("fetching the demo model")
+    deltafin::pull::ensure_demo_model().expect("fetching the demo model")
 }
 
 /// The demo model's GGUF header.

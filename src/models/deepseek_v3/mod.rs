@@ -44,8 +44,8 @@ use self::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
 use super::moe::{moe_forward, route_sigmoid_grouped, ExpertMats, StoreExperts, UnitExperts};
 use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
-use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
+use crate::source::tensor::TensorInfo;
 use crate::store::{Fp8Pack, Unit, UnitBytes, WeightStore};
 
 /// Attention weights of one layer.

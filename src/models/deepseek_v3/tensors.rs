@@ -10,8 +10,8 @@ use anyhow::{anyhow, bail, Result};
 use super::config::Config;
 use crate::models::loading::{unit_of_pieces, MatRef, Tensors};
 use crate::quant::GgmlType;
-use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
+use crate::source::tensor::TensorInfo;
 use crate::store::{Fp8Pack, Unit};
 
 /// `eps` of `q_a_layernorm` and `kv_a_layernorm` in transformers (built with the

@@ -222,7 +222,8 @@ impl Config {
 mod tests {
     use super::*;
     use crate::quant::GgmlType;
-    use crate::source::gguf::{TensorInfo, Value};
+    use crate::source::gguf::Value;
+    use crate::source::tensor::TensorInfo;
 
     fn header(extra: &[(&str, Value)]) -> GgufModel {
         let mut metadata = std::collections::BTreeMap::new();

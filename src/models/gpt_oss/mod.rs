@@ -53,8 +53,8 @@ use super::rope::RopeStyle;
 use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
 use crate::quant::GgmlType;
-use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
+use crate::source::tensor::TensorInfo;
 use crate::store::{AlignedBuf, Unit, UnitBytes, WeightStore};
 
 /// A layer's spine matrices inside its unit.

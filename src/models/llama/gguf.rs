@@ -28,7 +28,8 @@ use crate::models::LoadOptions;
 use crate::kernels::ops::rope_inv_freq;
 use crate::models::rope::RopeStyle;
 use crate::quant::{dequantize_row, GgmlType};
-use crate::source::gguf::{GgufModel, TensorInfo};
+use crate::source::gguf::GgufModel;
+use crate::source::tensor::TensorInfo;
 use crate::store::WeightStore;
 
 /// Dimension limit checked at load (a hostile file must not make us allocate terabytes).

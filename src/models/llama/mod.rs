@@ -38,8 +38,8 @@ use super::moe::{moe_forward, route_softmax_topk, ExpertMats, StoreExperts, Unit
 use super::rope::RopeStyle;
 use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
-use crate::source::gguf::TensorInfo;
 use crate::source::hf::HfModel;
+use crate::source::tensor::TensorInfo;
 use crate::store::{Unit, UnitBytes, WeightStore};
 
 /// The feed-forward part of a spine unit.

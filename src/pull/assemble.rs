@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
+use super::error::HashMismatch;
 use super::wheel::hex;
-use super::HashMismatch;
 
 /// Suffix of files that are still being written; never a finished artifact.
 pub const PARTIAL_SUFFIX: &str = ".partial";

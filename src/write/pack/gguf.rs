@@ -1,5 +1,5 @@
 //! Packs of GGUF models (llama.cpp's `qwen3moe`, `qwen3` and `llama`, Mixtral included): what
-//! differs from packing a Hugging Face folder (layout in [`super::pack`]).
+//! differs from packing a Hugging Face folder (layout in [`crate::source::pack`]).
 //!
 //! - The stacked experts `blk.L.ffn_{gate,up,down}_exps.weight` (GGML shape
 //!   `[cols, rows, n_experts]`, one quantized slice per expert) are split per expert into
@@ -10,7 +10,7 @@
 //!   version and metadata (architecture, hyperparameters, tokenizer vocabulary and merges, chat
 //!   template; the `split.*` keys of a split source dropped), a tensor table of the spine
 //!   tensors only, and their data, each at a 4 KiB boundary of the file (or the source's
-//!   `general.alignment` when larger). [`super::pack::open_gguf_pack`] reads the metadata from
+//!   `general.alignment` when larger). [`crate::source::pack::open_gguf_pack`] reads the metadata from
 //!   it and the tensor index from the manifest. The manifest's `config` keeps the metadata
 //!   without its arrays, and `spine_header` the header's length and SHA-256.
 
@@ -20,12 +20,13 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::gguf::{GgufModel, TensorInfo, Value};
-use super::gguf_writer::header_at;
-use super::pack::{hex, PackTensor, SourceIdentity};
-use super::pack_write::{absolute, PackSource};
+use super::input::{absolute, PackSource};
 use crate::models::llama::gguf::ARCHITECTURES;
 use crate::quant::GgmlType;
+use crate::source::gguf::{GgufModel, Value};
+use crate::source::pack::{hex, PackTensor, SourceIdentity};
+use crate::source::tensor::TensorInfo;
+use crate::write::gguf_writer::header_at;
 
 /// Whether `t` is a stacked routed-expert tensor, `blk.L.ffn_{gate,up,down}_exps.weight` with
 /// three dimensions (the experts outermost).
@@ -139,7 +140,7 @@ pub(super) fn header_len(g: &GgufModel, spine: &[&TensorInfo]) -> u64 {
 /// spine), at their offsets.
 ///
 /// Errors: an unknown type id, or a tensor before the end of the header or off the alignment
-/// (a plan not made by `pack_write`).
+/// (a plan not made by `plan.rs`).
 pub(super) fn spine_header(g: &GgufModel, tensors: &[PackTensor]) -> Result<Vec<u8>> {
     let spine: Vec<&PackTensor> = tensors.iter().filter(|t| t.file == 0).collect();
     let mut infos = Vec::with_capacity(spine.len());

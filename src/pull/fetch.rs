@@ -16,8 +16,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 
 use super::assemble::partial_path;
+use super::error::HashMismatch;
+use super::options::{PullOptions, Via};
 use super::wheel::hex;
-use super::{HashMismatch, PullOptions, Via};
 
 /// A wheel on disk and how it got there.
 #[derive(Debug)]

@@ -1,13 +1,15 @@
 //! Synthetic `qwen3_moe` checkpoints, laid out as published Qwen3-MoE checkpoints are: BF16,
 //! every expert's `down_proj`, `gate_proj`, `up_proj` adjacent, with the `qwen3_moe` test
 //! fixture's byte-level BPE tokenizer (vocabulary of 512, ChatML template). The llama.cpp GGUF
-//! variant is [`crate::source::gguf_synth`].
+//! variant is [`super::qwen3_moe_gguf`].
 
 use std::path::Path;
 
 use anyhow::Result;
 
-use super::{embeddings, linear_bf16, norm_and_head, ones_bf16, HfCheckpoint, TensorSpec};
+use super::hf_checkpoint::{
+    embeddings, linear_bf16, norm_and_head, ones_bf16, HfCheckpoint, TensorSpec,
+};
 
 /// The shape of a synthetic `qwen3_moe` model.
 #[derive(Clone, Debug, PartialEq, Eq)]

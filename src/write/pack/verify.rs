@@ -1,4 +1,5 @@
-//! `deltafin pack --verify`: every checksum of a pack read back (layout in [`super::pack`]).
+//! `deltafin pack --verify`: every checksum of a pack read back (layout in
+//! [`crate::source::pack`]).
 
 use std::fs::File;
 use std::path::Path;
@@ -6,8 +7,8 @@ use std::path::Path;
 use anyhow::{anyhow, Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::pack::{hex, Manifest};
-use super::pack_write::{read_at, read_record};
+use super::records::{read_at, read_record};
+use crate::source::pack::{hex, Manifest};
 
 /// A problem [`verify_pack`] found.
 pub type Mismatch = String;

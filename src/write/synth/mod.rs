@@ -4,7 +4,7 @@
 //!
 //! | `--arch` | presets | encodings |
 //! | --- | --- | --- |
-//! | `qwen3_moe` ([`qwen3_moe`]) | `tiny`, `small`, `qwen3-30b-a3b` | Hugging Face BF16; llama.cpp `qwen3moe` GGUF in Q4_0, Q8_0, Q4_K ([`super::gguf_synth`]) |
+//! | `qwen3_moe` ([`qwen3_moe`]) | `tiny`, `small`, `qwen3-30b-a3b` | Hugging Face BF16; llama.cpp `qwen3moe` GGUF in Q4_0, Q8_0, Q4_K ([`qwen3_moe_gguf`]) |
 //! | `deepseek_v3` ([`deepseek_v3`]) | `tiny`, `deepseek-v3` | Hugging Face BF16, FP8 E4M3 with 128×128 block scales |
 //! | `gpt_oss` ([`gpt_oss`]) | `tiny`, `gpt-oss-20b` | Hugging Face MXFP4 experts, BF16 |
 //!
@@ -20,24 +20,33 @@
 //! the same plan.
 
 pub mod deepseek_v3;
-pub(crate) mod fill;
+mod fill;
 pub mod gpt_oss;
+mod hf_checkpoint;
+mod planned;
 pub mod qwen3_moe;
+pub mod qwen3_moe_gguf;
 
-use std::io::Write;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 pub use deepseek_v3::DeepseekV3Shape;
 pub use gpt_oss::GptOssShape;
+pub use planned::Planned;
 pub use qwen3_moe::{config_json, presets, write_qwen3_moe, Qwen3MoeShape};
 
 use crate::quant::GgmlType;
-use fill::{Bf16Uniform, Rng};
+use hf_checkpoint::HfCheckpoint;
 
-/// The architectures `synth` writes (Hugging Face `model_type`).
-pub const ARCHS: [&str; 3] = ["qwen3_moe", "deepseek_v3", "gpt_oss"];
+/// The architectures `synth` writes (Hugging Face `model_type`), as the registry lists them
+/// ([`crate::models::Family::synth`], in [`crate::models::FAMILIES`] order).
+pub fn archs() -> Vec<&'static str> {
+    crate::models::FAMILIES
+        .iter()
+        .flat_map(|f| f.synth.iter().copied())
+        .collect()
+}
 
 /// A synthetic model: its architecture and shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,42 +197,28 @@ pub struct Preset {
     pub shape: Shape,
 }
 
-/// Every preset of every architecture, in [`ARCHS`] order.
+/// Every preset of every architecture ([`archs`]).
 pub fn catalog() -> Vec<Preset> {
     let qwen = presets().into_iter().map(|(name, description, s)| Preset {
         name,
         description,
         shape: Shape::Qwen3Moe(s),
     });
-    qwen.chain(deepseek_v3::presets())
-        .chain(gpt_oss::presets())
-        .collect()
-}
-
-/// What a write produces, computed from the shape alone.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Planned {
-    /// Every file and its exact size in bytes: for a Hugging Face folder, names inside it
-    /// (shards, index, config, tokenizer files); for GGUF one entry with an empty name, the
-    /// output file itself.
-    pub files: Vec<(String, u64)>,
-    /// Bytes of tensor data.
-    pub tensor_bytes: u64,
-    /// Bytes of one routed expert as stored: its weights, block scales and biases.
-    pub expert_bytes: u64,
-    /// Decoder layers, dense ones included.
-    pub layers: usize,
-    /// Layers with routed experts.
-    pub moe_layers: usize,
-    /// Routed experts per MoE layer.
-    pub experts: usize,
-}
-
-impl Planned {
-    /// Bytes of all files.
-    pub fn total_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.1).sum()
-    }
+    let deepseek = deepseek_v3::presets()
+        .into_iter()
+        .map(|(name, description, s)| Preset {
+            name,
+            description,
+            shape: Shape::DeepseekV3(s),
+        });
+    let gpt_oss = gpt_oss::presets()
+        .into_iter()
+        .map(|(name, description, s)| Preset {
+            name,
+            description,
+            shape: Shape::GptOss(s),
+        });
+    qwen.chain(deepseek).chain(gpt_oss).collect()
 }
 
 /// The files [`write()`] would write for `shape` in `enc`, with `shard_bytes` shards (Hugging
@@ -234,7 +229,7 @@ impl Planned {
 pub fn plan(shape: &Shape, enc: Encoding, shard_bytes: u64) -> Result<Planned> {
     check_encoding(shape, enc)?;
     match (shape, enc) {
-        (Shape::Qwen3Moe(s), Encoding::Gguf(q)) => super::gguf_synth::plan(s, q),
+        (Shape::Qwen3Moe(s), Encoding::Gguf(q)) => qwen3_moe_gguf::plan(s, q),
         _ => Ok(hf_checkpoint(shape, enc).plan(shard_bytes as usize)),
     }
 }
@@ -257,7 +252,7 @@ pub fn write(
     check_free_space(out, planned.total_bytes(), free_bytes(out))?;
     match (shape, enc) {
         (Shape::Qwen3Moe(s), Encoding::Gguf(q)) => {
-            super::gguf_synth::write_qwen3moe_gguf(s, q, out, seed, progress)?
+            qwen3_moe_gguf::write_qwen3moe_gguf(s, q, out, seed, progress)?
         }
         _ => hf_checkpoint(shape, enc).write(out, shard_bytes as usize, seed, progress)?,
     }
@@ -309,300 +304,6 @@ fn check_free_space(out: &Path, needed: u64, free: Option<u64>) -> Result<()> {
         ),
         _ => Ok(()),
     }
-}
-
-/// Safetensors dtype of a synthetic tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Dtype {
-    BF16,
-    F32,
-    F8E4M3,
-    U8,
-}
-
-impl Dtype {
-    fn size(self) -> usize {
-        match self {
-            Dtype::BF16 => 2,
-            Dtype::F32 => 4,
-            Dtype::F8E4M3 | Dtype::U8 => 1,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Dtype::BF16 => "BF16",
-            Dtype::F32 => "F32",
-            Dtype::F8E4M3 => "F8_E4M3",
-            Dtype::U8 => "U8",
-        }
-    }
-}
-
-/// How a tensor's values are drawn (see [`fill`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Fill {
-    /// Every element this value (BF16 or F32): norm weights, block scales.
-    Const(f32),
-    /// Uniform in `±scale` (BF16 or F32).
-    Uniform(f32),
-    /// Random finite FP8 E4M3 codes ([`fill::fp8_e4m3`]).
-    Fp8,
-    /// Random bytes (MXFP4 nibble pairs).
-    Bytes,
-    /// E8M0 exponents uniform in `lo..=lo + 3` ([`fill::e8m0`]).
-    E8m0 { lo: u8 },
-}
-
-/// One tensor of a Hugging Face checkpoint.
-#[derive(Clone, Debug)]
-pub(crate) struct TensorSpec {
-    pub name: String,
-    pub dtype: Dtype,
-    /// PyTorch order (`[out, in]` for a linear weight).
-    pub shape: Vec<usize>,
-    pub fill: Fill,
-    /// Routed experts whose weights the tensor holds: 0 (spine), 1 (one expert's tensor) or
-    /// all of the layer's (fused or stacked experts).
-    pub experts: usize,
-}
-
-impl TensorSpec {
-    /// A spine tensor.
-    pub fn new(name: String, dtype: Dtype, shape: Vec<usize>, fill: Fill) -> Self {
-        TensorSpec {
-            name,
-            dtype,
-            shape,
-            fill,
-            experts: 0,
-        }
-    }
-
-    /// Marks the tensor as holding `n` routed experts.
-    pub fn experts(mut self, n: usize) -> Self {
-        self.experts = n;
-        self
-    }
-
-    fn bytes(&self) -> usize {
-        self.shape.iter().product::<usize>() * self.dtype.size()
-    }
-}
-
-/// A Hugging Face checkpoint to write: tensors in groups that never straddle shards (e.g. the
-/// embeddings, a layer's spine, one expert), the config and the small side files.
-pub(crate) struct HfCheckpoint {
-    pub groups: Vec<Vec<TensorSpec>>,
-    pub config: serde_json::Value,
-    /// The bytes of `generation_config.json`, `tokenizer.json`, `tokenizer_config.json`.
-    pub side_files: [&'static [u8]; 3],
-    pub layers: usize,
-    pub moe_layers: usize,
-    pub experts: usize,
-}
-
-/// One safetensors shard: file name, header (8-byte length included) and tensors.
-struct Shard<'a> {
-    name: String,
-    header: Vec<u8>,
-    tensors: Vec<&'a TensorSpec>,
-}
-
-impl HfCheckpoint {
-    /// Shards of consecutive groups up to `shard_bytes` each, and the small JSON files.
-    fn layout(&self, shard_bytes: usize) -> (Vec<Shard<'_>>, Vec<(&'static str, Vec<u8>)>) {
-        let mut parts: Vec<Vec<&TensorSpec>> = vec![vec![]];
-        let mut in_shard = 0usize;
-        for g in &self.groups {
-            let gb: usize = g.iter().map(|t| t.bytes()).sum();
-            if in_shard > 0 && in_shard + gb > shard_bytes {
-                parts.push(vec![]);
-                in_shard = 0;
-            }
-            parts.last_mut().expect("one shard").extend(g.iter());
-            in_shard += gb;
-        }
-        let n = parts.len();
-        let mut weight_map = serde_json::Map::new();
-        let shards: Vec<Shard> = parts
-            .into_iter()
-            .enumerate()
-            .map(|(i, tensors)| {
-                let name = format!("model-{:05}-of-{n:05}.safetensors", i + 1);
-                let mut header = serde_json::Map::new();
-                header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
-                let mut off = 0usize;
-                for t in &tensors {
-                    let end = off + t.bytes();
-                    header.insert(
-                        t.name.clone(),
-                        serde_json::json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [off, end]}),
-                    );
-                    weight_map.insert(t.name.clone(), name.clone().into());
-                    off = end;
-                }
-                let mut h = serde_json::Value::Object(header).to_string().into_bytes();
-                while !(8 + h.len()).is_multiple_of(8) {
-                    h.push(b' ');
-                }
-                let mut header = (h.len() as u64).to_le_bytes().to_vec();
-                header.extend(h);
-                Shard { name, header, tensors }
-            })
-            .collect();
-        let total = self.tensor_bytes();
-        let index =
-            serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-        let mut small: Vec<(&'static str, Vec<u8>)> = vec![
-            (
-                "model.safetensors.index.json",
-                index.to_string().into_bytes(),
-            ),
-            (
-                "config.json",
-                serde_json::to_vec_pretty(&self.config).expect("json"),
-            ),
-        ];
-        let names = [
-            "generation_config.json",
-            "tokenizer.json",
-            "tokenizer_config.json",
-        ];
-        small.extend(names.into_iter().zip(self.side_files.map(|b| b.to_vec())));
-        (shards, small)
-    }
-
-    fn tensor_bytes(&self) -> u64 {
-        self.groups.iter().flatten().map(|t| t.bytes() as u64).sum()
-    }
-
-    fn plan(&self, shard_bytes: usize) -> Planned {
-        let (shards, small) = self.layout(shard_bytes);
-        let mut files: Vec<(String, u64)> = shards
-            .iter()
-            .map(|s| {
-                let data: usize = s.tensors.iter().map(|t| t.bytes()).sum();
-                (s.name.clone(), (s.header.len() + data) as u64)
-            })
-            .collect();
-        files.extend(small.iter().map(|(n, b)| (n.to_string(), b.len() as u64)));
-        let routed: u64 = self
-            .groups
-            .iter()
-            .flatten()
-            .filter(|t| t.experts > 0)
-            .map(|t| t.bytes() as u64)
-            .sum();
-        Planned {
-            files,
-            tensor_bytes: self.tensor_bytes(),
-            expert_bytes: routed / (self.moe_layers * self.experts).max(1) as u64,
-            layers: self.layers,
-            moe_layers: self.moe_layers,
-            experts: self.experts,
-        }
-    }
-
-    /// Writes the folder `out` (created; must not hold a `config.json`).
-    fn write(
-        &self,
-        out: &Path,
-        shard_bytes: usize,
-        seed: u64,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<()> {
-        if out.join("config.json").exists() {
-            bail!("{}: already holds a model (config.json)", out.display());
-        }
-        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-        let (shards, small) = self.layout(shard_bytes);
-        let total = self.tensor_bytes();
-        let mut rng = Rng::seeded(seed);
-        let mut bf16: Option<Bf16Uniform> = None;
-        let mut written = 0u64;
-        let mut buf = Vec::new();
-        for shard in &shards {
-            let path = out.join(&shard.name);
-            let wr = |w: &mut std::io::BufWriter<std::fs::File>, b: &[u8]| {
-                w.write_all(b)
-                    .with_context(|| format!("writing {}", path.display()))
-            };
-            let f = std::fs::File::create(&path)
-                .with_context(|| format!("creating {}", path.display()))?;
-            let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
-            wr(&mut w, &shard.header)?;
-            for t in &shard.tensors {
-                buf.resize(t.bytes(), 0);
-                fill_tensor(&mut rng, &mut bf16, t, &mut buf);
-                wr(&mut w, &buf)?;
-                written += buf.len() as u64;
-                progress(written, total);
-            }
-            w.flush()
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
-        for (name, bytes) in small {
-            let p = out.join(name);
-            std::fs::write(&p, bytes).with_context(|| format!("writing {}", p.display()))?;
-        }
-        Ok(())
-    }
-}
-
-/// Fills `buf` with `t`'s values; `bf16` caches the lookup table of the last BF16 scale.
-fn fill_tensor(rng: &mut Rng, bf16: &mut Option<Bf16Uniform>, t: &TensorSpec, buf: &mut [u8]) {
-    match (t.fill, t.dtype) {
-        (Fill::Const(v), Dtype::BF16) => fill::repeat(&half::bf16::from_f32(v).to_le_bytes(), buf),
-        (Fill::Const(v), Dtype::F32) => fill::repeat(&v.to_le_bytes(), buf),
-        (Fill::Uniform(s), Dtype::BF16) => {
-            if bf16.as_ref().is_none_or(|u| u.scale != s) {
-                *bf16 = Some(Bf16Uniform::new(s));
-            }
-            bf16.as_ref().expect("set").fill(rng, buf)
-        }
-        (Fill::Uniform(s), Dtype::F32) => fill::f32_uniform(rng, s, buf),
-        (Fill::Fp8, Dtype::F8E4M3) => fill::fp8_e4m3(rng, buf),
-        (Fill::Bytes, Dtype::U8) => fill::bytes(rng, buf),
-        (Fill::E8m0 { lo }, Dtype::U8) => fill::e8m0(rng, lo, buf),
-        (f, d) => unreachable!("tensor {}: fill {f:?} for dtype {d:?}", t.name),
-    }
-}
-
-/// Spec helpers shared by the architectures: the token embeddings `[vocab, hidden]` uniform in
-/// `±1` (BF16) as the first group, the final norm and the LM head as the last, a linear weight
-/// `[out, in]` uniform in `±1/√in`, a norm weight of ones, a vector uniform in `±scale`.
-pub(crate) fn embeddings(vocab: usize, hidden: usize) -> Vec<TensorSpec> {
-    vec![TensorSpec::new(
-        "model.embed_tokens.weight".into(),
-        Dtype::BF16,
-        vec![vocab, hidden],
-        Fill::Uniform(1.0),
-    )]
-}
-
-pub(crate) fn norm_and_head(vocab: usize, hidden: usize) -> Vec<TensorSpec> {
-    vec![
-        ones_bf16("model.norm.weight".into(), hidden),
-        linear_bf16("lm_head.weight".into(), vocab, hidden),
-    ]
-}
-
-pub(crate) fn linear_bf16(name: String, out: usize, inp: usize) -> TensorSpec {
-    TensorSpec::new(
-        name,
-        Dtype::BF16,
-        vec![out, inp],
-        Fill::Uniform(1.0 / (inp as f32).sqrt()),
-    )
-}
-
-pub(crate) fn ones_bf16(name: String, n: usize) -> TensorSpec {
-    TensorSpec::new(name, Dtype::BF16, vec![n], Fill::Const(1.0))
-}
-
-pub(crate) fn vector_bf16(name: String, n: usize, scale: f32) -> TensorSpec {
-    TensorSpec::new(name, Dtype::BF16, vec![n], Fill::Uniform(scale))
 }
 
 #[cfg(test)]
@@ -682,5 +383,59 @@ mod tests {
             "/x: the checkpoint needs 2.50 GB but its file system has 1.00 GB free (use --layers for fewer layers)"
         );
         assert!(free_bytes(Path::new("/nonexistent-dir/x")).is_some());
+    }
+
+    #[test]
+    fn deepseek_v3_expert_and_file_sizes_are_planned_without_writing() {
+        let mut shape = Shape::DeepseekV3(deepseek_v3::presets().remove(1).2);
+        shape.set_layers(Some(4), None).unwrap();
+        let p = plan(&shape, Encoding::Fp8, 4 << 30).unwrap();
+        // gate and up [2048, 7168], down [7168, 2048] in E4M3, each with 16 × 56 f32 scales
+        assert_eq!(p.expert_bytes, 3 * 7168 * 2048 + 3 * 16 * 56 * 4);
+        assert_eq!(p.expert_bytes, 44_050_944);
+        assert_eq!((p.layers, p.moe_layers, p.experts), (4, 1, 256));
+        let b = plan(&shape, Encoding::Bf16, 4 << 30).unwrap();
+        assert_eq!(b.expert_bytes, 3 * 7168 * 2048 * 2);
+        // per layer: MLA attention (q_a 1536×7168, q_b 24576×1536, kv_a 576×7168, kv_b
+        // 32768×512, o 7168×16384) plus 7168-wide norms, then a dense MLP 3 × 7168 × 18432
+        // or the router (256 × 7168 BF16, 256 F32 bias), the shared expert and 256 experts
+        let attn: u64 = 1536 * 7168 + 24576 * 1536 + 576 * 7168 + 32768 * 512 + 7168 * 16384;
+        let norms = 2 * 7168 + 1536 + 512;
+        let dense = 3 * 7168 * 18432;
+        let moe = 256 * 7168 + 257 * 3 * 7168 * 2048;
+        let spine = 2 * 512 * 7168 + 7168;
+        let want = 2 * (spine + 4 * (attn + norms) + 3 * dense + moe) + 256 * 4;
+        assert_eq!(b.tensor_bytes, want);
+        // 4 GiB shards: the 11.3 GB MoE layer of FP8 experts spreads over several, split
+        // between experts
+        let shards = p
+            .files
+            .iter()
+            .filter(|f| f.0.ends_with(".safetensors"))
+            .count();
+        assert_eq!(shards, 4);
+        assert!(p.total_bytes() > p.tensor_bytes && p.total_bytes() < p.tensor_bytes + (1 << 22));
+    }
+
+    #[test]
+    fn gpt_oss_20b_expert_and_file_sizes_are_planned_without_writing() {
+        let shape = Shape::GptOss(gpt_oss::presets().remove(1).2);
+        let p = plan(&shape, Encoding::Mxfp4, 4 << 30).unwrap();
+        // gate_up: 5760 rows × 90 blocks of (16 nibble bytes + 1 scale byte); down: 2880 rows
+        // × 90 blocks; BF16 biases of 5760 and 2880 values
+        assert_eq!(
+            p.expert_bytes,
+            5760 * 90 * 17 + 2880 * 90 * 17 + (5760 + 2880) * 2
+        );
+        assert_eq!(p.expert_bytes, 13_236_480);
+        assert_eq!((p.layers, p.moe_layers, p.experts), (24, 24, 32));
+        // per layer: q/o 4096 × 2880, k/v 512 × 2880 and their biases, 64 sinks, two norms,
+        // the router (32 × 2880 + 32) in BF16, then 32 experts
+        let attn: u64 = 2 * 4096 * 2880 + 2 * 512 * 2880 + 4096 + 2 * 512 + 2880 + 64;
+        let layer = 2 * (attn + 2 * 2880 + 32 * 2880 + 32) + 32 * 13_236_480;
+        let spine = 2 * (2 * 512 * 2880 + 2880);
+        assert_eq!(p.tensor_bytes, spine + 24 * layer);
+        let b = plan(&shape, Encoding::Bf16, 4 << 30).unwrap();
+        assert_eq!(b.expert_bytes, 2 * (3 * 2880 * 2880 + 5760 + 2880));
     }
 }

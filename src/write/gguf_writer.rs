@@ -10,11 +10,11 @@
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use super::gguf::{split_path, Value};
-use super::gguf_parse::{
+use crate::quant::GgmlType;
+use crate::source::gguf::{split_path, Value};
+use crate::source::gguf_parse::{
     ARRAY, BOOL, DEFAULT_ALIGNMENT, F32, F64, I16, I32, I64, I8, STRING, U16, U32, U64, U8,
 };
-use crate::quant::GgmlType;
 
 /// One tensor to write: name, type, shape in GGML order (`shape[0]` is the row length) and its
 /// encoded bytes.
@@ -30,7 +30,7 @@ struct PendingTensor {
 ///
 /// ```
 /// use deltafin::source::gguf::Value;
-/// use deltafin::source::gguf_writer::GgufWriter;
+/// use deltafin::write::gguf_writer::GgufWriter;
 /// let mut w = GgufWriter::new();
 /// w.add("general.architecture", Value::String("tiny".into()))
 ///     .add_f32_tensor("w", &[2, 1], &[1.0, 2.0]);

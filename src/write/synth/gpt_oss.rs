@@ -17,9 +17,9 @@
 //! harmony-style markers, 489 tokens in a vocabulary of 512).
 
 use super::fill::e8m0_low;
-use super::{
+use super::hf_checkpoint::{
     embeddings, linear_bf16, norm_and_head, ones_bf16, vector_bf16, Dtype, Fill, HfCheckpoint,
-    Preset, Shape, TensorSpec,
+    TensorSpec,
 };
 
 /// The shape of a synthetic `gpt_oss` model (Hugging Face `GptOssConfig` fields).
@@ -41,12 +41,12 @@ pub struct GptOssShape {
 
 /// The presets: `tiny` (the shape of the `gpt_oss` test fixture) and `gpt-oss-20b`
 /// (gpt-oss-20b's `config.json` but a vocabulary of 512).
-pub fn presets() -> Vec<Preset> {
+pub fn presets() -> Vec<(&'static str, &'static str, GptOssShape)> {
     vec![
-        Preset {
-            name: "tiny",
-            description: "CI: hidden 64, 2 layers (sliding 8, full), 4 heads / 2 KV, 8 experts, top-2, expert FFN 64",
-            shape: Shape::GptOss(GptOssShape {
+        (
+            "tiny",
+            "CI: hidden 64, 2 layers (sliding 8, full), 4 heads / 2 KV, 8 experts, top-2, expert FFN 64",
+            GptOssShape {
                 hidden_size: 64,
                 intermediate_size: 64,
                 num_hidden_layers: 2,
@@ -57,12 +57,12 @@ pub fn presets() -> Vec<Preset> {
                 num_experts_per_tok: 2,
                 sliding_window: 8,
                 vocab_size: 512,
-            }),
-        },
-        Preset {
-            name: "gpt-oss-20b",
-            description: "gpt-oss-20b shape (hidden 2880, 64 heads / 8 KV, 32 experts, top-4, expert FFN 2880: 12.6 MiB MXFP4 experts), 24 layers (~11.5 GB)",
-            shape: Shape::GptOss(GptOssShape {
+            },
+        ),
+        (
+            "gpt-oss-20b",
+            "gpt-oss-20b shape (hidden 2880, 64 heads / 8 KV, 32 experts, top-4, expert FFN 2880: 12.6 MiB MXFP4 experts), 24 layers (~11.5 GB)",
+            GptOssShape {
                 hidden_size: 2880,
                 intermediate_size: 2880,
                 num_hidden_layers: 24,
@@ -73,8 +73,8 @@ pub fn presets() -> Vec<Preset> {
                 num_experts_per_tok: 4,
                 sliding_window: 128,
                 vocab_size: 512,
-            }),
-        },
+            },
+        ),
     ]
 }
 
@@ -230,33 +230,5 @@ pub(crate) fn checkpoint(s: &GptOssShape, mx: bool) -> HfCheckpoint {
         layers: s.num_hidden_layers,
         moe_layers: s.num_hidden_layers,
         experts: s.num_local_experts,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::{plan, Encoding};
-    use super::*;
-
-    #[test]
-    fn gpt_oss_20b_expert_and_file_sizes_are_planned_without_writing() {
-        let shape = presets().remove(1).shape;
-        let p = plan(&shape, Encoding::Mxfp4, 4 << 30).unwrap();
-        // gate_up: 5760 rows × 90 blocks of (16 nibble bytes + 1 scale byte); down: 2880 rows
-        // × 90 blocks; BF16 biases of 5760 and 2880 values
-        assert_eq!(
-            p.expert_bytes,
-            5760 * 90 * 17 + 2880 * 90 * 17 + (5760 + 2880) * 2
-        );
-        assert_eq!(p.expert_bytes, 13_236_480);
-        assert_eq!((p.layers, p.moe_layers, p.experts), (24, 24, 32));
-        // per layer: q/o 4096 × 2880, k/v 512 × 2880 and their biases, 64 sinks, two norms,
-        // the router (32 × 2880 + 32) in BF16, then 32 experts
-        let attn: u64 = 2 * 4096 * 2880 + 2 * 512 * 2880 + 4096 + 2 * 512 + 2880 + 64;
-        let layer = 2 * (attn + 2 * 2880 + 32 * 2880 + 32) + 32 * 13_236_480;
-        let spine = 2 * (2 * 512 * 2880 + 2880);
-        assert_eq!(p.tensor_bytes, spine + 24 * layer);
-        let b = plan(&shape, Encoding::Bf16, 4 << 30).unwrap();
-        assert_eq!(b.expert_bytes, 2 * (3 * 2880 * 2880 + 5760 + 2880));
     }
 }

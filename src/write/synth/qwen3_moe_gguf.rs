@@ -6,7 +6,7 @@
 //!
 //! Matrices are Q4_0, Q8_0 or Q4_K (ggml `ggml-common.h` block layouts; random quants with
 //! block scales chosen so values span about `±1/√fan_in`, the token embedding `±1`, with a
-//! random sign per block so rows have no common bias: see `synth::fill::ggml_blocks`).
+//! random sign per block so rows have no common bias: see `fill::ggml_blocks`).
 //! A Q4_K matrix whose row length is not a multiple of 256 falls back to Q5_0, as llama.cpp's
 //! quantizer does (`llama-quant.cpp`, "using fallback quantization"); Q4_K files are what
 //! `llama-quantize --pure ... Q4_K_S` writes. Norm weights are F32 ones; routers
@@ -20,15 +20,16 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use super::gguf::Value;
-use super::gguf_writer::{streamed_len, write_streamed, StreamTensor};
-use super::synth::fill::{self, Rng};
-use super::synth::{Planned, Qwen3MoeShape};
+use super::fill::{self, Rng};
+use super::planned::Planned;
+use super::qwen3_moe::Qwen3MoeShape;
 use crate::quant::GgmlType;
+use crate::source::gguf::Value;
+use crate::write::gguf_writer::{streamed_len, write_streamed, StreamTensor};
 
 /// The llama.cpp-converted fixture whose tokenizer metadata synthetic files reuse.
 const TOKENIZER_SOURCE: &[u8] =
-    include_bytes!("../../tests/fixtures/gguf/qwen3_moe/qwen3_moe-q5_0.gguf");
+    include_bytes!("../../../tests/fixtures/gguf/qwen3_moe/qwen3_moe-q5_0.gguf");
 
 /// The encodings a synthetic GGUF's matrices can use.
 pub const QUANTS: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K];
@@ -54,7 +55,7 @@ pub fn matrix_type(q: GgmlType, n: usize) -> GgmlType {
 
 /// The metadata of a `qwen3moe` file of shape `s` with matrices in `q`.
 fn metadata(s: &Qwen3MoeShape, q: GgmlType) -> Result<Vec<(String, Value)>> {
-    let src = super::gguf_parse::parse(
+    let src = crate::source::gguf_parse::parse(
         std::io::Cursor::new(TOKENIZER_SOURCE),
         TOKENIZER_SOURCE.len() as u64,
         "qwen3_moe-q5_0.gguf",
@@ -290,7 +291,7 @@ mod tests {
     fn tiny_synthetic_gguf_reads_back_with_llama_cpp_names_and_tokenizer() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("t.gguf");
-        let shape = crate::source::synth::presets()[0].2.clone();
+        let shape = crate::write::synth::qwen3_moe::presets()[0].2.clone();
         write_qwen3moe_gguf(&shape, GgmlType::Q4_0, &p, 3, &mut |_, _| {}).unwrap();
         let g = GgufModel::open(&p).unwrap();
         assert_eq!(g.architecture().unwrap(), "qwen3moe");

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::HashMismatch;
+use super::error::HashMismatch;
 
 /// One row of a wheel's `RECORD`.
 #[derive(Debug, Clone, PartialEq, Eq)]

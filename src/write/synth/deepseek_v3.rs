@@ -16,9 +16,8 @@
 //! BPE, 493 tokens in a vocabulary of 512).
 
 use super::fill::fp8_e4m3_rms;
-use super::{
-    embeddings, linear_bf16, norm_and_head, ones_bf16, Dtype, Fill, HfCheckpoint, Preset, Shape,
-    TensorSpec,
+use super::hf_checkpoint::{
+    embeddings, linear_bf16, norm_and_head, ones_bf16, Dtype, Fill, HfCheckpoint, TensorSpec,
 };
 
 /// The shape of a synthetic `deepseek_v3` model (Hugging Face `DeepseekV3Config` fields).
@@ -47,7 +46,7 @@ pub struct DeepseekV3Shape {
 
 /// The presets: `tiny` (the shape of the `deepseek_v3_fp8` test fixture) and `deepseek-v3`
 /// (DeepSeek-V3's `config.json` but a vocabulary of 512).
-pub fn presets() -> Vec<Preset> {
+pub fn presets() -> Vec<(&'static str, &'static str, DeepseekV3Shape)> {
     let v3 = DeepseekV3Shape {
         hidden_size: 7168,
         intermediate_size: 18432,
@@ -68,10 +67,10 @@ pub fn presets() -> Vec<Preset> {
         vocab_size: 512,
     };
     vec![
-        Preset {
-            name: "tiny",
-            description: "CI: hidden 64, MLA (8 heads, q_lora 32, kv_lora 16), 1 dense + 2 MoE layers of 8 experts (4 groups, 2 kept), top-2, 1 shared, expert FFN 32",
-            shape: Shape::DeepseekV3(DeepseekV3Shape {
+        (
+            "tiny",
+            "CI: hidden 64, MLA (8 heads, q_lora 32, kv_lora 16), 1 dense + 2 MoE layers of 8 experts (4 groups, 2 kept), top-2, 1 shared, expert FFN 32",
+            DeepseekV3Shape {
                 hidden_size: 64,
                 intermediate_size: 256,
                 moe_intermediate_size: 32,
@@ -89,13 +88,13 @@ pub fn presets() -> Vec<Preset> {
                 qk_rope_head_dim: 8,
                 v_head_dim: 16,
                 vocab_size: 512,
-            }),
-        },
-        Preset {
-            name: "deepseek-v3",
-            description: "DeepSeek-V3 shape (hidden 7168, MLA with 128 heads, 256 experts in 8 groups, top-8, 1 shared, expert FFN 2048: 42 MiB FP8 / 84 MiB BF16 experts), 3 dense + 58 MoE layers (~670 GB FP8, 1.34 TB BF16); use --layers (total) and --dense-layers for fewer",
-            shape: Shape::DeepseekV3(v3),
-        },
+            },
+        ),
+        (
+            "deepseek-v3",
+            "DeepSeek-V3 shape (hidden 7168, MLA with 128 heads, 256 experts in 8 groups, top-8, 1 shared, expert FFN 2048: 42 MiB FP8 / 84 MiB BF16 experts), 3 dense + 58 MoE layers (~670 GB FP8, 1.34 TB BF16); use --layers (total) and --dense-layers for fewer",
+            v3,
+        ),
     ]
 }
 
@@ -256,47 +255,5 @@ pub(crate) fn checkpoint(s: &DeepseekV3Shape, fp8: bool) -> HfCheckpoint {
         layers: s.num_hidden_layers,
         moe_layers: s.num_hidden_layers - s.first_k_dense_replace.min(s.num_hidden_layers),
         experts: s.n_routed_experts,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::{plan, Encoding};
-    use super::*;
-
-    fn v3() -> Shape {
-        presets().remove(1).shape
-    }
-
-    #[test]
-    fn real_shape_expert_and_file_sizes_are_planned_without_writing() {
-        let mut shape = v3();
-        shape.set_layers(Some(4), None).unwrap();
-        let p = plan(&shape, Encoding::Fp8, 4 << 30).unwrap();
-        // gate and up [2048, 7168], down [7168, 2048] in E4M3, each with 16 × 56 f32 scales
-        assert_eq!(p.expert_bytes, 3 * 7168 * 2048 + 3 * 16 * 56 * 4);
-        assert_eq!(p.expert_bytes, 44_050_944);
-        assert_eq!((p.layers, p.moe_layers, p.experts), (4, 1, 256));
-        let b = plan(&shape, Encoding::Bf16, 4 << 30).unwrap();
-        assert_eq!(b.expert_bytes, 3 * 7168 * 2048 * 2);
-        // per layer: MLA attention (q_a 1536×7168, q_b 24576×1536, kv_a 576×7168, kv_b
-        // 32768×512, o 7168×16384) plus 7168-wide norms, then a dense MLP 3 × 7168 × 18432
-        // or the router (256 × 7168 BF16, 256 F32 bias), the shared expert and 256 experts
-        let attn: u64 = 1536 * 7168 + 24576 * 1536 + 576 * 7168 + 32768 * 512 + 7168 * 16384;
-        let norms = 2 * 7168 + 1536 + 512;
-        let dense = 3 * 7168 * 18432;
-        let moe = 256 * 7168 + 257 * 3 * 7168 * 2048;
-        let spine = 2 * 512 * 7168 + 7168;
-        let want = 2 * (spine + 4 * (attn + norms) + 3 * dense + moe) + 256 * 4;
-        assert_eq!(b.tensor_bytes, want);
-        // 4 GiB shards: the 11.3 GB MoE layer of FP8 experts spreads over several, split
-        // between experts
-        let shards = p
-            .files
-            .iter()
-            .filter(|f| f.0.ends_with(".safetensors"))
-            .count();
-        assert_eq!(shards, 4);
-        assert!(p.total_bytes() > p.tensor_bytes && p.total_bytes() < p.tensor_bytes + (1 << 22));
     }
 }

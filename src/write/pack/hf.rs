@@ -1,0 +1,59 @@
+//! Packs of Hugging Face folders: which `model_type`s can be packed, and the source's identity
+//! (layout in [`crate::source::pack`]).
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+
+use super::input::{absolute, PackSource};
+use crate::source::hf::HfModel;
+use crate::source::pack::{hex, SourceIdentity};
+
+/// The Hugging Face folder `src` as a [`PackSource`].
+///
+/// Errors: the folder cannot be opened ([`HfModel::open`]), its `model_type` cannot be packed.
+pub(super) fn hf_source(src: &Path) -> Result<PackSource> {
+    let hf = HfModel::open(src)?;
+    let mt = hf.model_type()?;
+    if !matches!(mt, "qwen3" | "qwen3_moe" | "llama" | "mixtral") {
+        bail!(
+            "{}: packing model_type '{mt}' is not supported yet (supported: qwen3, qwen3_moe, llama, mixtral)",
+            src.display()
+        );
+    }
+    Ok(PackSource {
+        identity: SourceIdentity {
+            path: absolute(src).display().to_string(),
+            format: "hf".into(),
+            architecture: mt.to_string(),
+            headers_sha256: source_hash(&hf)?,
+        },
+        config: hf.config.clone(),
+        files: hf.files.clone(),
+        tensors: hf.tensors.clone(),
+        gguf: None,
+        folder: Some(src.to_path_buf()),
+    })
+}
+
+/// SHA-256 over `config.json` and every safetensors header (8-byte length and JSON).
+fn source_hash(hf: &HfModel) -> Result<String> {
+    let mut h = Sha256::new();
+    h.update(std::fs::read(hf.config_path())?);
+    for p in &hf.files {
+        let mut f = File::open(p).with_context(|| format!("{}", p.display()))?;
+        let mut n = [0u8; 8];
+        f.read_exact(&mut n)
+            .with_context(|| format!("{}", p.display()))?;
+        let len = u64::from_le_bytes(n).min(100 << 20);
+        let mut head = vec![0u8; len as usize];
+        f.read_exact(&mut head)
+            .with_context(|| format!("{}", p.display()))?;
+        h.update(n);
+        h.update(&head);
+    }
+    Ok(hex(&h.finalize()))
+}

@@ -1,0 +1,337 @@
+//! Writing and resuming a pack: [`write_pack`] runs the plan (`plan.rs`), copies spine tensors
+//! and expert records from the source, keeps the journal and writes the manifest last.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+
+use super::gguf;
+use super::hf::hf_source;
+use super::input::absolute;
+use super::plan::{expert_key, plan, PackOptions};
+use super::records::{read_at, read_record};
+use crate::source::hf::is_hf_folder;
+use crate::source::pack::{hex, is_pack, Manifest, JOURNAL, MANIFEST, SPINE_FILE};
+
+/// The plan of a pack being written.
+const PLAN: &str = "pack.plan.json";
+
+/// What [`write_pack`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PackReport {
+    /// Expert records and spine tensors written in this run.
+    pub written: usize,
+    /// Expert records and spine tensors found done (journaled and read back intact).
+    pub skipped: usize,
+    pub bytes_written: u64,
+}
+
+/// Reads the journal: `(kind, index) → checksum`.
+fn read_journal(p: &Path) -> HashMap<(char, usize), String> {
+    let Ok(text) = std::fs::read_to_string(p) else {
+        return HashMap::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.split(' ');
+            let k = it.next()?.chars().next()?;
+            let i = it.next()?.parse().ok()?;
+            let h = it.next()?.to_string();
+            (h.len() == 64).then_some(((k, i), h))
+        })
+        .collect()
+}
+
+/// Packs the model at `src` (see the module docs): a Hugging Face folder (`model_type`
+/// `qwen3`, `qwen3_moe`, `llama` or `mixtral`) or a GGUF file, split set or folder holding one
+/// (`general.architecture` `qwen3moe`, `qwen3` or `llama`, Mixtral included).
+///
+/// Errors: the source is itself a pack, cannot be opened, or is of another architecture;
+/// `out` is the source; a drive is not a writable folder; a read or write fails (the message
+/// names the file).
+pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
+    if is_pack(src) {
+        bail!("{}: is already a pack", src.display());
+    }
+    if absolute(src) == absolute(&o.out) {
+        bail!("--out must differ from the source model");
+    }
+    let source = match is_hf_folder(src) {
+        true => hf_source(src)?,
+        false => gguf::gguf_source(src)?,
+    };
+    std::fs::create_dir_all(&o.out).with_context(|| format!("{}", o.out.display()))?;
+    let finished = Manifest::read(&o.out).ok();
+    let _ = std::fs::remove_file(o.out.join(MANIFEST));
+    for d in &o.drives {
+        if !d.is_dir() {
+            bail!("drive {}: not a folder", d.display());
+        }
+    }
+    let (mut m, header) = plan(&source, o)?;
+    let plan_text = serde_json::to_string_pretty(&m)?;
+    let plan_path = o.out.join(PLAN);
+    let journal_path = o.out.join(JOURNAL);
+    let resume = std::fs::read_to_string(&plan_path).ok().as_deref() == Some(plan_text.as_str());
+    if !resume {
+        let _ = std::fs::remove_file(&journal_path);
+        std::fs::write(&plan_path, &plan_text)
+            .with_context(|| format!("{}", plan_path.display()))?;
+    }
+    let mut journal = read_journal(&journal_path);
+    // a finished pack of the same plan: its manifest's checksums serve as the journal
+    if let Some(f) = finished {
+        let mut bare = f.clone();
+        bare.copied_files.clear();
+        bare.tensors.iter_mut().for_each(|t| t.sha256 = None);
+        bare.experts.iter_mut().for_each(|r| r.sha256.clear());
+        if bare == m {
+            for (i, t) in f.tensors.iter().enumerate() {
+                if let Some(h) = &t.sha256 {
+                    journal.insert(('s', i), h.clone());
+                }
+            }
+            for (i, r) in f.experts.iter().enumerate() {
+                journal.insert(('e', i), r.sha256.clone());
+            }
+        }
+    }
+    let mut jf = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&journal_path)
+        .with_context(|| format!("{}", journal_path.display()))?;
+    let open_rw = |p: &Path, len: u64| -> Result<File> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(p)
+            .with_context(|| format!("{}", p.display()))?;
+        if f.metadata()?.len() != len {
+            f.set_len(len).with_context(|| format!("{}", p.display()))?;
+        }
+        Ok(f)
+    };
+    let spine_path = o.out.join(SPINE_FILE);
+    let spine = open_rw(&spine_path, m.spine_len)?;
+    let drive_files: Vec<File> = m
+        .drives
+        .iter()
+        .map(|d| open_rw(Path::new(&d.file), d.len))
+        .collect::<Result<_>>()?;
+    let src_files: Vec<File> = source
+        .files
+        .iter()
+        .map(|p| File::open(p).with_context(|| format!("{}", p.display())))
+        .collect::<Result<_>>()?;
+    let total: u64 = source.tensors.iter().map(|t| t.n_bytes).sum();
+    let bar = if o.progress {
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        b.set_message("packing");
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut rep = PackReport::default();
+    let src_names: Vec<String> = source
+        .files
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    // spine tensors, in chunks of 64 MiB
+    let mut pending = String::new();
+    let by_name: HashMap<&str, usize> = source
+        .tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.as_str(), i))
+        .collect();
+    for (ti, pt) in m.tensors.iter_mut().enumerate() {
+        if pt.file != 0 {
+            continue;
+        }
+        let st = &source.tensors[by_name[pt.name.as_str()]];
+        if let Some(h) = journal.get(&('s', ti)) {
+            let mut b = vec![0u8; pt.n_bytes as usize];
+            if read_at(&spine, pt.offset, &mut b, &|| {
+                spine_path.display().to_string()
+            })
+            .is_ok()
+                && &hex(&Sha256::digest(&b)) == h
+            {
+                pt.sha256 = Some(h.clone());
+                rep.skipped += 1;
+                bar.inc(pt.n_bytes);
+                continue;
+            }
+        }
+        let mut h = Sha256::new();
+        let mut done = 0u64;
+        let mut buf = vec![0u8; (pt.n_bytes as usize).min(64 << 20)];
+        while done < pt.n_bytes {
+            let n = ((pt.n_bytes - done) as usize).min(buf.len());
+            read_at(
+                &src_files[st.file],
+                st.offset + done,
+                &mut buf[..n],
+                &|| src_names[st.file].clone(),
+            )?;
+            h.update(&buf[..n]);
+            spine
+                .write_all_at(&buf[..n], pt.offset + done)
+                .with_context(|| format!("{}", spine_path.display()))?;
+            done += n as u64;
+            bar.inc(n as u64);
+        }
+        let hx = hex(&h.finalize());
+        pending.push_str(&format!("s {ti} {hx}\n"));
+        pt.sha256 = Some(hx);
+        rep.written += 1;
+        rep.bytes_written += pt.n_bytes;
+    }
+    if let Some(h) = &header {
+        spine
+            .write_all_at(h, 0)
+            .with_context(|| format!("{}", spine_path.display()))?;
+    }
+    spine.sync_data()?;
+    jf.write_all(pending.as_bytes())?;
+    jf.sync_data()?;
+    pending.clear();
+    let spine_written = rep.written;
+    // expert records, synced and journaled layer by layer
+    let mut by_key: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+    for (i, t) in source.tensors.iter().enumerate() {
+        if let Some(k) = expert_key(&t.name) {
+            by_key.entry(k).or_default().push(i);
+        }
+    }
+    let n_rec = m.experts.len();
+    for ri in 0..n_rec {
+        let r = m.experts[ri].clone();
+        if let Some(h) = journal.get(&('e', ri)) {
+            if let Ok(b) = read_record(&m, &drive_files, &r) {
+                if &hex(&Sha256::digest(&b)) == h {
+                    m.experts[ri].sha256 = h.clone();
+                    rep.skipped += 1;
+                    bar.inc(
+                        by_key[&(r.layer, r.expert)]
+                            .iter()
+                            .map(|&i| source.tensors[i].n_bytes)
+                            .sum(),
+                    );
+                    continue;
+                }
+            }
+        }
+        let mut rec = vec![0u8; r.len as usize];
+        let mut vfile_base = None;
+        for &i in &by_key[&(r.layer, r.expert)] {
+            let st = &source.tensors[i];
+            let pt = &m.tensors[i];
+            // the tensor's offset inside the record: its logical offset minus the record's
+            let base = *vfile_base.get_or_insert_with(|| record_base(&m, ri));
+            let at = (pt.offset - base) as usize;
+            read_at(
+                &src_files[st.file],
+                st.offset,
+                &mut rec[at..at + st.n_bytes as usize],
+                &|| src_names[st.file].clone(),
+            )?;
+            bar.inc(st.n_bytes);
+        }
+        for x in &r.extents {
+            let src = &rec[x.record_offset as usize..(x.record_offset + x.len) as usize];
+            drive_files[x.drive]
+                .write_all_at(src, x.offset)
+                .with_context(|| m.drive_label(x.drive))?;
+        }
+        let hx = hex(&Sha256::digest(&rec));
+        pending.push_str(&format!("e {ri} {hx}\n"));
+        m.experts[ri].sha256 = hx;
+        rep.written += 1;
+        rep.bytes_written += r.len;
+        let layer_done = ri + 1 == n_rec || m.experts[ri + 1].layer != m.experts[ri].layer;
+        let stop = o
+            .stop_after
+            .is_some_and(|n| rep.written - spine_written >= n);
+        if (layer_done || stop) && !pending.is_empty() {
+            for f in &drive_files {
+                f.sync_data()?;
+            }
+            jf.write_all(pending.as_bytes())?;
+            jf.sync_data()?;
+            pending.clear();
+        }
+        if stop {
+            bail!(
+                "packing interrupted after {} expert records",
+                rep.written - spine_written
+            );
+        }
+    }
+    bar.finish_and_clear();
+    // copy the small files (config, tokenizer, generation config) and finish with the manifest
+    if let Some(folder) = &source.folder {
+        m.copied_files = copy_small_files(folder, &o.out)?;
+    }
+    let tmp = o.out.join(format!("{MANIFEST}.tmp"));
+    {
+        let mut f = File::create(&tmp).with_context(|| format!("{}", tmp.display()))?;
+        f.write_all(serde_json::to_string_pretty(&m)?.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, o.out.join(MANIFEST))
+        .with_context(|| format!("{}", o.out.join(MANIFEST).display()))?;
+    let _ = std::fs::remove_file(&journal_path);
+    let _ = std::fs::remove_file(&plan_path);
+    Ok(rep)
+}
+
+/// Copies the small files of the Hugging Face folder `src` (config, tokenizer, generation
+/// config: every plain file of at most 64 MiB but the safetensors and their index) into `out`;
+/// returns their names, sorted.
+///
+/// Errors: a file cannot be listed or copied (the message names it).
+fn copy_small_files(src: &Path, out: &Path) -> Result<Vec<String>> {
+    let mut copied = Vec::new();
+    for e in std::fs::read_dir(src).with_context(|| format!("{}", src.display()))? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let ft = e.file_type()?;
+        if !ft.is_file() || name.ends_with(".safetensors") || name == "model.safetensors.index.json"
+        {
+            continue;
+        }
+        if e.metadata()?.len() > 64 << 20 {
+            continue;
+        }
+        std::fs::copy(e.path(), out.join(&name))
+            .with_context(|| format!("copying {}", e.path().display()))?;
+        copied.push(name);
+    }
+    copied.sort();
+    Ok(copied)
+}
+
+/// The logical offset where record `ri` starts.
+fn record_base(m: &Manifest, ri: usize) -> u64 {
+    match m.stripe_chunk {
+        Some(c) => ri as u64 * c * m.drives.len() as u64,
+        None => m.experts[ri].extents[0].offset,
+    }
+}
