@@ -6,22 +6,26 @@
 //! the GGUF metadata kept in the spine file, exact reads per drive file for a decode step,
 //! resuming an interrupted pack, `--verify` naming a flipped expert, and failures (missing
 //! drive folder or file, short file, checksum mismatch, file truncated mid-run) whose exact
-//! messages name the drive, its file and the (layer, expert).
+//! messages name the drive, its file and the (layer, expert); families the registry does not
+//! pack are refused by name. The other MoE families' packs: `tests/pack_families.rs`.
 
-use std::os::unix::fs::FileExt;
+mod common;
+
 use std::path::{Path, PathBuf};
 
-use deltafin::cli::run::{open_any, OpenedModel};
+use common::hf;
+use common::pack::{bits, expert_in, flip, opts, pack_of, pack_opts, session, sha256, try_session};
+use common::prompt_and_greedy_logits;
 use deltafin::engine::Session;
-use deltafin::models::{load_gguf, load_hf_model, LoadOptions, Logits};
+use deltafin::models::Logits;
 use deltafin::quant::GgmlType;
-use deltafin::source::gguf::GgufModel;
+use deltafin::source::gguf::{GgufModel, Value};
 use deltafin::source::pack::{open_gguf_pack, open_pack, Manifest};
-use deltafin::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions, PrefetchMode};
-use deltafin::write::pack::{verify_pack, write_pack, PackOptions, PackPlacement};
+use deltafin::store::{EngineChoice, PrefetchMode};
+use deltafin::write::gguf_writer::GgufWriter;
+use deltafin::write::pack::{verify_pack, write_pack, PackPlacement};
 use deltafin::write::synth::qwen3_moe_gguf::write_qwen3moe_gguf;
 use deltafin::write::synth::{presets, write_qwen3_moe};
-use sha2::{Digest, Sha256};
 
 const PROMPT: [u32; 10] = [17, 300, 42, 99, 5, 256, 411, 3, 77, 128];
 const DECODE: usize = 4;
@@ -73,29 +77,6 @@ fn fixture(rel: &str) -> PathBuf {
         .join(rel)
 }
 
-fn pack_opts(tmp: &Path, n: usize, placement: PackPlacement) -> PackOptions {
-    let drives: Vec<PathBuf> = (0..n).map(|d| tmp.join(format!("drive{d}"))).collect();
-    for d in &drives {
-        std::fs::create_dir_all(d).unwrap();
-    }
-    PackOptions {
-        out: tmp.join("pack"),
-        drives,
-        placement,
-        heat_file: None,
-        progress: false,
-        stop_after: None,
-    }
-}
-
-/// Packs `src` into a fresh tempdir.
-fn pack_of(src: &Path, n: usize, placement: PackPlacement) -> (tempfile::TempDir, PackOptions) {
-    let tmp = tempfile::tempdir().unwrap();
-    let o = pack_opts(tmp.path(), n, placement);
-    write_pack(src, &o).unwrap();
-    (tmp, o)
-}
-
 fn packed(kind: Kind, n: usize, placement: PackPlacement) -> Packed {
     let tmp = tempfile::tempdir().unwrap();
     let src = source(tmp.path(), kind);
@@ -109,71 +90,9 @@ fn packed(kind: Kind, n: usize, placement: PackPlacement) -> Packed {
     }
 }
 
-fn opts(budget: Option<u64>, verify: bool) -> LoadOptions {
-    LoadOptions {
-        ram_budget: budget,
-        n_ctx: 64,
-        n_batch: 64,
-        direct_io: true,
-        experts: ExpertStoreOptions {
-            cache: CachePolicy::None,
-            io: IoOptions {
-                engine: EngineChoice::Auto,
-                depth: 8,
-                request_bytes: 1 << 20,
-                ..IoOptions::default()
-            },
-            heat_file: None,
-            verify,
-            ..ExpertStoreOptions::default()
-        },
-    }
-}
-
-/// Loads the model at `path` (a source or a pack, of either format) as `deltafin run` does.
-fn try_session(path: &Path, o: &LoadOptions) -> anyhow::Result<Session> {
-    let (m, s) = match open_any(Some(&path.to_path_buf()))? {
-        OpenedModel::Gguf(g) => load_gguf(&g, o)?,
-        OpenedModel::Hf(h) => load_hf_model(&h, o)?,
-    };
-    Ok(Session::new(m, s, 64, 64))
-}
-
-fn session(path: &Path, o: &LoadOptions) -> Session {
-    try_session(path, o).unwrap()
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut b = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[b] {
-            b = i;
-        }
-    }
-    b as u32
-}
-
 /// Prompt logits (every position) and `DECODE` greedy steps' logits.
 fn logits(s: &mut Session) -> Vec<f32> {
-    let mut all = s.prefill(&PROMPT, Logits::All).unwrap();
-    let v = s.model.vocab_size();
-    let mut last = all[all.len() - v..].to_vec();
-    for _ in 0..DECODE {
-        last = s
-            .model
-            .forward(&mut s.store, &mut s.cache, &[argmax(&last)], Logits::Last)
-            .unwrap();
-        all.extend_from_slice(&last);
-    }
-    all
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-fn sha256(p: &Path) -> Vec<u8> {
-    Sha256::digest(std::fs::read(p).unwrap()).to_vec()
+    prompt_and_greedy_logits(s, &PROMPT, DECODE)
 }
 
 #[test]
@@ -347,7 +266,7 @@ fn decode_step_reads(p: &Packed, kind: Kind) -> Vec<(u64, u64)> {
     let l = s.prefill(&PROMPT, Logits::Last).unwrap();
     let before = s.store.experts().unwrap().file_counters();
     s.model
-        .forward(&mut s.store, &mut s.cache, &[argmax(&l)], Logits::Last)
+        .forward(&mut s.store, &mut s.cache, &[hf::argmax(&l)], Logits::Last)
         .unwrap();
     let after = s.store.experts().unwrap().file_counters();
     before
@@ -459,33 +378,12 @@ fn an_interrupted_pack_is_refused_and_resumes_where_it_stopped() {
     );
 }
 
-/// Flips one byte of expert `e` of layer `l` in its first extent.
-fn flip(p: &Packed, l: usize, e: usize) -> PathBuf {
-    let m = Manifest::read(&p.pack).unwrap();
-    let r = m
-        .experts
-        .iter()
-        .find(|r| r.layer == l && r.expert == e)
-        .unwrap();
-    let x = &r.extents[0];
-    let file = PathBuf::from(&m.drives[x.drive].file);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&file)
-        .unwrap();
-    let mut b = [0u8];
-    f.read_exact_at(&mut b, x.offset + 100).unwrap();
-    f.write_all_at(&[b[0] ^ 0x10], x.offset + 100).unwrap();
-    file
-}
-
 #[test]
 fn verify_names_the_expert_with_a_flipped_byte() {
     for kind in [Kind::Hf, Kind::Gguf] {
         let p = packed(kind, 3, PackPlacement::Spread);
         let m = Manifest::read(&p.pack).unwrap();
-        let file = flip(&p, 1, 5);
+        let file = flip(&p.pack, 1, 5);
         let (n, bad) = verify_pack(&p.pack).unwrap();
         assert!(n > 48);
         let d = m.experts[16 + 5].extents[0].drive;
@@ -501,12 +399,6 @@ fn verify_names_the_expert_with_a_flipped_byte() {
     }
 }
 
-/// The expert id in a message `... (expert E of layer L)` or `... in expert E of layer L ...`.
-fn expert_in(msg: &str) -> usize {
-    let i = msg.rfind("expert ").unwrap() + "expert ".len();
-    msg[i..].split(' ').next().unwrap().parse().unwrap()
-}
-
 #[test]
 fn a_checksum_mismatch_ends_the_generation_when_verification_is_on() {
     for (kind, placement) in [
@@ -518,7 +410,7 @@ fn a_checksum_mismatch_ends_the_generation_when_verification_is_on() {
         let m = Manifest::read(&p.pack).unwrap();
         // every expert of layer 0 damaged, so whichever the router picks fails
         for e in 0..16 {
-            flip(&p, 0, e);
+            flip(&p.pack, 0, e);
         }
         let mut s = session(&p.pack, &opts(Some(kind.budget()), true));
         let e = format!("{:#}", s.prefill(&PROMPT, Logits::Last).unwrap_err());
@@ -662,14 +554,28 @@ fn a_file_truncated_mid_run_ends_the_pass_naming_the_drive_file_and_expert() {
 #[test]
 fn other_architectures_are_refused_by_name_and_a_pack_opens_as_its_source_kind() {
     let tmp = tempfile::tempdir().unwrap();
+    // a dense family the registry does not pack (Gemma 3), and a model_type no family loads
+    let gemma = tmp.path().join("gemma3.gguf");
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", Value::String("gemma3".into()))
+        .add_f32_tensor("token_embd.weight", &[2, 1], &[1.0, 2.0]);
+    w.write(&gemma).unwrap();
+    let other = tmp.path().join("bert");
+    std::fs::create_dir_all(&other).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(hf::fixture("qwen3").join(f), other.join(f)).unwrap();
+    }
+    let config = std::fs::read_to_string(other.join("config.json")).unwrap();
+    let config = config.replace("\"qwen3\"", "\"bert\"");
+    std::fs::write(other.join("config.json"), config).unwrap();
     for (src, want) in [
         (
-            fixture("deepseek_v3/deepseek_v3-q8_0.gguf"),
-            "packing GGUF architecture 'deepseek2' is not supported yet (supported: qwen3moe, qwen3, llama)",
+            gemma,
+            "packing GGUF architecture 'gemma3' is not supported yet (supported: qwen3moe, qwen3, llama, gpt-oss, deepseek2)",
         ),
         (
-            fixture("../hf/gpt_oss"),
-            "packing model_type 'gpt_oss' is not supported yet (supported: qwen3, qwen3_moe, llama, mixtral)",
+            other,
+            "packing model_type 'bert' is not supported yet (supported: qwen3, qwen3_moe, llama, mixtral, gpt_oss, deepseek_v3, kimi_k2)",
         ),
     ] {
         let o = pack_opts(tmp.path(), 1, PackPlacement::Stripe);

@@ -11,9 +11,9 @@ use crate::write::pack::{verify_pack, write_pack, PackOptions, PackPlacement};
 /// `deltafin pack` flags.
 #[derive(clap::Args, Debug)]
 pub struct PackArgs {
-    /// The model to pack, only read: a Hugging Face safetensors folder (model_type qwen3,
-    /// qwen3_moe, llama, mixtral) or a GGUF file (architecture qwen3moe, qwen3, llama,
-    /// Mixtral included; the first part of a split model, or a folder holding one).
+    /// The model to pack, only read: a Hugging Face safetensors folder or a GGUF file (the
+    /// first part of a split model, or a folder holding one) of a MoE family Deltafin runs
+    /// (Qwen3 and Qwen3-MoE, Llama, Mixtral, GPT-OSS, DeepSeek V3, Kimi K2).
     #[arg(short, long, required_unless_present = "verify")]
     pub model: Option<PathBuf>,
     /// The pack folder (manifest, spine, config and tokenizer files; for GGUF the spine file

@@ -123,6 +123,14 @@ pub struct Family {
     pub synth: &'static [&'static str],
 }
 
+impl Family {
+    /// The expert naming `deltafin pack` lays records out by, for a family it packs
+    /// ([`Family::packable`]); `None` when it packs none of it.
+    pub fn pack_experts(&self) -> Option<ExpertNames> {
+        self.experts.filter(|_| self.packable)
+    }
+}
+
 /// The family loading `config.json` `model_type` `mt`, among `families`.
 pub fn by_model_type<'a>(families: &'a [Family], mt: &str) -> Option<&'a Family> {
     families.iter().find(|f| f.model_types.contains(&mt))

@@ -18,9 +18,10 @@
 //! its bytes up to the end of its last tensor, one per spine tensor.
 //!
 //! Sources: Hugging Face folders (`format: "hf"`, opened with [`open_pack`]) and GGUF files
-//! (`format: "gguf"`, opened with [`open_gguf_pack`]). For GGUF the stacked experts
-//! `blk.L.ffn_{gate,up,down}_exps.weight` are listed per expert (`NAME[E]`, expert E's three
-//! slices its record), and the spine file is itself a GGUF file: the source's metadata
+//! (`format: "gguf"`, opened with [`open_gguf_pack`]). Stacked experts (GGUF
+//! `blk.L.ffn_{gate,up,down}_exps.*`, Hugging Face GPT-OSS `mlp.experts.gate_up_proj…`) are
+//! listed per expert (`NAME[E]`, expert E's slices its record). For GGUF the spine file is
+//! itself a GGUF file: the source's metadata
 //! (tokenizer included, `split.*` keys dropped) and a tensor table of the spine tensors,
 //! whose header the manifest checksums too (`write/pack/gguf.rs`).
 //!
@@ -82,7 +83,8 @@ pub struct Drive {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PackTensor {
     pub name: String,
-    /// GGML type name (e.g. `BF16`), and its id.
+    /// GGML type name (e.g. `BF16`), and its GGUF id (`u32::MAX` for a type without one,
+    /// e.g. `F8_E4M3`, read back by its name).
     pub dtype: String,
     pub ggml_type: u32,
     /// Dimensions in GGML order.
@@ -220,6 +222,16 @@ impl Manifest {
     }
 }
 
+/// The type of manifest tensor `t`: by its GGUF id, else, for a type GGUF has no id for
+/// ([`GgmlType::id`] `u32::MAX`: FP8 E4M3 weights of Hugging Face checkpoints), by its name.
+fn tensor_type(t: &PackTensor) -> Option<GgmlType> {
+    GgmlType::from_u32(t.ggml_type).or_else(|| {
+        [GgmlType::F8_E4M3]
+            .into_iter()
+            .find(|ty| ty.id() == t.ggml_type && ty.name() == t.dtype)
+    })
+}
+
 /// A pack's tensor index in its logical files, checked against the files on disk.
 struct Layout {
     m: Manifest,
@@ -299,7 +311,7 @@ fn open_layout(dir: &Path) -> Result<Layout> {
         .tensors
         .iter()
         .map(|t| {
-            let ty = GgmlType::from_u32(t.ggml_type).ok_or_else(|| {
+            let ty = tensor_type(t).ok_or_else(|| {
                 anyhow!(
                     "{}: tensor '{}': unknown type id {}",
                     dir.display(),

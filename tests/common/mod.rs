@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod hf;
+pub mod pack;
 
 use std::path::PathBuf;
 

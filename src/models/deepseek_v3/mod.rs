@@ -523,6 +523,6 @@ pub const FAMILY: crate::models::Family = crate::models::Family {
     load_hf: Some(|hf, o| DeepseekV3::load(hf, o).map(crate::models::registry::boxed)),
     load_gguf: Some(|g, o| gguf::load(g, o).map(crate::models::registry::boxed)),
     experts: Some(crate::models::registry::SWIGLU_EXPERTS),
-    packable: false,
+    packable: true,
     synth: &["deepseek_v3"],
 };

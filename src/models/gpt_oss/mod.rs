@@ -590,6 +590,6 @@ pub const FAMILY: crate::models::Family = crate::models::Family {
             &["down_proj", "_down_exps."],
         ],
     }),
-    packable: false,
+    packable: true,
     synth: &["gpt_oss"],
 };

@@ -1,11 +1,13 @@
-//! Packs of GGUF models (llama.cpp's `qwen3moe`, `qwen3` and `llama`, Mixtral included): what
-//! differs from packing a Hugging Face folder (layout in [`crate::source::pack`]).
+//! Packs of GGUF models (every `general.architecture` the registry packs:
+//! [`crate::models::Family::pack_experts`]): what differs from packing a Hugging Face folder
+//! (layout in [`crate::source::pack`]).
 //!
-//! - The stacked experts `blk.L.ffn_{gate,up,down}_exps.weight` (GGML shape
-//!   `[cols, rows, n_experts]`, one quantized slice per expert) are split per expert into
-//!   `NAME[E]` ([`TensorInfo::slice_outer`]), and expert E's three slices become its record, so
-//!   the manifest lists slices, not stacked tensors; the GGUF loaders take them where they
-//!   would cut the stacked tensor (`models::loading::Tensors::stacked`).
+//! - The stacked experts `blk.L.ffn_{gate,up,down}_exps.*` (weights of GGML shape
+//!   `[cols, rows, n_experts]`, one quantized slice per expert, and GPT-OSS's biases
+//!   `[rows, n_experts]`) are split per expert into `NAME[E]` ([`TensorInfo::slice_outer`],
+//!   `input.rs`), and expert E's slices become its record, so the manifest lists slices, not
+//!   stacked tensors; the GGUF loaders take them where they would cut the stacked tensor
+//!   (`models::loading::Tensors::stacked`).
 //! - The spine file is itself a GGUF file (GGUF spec, ggml `docs/gguf.md`): the source's
 //!   version and metadata (architecture, hyperparameters, tokenizer vocabulary and merges, chat
 //!   template; the `split.*` keys of a split source dropped), a tensor table of the spine
@@ -20,24 +22,12 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::input::{absolute, PackSource};
-use crate::models::llama::gguf::ARCHITECTURES;
+use super::input::{absolute, pack_experts, split_stacked, PackSource};
 use crate::quant::GgmlType;
 use crate::source::gguf::{GgufModel, Value};
 use crate::source::pack::{hex, PackTensor, SourceIdentity};
 use crate::source::tensor::TensorInfo;
 use crate::write::gguf_writer::header_at;
-
-/// Whether `t` is a stacked routed-expert tensor, `blk.L.ffn_{gate,up,down}_exps.weight` with
-/// three dimensions (the experts outermost).
-fn is_stacked_expert(t: &TensorInfo) -> bool {
-    let Some(rest) = t.name.strip_prefix("blk.") else {
-        return false;
-    };
-    let kinds = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
-    let tail = rest.split_once('.').map_or("", |(_, tail)| tail);
-    t.shape.len() == 3 && kinds.iter().any(|k| tail == format!("{k}.weight"))
-}
 
 /// The GGUF model at `src` (a file, the first part of a split set, or a folder holding one
 /// model) as a [`PackSource`]: stacked experts split per expert.
@@ -47,25 +37,8 @@ fn is_stacked_expert(t: &TensorInfo) -> bool {
 pub(super) fn gguf_source(src: &Path) -> Result<PackSource> {
     let g = GgufModel::open_model_path(src)?;
     let arch = g.architecture()?.to_string();
-    if !ARCHITECTURES.contains(&arch.as_str()) {
-        bail!(
-            "{}: packing GGUF architecture '{arch}' is not supported yet (supported: {})",
-            src.display(),
-            ARCHITECTURES.join(", ")
-        );
-    }
-    let mut tensors = Vec::with_capacity(g.tensors.len());
-    for t in &g.tensors {
-        if !is_stacked_expert(t) {
-            tensors.push(t.clone());
-            continue;
-        }
-        let n = t.shape[2] as usize;
-        if n == 0 {
-            bail!("{}: tensor '{}' holds no experts", g.file_name(), t.name);
-        }
-        tensors.extend((0..n).map(|e| t.slice_outer(e, n)));
-    }
+    let experts = pack_experts(src, "GGUF architecture", &arch, |f| f.gguf_architectures)?;
+    let tensors = split_stacked(&g.tensors, &experts, &g.file_name())?;
     Ok(PackSource {
         identity: SourceIdentity {
             path: absolute(&g.files[0]).display().to_string(),
@@ -76,6 +49,7 @@ pub(super) fn gguf_source(src: &Path) -> Result<PackSource> {
         config: metadata_json(&g),
         files: g.files.clone(),
         tensors,
+        experts,
         gguf: Some(g),
         folder: None,
     })

@@ -1,14 +1,15 @@
-//! Packs of Hugging Face folders: which `model_type`s can be packed, and the source's identity
-//! (layout in [`crate::source::pack`]).
+//! Packs of Hugging Face folders: the source's tensors (stacked experts, as GPT-OSS stores
+//! them, split per expert) and its identity (layout in [`crate::source::pack`]); the
+//! `model_type`s packed are the registry's ([`crate::models::Family::pack_experts`]).
 
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::input::{absolute, PackSource};
+use super::input::{absolute, pack_experts, split_stacked, PackSource};
 use crate::source::hf::HfModel;
 use crate::source::pack::{hex, SourceIdentity};
 
@@ -18,12 +19,8 @@ use crate::source::pack::{hex, SourceIdentity};
 pub(super) fn hf_source(src: &Path) -> Result<PackSource> {
     let hf = HfModel::open(src)?;
     let mt = hf.model_type()?;
-    if !matches!(mt, "qwen3" | "qwen3_moe" | "llama" | "mixtral") {
-        bail!(
-            "{}: packing model_type '{mt}' is not supported yet (supported: qwen3, qwen3_moe, llama, mixtral)",
-            src.display()
-        );
-    }
+    let experts = pack_experts(src, "model_type", mt, |f| f.model_types)?;
+    let tensors = split_stacked(&hf.tensors, &experts, &src.display().to_string())?;
     Ok(PackSource {
         identity: SourceIdentity {
             path: absolute(src).display().to_string(),
@@ -33,7 +30,8 @@ pub(super) fn hf_source(src: &Path) -> Result<PackSource> {
         },
         config: hf.config.clone(),
         files: hf.files.clone(),
-        tensors: hf.tensors.clone(),
+        tensors,
+        experts,
         gguf: None,
         folder: Some(src.to_path_buf()),
     })

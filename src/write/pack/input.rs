@@ -3,6 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
+use anyhow::{bail, Result};
+
+use crate::models::registry::{ExpertNames, Family};
+use crate::models::FAMILIES;
 use crate::source::gguf::GgufModel;
 use crate::source::pack::SourceIdentity;
 use crate::source::tensor::TensorInfo;
@@ -14,8 +18,11 @@ pub(super) struct PackSource {
     /// What the manifest keeps as `config`.
     pub config: serde_json::Value,
     pub files: Vec<PathBuf>,
-    /// Every tensor; GGUF stacked experts are listed per expert (`NAME[E]`).
+    /// Every tensor; stacked experts are listed per expert (`NAME[E]`, [`split_stacked`]).
     pub tensors: Vec<TensorInfo>,
+    /// How the family names its routed-expert tensors: which tensors form each record, and
+    /// in what order ([`Family::pack_experts`]).
+    pub experts: ExpertNames,
     /// GGUF sources: the model whose metadata heads the spine file.
     pub gguf: Option<GgufModel>,
     /// Hugging Face sources: the folder whose small files (config, tokenizer) are copied.
@@ -25,4 +32,50 @@ pub(super) struct PackSource {
 /// `p` made absolute (as given when it cannot be resolved).
 pub(super) fn absolute(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// The expert naming of the family that `key` of a source names `name` (`model_type`
+/// or GGUF architecture, `kind` saying which for the error), when `deltafin pack` packs it.
+///
+/// Errors: no family packs `name` (the message lists those packed, from the registry).
+pub(super) fn pack_experts(
+    label: &Path,
+    kind: &str,
+    name: &str,
+    key: impl Fn(&Family) -> &'static [&'static str],
+) -> Result<ExpertNames> {
+    let family = FAMILIES.iter().find(|f| key(f).contains(&name));
+    match family.and_then(Family::pack_experts) {
+        Some(x) => Ok(x),
+        None => bail!(
+            "{}: packing {kind} '{name}' is not supported yet (supported: {})",
+            label.display(),
+            crate::models::registry::names(FAMILIES, key, |f| f.pack_experts().is_some())
+        ),
+    }
+}
+
+/// `tensors` with every stacked expert tensor ([`ExpertNames::is_stacked`]: all experts of a
+/// layer, experts outermost) replaced by its slices `NAME[E]` ([`TensorInfo::slice_outer`]),
+/// so that expert E's slices go to its record; `label` names the source in errors.
+///
+/// Errors: a stacked tensor holds no experts, or bytes that do not split evenly among them.
+pub(super) fn split_stacked(
+    tensors: &[TensorInfo],
+    experts: &ExpertNames,
+    label: &str,
+) -> Result<Vec<TensorInfo>> {
+    let mut out = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        if !experts.is_stacked(&t.name) {
+            out.push(t.clone());
+            continue;
+        }
+        let n = t.shape.last().copied().unwrap_or(0) as usize;
+        if n == 0 || t.n_bytes % n as u64 != 0 {
+            bail!("{label}: tensor '{}' holds no experts", t.name);
+        }
+        out.extend((0..n).map(|e| t.slice_outer(e, n)));
+    }
+    Ok(out)
 }

@@ -44,37 +44,6 @@ pub struct PackOptions {
     pub stop_after: Option<usize>,
 }
 
-/// The (layer, expert) of a routed-expert tensor name, else `None`: Hugging Face
-/// `model.layers.L.….experts.E.NAME`, or a GGUF expert slice `blk.L.ffn_*_exps.weight[E]`.
-pub(super) fn expert_key(name: &str) -> Option<(usize, usize)> {
-    if let Some(rest) = name.strip_prefix("blk.") {
-        let (l, rest) = rest.split_once('.')?;
-        let (t, e) = rest.strip_suffix(']')?.split_once('[')?;
-        return t
-            .contains("_exps.")
-            .then_some((l.parse().ok()?, e.parse().ok()?));
-    }
-    let rest = name.strip_prefix("model.layers.")?;
-    let (l, rest) = rest.split_once('.')?;
-    let i = rest.find("experts.")?;
-    let (e, _) = rest[i + "experts.".len()..].split_once('.')?;
-    Some((l.parse().ok()?, e.parse().ok()?))
-}
-
-/// Order of a tensor inside its record: gate, up, down, then the rest by name.
-fn role(name: &str) -> u8 {
-    let has = |xs: [&str; 3]| xs.iter().any(|x| name.contains(x));
-    if has(["gate_proj", ".w1.", "_gate_exps."]) {
-        0
-    } else if has(["up_proj", ".w3.", "_up_exps."]) {
-        1
-    } else if has(["down_proj", ".w2.", "_down_exps."]) {
-        2
-    } else {
-        3
-    }
-}
-
 /// The data file of drive `d` for the pack `out`.
 fn drive_file(drive: &Path, out: &Path, d: usize) -> PathBuf {
     let name = out
@@ -97,7 +66,7 @@ pub(super) fn plan(src: &PackSource, o: &PackOptions) -> Result<(Manifest, Optio
     let mut spine_tensors = Vec::new();
     let mut records: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
     for (i, t) in src.tensors.iter().enumerate() {
-        match expert_key(&t.name) {
+        match src.experts.key(&t.name) {
             Some(k) => records.entry(k).or_default().push(i),
             None => spine_tensors.push(i),
         }
@@ -132,7 +101,8 @@ pub(super) fn plan(src: &PackSource, o: &PackOptions) -> Result<(Manifest, Optio
     // each record's tensors (role order) and their offsets inside it
     let mut layout: Vec<RecordLayout> = Vec::new();
     for (k, mut ids) in records {
-        ids.sort_by_key(|&i| (role(&src.tensors[i].name), src.tensors[i].name.clone()));
+        let name = |i: usize| &src.tensors[i].name;
+        ids.sort_by_key(|&i| (src.experts.role(name(i)), name(i).clone()));
         let mut off = 0u64;
         let mut end = 0u64;
         let mut placed = Vec::new();

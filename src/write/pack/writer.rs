@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use super::gguf;
 use super::hf::hf_source;
 use super::input::absolute;
-use super::plan::{expert_key, plan, PackOptions};
+use super::plan::{plan, PackOptions};
 use super::records::{read_at, read_record};
 use crate::source::hf::is_hf_folder;
 use crate::source::pack::{hex, is_pack, Manifest, JOURNAL, MANIFEST, SPINE_FILE};
@@ -47,9 +47,11 @@ fn read_journal(p: &Path) -> HashMap<(char, usize), String> {
         .collect()
 }
 
-/// Packs the model at `src` (see the module docs): a Hugging Face folder (`model_type`
-/// `qwen3`, `qwen3_moe`, `llama` or `mixtral`) or a GGUF file, split set or folder holding one
-/// (`general.architecture` `qwen3moe`, `qwen3` or `llama`, Mixtral included).
+/// Packs the model at `src` (see the module docs): a Hugging Face folder or a GGUF file, split
+/// set or folder holding one, of a family the registry packs
+/// ([`crate::models::Family::pack_experts`]: Qwen3, Qwen3-MoE, Llama, Mixtral, GPT-OSS,
+/// DeepSeek V3 and Kimi K2 today), expert records in their stored encodings (FP8 weights with
+/// their `weight_scale_inv`, MXFP4 blocks with their scales).
 ///
 /// Errors: the source is itself a pack, cannot be opened, or is of another architecture;
 /// `out` is the source; a drive is not a writable folder; a read or write fails (the message
@@ -216,7 +218,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
     // expert records, synced and journaled layer by layer
     let mut by_key: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
     for (i, t) in source.tensors.iter().enumerate() {
-        if let Some(k) = expert_key(&t.name) {
+        if let Some(k) = source.experts.key(&t.name) {
             by_key.entry(k).or_default().push(i);
         }
     }
