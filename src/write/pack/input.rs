@@ -34,8 +34,9 @@ pub(super) fn absolute(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
-/// The expert naming of the family that `key` of a source names `name` (`model_type`
-/// or GGUF architecture, `kind` saying which for the error), when `deltafin pack` packs it.
+/// The expert naming of the family whose `key` names (its `model_types` or
+/// `gguf_architectures`) include `name`, a source's `model_type` or GGUF architecture (`kind`
+/// says which, for the error), when `deltafin pack` packs it; `label` is the source's path.
 ///
 /// Errors: no family packs `name` (the message lists those packed, from the registry).
 pub(super) fn pack_experts(
