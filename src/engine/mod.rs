@@ -1,6 +1,7 @@
 //! Sessions, KV cache, prefill and decode, sampling and stop conditions.
 
 pub mod kv;
+pub mod report;
 pub mod sampler;
 pub mod session;
 
