@@ -8,12 +8,14 @@
 //! drive folder or file, short file, checksum mismatch, file truncated mid-run) whose exact
 //! messages name the drive, its file and the (layer, expert).
 
+mod common;
+
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use deltafin::cli::run::{open_any, OpenedModel};
+use common::hf::argmax;
 use deltafin::engine::Session;
-use deltafin::models::{load_gguf, load_hf_model, LoadOptions, Logits};
+use deltafin::models::{LoadOptions, Logits};
 use deltafin::quant::GgmlType;
 use deltafin::source::gguf::GgufModel;
 use deltafin::source::pack::{open_gguf_pack, open_pack, Manifest};
@@ -132,10 +134,7 @@ fn opts(budget: Option<u64>, verify: bool) -> LoadOptions {
 
 /// Loads the model at `path` (a source or a pack, of either format) as `deltafin run` does.
 fn try_session(path: &Path, o: &LoadOptions) -> anyhow::Result<Session> {
-    let (m, s) = match open_any(Some(&path.to_path_buf()))? {
-        OpenedModel::Gguf(g) => load_gguf(&g, o)?,
-        OpenedModel::Hf(h) => load_hf_model(&h, o)?,
-    };
+    let (m, s) = common::gguf::load_path(path, o)?;
     Ok(Session::new(m, s, 64, 64))
 }
 
@@ -143,29 +142,9 @@ fn session(path: &Path, o: &LoadOptions) -> Session {
     try_session(path, o).unwrap()
 }
 
-fn argmax(l: &[f32]) -> u32 {
-    let mut b = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[b] {
-            b = i;
-        }
-    }
-    b as u32
-}
-
 /// Prompt logits (every position) and `DECODE` greedy steps' logits.
 fn logits(s: &mut Session) -> Vec<f32> {
-    let mut all = s.prefill(&PROMPT, Logits::All).unwrap();
-    let v = s.model.vocab_size();
-    let mut last = all[all.len() - v..].to_vec();
-    for _ in 0..DECODE {
-        last = s
-            .model
-            .forward(&mut s.store, &mut s.cache, &[argmax(&last)], Logits::Last)
-            .unwrap();
-        all.extend_from_slice(&last);
-    }
-    all
+    common::prompt_and_greedy_logits(s, &PROMPT, DECODE)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use super::run::{open_any, OpenedModel};
+use crate::load::{open_any, OpenedModel};
 use crate::source::gguf::Value;
 use crate::source::tensor::TensorInfo;
 
@@ -49,7 +49,7 @@ fn mib(b: u64) -> String {
 
 /// Runs `deltafin inspect`.
 pub fn run(a: InspectArgs) -> Result<()> {
-    let m = open_any(a.model.as_ref())?;
+    let m = open_any(a.model.as_deref())?;
     let (files, tensors): (&[PathBuf], &[TensorInfo]) = match &m {
         OpenedModel::Gguf(g) => (&g.files, &g.tensors),
         OpenedModel::Hf(h) => (&h.files, &h.tensors),
