@@ -71,6 +71,19 @@ pub fn open_any(path: Option<&Path>) -> Result<OpenedModel> {
 }
 
 impl OpenedModel {
+    /// The architecture family of the model, from GGUF `general.architecture` or
+    /// `config.json`'s `model_type` ([`crate::models::FAMILIES`]); `None` when the registry
+    /// does not know it.
+    pub fn family(&self) -> Option<&'static crate::models::Family> {
+        use crate::models::{registry, FAMILIES};
+        match self {
+            OpenedModel::Gguf(g) => {
+                registry::by_gguf_architecture(FAMILIES, g.architecture().ok()?)
+            }
+            OpenedModel::Hf(h) => registry::by_model_type(FAMILIES, h.model_type().ok()?),
+        }
+    }
+
     /// The model's tokenizer: from the GGUF metadata, or the folder's `tokenizer.json`.
     ///
     /// Errors: as [`Tokenizer::from_gguf`] and [`HfTokenizer::from_folder`].
