@@ -135,7 +135,7 @@ impl OpenedModel {
 
     /// Builds what `opts` asks for (tokenizer, sampling defaults, chat template, in that
     /// order), then loads the weights; the opened headers are dropped on return.
-    pub fn load(self, opts: &LoadOptions) -> Result<Loaded> {
+    pub fn load(self, opts: &Options) -> Result<Loaded> {
         let tokenizer = if opts.tokenizer || opts.chat_template {
             Some(self.tokenizer()?)
         } else {
@@ -162,7 +162,7 @@ impl OpenedModel {
 
 /// What [`load`] builds besides the weights.
 #[derive(Clone, Debug, Default)]
-pub struct LoadOptions {
+pub struct Options {
     /// Where the weights go: RAM budget, context and batch sizes, I/O, the expert store.
     pub weights: crate::models::LoadOptions,
     /// Build the tokenizer and read the sampling defaults (what generating text needs; a
@@ -179,17 +179,17 @@ pub struct Loaded {
     pub model: Box<dyn Model>,
     /// Its weights: resident, streamed, or read per expert.
     pub store: WeightStore,
-    /// Its tokenizer, when [`LoadOptions::tokenizer`] or [`LoadOptions::chat_template`].
+    /// Its tokenizer, when [`Options::tokenizer`] or [`Options::chat_template`].
     pub tokenizer: Option<ModelTokenizer>,
-    /// Its sampling defaults, when [`LoadOptions::tokenizer`].
+    /// Its sampling defaults, when [`Options::tokenizer`].
     pub sampling: Option<ModelSampling>,
-    /// Its chat template, when [`LoadOptions::chat_template`].
+    /// Its chat template, when [`Options::chat_template`].
     pub chat_template: Option<ChatTemplate>,
 }
 
 /// Opens the model at `path` ([`open_any`]; `None`: the demo model) and loads it as `opts`
 /// says ([`OpenedModel::load`]).
-pub fn load(path: Option<&Path>, opts: &LoadOptions) -> Result<Loaded> {
+pub fn load(path: Option<&Path>, opts: &Options) -> Result<Loaded> {
     open_any(path)?.load(opts)
 }
 

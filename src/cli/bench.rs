@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use super::store_args::StoreArgs;
 use crate::engine::report::stats_json;
 use crate::engine::{GenStats, GenerateOptions, Sampler, SamplerConfig, Session};
-use crate::load::{open_any, LoadOptions};
+use crate::load::{open_any, Options};
 use crate::models::Placement;
 use crate::store::plan::parse_size;
 
@@ -90,7 +90,7 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
         experts: a.store.options(Some(&a.model)),
     };
     // token ids only: no tokenizer, no sampling defaults
-    let loaded = opened.load(&LoadOptions {
+    let loaded = opened.load(&Options {
         weights,
         ..Default::default()
     })?;
