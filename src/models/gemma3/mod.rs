@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use super::embed_head::{head_chunks, Embedding, Head};
 use super::layers::{add_post_normed, attention, mm, rms_norm_rows, AttnShape};
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
-use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
+use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions, Placement};
 use crate::kernels::ops::{gelu_tanh, rms_norm_inplace, rope_inv_freq, rope_neox, softcap};
 use crate::source::gguf::GgufModel;
@@ -270,37 +270,23 @@ impl Gemma3 {
             config: c,
             norms,
         };
-        let m = Decoder::new(blocks, layers, embedding, head, output_norm, placement);
+        let dims = Dims {
+            hidden_size: blocks.config.hidden_size,
+            vocab_size: blocks.config.vocab_size,
+            context_length: blocks.config.max_position_embeddings,
+            num_layers: blocks.config.num_hidden_layers,
+            final_norm_eps: blocks.config.rms_norm_eps,
+            cache: CacheShape::Kv {
+                kv_dim: blocks.config.kv_dim(),
+            },
+        };
+        let m = Decoder::new(blocks, dims, layers, embedding, head, output_norm, placement);
         Ok((m, store))
     }
 }
 
 impl Blocks for Gemma3Blocks {
     type Layer = LayerMats;
-
-    fn hidden_size(&self) -> usize {
-        self.config.hidden_size
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn context_length(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(
-            self.config.num_hidden_layers,
-            n_ctx.min(self.config.max_position_embeddings),
-            self.config.kv_dim(),
-        )
-    }
-
-    fn final_norm_eps(&self) -> f32 {
-        self.config.rms_norm_eps
-    }
 
     /// Every streamed read of a pass is announced at its start, in order.
     fn plan_whole_pass(&self) -> bool {

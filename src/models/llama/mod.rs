@@ -36,7 +36,7 @@ use super::layers::{
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
 use super::moe::{moe_forward, route_softmax_topk, ExpertMats, StoreExperts, UnitExperts};
 use super::rope::RopeStyle;
-use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
+use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
@@ -363,8 +363,19 @@ impl Llama {
             norms,
             experts,
         };
+        let dims = Dims {
+            hidden_size: blocks.config.hidden_size,
+            vocab_size: blocks.config.vocab_size,
+            context_length: blocks.config.max_position_embeddings,
+            num_layers: blocks.config.num_hidden_layers,
+            final_norm_eps: blocks.config.rms_norm_eps as f32,
+            cache: CacheShape::Kv {
+                kv_dim: blocks.config.kv_dim(),
+            },
+        };
         let m = Decoder::new(
             blocks,
+            dims,
             layers,
             placed.embedding,
             placed.head,
@@ -377,30 +388,6 @@ impl Llama {
 
 impl Blocks for LlamaBlocks {
     type Layer = LayerMats;
-
-    fn hidden_size(&self) -> usize {
-        self.config.hidden_size
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn context_length(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(
-            self.config.num_hidden_layers,
-            n_ctx.min(self.config.max_position_embeddings),
-            self.config.kv_dim(),
-        )
-    }
-
-    fn final_norm_eps(&self) -> f32 {
-        self.config.rms_norm_eps as f32
-    }
 
     fn is_moe(&self, w: &LayerMats) -> bool {
         matches!(w.ffn, Ffn::Moe { .. })
