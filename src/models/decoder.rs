@@ -80,6 +80,28 @@ pub struct Dims {
     pub cache: CacheShape,
 }
 
+impl Dims {
+    /// The sizes of a decoder with a plain KV cache of `kv_dim` floats per token and layer
+    /// for keys and as many for values.
+    pub fn with_kv(
+        hidden_size: usize,
+        vocab_size: usize,
+        context_length: usize,
+        num_layers: usize,
+        final_norm_eps: f32,
+        kv_dim: usize,
+    ) -> Self {
+        Self {
+            hidden_size,
+            vocab_size,
+            context_length,
+            num_layers,
+            final_norm_eps,
+            cache: CacheShape::Kv { kv_dim },
+        }
+    }
+}
+
 /// What differs between families: one layer's spine, routing and routed experts.
 pub trait Blocks: Send + Sync {
     /// One layer's weights (views into its spine unit) and resident vectors (norms, biases).
@@ -172,6 +194,27 @@ impl<B: Blocks> Decoder<B> {
             final_norm,
             placement,
         }
+    }
+
+    /// [`Decoder::new`] over what [`super::budget::place`] returned: the decoder and its
+    /// store.
+    pub(super) fn placed(
+        blocks: B,
+        dims: Dims,
+        layers: Vec<(usize, B::Layer)>,
+        final_norm: Vec<f32>,
+        placed: super::budget::Placed,
+    ) -> (Self, WeightStore) {
+        let m = Self::new(
+            blocks,
+            dims,
+            layers,
+            placed.embedding,
+            placed.head,
+            final_norm,
+            placed.placement,
+        );
+        (m, placed.store)
     }
 
     /// Queues what comes after layer `l`: the next spine unit, or the LM head chunks.

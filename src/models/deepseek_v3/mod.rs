@@ -314,16 +314,7 @@ impl DeepseekV3 {
                 width: blocks.config.latent_dim(),
             },
         };
-        let m = Decoder::new(
-            blocks,
-            dims,
-            layers,
-            placed.embedding,
-            placed.head,
-            final_norm,
-            placed.placement,
-        );
-        Ok((m, placed.store))
+        Ok(Decoder::placed(blocks, dims, layers, final_norm, placed))
     }
 }
 

@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use super::embed_head::{head_chunks, Embedding, Head};
 use super::layers::{add_post_normed, attention, mm, rms_norm_rows, AttnShape};
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
-use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
+use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions, Placement};
 use crate::kernels::ops::{gelu_tanh, rms_norm_inplace, rope_inv_freq, rope_neox, softcap};
 use crate::source::gguf::GgufModel;
@@ -270,15 +270,16 @@ impl Gemma3 {
             config: c,
             norms,
         };
-        let dims = Dims {
-            hidden_size: blocks.config.hidden_size,
-            vocab_size: blocks.config.vocab_size,
-            context_length: blocks.config.max_position_embeddings,
-            num_layers: blocks.config.num_hidden_layers,
-            final_norm_eps: blocks.config.rms_norm_eps,
-            cache: CacheShape::Kv {
-                kv_dim: blocks.config.kv_dim(),
-            },
+        let dims = {
+            let c = &blocks.config;
+            Dims::with_kv(
+                c.hidden_size,
+                c.vocab_size,
+                c.max_position_embeddings,
+                c.num_hidden_layers,
+                c.rms_norm_eps,
+                c.kv_dim(),
+            )
         };
         let m = Decoder::new(blocks, dims, layers, embedding, head, output_norm, placement);
         Ok((m, store))

@@ -50,7 +50,7 @@ use super::layers::{
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
 use super::moe::{moe_forward_with, route_topk_softmax};
 use super::rope::RopeStyle;
-use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
+use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
 use crate::quant::GgmlType;
 use crate::source::hf::HfModel;
@@ -402,15 +402,16 @@ impl GptOss {
             vecs,
             experts: table,
         };
-        let dims = Dims {
-            hidden_size: blocks.config.hidden_size,
-            vocab_size: blocks.config.vocab_size,
-            context_length: blocks.config.max_position_embeddings,
-            num_layers: blocks.config.num_hidden_layers,
-            final_norm_eps: blocks.config.rms_norm_eps as f32,
-            cache: CacheShape::Kv {
-                kv_dim: blocks.config.kv_dim(),
-            },
+        let dims = {
+            let c = &blocks.config;
+            Dims::with_kv(
+                c.hidden_size,
+                c.vocab_size,
+                c.max_position_embeddings,
+                c.num_hidden_layers,
+                c.rms_norm_eps as f32,
+                c.kv_dim(),
+            )
         };
         let m = Decoder::new(
             blocks,
