@@ -19,9 +19,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
+use common::gguf::load_path;
 use deltafin::engine::Session;
-use deltafin::models::{load_gguf, load_hf, LoadOptions, Logits, Model};
-use deltafin::source::gguf::GgufModel;
+use deltafin::models::{LoadOptions, Logits, Model};
 use deltafin::store::{CachePolicy, ExpertStoreOptions, PrefetchMode, Unit, WeightStore, IO_ALIGN};
 
 /// (label, path under tests/fixtures).
@@ -95,30 +95,22 @@ fn opts(budget: Option<u64>, cache: CachePolicy, n_batch: usize) -> LoadOptions 
     }
 }
 
-fn load(path: &Path, o: &LoadOptions) -> anyhow::Result<(Box<dyn Model>, WeightStore)> {
-    if path.is_dir() {
-        load_hf(path, o)
-    } else {
-        load_gguf(&GgufModel::open(path)?, o)
-    }
-}
-
 fn session(path: &Path, budget: Option<u64>, cache: CachePolicy) -> Session {
-    let (m, s) = load(path, &opts(budget, cache, N_CTX)).unwrap();
+    let (m, s) = load_path(path, &opts(budget, cache, N_CTX)).unwrap();
     Session::new(m, s, N_CTX, N_CTX)
 }
 
 /// The smallest budget (in 4 KiB steps, below 64 MiB) under which the model loads and `ok`
 /// holds; `ok` must hold for every larger budget too.
 fn first_budget(path: &Path, n_batch: usize, ok: impl Fn(&dyn Model, &WeightStore) -> bool) -> u64 {
-    let ok_at = |pages: u64| match load(path, &opts(Some(pages * 4096), CachePolicy::None, n_batch))
-    {
-        Ok((m, s)) => ok(m.as_ref(), &s),
-        Err(e) => {
-            assert!(e.to_string().contains("is too small"), "{e}");
-            false
-        }
-    };
+    let ok_at =
+        |pages: u64| match load_path(path, &opts(Some(pages * 4096), CachePolicy::None, n_batch)) {
+            Ok((m, s)) => ok(m.as_ref(), &s),
+            Err(e) => {
+                assert!(e.to_string().contains("is too small"), "{e}");
+                false
+            }
+        };
     let (mut lo, mut hi) = (0u64, 16384u64);
     assert!(ok_at(hi), "{}: no budget works", path.display());
     while hi - lo > 1 {
@@ -135,7 +127,7 @@ fn first_budget(path: &Path, n_batch: usize, ok: impl Fn(&dyn Model, &WeightStor
 /// The smallest budget the model loads under: nothing resident, the experts read on demand.
 fn smallest(path: &Path, n_batch: usize) -> u64 {
     let b = first_budget(path, n_batch, |_, _| true);
-    let (m, s) = load(path, &opts(Some(b), CachePolicy::None, n_batch)).unwrap();
+    let (m, s) = load_path(path, &opts(Some(b), CachePolicy::None, n_batch)).unwrap();
     assert_eq!(m.placement().resident_bytes, 0, "{}", m.placement().summary);
     assert!(s.experts().is_some(), "{}", m.placement().summary);
     b
@@ -144,7 +136,7 @@ fn smallest(path: &Path, n_batch: usize) -> u64 {
 /// The smallest budget holding every weight but the routed experts (spine, LM head and
 /// embeddings resident), with the experts read on demand.
 fn spine_resident(path: &Path, sh: &Shape) -> u64 {
-    let full = load(path, &opts(None, CachePolicy::None, N_CTX))
+    let full = load_path(path, &opts(None, CachePolicy::None, N_CTX))
         .unwrap()
         .1
         .len();
@@ -154,7 +146,7 @@ fn spine_resident(path: &Path, sh: &Shape) -> u64 {
         // a streamed embedding has no unit, a streamed head has chunks
         s.len() == full && streamed == if s.experts().is_some() { n_experts } else { 0 }
     });
-    let (m, s) = load(path, &opts(Some(b), CachePolicy::None, N_CTX)).unwrap();
+    let (m, s) = load_path(path, &opts(Some(b), CachePolicy::None, N_CTX)).unwrap();
     assert!(s.experts().is_some(), "{}", m.placement().summary);
     b
 }
@@ -361,7 +353,7 @@ fn prefetch_changes_no_logit_and_every_guess_is_used_or_counted_as_waste() {
             .io_buffer_bytes() as u64;
         let mut o = opts(Some(spine + extra), CachePolicy::None, N_CTX);
         o.experts.prefetch = PrefetchMode::On;
-        let (m, st) = load(&p, &o).unwrap();
+        let (m, st) = load_path(&p, &o).unwrap();
         let mut s = Session::new(m, st, N_CTX, N_CTX);
         let streamed = (0..s.store.len())
             .filter(|&i| !s.store.is_resident(i))

@@ -27,13 +27,16 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::hf::{argmax, f32s, rel_diff, u32s};
+use common::gguf::{
+    check_tokenization, edited_gguf, load_err, opts, prompt_logits, read_f32, smallest_budget,
+    vs_transformers,
+};
+use common::hf::{f32s, rel_diff, u32s};
 use deltafin::engine::Session;
 use deltafin::models::gpt_oss::gguf::{config_from_gguf, load_with_config};
-use deltafin::models::{load_gguf, LoadOptions, Logits};
+use deltafin::models::{load_gguf, Logits};
 use deltafin::source::gguf::{GgufModel, Value};
 use deltafin::tokenizer::Tokenizer;
-use deltafin::write::gguf_writer::GgufWriter;
 use serde_json::Value as Json;
 
 /// Where both sides compute in f32 over the same weight values.
@@ -45,26 +48,15 @@ const HF_TOL: f32 = 1e-5;
 const TRUNCATE_GAP: f32 = 1.7e-2;
 
 fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/gpt_oss")
+    common::gguf::dir("gpt_oss")
 }
 
 fn reference() -> Json {
-    let s = std::fs::read_to_string(dir().join("reference.json")).unwrap();
-    serde_json::from_str(&s).unwrap()
+    common::gguf::reference("gpt_oss")
 }
 
 fn gguf_path(v: &str) -> PathBuf {
-    dir().join(format!("gpt_oss-{v}.gguf"))
-}
-
-fn opts(ram_budget: Option<u64>) -> LoadOptions {
-    LoadOptions {
-        ram_budget,
-        n_ctx: 128,
-        n_batch: 128,
-        direct_io: true,
-        ..Default::default()
-    }
+    common::gguf::gguf_path("gpt_oss", v)
 }
 
 /// A session over variant `v`; `truncate` loads it with llama.cpp's rounded YaRN range.
@@ -81,32 +73,17 @@ fn session(v: &str, ram_budget: Option<u64>, truncate: bool) -> Session {
     }
 }
 
-fn read_f32(path: &Path) -> Vec<f32> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
 /// Our logits at every prompt position (one batch).
 fn all_logits(v: &str, ram_budget: Option<u64>, truncate: bool) -> (Vec<f32>, usize) {
     let ids = u32s(&reference()["prompt_ids"]);
     let mut s = session(v, ram_budget, truncate);
-    let all = s.prefill(&ids, Logits::All).unwrap();
-    let vocab = s.model.vocab_size();
-    assert_eq!(all.len(), ids.len() * vocab);
-    (all, vocab)
+    prompt_logits(&mut s, &ids)
 }
 
-/// The worst per-position relative difference between `ours` and the reference rows in `file`.
+/// The worst per-position relative difference between `ours` and the reference rows in
+/// `file`, a file of the fixture folder.
 fn worst_rel(ours: &[f32], vocab: usize, file: &str) -> f32 {
-    let want = read_f32(&dir().join(file));
-    assert_eq!(want.len(), ours.len(), "{file}");
-    ours.chunks_exact(vocab)
-        .zip(want.chunks_exact(vocab))
-        .map(|(a, b)| rel_diff(a, b))
-        .fold(0f32, f32::max)
+    common::gguf::worst_rel(ours, vocab, &dir().join(file))
 }
 
 #[test]
@@ -115,15 +92,7 @@ fn f32_file_matches_transformers_and_the_hf_run() {
     let hf = common::hf::reference("gpt_oss_mxfp4");
     assert_eq!(u32s(&hf["prompt_ids"]), u32s(&r["prompt_ids"]));
     let (ours, vocab) = all_logits("f32", None, false);
-    let n = ours.len() / vocab;
-    let last = rel_diff(&ours[(n - 1) * vocab..], &f32s(&hf["last_logits"]));
-    let mut worst = last;
-    for (i, p) in hf["positions"].as_array().unwrap().iter().enumerate() {
-        let row = &ours[i * vocab..(i + 1) * vocab];
-        let got: Vec<f32> = u32s(&p["ids"]).iter().map(|&t| row[t as usize]).collect();
-        worst = worst.max(rel_diff(&got, &f32s(&p["logits"])));
-        assert_eq!(argmax(row), u32s(&p["ids"])[0], "position {i}");
-    }
+    let (last, worst) = vs_transformers(&ours, vocab, &hf, "gpt_oss/f32");
     // our own HF run of the same weights, every logit at every position
     let mut s = common::hf::session("gpt_oss_mxfp4", None);
     let hf_ours = s.prefill(&u32s(&r["prompt_ids"]), Logits::All).unwrap();
@@ -189,19 +158,7 @@ fn quantized_passes_match_llama_cpp_within_its_activation_rounding() {
 /// Greedy (argmax) continuation of `v`, prompt in one batch then one token per step.
 fn greedy(v: &str, n: usize, truncate: bool) -> Vec<u32> {
     let mut s = session(v, None, truncate);
-    let mut l = s
-        .prefill(&u32s(&reference()["prompt_ids"]), Logits::Last)
-        .unwrap();
-    let mut got = Vec::new();
-    for _ in 0..n {
-        let t = argmax(&l);
-        got.push(t);
-        l = s
-            .model
-            .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
-            .unwrap();
-    }
-    got
+    common::greedy_ids(&mut s, &u32s(&reference()["prompt_ids"]), n)
 }
 
 #[test]
@@ -238,24 +195,6 @@ fn greedy_continuations_match_llama_cpp_and_transformers() {
             assert_eq!(greedy(v, want.len(), false), want, "{v}");
         }
         eprintln!("gpt_oss/{v}: 16 of 16 greedy tokens compared (smallest top-2 gap {min})");
-    }
-}
-
-/// The smallest budget (in 4 KiB steps) a file loads under, with no weight resident.
-fn smallest_budget(path: &Path) -> u64 {
-    let g = GgufModel::open(path).unwrap();
-    let mut b = 4 << 10;
-    loop {
-        match load_gguf(&g, &opts(Some(b))) {
-            Ok((m, _)) => {
-                let p = m.placement();
-                assert_eq!(p.resident_bytes, 0, "{}", p.summary);
-                return b;
-            }
-            Err(e) => assert!(e.to_string().contains("is too small"), "{e}"),
-        }
-        b += 4 << 10;
-        assert!(b < 64 << 20, "no budget works");
     }
 }
 
@@ -318,44 +257,18 @@ fn tokenization_matches_llama_cpp() {
         assert_eq!(g.get_str("tokenizer.ggml.pre").unwrap(), "llama-bpe");
         let t = Tokenizer::from_gguf(&g).unwrap();
         let chat = r["prompt_text"].as_str().unwrap();
-        assert_eq!(t.encode(chat, false, true).unwrap(), u32s(&rv["chat_ids"]));
-        let plain = rv["plain_text"].as_str().unwrap();
-        assert_eq!(
-            t.encode(plain, true, false).unwrap(),
-            u32s(&rv["plain_ids"])
-        );
-        let bytes: Vec<u8> = u32s(&rv["continuation_ids"])
-            .iter()
-            .flat_map(|&i| t.token_to_piece(i, true).to_vec())
-            .collect();
-        assert_eq!(
-            String::from_utf8_lossy(&bytes),
-            rv["continuation_pieces"].as_str().unwrap()
-        );
+        check_tokenization(&t, chat, rv, &format!("gpt_oss/{v}"));
     }
 }
 
 /// Rewrites `src` into `dst` without the metadata key `gone_key` and the tensor `gone_tensor`.
-fn edited_gguf(src: &Path, dst: &Path, gone_key: &str, gone_tensor: &str) {
-    let g = GgufModel::open(src).unwrap();
-    let bytes = std::fs::read(src).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in g.metadata.iter().filter(|(k, _)| *k != gone_key) {
-        w.add(k.clone(), v.clone());
-    }
-    for t in g.tensors.iter().filter(|t| t.name != gone_tensor) {
-        let data = bytes[t.offset as usize..(t.offset + t.n_bytes) as usize].to_vec();
-        w.add_tensor(t.name.clone(), t.ty, &t.shape, data);
-    }
-    w.write(dst).unwrap();
-}
-
-fn load_err(path: &Path) -> String {
-    let g = GgufModel::open(path).unwrap();
-    match load_gguf(&g, &opts(None)) {
-        Ok(_) => panic!("loading {} should fail", path.display()),
-        Err(e) => format!("{e:#}"),
-    }
+fn without(src: &Path, dst: &Path, gone_key: &str, gone_tensor: &str) {
+    edited_gguf(
+        src,
+        dst,
+        |m| m.retain(|(k, _)| k != gone_key),
+        |n| n != gone_tensor,
+    );
 }
 
 #[test]
@@ -363,12 +276,12 @@ fn load_errors_name_the_key_or_tensor() {
     let tmp = tempfile::tempdir().unwrap();
     let src = gguf_path("mxfp4_moe");
     let p = tmp.path().join("edited.gguf");
-    edited_gguf(&src, &p, "gpt-oss.attention.sliding_window", "");
+    without(&src, &p, "gpt-oss.attention.sliding_window", "");
     assert_eq!(
         load_err(&p),
         "edited.gguf: metadata key 'gpt-oss.attention.sliding_window' is missing"
     );
-    edited_gguf(&src, &p, "", "blk.1.ffn_up_exps.bias");
+    without(&src, &p, "", "blk.1.ffn_up_exps.bias");
     assert_eq!(
         load_err(&p),
         format!(
@@ -376,7 +289,7 @@ fn load_errors_name_the_key_or_tensor() {
             p.display()
         )
     );
-    edited_gguf(&src, &p, "", "blk.0.attn_sinks.weight");
+    without(&src, &p, "", "blk.0.attn_sinks.weight");
     assert_eq!(
         load_err(&p),
         format!(
@@ -385,21 +298,18 @@ fn load_errors_name_the_key_or_tensor() {
         )
     );
     // a metadata value that does not fit the tensors
-    let g = GgufModel::open(&src).unwrap();
-    let bytes = std::fs::read(&src).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in g.metadata.iter() {
-        let v = match k.as_str() {
-            "gpt-oss.expert_feed_forward_length" => Value::U32(32),
-            _ => v.clone(),
-        };
-        w.add(k.clone(), v);
-    }
-    for t in &g.tensors {
-        let data = bytes[t.offset as usize..(t.offset + t.n_bytes) as usize].to_vec();
-        w.add_tensor(t.name.clone(), t.ty, &t.shape, data);
-    }
-    w.write(&p).unwrap();
+    edited_gguf(
+        &src,
+        &p,
+        |m| {
+            for (k, v) in m.iter_mut() {
+                if k == "gpt-oss.expert_feed_forward_length" {
+                    *v = Value::U32(32);
+                }
+            }
+        },
+        |_| true,
+    );
     assert_eq!(
         load_err(&p),
         format!(

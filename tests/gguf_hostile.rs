@@ -2,8 +2,11 @@
 //! naming the file and the field or tensor; nothing panics or allocates what the file cannot
 //! back with bytes.
 
+mod common;
+
 use std::path::PathBuf;
 
+use common::gguf::open_bytes;
 use deltafin::quant::GgmlType;
 use deltafin::source::gguf::{GgufModel, Value};
 use deltafin::write::gguf_writer::GgufWriter;
@@ -55,20 +58,14 @@ impl Raw {
 
 /// Writes `bytes` to `<tempdir>/hostile.gguf` and returns the reader's error message.
 fn open_err(bytes: &[u8]) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("hostile.gguf");
-    std::fs::write(&path, bytes).unwrap();
-    match GgufModel::open(&path) {
+    match open_bytes("hostile.gguf", bytes) {
         Ok(m) => panic!("accepted a bad file: {m:?}"),
         Err(e) => e.to_string(),
     }
 }
 
 fn open_ok(bytes: &[u8]) -> GgufModel {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ok.gguf");
-    std::fs::write(&path, bytes).unwrap();
-    GgufModel::open(&path).unwrap()
+    open_bytes("ok.gguf", bytes).unwrap()
 }
 
 /// A small valid file with several value types, nested arrays and two tensors.
@@ -152,10 +149,7 @@ proptest! {
         if cut % 4 == 0 {
             bytes.truncate(cut % (bytes.len() + 1));
         }
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f.gguf");
-        std::fs::write(&path, &bytes).unwrap();
-        if let Ok(m) = GgufModel::open(&path) {
+        if let Ok(m) = open_bytes("f.gguf", &bytes) {
             for t in &m.tensors {
                 prop_assert!(t.offset + t.n_bytes <= bytes.len() as u64);
                 prop_assert_eq!(t.offset % m.alignment, 0);

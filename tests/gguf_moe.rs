@@ -28,14 +28,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::hf::{argmax, f32s, rel_diff, u32s};
-use deltafin::engine::Session;
-use deltafin::models::{load_gguf, LoadOptions, Logits};
+use common::gguf::{
+    check_tokenization, dir, edited_gguf, gguf_path, load_err, prompt_logits, reference,
+    session_at, smallest_budget, vs_transformers, worst_rel,
+};
+use common::hf::{f32s, u32s};
+use deltafin::models::Logits;
 use deltafin::source::gguf::{GgufModel, Value};
 use deltafin::tokenizer::Tokenizer;
-use deltafin::write::gguf_writer::GgufWriter;
 use serde_json::Value as Json;
 
 /// Relative tolerance where both sides compute in f32 over the same weight values.
@@ -58,47 +60,8 @@ const CASES: &[(&str, &[(&str, f32)])] = &[
     ("deepseek_v3", &[("f32", F32_TOL), ("q8_0", 0.64)]),
 ];
 
-fn dir(family: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/gguf")
-        .join(family)
-}
-
-fn reference(family: &str) -> Json {
-    let s = std::fs::read_to_string(dir(family).join("reference.json")).unwrap();
-    serde_json::from_str(&s).unwrap()
-}
-
 fn variant<'a>(r: &'a Json, v: &str) -> &'a Json {
     &r["variants"][v]
-}
-
-fn gguf_path(family: &str, v: &str) -> PathBuf {
-    dir(family).join(format!("{family}-{v}.gguf"))
-}
-
-fn opts(ram_budget: Option<u64>) -> LoadOptions {
-    LoadOptions {
-        ram_budget,
-        n_ctx: 128,
-        n_batch: 128,
-        direct_io: true,
-        ..Default::default()
-    }
-}
-
-fn session_at(path: &Path, ram_budget: Option<u64>) -> Session {
-    let g = GgufModel::open(path).unwrap();
-    let (m, s) = load_gguf(&g, &opts(ram_budget)).unwrap();
-    Session::new(m, s, 128, 128)
-}
-
-fn read_f32(path: &Path) -> Vec<f32> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
 }
 
 /// Our logits at every prompt position (one batch).
@@ -106,20 +69,7 @@ fn all_logits(family: &str, v: &str, ram_budget: Option<u64>) -> (Vec<f32>, usiz
     let r = reference(family);
     let ids = u32s(&r["prompt_ids"]);
     let mut s = session_at(&gguf_path(family, v), ram_budget);
-    let all = s.prefill(&ids, Logits::All).unwrap();
-    let vocab = s.model.vocab_size();
-    assert_eq!(all.len(), ids.len() * vocab);
-    (all, vocab)
-}
-
-/// The worst per-position relative difference between `ours` and the reference rows in `file`.
-fn worst_rel(ours: &[f32], vocab: usize, file: &Path) -> f32 {
-    let want = read_f32(file);
-    assert_eq!(want.len(), ours.len(), "{}", file.display());
-    ours.chunks_exact(vocab)
-        .zip(want.chunks_exact(vocab))
-        .map(|(a, b)| rel_diff(a, b))
-        .fold(0f32, f32::max)
+    prompt_logits(&mut s, &ids)
 }
 
 #[test]
@@ -146,15 +96,7 @@ fn f32_files_match_transformers() {
                 .unwrap(),
         );
         let (ours, vocab) = all_logits(family, "f32", None);
-        let n = ours.len() / vocab;
-        let last = rel_diff(&ours[(n - 1) * vocab..], &f32s(&hf["last_logits"]));
-        let mut worst = last;
-        for (i, p) in hf["positions"].as_array().unwrap().iter().enumerate() {
-            let row = &ours[i * vocab..(i + 1) * vocab];
-            let got: Vec<f32> = u32s(&p["ids"]).iter().map(|&t| row[t as usize]).collect();
-            worst = worst.max(rel_diff(&got, &f32s(&p["logits"])));
-            assert_eq!(argmax(row), u32s(&p["ids"])[0], "{family}: position {i}");
-        }
+        let (last, worst) = vs_transformers(&ours, vocab, &hf, family);
         eprintln!(
             "{family}/f32 vs transformers: last rel {last:e}, worst (top-10 + last) {worst:e}"
         );
@@ -202,16 +144,7 @@ fn compare_greedy(family: &str, v: &str, want: &[u32], gaps: &[f32], margin: f32
     let r = reference(family);
     let n = gaps.iter().position(|&g| g <= margin).unwrap_or(want.len());
     let mut s = session_at(&gguf_path(family, v), None);
-    let mut l = s.prefill(&u32s(&r["prompt_ids"]), Logits::Last).unwrap();
-    let mut got = Vec::new();
-    for _ in 0..n {
-        let t = argmax(&l);
-        got.push(t);
-        l = s
-            .model
-            .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
-            .unwrap();
-    }
+    let got = common::greedy_ids(&mut s, &u32s(&r["prompt_ids"]), n);
     assert_eq!(got, want[..n], "{family}/{v}");
     n
 }
@@ -247,24 +180,6 @@ fn greedy_continuations_match_llama_cpp() {
                 "{family}/{v}: every step's gap allows comparing"
             );
         }
-    }
-}
-
-/// The smallest budget (in 4 KiB steps) a file loads under, with no weight resident.
-fn smallest_budget(path: &Path) -> u64 {
-    let g = GgufModel::open(path).unwrap();
-    let mut b = 4 << 10;
-    loop {
-        match load_gguf(&g, &opts(Some(b))) {
-            Ok((m, _)) => {
-                let p = m.placement();
-                assert_eq!(p.resident_bytes, 0, "{}", p.summary);
-                return b;
-            }
-            Err(e) => assert!(e.to_string().contains("is too small"), "{e}"),
-        }
-        b += 4 << 10;
-        assert!(b < 64 << 20, "no budget works");
     }
 }
 
@@ -319,63 +234,7 @@ fn tokenization_matches_llama_cpp() {
         let rv = variant(&r, "f32");
         let g = GgufModel::open(&gguf_path(family, "f32")).unwrap();
         let t = Tokenizer::from_gguf(&g).unwrap();
-        let chat = r["prompt_text"].as_str().unwrap();
-        assert_eq!(
-            t.encode(chat, false, true).unwrap(),
-            u32s(&rv["chat_ids"]),
-            "{family}"
-        );
-        let plain = rv["plain_text"].as_str().unwrap();
-        assert_eq!(
-            t.encode(plain, true, false).unwrap(),
-            u32s(&rv["plain_ids"]),
-            "{family}"
-        );
-        let cont = u32s(&rv["continuation_ids"]);
-        let bytes: Vec<u8> = cont
-            .iter()
-            .flat_map(|&i| t.token_to_piece(i, true).to_vec())
-            .collect();
-        assert_eq!(
-            String::from_utf8_lossy(&bytes),
-            rv["continuation_pieces"].as_str().unwrap(),
-            "{family}"
-        );
-    }
-}
-
-/// Rewrites `src` into `dst` with metadata edited by `edit` and tensors for which `keep` is
-/// false left out.
-fn edited_gguf(
-    src: &Path,
-    dst: &Path,
-    edit: impl FnOnce(&mut Vec<(String, Value)>),
-    keep: impl Fn(&str) -> bool,
-) {
-    let g = GgufModel::open(src).unwrap();
-    let bytes = std::fs::read(src).unwrap();
-    let mut meta: Vec<(String, Value)> = g
-        .metadata
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    edit(&mut meta);
-    let mut w = GgufWriter::new();
-    for (k, v) in meta {
-        w.add(k, v);
-    }
-    for t in g.tensors.iter().filter(|t| keep(&t.name)) {
-        let data = bytes[t.offset as usize..(t.offset + t.n_bytes) as usize].to_vec();
-        w.add_tensor(t.name.clone(), t.ty, &t.shape, data);
-    }
-    w.write(dst).unwrap();
-}
-
-fn load_err(path: &Path) -> String {
-    let g = GgufModel::open(path).unwrap();
-    match load_gguf(&g, &opts(None)) {
-        Ok(_) => panic!("loading {} should fail", path.display()),
-        Err(e) => format!("{e:#}"),
+        check_tokenization(&t, r["prompt_text"].as_str().unwrap(), rv, family);
     }
 }
 

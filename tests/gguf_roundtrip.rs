@@ -1,8 +1,11 @@
 //! GGUF reader round trips through the test writer: every value type (v2 and v3), alignment,
 //! split models, folders, and the typed accessors.
 
+mod common;
+
 use std::collections::BTreeMap;
 
+use common::gguf::tensor_bytes;
 use deltafin::quant::GgmlType;
 use deltafin::source::gguf::{GgufModel, Value};
 use deltafin::write::gguf_writer::GgufWriter;
@@ -90,13 +93,6 @@ fn writer_with_tensors() -> GgufWriter {
     w.add_tensor("blk.0.w", GgmlType::Q8_0, &[32, 2], q);
     w.add_tensor("blk.0.k", GgmlType::Q4_K, &[256, 1, 1], vec![0xab; 144]);
     w
-}
-
-/// Reads the data bytes of tensor `name` straight from its file.
-fn tensor_bytes(m: &GgufModel, name: &str) -> Vec<u8> {
-    let t = m.tensor(name).unwrap();
-    let all = std::fs::read(&m.files[t.file]).unwrap();
-    all[t.offset as usize..(t.offset + t.n_bytes) as usize].to_vec()
 }
 
 #[test]

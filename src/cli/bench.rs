@@ -16,10 +16,11 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
-use super::run::{init_threads, open_any, stats_json, OpenedModel};
 use super::store_args::StoreArgs;
+use crate::engine::report::stats_json;
 use crate::engine::{GenStats, GenerateOptions, Sampler, SamplerConfig, Session};
-use crate::models::{load_gguf, load_hf_model, LoadOptions, Placement};
+use crate::load::{open_any, Options};
+use crate::models::Placement;
 use crate::store::plan::parse_size;
 
 /// Arguments of `deltafin bench`.
@@ -72,7 +73,7 @@ fn prompt(n: usize, vocab: usize) -> Vec<u32> {
 fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64)> {
     let dropped = name == "cold-decode" && drop_page_cache();
     let t = std::time::Instant::now();
-    let opened = open_any(Some(&a.model))?;
+    let opened = open_any(Some(a.model.as_path()))?;
     let (decode_p, warm) = match name {
         "cold-decode" => (a.decode_prompt_tokens, false),
         "warm-decode" => (a.decode_prompt_tokens, true),
@@ -81,22 +82,22 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
     };
     let n_gen = if name == "prefill" { 1 } else { a.tokens };
     let n_ctx = decode_p + n_gen * if warm { 2 } else { 1 } + 1;
-    let opts = LoadOptions {
+    let weights = crate::models::LoadOptions {
         ram_budget: a.ram_budget.or_else(crate::store::plan::default_ram_budget),
         n_ctx,
         n_batch: decode_p.max(1),
         direct_io: true,
         experts: a.store.options(Some(&a.model)),
     };
-    let (model, store) = match &opened {
-        OpenedModel::Gguf(g) => load_gguf(g, &opts)?,
-        OpenedModel::Hf(h) => load_hf_model(h, &opts)?,
-    };
+    // token ids only: no tokenizer, no sampling defaults
+    let loaded = opened.load(&Options {
+        weights,
+        ..Default::default()
+    })?;
     let load_s = t.elapsed().as_secs_f64();
-    let placement = model.placement().clone();
-    let vocab = model.vocab_size();
-    drop(opened);
-    let mut session = Session::new(model, store, n_ctx, decode_p.max(1));
+    let placement = loaded.model.placement().clone();
+    let vocab = loaded.model.vocab_size();
+    let mut session = Session::new(loaded.model, loaded.store, n_ctx, decode_p.max(1));
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: 0.0,
         top_k: 0,
@@ -127,7 +128,7 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
 
 /// Runs `deltafin bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
-    init_threads(a.threads);
+    super::init_threads(a.threads);
     a.store.init_tracing();
     let mut rows = Vec::new();
     let mut table = format!(

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use super::run::{open_any, OpenedModel};
+use crate::load::{open_any, OpenedModel};
 use crate::source::gguf::Value;
 use crate::source::tensor::TensorInfo;
 
@@ -22,12 +22,13 @@ pub struct InspectArgs {
     pub tensors: bool,
 }
 
-/// Which routed expert a tensor belongs to, if any: GGUF stacks experts in `ffn_*_exps`
-/// tensors (all experts of a layer in one tensor; a pack lists them per expert,
-/// `...ffn_gate_exps.weight[E]`); Hugging Face names them `...mlp.experts.N....` or fuses them
-/// in `...mlp.experts.gate_up_proj` etc.
-fn is_expert_tensor(name: &str) -> bool {
-    name.contains("_exps") || name.contains(".experts.")
+/// Whether tensor `name` holds routed-expert weights, as the model's family names them in
+/// the registry ([`crate::models::registry::ExpertNames`]); false for a family without
+/// experts or an architecture the registry does not know.
+fn is_expert_tensor(m: &OpenedModel, name: &str) -> bool {
+    m.family()
+        .and_then(|f| f.experts)
+        .is_some_and(|e| e.is_expert(name))
 }
 
 /// Number of routed experts per MoE layer, from the metadata or config.
@@ -49,7 +50,7 @@ fn mib(b: u64) -> String {
 
 /// Runs `deltafin inspect`.
 pub fn run(a: InspectArgs) -> Result<()> {
-    let m = open_any(a.model.as_ref())?;
+    let m = open_any(a.model.as_deref())?;
     let (files, tensors): (&[PathBuf], &[TensorInfo]) = match &m {
         OpenedModel::Gguf(g) => (&g.files, &g.tensors),
         OpenedModel::Hf(h) => (&h.files, &h.tensors),
@@ -118,7 +119,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
         let e = by_type.entry(t.ty.name()).or_default();
         e.0 += 1;
         e.1 += t.n_bytes;
-        if is_expert_tensor(&t.name) {
+        if is_expert_tensor(&m, &t.name) {
             experts += t.n_bytes;
         } else {
             spine += t.n_bytes;
@@ -136,7 +137,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
     if let Some(ne) = n_experts(&m).filter(|&n| n > 0 && experts > 0) {
         let moe_layers = tensors
             .iter()
-            .filter(|t| is_expert_tensor(&t.name))
+            .filter(|t| is_expert_tensor(&m, &t.name))
             .filter_map(|t| {
                 t.name
                     .split('.')

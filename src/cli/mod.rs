@@ -35,6 +35,15 @@ pub enum Command {
     Synth(synth::SynthArgs),
 }
 
+/// Sets the size of the global thread pool once (`--threads`; `None`: all cores).
+pub fn init_threads(threads: Option<usize>) {
+    if let Some(n) = threads {
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build_global();
+    }
+}
+
 /// Parses the command line, runs the command and maps errors to exit code 1.
 pub fn main() -> std::process::ExitCode {
     // Like other command-line tools, end quietly when the reader of our output goes away

@@ -5,16 +5,13 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
+use crate::engine::report::{expert_table, stats_json, stats_table};
 use crate::engine::sampler::ModelSampling;
-use crate::engine::{Finish, GenStats, GenerateOptions, Sampler, SamplerConfig, Session};
-use crate::models::{load_gguf, load_hf_model, LoadOptions, Placement};
-use crate::source::gguf::GgufModel;
-use crate::source::hf::{is_hf_folder, HfModel};
+use crate::engine::{GenerateOptions, Sampler, SamplerConfig, Session};
+use crate::load::open_any;
+use crate::models::LoadOptions;
 use crate::store::plan::{default_ram_budget, parse_size};
-use crate::tokenizer::chat::{ChatTemplate, Message};
-use crate::tokenizer::hf::{HfStreamDecoder, HfTokenizer};
-use crate::tokenizer::stream::StreamDecoder;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::chat::Message;
 
 /// Arguments of `deltafin run`.
 #[derive(clap::Args, Debug, Clone)]
@@ -160,114 +157,14 @@ fn non_empty(s: &str) -> Result<String, String> {
     }
 }
 
-/// Opens the model at `path`, or the demo model when `None` (fetching it if absent).
-pub fn open_model(path: Option<&PathBuf>) -> Result<GgufModel> {
-    use crate::pull::{home_dir, pull, PullOptions, DEMO_MODEL};
-    match path {
-        Some(p) => Ok(GgufModel::open_model_path(p)?),
-        None => {
-            let p = pull(DEMO_MODEL, &home_dir(), &PullOptions::default())?;
-            GgufModel::open_model_path(&p).with_context(|| {
-                format!(
-                    "the cached demo model {} looks damaged; `deltafin pull {DEMO_MODEL} --force` fetches it again",
-                    p.display()
-                )
-            })
-        }
-    }
-}
-
-/// A model opened from disk, before its weights are loaded.
-pub enum OpenedModel {
-    Gguf(GgufModel),
-    Hf(HfModel),
-}
-
-/// Opens `path` as a pack when it holds a `manifest.json` (or refuses an unfinished pack; a
-/// pack opens as the kind of model it was made of), as a Hugging Face folder when it is a
-/// directory with a `config.json`, else as GGUF (see [`open_model`], which also fetches the
-/// demo model when `path` is `None`).
-pub fn open_any(path: Option<&PathBuf>) -> Result<OpenedModel> {
-    use crate::source::pack;
-    match path {
-        Some(p) if pack::is_pack(p) || pack::is_incomplete_pack(p) => {
-            match pack::Manifest::read(p)?.source.format.as_str() {
-                "gguf" => Ok(OpenedModel::Gguf(pack::open_gguf_pack(p)?)),
-                _ => Ok(OpenedModel::Hf(pack::open_pack(p)?)),
-            }
-        }
-        Some(p) if is_hf_folder(p) => Ok(OpenedModel::Hf(HfModel::open(p)?)),
-        _ => Ok(OpenedModel::Gguf(open_model(path)?)),
-    }
-}
-
-/// The tokenizer of either kind of model.
-enum AnyTokenizer {
-    Gguf(Box<Tokenizer>),
-    Hf(Box<HfTokenizer>),
-}
-
-/// The streaming detokenizer of either kind.
-enum AnyDecoder<'t> {
-    Gguf(StreamDecoder<'t>),
-    Hf(HfStreamDecoder<'t>),
-}
-
-impl AnyTokenizer {
-    fn is_eog(&self, t: u32) -> bool {
-        match self {
-            AnyTokenizer::Gguf(k) => k.is_eog(t),
-            AnyTokenizer::Hf(k) => k.is_eog(t),
-        }
-    }
-
-    fn decoder(&self) -> AnyDecoder<'_> {
-        match self {
-            AnyTokenizer::Gguf(k) => AnyDecoder::Gguf(StreamDecoder::new(k, true)),
-            AnyTokenizer::Hf(k) => AnyDecoder::Hf(HfStreamDecoder::new(k, true)),
-        }
-    }
-}
-
-impl AnyDecoder<'_> {
-    fn push(&mut self, t: u32) -> String {
-        match self {
-            AnyDecoder::Gguf(d) => d.push(t),
-            AnyDecoder::Hf(d) => d.push(t),
-        }
-    }
-
-    fn finish(&mut self) -> String {
-        match self {
-            AnyDecoder::Gguf(d) => d.finish(),
-            AnyDecoder::Hf(d) => d.finish(),
-        }
-    }
-}
-
-/// Sets the size of the global thread pool once.
-pub fn init_threads(threads: Option<usize>) {
-    if let Some(n) = threads {
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(n.max(1))
-            .build_global();
-    }
-}
-
 /// Runs `deltafin run`.
 pub fn run(a: RunArgs) -> Result<()> {
-    init_threads(a.threads);
+    super::init_threads(a.threads);
     a.store.init_tracing();
     let t_load = std::time::Instant::now();
-    let opened = open_any(a.model.as_ref())?;
-    let tok = match &opened {
-        OpenedModel::Gguf(g) => AnyTokenizer::Gguf(Box::new(Tokenizer::from_gguf(g)?)),
-        OpenedModel::Hf(h) => AnyTokenizer::Hf(Box::new(HfTokenizer::from_folder(&h.dir)?)),
-    };
-    let model_sampling = match &opened {
-        OpenedModel::Hf(h) => generation_config_sampling(&h.dir)?,
-        OpenedModel::Gguf(_) => ModelSampling::default(),
-    };
+    let opened = open_any(a.model.as_deref())?;
+    let tok = opened.tokenizer()?;
+    let model_sampling = opened.sampling()?;
     let prompt = match &a.prompt {
         Some(p) => p.clone(),
         None => {
@@ -282,26 +179,16 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
     };
     let ids = if a.chat {
-        let tmpl = match (&opened, &tok) {
-            (OpenedModel::Gguf(g), _) => ChatTemplate::from_gguf_metadata(&g.metadata)?,
-            (_, AnyTokenizer::Hf(t)) => t.chat_template()?,
-            _ => unreachable!("tokenizer kind follows the model kind"),
-        };
+        let tmpl = opened.chat_template(&tok)?;
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
             msgs.push(Message::new("system", s.clone()));
         }
         msgs.push(Message::new("user", prompt.clone()));
         let text = tmpl.render(&msgs, true)?;
-        match &tok {
-            AnyTokenizer::Gguf(t) => t.encode(&text, false, true)?,
-            AnyTokenizer::Hf(t) => t.encode(&text, false)?,
-        }
+        tok.encode_chat(&text)?
     } else {
-        match &tok {
-            AnyTokenizer::Gguf(t) => t.encode(&prompt, true, false)?,
-            AnyTokenizer::Hf(t) => t.encode(&prompt, true)?,
-        }
+        tok.encode_prompt(&prompt)?
     };
     if ids.is_empty() {
         bail!("the prompt is empty");
@@ -321,10 +208,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         direct_io: !a.no_direct_io,
         experts: a.store.options(a.model.as_deref()),
     };
-    let (model, store) = match &opened {
-        OpenedModel::Gguf(g) => load_gguf(g, &opts)?,
-        OpenedModel::Hf(h) => load_hf_model(h, &opts)?,
-    };
+    let (model, store) = opened.load_weights(&opts)?;
     let limit = model.context_length();
     if ids.len() + 1 > limit {
         bail!(
@@ -424,206 +308,6 @@ pub fn sampler_config(a: &RunArgs, model: &ModelSampling, seed: u64) -> SamplerC
     c
 }
 
-/// The sampling settings in `dir/generation_config.json`, none when the file is absent.
-///
-/// Errors: the file exists but is not valid JSON or has a bad field (named).
-fn generation_config_sampling(dir: &std::path::Path) -> Result<ModelSampling> {
-    let p = dir.join("generation_config.json");
-    if !p.is_file() {
-        return Ok(ModelSampling::default());
-    }
-    let v = crate::source::hf::read_json(&p)?;
-    ModelSampling::from_generation_config(&v, &p.display().to_string())
-}
-
-fn mib(b: f64) -> String {
-    format!("{:.1} MiB", b / 1048576.0)
-}
-
-/// The `--stats` text.
-pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64, load_s: f64) -> String {
-    let wait_share = if s.ttft_s + s.decode_s > 0.0 {
-        100.0 * s.io_wait_s / (s.ttft_s + s.decode_s)
-    } else {
-        0.0
-    };
-    format!(
-        "\n--- stats ---\n\
-         load                 {load_s:.3} s (model header, tokenizer, resident weights)\n\
-         prompt tokens        {}\n\
-         generated tokens     {} ({:?})\n\
-         time to first token  {:.3} s\n\
-         decode               {:.2} tok/s\n\
-         disk read / token    {} (decode), {} (prefill total)\n\
-         reads issued         {}\n\
-         I/O wait             {:.3} s ({wait_share:.0}% of run)\n\
-         placement            {}\n\
-         resident weights     {}, streamed per pass {}, stream buffers {}, KV cache {}, activations {}\n\
-         peak RSS             {}\n\
-         seed                 {seed}\n",
-        s.prompt_tokens,
-        s.generated_tokens,
-        finish,
-        s.ttft_s,
-        s.decode_tok_s(),
-        mib(s.decode_bytes_per_token()),
-        mib(s.prefill_bytes as f64),
-        s.reads,
-        s.io_wait_s,
-        p.summary,
-        mib(p.resident_bytes as f64),
-        mib(p.streamed_bytes as f64),
-        mib(p.stream_buffer_bytes as f64),
-        mib(p.kv_bytes as f64),
-        mib(p.scratch_bytes as f64),
-        mib(s.peak_rss as f64),
-    )
-}
-
-/// The `--stats-json` object.
-pub fn stats_json(
-    s: &GenStats,
-    p: &Placement,
-    finish: &Finish,
-    seed: u64,
-    load_s: f64,
-    bandwidth: Option<u64>,
-) -> serde_json::Value {
-    let mut v = stats_json_base(s, p, finish, seed, load_s);
-    if let Some(e) = &s.experts {
-        let (b, b_source) = limit_bandwidth(s, bandwidth);
-        let limit = e.limit_tok_s(b, s.generated_tokens.saturating_sub(1));
-        v["experts"] = serde_json::to_value(e).expect("serializable");
-        v["experts"]["drives"] = e
-            .drives()
-            .iter()
-            .map(|(d, bytes, reads, busy, bw)| {
-                serde_json::json!({"drive": d, "bytes": bytes, "reads": reads, "busy_s": busy, "bandwidth_bytes_per_s": bw})
-            })
-            .collect();
-        v["physical_limit"] = serde_json::json!({
-            "bandwidth_bytes_per_s": b,
-            "bandwidth_source": b_source,
-            "limit_tok_s": limit,
-            "fraction": if limit.is_finite() && limit > 0.0 { s.decode_tok_s() / limit } else { 0.0 },
-        });
-    }
-    v
-}
-
-/// `B` for the physical limit: the given drive bandwidth, else the expert reads' own
-/// bandwidth while the drives were busy (decode), with where it came from.
-pub fn limit_bandwidth(s: &GenStats, given: Option<u64>) -> (f64, &'static str) {
-    if let Some(b) = given {
-        return (b as f64, "--drive-bandwidth");
-    }
-    let Some(e) = &s.experts else {
-        return (0.0, "none");
-    };
-    let (bytes, busy) = e
-        .drives()
-        .iter()
-        .fold((0u64, 0f64), |a, d| (a.0 + d.1, a.1.max(d.3)));
-    if busy > 0.0 {
-        (bytes as f64 / busy, "measured busy-time bandwidth")
-    } else {
-        (0.0, "none")
-    }
-}
-
-/// The expert store part of `--stats` (empty when every expert is resident).
-pub fn expert_table(s: &GenStats, bandwidth: Option<u64>) -> String {
-    let Some(e) = &s.experts else {
-        return String::new();
-    };
-    let n = s.generated_tokens.saturating_sub(1).max(1) as f64;
-    let d = &e.decode;
-    let mut out = format!(
-        "--- experts ---\n\
-         engine               {}\n\
-         cache                {} ({} of {} used)\n\
-         hit rate             {:.1}% decode ({} hits, {} misses), {:.1}% prefill\n\
-         expert reads / token {:.1} ({} per expert read of {})\n\
-         I/O wait / compute   {:.3} s / {:.3} s in decode ({:.0}% waiting)\n",
-        e.engine,
-        e.cache_policy,
-        mib(e.cache_used_bytes as f64),
-        mib(e.cache_budget_bytes as f64),
-        100.0 * d.hit_rate,
-        d.hits,
-        d.misses,
-        100.0 * e.prefill.hit_rate,
-        d.misses as f64 / n,
-        mib(d.bytes as f64 / (d.misses.max(1)) as f64),
-        mib(e.expert_bytes as f64),
-        d.io_wait_s,
-        d.compute_s,
-        100.0 * d.io_wait_s / (d.io_wait_s + d.compute_s).max(1e-12),
-    );
-    if e.prefetch {
-        out += &format!(
-            "prefetch             recall {:.1}% ({} of {} misses), {} guesses read, {} wasted ({}), {} cancelled\n",
-            100.0 * d.prefetch_recall,
-            d.prefetch_hits,
-            d.misses,
-            d.prefetch_reads,
-            d.prefetch_wasted,
-            mib(d.prefetch_wasted_bytes as f64),
-            d.prefetch_cancelled
-        );
-    } else {
-        out += "prefetch             off\n";
-    }
-    for (drive, bytes, reads, busy, bw) in e.drives() {
-        out += &format!(
-            "drive {drive:14} {} in {reads} reads, busy {busy:.3} s, {:.1} MB/s while busy\n",
-            mib(bytes as f64),
-            bw / 1e6
-        );
-    }
-    let (b, src) = limit_bandwidth(s, bandwidth);
-    let limit = e.limit_tok_s(b, s.generated_tokens.saturating_sub(1));
-    if limit.is_finite() && limit > 0.0 {
-        out += &format!(
-            "physical limit       {limit:.2} tok/s at B = {:.1} MB/s ({src}): {:.0}% reached\n",
-            b / 1e6,
-            100.0 * s.decode_tok_s() / limit
-        );
-    }
-    out
-}
-
-fn stats_json_base(
-    s: &GenStats,
-    p: &Placement,
-    finish: &Finish,
-    seed: u64,
-    load_s: f64,
-) -> serde_json::Value {
-    serde_json::json!({
-        "load_s": load_s,
-        "prompt_tokens": s.prompt_tokens,
-        "generated_tokens": s.generated_tokens,
-        "finish": format!("{finish:?}"),
-        "ttft_s": s.ttft_s,
-        "decode_s": s.decode_s,
-        "decode_tok_s": s.decode_tok_s(),
-        "decode_bytes_per_token": s.decode_bytes_per_token(),
-        "prefill_bytes": s.prefill_bytes,
-        "decode_bytes": s.decode_bytes,
-        "reads": s.reads,
-        "io_wait_s": s.io_wait_s,
-        "peak_rss_bytes": s.peak_rss,
-        "placement": p.summary,
-        "resident_bytes": p.resident_bytes,
-        "streamed_bytes_per_pass": p.streamed_bytes,
-        "stream_buffer_bytes": p.stream_buffer_bytes,
-        "kv_bytes": p.kv_bytes,
-        "scratch_bytes": p.scratch_bytes,
-        "seed": seed,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -666,23 +350,5 @@ mod tests {
         );
         let c = sampler_config(&args(&["--temp", "0", "--top-k", "5"]), &model, 3);
         assert_eq!((c.temperature, c.top_k, c.repeat_penalty), (0.0, 5, 1.1));
-    }
-
-    #[test]
-    fn reads_the_fixture_generation_config() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen3");
-        let m = generation_config_sampling(&dir).unwrap();
-        assert_eq!(
-            m,
-            ModelSampling {
-                temperature: Some(0.6),
-                top_k: Some(20),
-                top_p: Some(0.95),
-                min_p: None,
-                repeat_penalty: None,
-            }
-        );
-        let none = generation_config_sampling(std::path::Path::new("/nonexistent")).unwrap();
-        assert_eq!(none, ModelSampling::default());
     }
 }

@@ -1,5 +1,6 @@
 //! Sessions (owning a model's KV cache, [`crate::models::KvCache`]), prefill and decode, sampling and stop conditions.
 
+pub mod report;
 pub mod sampler;
 pub mod session;
 

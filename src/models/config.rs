@@ -56,6 +56,21 @@ pub fn check_config_dims(label: &str, dims: &[(&str, usize)]) -> Result<()> {
     Ok(())
 }
 
+/// Checks a grouped-query attention config: `num_attention_heads` a multiple of
+/// `num_key_value_heads`, and an even `head_dim` (RoPE rotates pairs).
+///
+/// Errors: as `LABEL: num_attention_heads 6 is not a multiple of num_key_value_heads 4` or
+/// `LABEL: head_dim 7 must be even for RoPE`.
+pub fn check_gqa(label: &str, n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Result<()> {
+    if !n_heads.is_multiple_of(n_kv_heads) {
+        bail!("{label}: num_attention_heads {n_heads} is not a multiple of num_key_value_heads {n_kv_heads}");
+    }
+    if !head_dim.is_multiple_of(2) {
+        bail!("{label}: head_dim {head_dim} must be even for RoPE");
+    }
+    Ok(())
+}
+
 /// The integer at GGUF metadata `key`, required to lie in `range`.
 ///
 /// Errors: missing, not an integer (both from [`GgufModel::get_u64`]), or outside `range`, as

@@ -53,20 +53,59 @@ pub struct RouterParts<'a> {
     pub bias: Option<&'a [f32]>,
 }
 
+/// What the KV cache holds per token and layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheShape {
+    /// Keys and values, `kv_dim` floats each ([`KvCache::new`]).
+    Kv { kv_dim: usize },
+    /// One compressed latent row of `width` floats (multi-head latent attention,
+    /// [`KvCache::new_latent`]).
+    Latent { width: usize },
+}
+
+/// The sizes the skeleton needs, taken from a family's config.
+#[derive(Clone, Copy, Debug)]
+pub struct Dims {
+    /// Hidden size (floats per token in the residual stream).
+    pub hidden_size: usize,
+    /// Vocabulary size (rows of the LM head).
+    pub vocab_size: usize,
+    /// Longest context the model was trained for, in tokens (`max_position_embeddings`).
+    pub context_length: usize,
+    /// Decoder layers (`num_hidden_layers`).
+    pub num_layers: usize,
+    /// Epsilon of the final RMSNorm.
+    pub final_norm_eps: f32,
+    /// What the cache holds.
+    pub cache: CacheShape,
+}
+
+impl Dims {
+    /// The sizes of a decoder with a plain KV cache of `kv_dim` floats per token and layer
+    /// for keys and as many for values.
+    pub fn with_kv(
+        hidden_size: usize,
+        vocab_size: usize,
+        context_length: usize,
+        num_layers: usize,
+        final_norm_eps: f32,
+        kv_dim: usize,
+    ) -> Self {
+        Self {
+            hidden_size,
+            vocab_size,
+            context_length,
+            num_layers,
+            final_norm_eps,
+            cache: CacheShape::Kv { kv_dim },
+        }
+    }
+}
+
 /// What differs between families: one layer's spine, routing and routed experts.
 pub trait Blocks: Send + Sync {
     /// One layer's weights (views into its spine unit) and resident vectors (norms, biases).
     type Layer: Send + Sync;
-    /// Hidden size (floats per token in the residual stream).
-    fn hidden_size(&self) -> usize;
-    /// Vocabulary size (rows of the LM head).
-    fn vocab_size(&self) -> usize;
-    /// Longest context the model was trained for, in tokens.
-    fn context_length(&self) -> usize;
-    /// A KV cache (or latent cache) with room for `n_ctx` tokens.
-    fn new_cache(&self, n_ctx: usize) -> KvCache;
-    /// Epsilon of the final RMSNorm.
-    fn final_norm_eps(&self) -> f32;
     /// Whether a pass announces all its streamed reads at its start (dense families) rather
     /// than layer by layer. Default: false.
     fn plan_whole_pass(&self) -> bool {
@@ -124,6 +163,7 @@ pub trait Blocks: Send + Sync {
 pub struct Decoder<B: Blocks> {
     /// The family's part (its config is there).
     pub blocks: B,
+    dims: Dims,
     /// Per layer: the spine unit id and the layer's weights.
     layers: Vec<(usize, B::Layer)>,
     embedding: Embedding,
@@ -138,6 +178,7 @@ impl<B: Blocks> Decoder<B> {
     /// store built alongside) with its weights.
     pub fn new(
         blocks: B,
+        dims: Dims,
         layers: Vec<(usize, B::Layer)>,
         embedding: Embedding,
         head: Head,
@@ -146,12 +187,34 @@ impl<B: Blocks> Decoder<B> {
     ) -> Self {
         Self {
             blocks,
+            dims,
             layers,
             embedding,
             head,
             final_norm,
             placement,
         }
+    }
+
+    /// [`Decoder::new`] over what [`super::budget::place`] returned: the decoder and its
+    /// store.
+    pub(super) fn placed(
+        blocks: B,
+        dims: Dims,
+        layers: Vec<(usize, B::Layer)>,
+        final_norm: Vec<f32>,
+        placed: super::budget::Placed,
+    ) -> (Self, WeightStore) {
+        let m = Self::new(
+            blocks,
+            dims,
+            layers,
+            placed.embedding,
+            placed.head,
+            final_norm,
+            placed.placement,
+        );
+        (m, placed.store)
     }
 
     /// Queues what comes after layer `l`: the next spine unit, or the LM head chunks.
@@ -171,7 +234,7 @@ impl<B: Blocks> Decoder<B> {
         logits: Logits,
     ) -> Result<Vec<f32>> {
         let b = &self.blocks;
-        let (n, d) = (tokens.len(), b.hidden_size());
+        let (n, d) = (tokens.len(), self.dims.hidden_size);
         let pos0 = cache.len;
         let whole = b.plan_whole_pass();
         let mut x = vec![0f32; n * d];
@@ -209,9 +272,9 @@ impl<B: Blocks> Decoder<B> {
             store,
             &x,
             &self.final_norm,
-            b.final_norm_eps(),
+            self.dims.final_norm_eps,
             logits,
-            b.vocab_size(),
+            self.dims.vocab_size,
         )?;
         b.finish_logits(&mut out);
         Ok(out)
@@ -242,15 +305,19 @@ impl<B: Blocks> Routers for Decoder<B> {
 
 impl<B: Blocks> Model for Decoder<B> {
     fn vocab_size(&self) -> usize {
-        self.blocks.vocab_size()
+        self.dims.vocab_size
     }
 
     fn context_length(&self) -> usize {
-        self.blocks.context_length()
+        self.dims.context_length
     }
 
     fn new_cache(&self, n_ctx: usize) -> KvCache {
-        self.blocks.new_cache(n_ctx)
+        let (l, n) = (self.dims.num_layers, n_ctx.min(self.dims.context_length));
+        match self.dims.cache {
+            CacheShape::Kv { kv_dim } => KvCache::new(l, n, kv_dim),
+            CacheShape::Latent { width } => KvCache::new_latent(l, n, width),
+        }
     }
 
     fn placement(&self) -> &Placement {
@@ -264,7 +331,7 @@ impl<B: Blocks> Model for Decoder<B> {
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Vec<f32>> {
-        let d = self.blocks.hidden_size();
+        let d = self.dims.hidden_size;
         let plan = |s: &mut WeightStore| {
             self.embedding.plan(s, tokens, d);
             if self.blocks.plan_whole_pass() {
@@ -274,13 +341,8 @@ impl<B: Blocks> Model for Decoder<B> {
                 s.plan([self.layers[0].0]);
             }
         };
-        run_pass(
-            store,
-            cache,
-            tokens,
-            self.blocks.vocab_size(),
-            plan,
-            |s, k| self.forward_planned(s, k, tokens, logits),
-        )
+        run_pass(store, cache, tokens, self.dims.vocab_size, plan, |s, k| {
+            self.forward_planned(s, k, tokens, logits)
+        })
     }
 }

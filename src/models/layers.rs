@@ -93,6 +93,95 @@ pub fn add_into(x: &mut [f32], y: &[f32]) {
     x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
 }
 
+/// Adds the bias `b` to every `b.len()`-wide row of `y`.
+pub fn add_bias(y: &mut [f32], b: &[f32]) {
+    for r in y.chunks_exact_mut(b.len()) {
+        add_into(r, b);
+    }
+}
+
+/// One grouped-query attention layer's weights, as the Llama, GPT-OSS and Gemma 3 families
+/// hold them: projections `q` (`q_dim × hidden`), `k`, `v` (`kv_dim × hidden`), `o`
+/// (`hidden × q_dim`) and the optional extras each family adds.
+pub struct Gqa<'a> {
+    pub q: Matrix<'a>,
+    pub k: Matrix<'a>,
+    pub v: Matrix<'a>,
+    pub o: Matrix<'a>,
+    /// Biases of q, k, v (`q_dim`, `kv_dim`, `kv_dim`) and o (`hidden`), each added right
+    /// after its projection (GPT-OSS).
+    pub biases: Option<[&'a [f32]; 4]>,
+    /// Per-head RMSNorm weights of q and k (`head_dim` each), applied before RoPE (Qwen3,
+    /// Gemma 3).
+    pub qk_norm: Option<[&'a [f32]; 2]>,
+    /// One learned sink logit per query head ([`attention_with_sinks`], GPT-OSS).
+    pub sinks: Option<&'a [f32]>,
+}
+
+/// How [`gqa_attention`] rotates and scales q and k.
+pub struct GqaRope<'a> {
+    /// Inverse frequencies (`head_dim / 2`).
+    pub inv_freq: &'a [f32],
+    pub style: RopeStyle,
+    /// Multiplies q after RoPE (the score scale, times any YaRN attention factor).
+    pub q_scale: f32,
+    /// Multiplies k after RoPE (a YaRN attention factor, else 1).
+    pub k_scale: f32,
+    /// Epsilon of the q/k norms.
+    pub eps: f32,
+}
+
+/// Grouped-query attention of the `n` normed rows `xn` (`n × hidden`) at positions
+/// `pos0 ..`: q, k, v projections (plus biases), per-head q/k RMSNorm when present, RoPE and
+/// scaling ([`norm_rope_heads`]), the new keys and values written to the layer's caches
+/// (`k_cache`, `v_cache`: position-major, `kv_dim` floats per position), causal attention
+/// ([`attention_with_sinks`]) and the output projection (plus bias) into `out` (`n × hidden`,
+/// the residual not added).
+#[allow(clippy::too_many_arguments)]
+pub fn gqa_attention(
+    s: &AttnShape,
+    w: &Gqa,
+    r: &GqaRope,
+    xn: &[f32],
+    n: usize,
+    pos0: usize,
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    out: &mut [f32],
+) {
+    let hd = s.head_dim;
+    let (qd, kvd) = (s.n_heads * hd, s.n_kv_heads * hd);
+    let mut q = vec![0f32; n * qd];
+    let mut k = vec![0f32; n * kvd];
+    let mut v = vec![0f32; n * kvd];
+    mm(&w.q, xn, n, &mut q);
+    mm(&w.k, xn, n, &mut k);
+    mm(&w.v, xn, n, &mut v);
+    if let Some([bq, bk, bv, _]) = w.biases {
+        add_bias(&mut q, bq);
+        add_bias(&mut k, bk);
+        add_bias(&mut v, bv);
+    }
+    let (qn, kn) = match w.qk_norm {
+        Some([a, b]) => (Some(a), Some(b)),
+        None => (None, None),
+    };
+    norm_rope_heads(
+        &mut q, n, hd, qn, r.eps, pos0, r.inv_freq, r.style, r.q_scale,
+    );
+    norm_rope_heads(
+        &mut k, n, hd, kn, r.eps, pos0, r.inv_freq, r.style, r.k_scale,
+    );
+    k_cache[pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&k);
+    v_cache[pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&v);
+    let mut att = vec![0f32; n * qd];
+    attention_with_sinks(s, &q, k_cache, v_cache, pos0, w.sinks, &mut att);
+    mm(&w.o, &att, n, out);
+    if let Some([_, _, _, bo]) = w.biases {
+        add_bias(out, bo);
+    }
+}
+
 /// Shape of grouped-query attention (Ainslie et al. 2023): `n_heads` query heads share
 /// `n_kv_heads` key/value heads of `head_dim` each.
 #[derive(Clone, Copy, Debug)]

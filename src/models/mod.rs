@@ -28,7 +28,7 @@ families!(gemma3, llama, gpt_oss, deepseek_v3);
 
 pub use kv_cache::KvCache;
 pub use model::{run_pass, LoadOptions, Logits, Model, Placement};
-pub use registry::{Family, Loaded};
+pub use registry::{Family, ModelAndStore};
 
 use crate::source::gguf::GgufModel;
 use crate::source::hf::HfModel;
@@ -39,7 +39,7 @@ use crate::source::hf::HfModel;
 /// Errors: unknown architecture, a pack of a family that cannot be packed, missing or
 /// malformed tensors or metadata (the message names the key or tensor), a budget too small to
 /// run at all, or an unreadable file.
-pub fn load_gguf(gguf: &GgufModel, opts: &LoadOptions) -> anyhow::Result<Loaded> {
+pub fn load_gguf(gguf: &GgufModel, opts: &LoadOptions) -> anyhow::Result<ModelAndStore> {
     let arch = gguf.architecture()?;
     let family = registry::by_gguf_architecture(FAMILIES, arch).filter(|f| f.load_gguf.is_some());
     if gguf.pack.is_some() && !family.is_some_and(|f| f.packable) {
@@ -68,13 +68,13 @@ pub fn load_gguf(gguf: &GgufModel, opts: &LoadOptions) -> anyhow::Result<Loaded>
 ///
 /// Errors: unknown `model_type` (named), config or tensor errors (the message names the field
 /// or tensor and the folder), a budget too small to run at all, or an unreadable file.
-pub fn load_hf(folder: &std::path::Path, opts: &LoadOptions) -> anyhow::Result<Loaded> {
+pub fn load_hf(folder: &std::path::Path, opts: &LoadOptions) -> anyhow::Result<ModelAndStore> {
     let hf = HfModel::open(folder)?;
     load_hf_model(&hf, opts)
 }
 
 /// [`load_hf`] over an already opened folder.
-pub fn load_hf_model(hf: &HfModel, opts: &LoadOptions) -> anyhow::Result<Loaded> {
+pub fn load_hf_model(hf: &HfModel, opts: &LoadOptions) -> anyhow::Result<ModelAndStore> {
     let mt = hf.model_type()?;
     let family = registry::by_model_type(FAMILIES, mt).filter(|f| f.load_hf.is_some());
     if hf.pack.is_some() && !family.is_some_and(|f| f.packable) {

@@ -12,13 +12,13 @@ use crate::source::hf::HfModel;
 use crate::store::WeightStore;
 
 /// A loaded model and the store holding its weights.
-pub type Loaded = (Box<dyn Model>, WeightStore);
+pub type ModelAndStore = (Box<dyn Model>, WeightStore);
 
 /// Loads a Hugging Face folder of this family (see [`super::load_hf_model`]).
-pub type LoadHf = fn(&HfModel, &LoadOptions) -> Result<Loaded>;
+pub type LoadHf = fn(&HfModel, &LoadOptions) -> Result<ModelAndStore>;
 
 /// Loads a GGUF model of this family (see [`super::load_gguf`]).
-pub type LoadGguf = fn(&GgufModel, &LoadOptions) -> Result<Loaded>;
+pub type LoadGguf = fn(&GgufModel, &LoadOptions) -> Result<ModelAndStore>;
 
 /// How a family's routed-expert tensors are named, so that tools that never run the model
 /// (`pack`, `inspect`) can tell experts from the spine, split stacked experts and order an
@@ -159,8 +159,8 @@ pub fn names(
         .join(", ")
 }
 
-/// Boxes a family's `(model, store)` into [`Loaded`], for the registry's loader entries.
-pub fn boxed<M: Model + 'static>((m, s): (M, WeightStore)) -> Loaded {
+/// Boxes a family's `(model, store)` into [`ModelAndStore`], for the registry's loader entries.
+pub fn boxed<M: Model + 'static>((m, s): (M, WeightStore)) -> ModelAndStore {
     (Box::new(m), s)
 }
 

@@ -14,6 +14,7 @@ mod bpe;
 mod byte_bpe;
 pub mod chat;
 pub mod hf;
+mod model_tokenizer;
 mod packed;
 mod partition;
 pub mod stream;
@@ -25,6 +26,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use crate::source::gguf::{GgufModel, Value};
 pub use chat::{ChatTemplate, Message};
+pub use model_tokenizer::{ModelStreamDecoder, ModelTokenizer};
 pub use stream::StreamDecoder;
 use vocab::Vocab;
 

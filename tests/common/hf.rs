@@ -111,16 +111,7 @@ pub fn greedy(name: &str) {
     let ids = u32s(&r["prompt_ids"]);
     let want = u32s(&r["continuation_ids"]);
     let mut s = session(name, None);
-    let mut l = s.prefill(&ids, Logits::Last).unwrap();
-    let mut got = Vec::new();
-    for _ in 0..want.len() {
-        let t = argmax(&l);
-        got.push(t);
-        l = s
-            .model
-            .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
-            .unwrap();
-    }
+    let got = super::greedy_ids(&mut s, &ids, want.len());
     assert_eq!(got, want, "{name}: greedy continuation");
 }
 

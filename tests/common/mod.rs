@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod gguf;
 pub mod hf;
 pub mod pack;
 
@@ -57,4 +58,20 @@ pub fn prompt_and_greedy_logits(s: &mut Session, prompt: &[u32], steps: usize) -
         all.extend_from_slice(&last);
     }
     all
+}
+
+/// The greedy (argmax) continuation of `prompt`: the prompt in one batch, then `n` steps of
+/// one token each.
+pub fn greedy_ids(s: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut l = s.prefill(prompt, Logits::Last).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..n {
+        let t = hf::argmax(&l);
+        got.push(t);
+        l = s
+            .model
+            .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
+            .unwrap();
+    }
+    got
 }

@@ -5,9 +5,8 @@
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use deltafin::cli::run::{open_any, OpenedModel};
 use deltafin::engine::Session;
-use deltafin::models::{load_gguf, load_hf_model, LoadOptions};
+use deltafin::models::LoadOptions;
 use deltafin::source::pack::Manifest;
 use deltafin::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions};
 use deltafin::write::pack::{write_pack, PackOptions, PackPlacement};
@@ -62,10 +61,7 @@ pub fn opts(budget: Option<u64>, verify: bool) -> LoadOptions {
 
 /// Loads the model at `path` (a source or a pack, of either format) as `deltafin run` does.
 pub fn try_session(path: &Path, o: &LoadOptions) -> anyhow::Result<Session> {
-    let (m, s) = match open_any(Some(&path.to_path_buf()))? {
-        OpenedModel::Gguf(g) => load_gguf(&g, o)?,
-        OpenedModel::Hf(h) => load_hf_model(&h, o)?,
-    };
+    let (m, s) = super::gguf::load_path(path, o)?;
     Ok(Session::new(m, s, 64, 64))
 }
 

@@ -42,7 +42,7 @@ use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
 use super::loading::{unit_of, CheckpointFiles, MatRef};
 use self::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
 use super::moe::{moe_forward, route_sigmoid_grouped, ExpertMats, StoreExperts, UnitExperts};
-use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
+use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
@@ -298,44 +298,22 @@ impl DeepseekV3 {
             norms,
             experts,
         };
-        let m = Decoder::new(
-            blocks,
-            layers,
-            placed.embedding,
-            placed.head,
-            final_norm,
-            placed.placement,
-        );
-        Ok((m, placed.store))
+        let dims = Dims {
+            hidden_size: blocks.config.hidden_size,
+            vocab_size: blocks.config.vocab_size,
+            context_length: blocks.config.max_position_embeddings,
+            num_layers: blocks.config.num_hidden_layers,
+            final_norm_eps: blocks.config.rms_norm_eps as f32,
+            cache: CacheShape::Latent {
+                width: blocks.config.latent_dim(),
+            },
+        };
+        Ok(Decoder::placed(blocks, dims, layers, final_norm, placed))
     }
 }
 
 impl Blocks for DeepseekV3Blocks {
     type Layer = Layer;
-
-    fn hidden_size(&self) -> usize {
-        self.config.hidden_size
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn context_length(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new_latent(
-            self.config.num_hidden_layers,
-            n_ctx.min(self.config.max_position_embeddings),
-            self.config.latent_dim(),
-        )
-    }
-
-    fn final_norm_eps(&self) -> f32 {
-        self.config.rms_norm_eps as f32
-    }
 
     fn is_moe(&self, w: &Layer) -> bool {
         matches!(w.ffn, Ffn::Moe { .. })

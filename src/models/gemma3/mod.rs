@@ -14,11 +14,12 @@ pub use config::Config;
 use anyhow::{bail, Result};
 
 use super::embed_head::{head_chunks, Embedding, Head};
-use super::layers::{add_post_normed, attention, mm, rms_norm_rows, AttnShape};
+use super::layers::{add_post_normed, gqa_attention, mm, rms_norm_rows, AttnShape, Gqa, GqaRope};
+use super::rope::RopeStyle;
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
-use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
+use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions, Placement};
-use crate::kernels::ops::{gelu_tanh, rms_norm_inplace, rope_inv_freq, rope_neox, softcap};
+use crate::kernels::ops::{gelu_tanh, rope_inv_freq, softcap};
 use crate::source::gguf::GgufModel;
 use crate::store::plan::{choose_resident, Candidate};
 use crate::store::{Unit, UnitBytes, WeightStore};
@@ -263,37 +264,24 @@ impl Gemma3 {
             config: c,
             norms,
         };
-        let m = Decoder::new(blocks, layers, embedding, head, output_norm, placement);
+        let dims = {
+            let c = &blocks.config;
+            Dims::with_kv(
+                c.hidden_size,
+                c.vocab_size,
+                c.max_position_embeddings,
+                c.num_hidden_layers,
+                c.rms_norm_eps,
+                c.kv_dim(),
+            )
+        };
+        let m = Decoder::new(blocks, dims, layers, embedding, head, output_norm, placement);
         Ok((m, store))
     }
 }
 
 impl Blocks for Gemma3Blocks {
     type Layer = LayerMats;
-
-    fn hidden_size(&self) -> usize {
-        self.config.hidden_size
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn context_length(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(
-            self.config.num_hidden_layers,
-            n_ctx.min(self.config.max_position_embeddings),
-            self.config.kv_dim(),
-        )
-    }
-
-    fn final_norm_eps(&self) -> f32 {
-        self.config.rms_norm_eps
-    }
 
     /// Every streamed read of a pass is announced at its start, in order.
     fn plan_whole_pass(&self) -> bool {
@@ -323,7 +311,6 @@ impl Blocks for Gemma3Blocks {
     ) {
         let c = &self.config;
         let (d, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
-        let (qd, kvd) = (c.q_dim(), c.kv_dim());
         let n = x.len() / d;
         let nrm = &self.norms[l];
         let eps = c.rms_norm_eps;
@@ -336,26 +323,6 @@ impl Blocks for Gemma3Blocks {
 
         let xn = &mut s.xn;
         rms_norm_rows(x, &nrm.attn, eps, xn);
-        let mut q = vec![0f32; n * qd];
-        let mut k = vec![0f32; n * kvd];
-        let mut v = vec![0f32; n * kvd];
-        mm(&w.q.view(u), &xn, n, &mut q);
-        mm(&w.k.view(u), &xn, n, &mut k);
-        mm(&w.v.view(u), &xn, n, &mut v);
-        let qscale = 1.0 / c.query_pre_attn_scalar.sqrt();
-        for t in 0..n {
-            for h in q[t * qd..(t + 1) * qd].chunks_mut(hd) {
-                rms_norm_inplace(h, &nrm.q, eps);
-                rope_neox(h, pos0 + t, inv_freq);
-                h.iter_mut().for_each(|v| *v *= qscale);
-            }
-            for h in k[t * kvd..(t + 1) * kvd].chunks_mut(hd) {
-                rms_norm_inplace(h, &nrm.k, eps);
-                rope_neox(h, pos0 + t, inv_freq);
-            }
-        }
-        cache.k[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&k);
-        cache.v[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&v);
         let shape = AttnShape {
             n_heads: c.num_attention_heads,
             n_kv_heads: c.num_key_value_heads,
@@ -363,10 +330,25 @@ impl Blocks for Gemma3Blocks {
             window: sliding.then_some(c.sliding_window),
             softcap: c.attn_logit_softcapping,
         };
-        let mut att = vec![0f32; n * qd];
-        attention(&shape, &q, &cache.k[l], &cache.v[l], pos0, &mut att);
+        let gqa = Gqa {
+            q: w.q.view(u),
+            k: w.k.view(u),
+            v: w.v.view(u),
+            o: w.o.view(u),
+            biases: None,
+            qk_norm: Some([&nrm.q, &nrm.k]),
+            sinks: None,
+        };
+        let rope = GqaRope {
+            inv_freq,
+            style: RopeStyle::Neox,
+            q_scale: 1.0 / c.query_pre_attn_scalar.sqrt(),
+            k_scale: 1.0,
+            eps,
+        };
         let mut o = vec![0f32; n * d];
-        mm(&w.o.view(u), &att, n, &mut o);
+        let (kc, vc) = (&mut cache.k[l], &mut cache.v[l]);
+        gqa_attention(&shape, &gqa, &rope, xn, n, pos0, kc, vc, &mut o);
         add_post_normed(x, &mut o, &nrm.post_attn, eps);
 
         // feed-forward (GeGLU)

@@ -89,16 +89,7 @@ impl Config {
             ("sliding_window", c.sliding_window),
         ];
         crate::models::config::check_config_dims(label, &dims)?;
-        if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
-            bail!(
-                "{label}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
-                c.num_attention_heads,
-                c.num_key_value_heads
-            );
-        }
-        if !c.head_dim().is_multiple_of(2) {
-            bail!("{label}: head_dim {} must be even for RoPE", c.head_dim());
-        }
+        crate::models::config::check_gqa(label, c.num_attention_heads, c.num_key_value_heads, c.head_dim())?;
         if let Some(lt) = &c.layer_types {
             if lt.len() != c.num_hidden_layers {
                 bail!(

@@ -10,7 +10,7 @@
 //! and `down`, in any GGML type (MXFP4 as stored), with separate `gate`/`up`/`down` biases.
 
 use crate::models::budget::recycling_transform;
-use crate::models::layers::{add_into, mm};
+use crate::models::layers::{add_bias, mm};
 use crate::models::loading::MatRef;
 use crate::models::moe::{landed_in_store, plan_in_store, ExpertSource};
 use crate::kernels::{matmul_t, Matrix};
@@ -238,13 +238,6 @@ impl ExpertSource for OssExperts<'_> {
         let (unit, r) = self.table.units[layer][id];
         let t = self.table;
         self.store.with_unit(unit, |u| f(&t.view(&r, u)))
-    }
-}
-
-/// Adds the bias `b` to every `b.len()`-wide row of `y`.
-pub(super) fn add_bias(y: &mut [f32], b: &[f32]) {
-    for r in y.chunks_exact_mut(b.len()) {
-        add_into(r, b);
     }
 }
 

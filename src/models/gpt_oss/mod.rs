@@ -41,16 +41,16 @@ pub use self::config::Config;
 
 use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
 use self::experts::{
-    add_bias, expert_ffn, mxfp4_transform, repack_expert, ExpertRef, ExpertTable, OssExperts,
+    expert_ffn, mxfp4_transform, repack_expert, ExpertRef, ExpertTable, OssExperts,
     Packed,
 };
 use super::layers::{
-    add_into, attention_with_sinks, mm, norm_rope_heads, rms_norm_rows, AttnShape,
+    add_bias, add_into, gqa_attention, mm, rms_norm_rows, AttnShape, Gqa, GqaRope,
 };
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::{moe_forward_with, route_topk_softmax};
 use super::rope::RopeStyle;
-use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
+use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
 use crate::quant::GgmlType;
 use crate::source::hf::HfModel;
@@ -399,8 +399,20 @@ impl GptOss {
             vecs,
             experts: table,
         };
+        let dims = {
+            let c = &blocks.config;
+            Dims::with_kv(
+                c.hidden_size,
+                c.vocab_size,
+                c.max_position_embeddings,
+                c.num_hidden_layers,
+                c.rms_norm_eps as f32,
+                c.kv_dim(),
+            )
+        };
         let m = Decoder::new(
             blocks,
+            dims,
             layers,
             placed.embedding,
             placed.head,
@@ -413,30 +425,6 @@ impl GptOss {
 
 impl Blocks for GptOssBlocks {
     type Layer = LayerMats;
-
-    fn hidden_size(&self) -> usize {
-        self.config.hidden_size
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn context_length(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(
-            self.config.num_hidden_layers,
-            n_ctx.min(self.config.max_position_embeddings),
-            self.config.kv_dim(),
-        )
-    }
-
-    fn final_norm_eps(&self) -> f32 {
-        self.config.rms_norm_eps as f32
-    }
 
     /// Every GPT-OSS layer is a MoE layer.
     fn is_moe(&self, _w: &LayerMats) -> bool {
@@ -458,47 +446,11 @@ impl Blocks for GptOssBlocks {
     ) {
         let (xn, router) = (&mut s.xn, &mut s.router);
         let c = &self.config;
-        let (d, hd, qd, kvd) = (c.hidden_size, c.head_dim(), c.q_dim(), c.kv_dim());
+        let (d, hd) = (c.hidden_size, c.head_dim());
         let n = x.len() / d;
         let v_ = &self.vecs[l];
         let eps = c.rms_norm_eps as f32;
         rms_norm_rows(x, &v_.input_norm, eps, xn);
-        let mut q = vec![0f32; n * qd];
-        let mut k = vec![0f32; n * kvd];
-        let mut v = vec![0f32; n * kvd];
-        mm(&w.q.view(u), xn, n, &mut q);
-        mm(&w.k.view(u), xn, n, &mut k);
-        mm(&w.v.view(u), xn, n, &mut v);
-        add_bias(&mut q, &v_.q_bias);
-        add_bias(&mut k, &v_.k_bias);
-        add_bias(&mut v, &v_.v_bias);
-        // the YaRN attention factor multiplies cos and sin, so q and k each once
-        let af = self.attn_factor;
-        let scale = af / (hd as f32).sqrt();
-        norm_rope_heads(
-            &mut q,
-            n,
-            hd,
-            None,
-            eps,
-            pos0,
-            &self.inv_freq,
-            RopeStyle::Neox,
-            scale,
-        );
-        norm_rope_heads(
-            &mut k,
-            n,
-            hd,
-            None,
-            eps,
-            pos0,
-            &self.inv_freq,
-            RopeStyle::Neox,
-            af,
-        );
-        cache.k[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&k);
-        cache.v[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&v);
         let shape = AttnShape {
             n_heads: c.num_attention_heads,
             n_kv_heads: c.num_key_value_heads,
@@ -506,19 +458,27 @@ impl Blocks for GptOssBlocks {
             window: c.window(l),
             softcap: None,
         };
-        let mut att = vec![0f32; n * qd];
-        attention_with_sinks(
-            &shape,
-            &q,
-            &cache.k[l],
-            &cache.v[l],
-            pos0,
-            Some(&v_.sinks),
-            &mut att,
-        );
+        let gqa = Gqa {
+            q: w.q.view(u),
+            k: w.k.view(u),
+            v: w.v.view(u),
+            o: w.o.view(u),
+            biases: Some([&v_.q_bias, &v_.k_bias, &v_.v_bias, &v_.o_bias]),
+            qk_norm: None,
+            sinks: Some(&v_.sinks),
+        };
+        // the YaRN attention factor multiplies cos and sin, so q and k each once
+        let af = self.attn_factor;
+        let rope = GqaRope {
+            inv_freq: &self.inv_freq,
+            style: RopeStyle::Neox,
+            q_scale: af / (hd as f32).sqrt(),
+            k_scale: af,
+            eps,
+        };
         let mut o = vec![0f32; n * d];
-        mm(&w.o.view(u), &att, n, &mut o);
-        add_bias(&mut o, &v_.o_bias);
+        let (kc, vc) = (&mut cache.k[l], &mut cache.v[l]);
+        gqa_attention(&shape, &gqa, &rope, xn, n, pos0, kc, vc, &mut o);
         add_into(x, &o);
         rms_norm_rows(x, &v_.post_norm, eps, xn);
         router.resize(n * w.router.rows, 0.0);

@@ -100,16 +100,7 @@ impl Config {
             ("head_dim", c.head_dim()),
         ];
         crate::models::config::check_config_dims(label, &dims)?;
-        if !c.num_attention_heads.is_multiple_of(c.n_kv_heads()) {
-            bail!(
-                "{label}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
-                c.num_attention_heads,
-                c.n_kv_heads()
-            );
-        }
-        if !c.head_dim().is_multiple_of(2) {
-            bail!("{label}: head_dim {} must be even for RoPE", c.head_dim());
-        }
+        crate::models::config::check_gqa(label, c.num_attention_heads, c.n_kv_heads(), c.head_dim())?;
         c.hf_rope()
             .scaling(c.max_position_embeddings, &["default", "llama3"])
             .map_err(|e| anyhow!("{label}: {e}"))?;

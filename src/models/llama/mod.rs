@@ -31,12 +31,12 @@ pub use self::config::Config;
 
 use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
 use super::layers::{
-    add_into, attention, mm, norm_rope_heads, rms_norm_rows, swiglu_mlp, AttnShape,
+    add_into, gqa_attention, mm, rms_norm_rows, swiglu_mlp, AttnShape, Gqa, GqaRope,
 };
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::{moe_forward, route_softmax_topk, ExpertMats, StoreExperts, UnitExperts};
 use super::rope::RopeStyle;
-use super::decoder::{Blocks, Decoder, RouterParts, Scratch};
+use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
@@ -348,44 +348,23 @@ impl Llama {
             norms,
             experts,
         };
-        let m = Decoder::new(
-            blocks,
-            layers,
-            placed.embedding,
-            placed.head,
-            final_norm,
-            placed.placement,
-        );
-        Ok((m, placed.store))
+        let dims = {
+            let c = &blocks.config;
+            Dims::with_kv(
+                c.hidden_size,
+                c.vocab_size,
+                c.max_position_embeddings,
+                c.num_hidden_layers,
+                c.rms_norm_eps as f32,
+                c.kv_dim(),
+            )
+        };
+        Ok(Decoder::placed(blocks, dims, layers, final_norm, placed))
     }
 }
 
 impl Blocks for LlamaBlocks {
     type Layer = LayerMats;
-
-    fn hidden_size(&self) -> usize {
-        self.config.hidden_size
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn context_length(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(
-            self.config.num_hidden_layers,
-            n_ctx.min(self.config.max_position_embeddings),
-            self.config.kv_dim(),
-        )
-    }
-
-    fn final_norm_eps(&self) -> f32 {
-        self.config.rms_norm_eps as f32
-    }
 
     fn is_moe(&self, w: &LayerMats) -> bool {
         matches!(w.ffn, Ffn::Moe { .. })
@@ -405,42 +384,11 @@ impl Blocks for LlamaBlocks {
     ) {
         let (xn, router) = (&mut s.xn, &mut s.router);
         let c = &self.config;
-        let (d, hd, qd, kvd) = (c.hidden_size, c.head_dim(), c.q_dim(), c.kv_dim());
+        let (d, hd) = (c.hidden_size, c.head_dim());
         let n = x.len() / d;
         let nrm = &self.norms[l];
         let eps = c.rms_norm_eps as f32;
         rms_norm_rows(x, &nrm.input, eps, xn);
-        let mut q = vec![0f32; n * qd];
-        let mut k = vec![0f32; n * kvd];
-        let mut v = vec![0f32; n * kvd];
-        mm(&w.q.view(u), xn, n, &mut q);
-        mm(&w.k.view(u), xn, n, &mut k);
-        mm(&w.v.view(u), xn, n, &mut v);
-        let scale = 1.0 / (hd as f32).sqrt();
-        norm_rope_heads(
-            &mut q,
-            n,
-            hd,
-            nrm.q.as_deref(),
-            eps,
-            pos0,
-            &self.inv_freq,
-            self.rope,
-            scale,
-        );
-        norm_rope_heads(
-            &mut k,
-            n,
-            hd,
-            nrm.k.as_deref(),
-            eps,
-            pos0,
-            &self.inv_freq,
-            self.rope,
-            1.0,
-        );
-        cache.k[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&k);
-        cache.v[l][pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&v);
         let shape = AttnShape {
             n_heads: c.num_attention_heads,
             n_kv_heads: c.n_kv_heads(),
@@ -448,10 +396,25 @@ impl Blocks for LlamaBlocks {
             window: c.attn_window(),
             softcap: None,
         };
-        let mut att = vec![0f32; n * qd];
-        attention(&shape, &q, &cache.k[l], &cache.v[l], pos0, &mut att);
+        let gqa = Gqa {
+            q: w.q.view(u),
+            k: w.k.view(u),
+            v: w.v.view(u),
+            o: w.o.view(u),
+            biases: None,
+            qk_norm: nrm.q.as_deref().zip(nrm.k.as_deref()).map(|(q, k)| [q, k]),
+            sinks: None,
+        };
+        let rope = GqaRope {
+            inv_freq: &self.inv_freq,
+            style: self.rope,
+            q_scale: 1.0 / (hd as f32).sqrt(),
+            k_scale: 1.0,
+            eps,
+        };
         let mut o = vec![0f32; n * d];
-        mm(&w.o.view(u), &att, n, &mut o);
+        let (kc, vc) = (&mut cache.k[l], &mut cache.v[l]);
+        gqa_attention(&shape, &gqa, &rope, xn, n, pos0, kc, vc, &mut o);
         add_into(x, &o);
         rms_norm_rows(x, &nrm.post_attn, eps, xn);
         match &w.ffn {

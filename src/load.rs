@@ -1,0 +1,229 @@
+//! From a path to a running model: what `run`, `bench` and `inspect` open, and what a library
+//! user calls to get a model, its weight store, its tokenizer, chat template and sampling
+//! defaults.
+//!
+//! A model path is a `.gguf` file (the first part of a split model), a folder holding one GGUF
+//! model, a Hugging Face checkpoint folder (one with a `config.json`), or a pack folder written
+//! by `deltafin pack` (a pack opens as the kind of model it was made of); `None` is the demo
+//! model (Gemma 3 270M Q4_K_M), fetched on first use.
+//!
+//! [`load`] does it all in one call. The steps are public too, for a caller that needs the
+//! tokenizer before it can size the weights (`deltafin run` sizes the KV cache from the
+//! prompt's token count): [`open_any`], then [`OpenedModel::tokenizer`],
+//! [`OpenedModel::sampling`], [`OpenedModel::chat_template`] and
+//! [`OpenedModel::load_weights`].
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+use crate::engine::sampler::ModelSampling;
+use crate::models::{load_gguf, load_hf_model, Model};
+use crate::source::gguf::GgufModel;
+use crate::source::hf::{is_hf_folder, HfModel};
+use crate::store::WeightStore;
+use crate::tokenizer::chat::ChatTemplate;
+use crate::tokenizer::hf::HfTokenizer;
+use crate::tokenizer::{ModelTokenizer, Tokenizer};
+
+/// Opens the GGUF model at `path` (a file, the first part of a split model, or a folder
+/// holding one model), or the demo model when `None` (fetching it if absent).
+pub fn open_model(path: Option<&Path>) -> Result<GgufModel> {
+    use crate::pull::{home_dir, pull, PullOptions, DEMO_MODEL};
+    match path {
+        Some(p) => Ok(GgufModel::open_model_path(p)?),
+        None => {
+            let p = pull(DEMO_MODEL, &home_dir(), &PullOptions::default())?;
+            GgufModel::open_model_path(&p).with_context(|| {
+                format!(
+                    "the cached demo model {} looks damaged; `deltafin pull {DEMO_MODEL} --force` fetches it again",
+                    p.display()
+                )
+            })
+        }
+    }
+}
+
+/// A model opened from disk (headers, metadata, tensor index), before its weights are loaded.
+pub enum OpenedModel {
+    /// A GGUF model, or a pack made of one.
+    Gguf(GgufModel),
+    /// A Hugging Face checkpoint folder, or a pack made of one.
+    Hf(HfModel),
+}
+
+/// Opens `path` as a pack when it holds a `manifest.json` (or refuses an unfinished pack; a
+/// pack opens as the kind of model it was made of), as a Hugging Face folder when it is a
+/// directory with a `config.json`, else as GGUF (see [`open_model`], which also fetches the
+/// demo model when `path` is `None`).
+pub fn open_any(path: Option<&Path>) -> Result<OpenedModel> {
+    use crate::source::pack;
+    match path {
+        Some(p) if pack::is_pack(p) || pack::is_incomplete_pack(p) => {
+            match pack::Manifest::read(p)?.source.format.as_str() {
+                "gguf" => Ok(OpenedModel::Gguf(pack::open_gguf_pack(p)?)),
+                _ => Ok(OpenedModel::Hf(pack::open_pack(p)?)),
+            }
+        }
+        Some(p) if is_hf_folder(p) => Ok(OpenedModel::Hf(HfModel::open(p)?)),
+        _ => Ok(OpenedModel::Gguf(open_model(path)?)),
+    }
+}
+
+impl OpenedModel {
+    /// The architecture family of the model, from GGUF `general.architecture` or
+    /// `config.json`'s `model_type` ([`crate::models::FAMILIES`]); `None` when the registry
+    /// does not know it.
+    pub fn family(&self) -> Option<&'static crate::models::Family> {
+        use crate::models::{registry, FAMILIES};
+        match self {
+            OpenedModel::Gguf(g) => {
+                registry::by_gguf_architecture(FAMILIES, g.architecture().ok()?)
+            }
+            OpenedModel::Hf(h) => registry::by_model_type(FAMILIES, h.model_type().ok()?),
+        }
+    }
+
+    /// The model's tokenizer: from the GGUF metadata, or the folder's `tokenizer.json`.
+    ///
+    /// Errors: as [`Tokenizer::from_gguf`] and [`HfTokenizer::from_folder`].
+    pub fn tokenizer(&self) -> Result<ModelTokenizer> {
+        Ok(match self {
+            OpenedModel::Gguf(g) => ModelTokenizer::Gguf(Box::new(Tokenizer::from_gguf(g)?)),
+            OpenedModel::Hf(h) => ModelTokenizer::Hf(Box::new(HfTokenizer::from_folder(&h.dir)?)),
+        })
+    }
+
+    /// The model's sampling defaults: a Hugging Face folder's `generation_config.json` (none
+    /// when the file is absent); none for GGUF.
+    ///
+    /// Errors: the file exists but is not valid JSON or has a bad field (named).
+    pub fn sampling(&self) -> Result<ModelSampling> {
+        match self {
+            OpenedModel::Hf(h) => generation_config_sampling(&h.dir),
+            OpenedModel::Gguf(_) => Ok(ModelSampling::default()),
+        }
+    }
+
+    /// The model's chat template: from the GGUF metadata
+    /// ([`ChatTemplate::from_gguf_metadata`]), or from the Hugging Face tokenizer `tok`
+    /// ([`HfTokenizer::chat_template`]).
+    ///
+    /// Errors: the model has none, it does not compile, or `tok` is a GGUF tokenizer given
+    /// for a Hugging Face model.
+    pub fn chat_template(&self, tok: &ModelTokenizer) -> Result<ChatTemplate> {
+        match (self, tok) {
+            (OpenedModel::Gguf(g), _) => ChatTemplate::from_gguf_metadata(&g.metadata),
+            (_, ModelTokenizer::Hf(t)) => t.chat_template(),
+            (OpenedModel::Hf(h), ModelTokenizer::Gguf(_)) => bail!(
+                "{}: the chat template of a Hugging Face folder needs its own tokenizer",
+                h.dir.display()
+            ),
+        }
+    }
+
+    /// Loads the weights under `opts` ([`load_gguf`] or [`load_hf_model`]).
+    pub fn load_weights(
+        &self,
+        opts: &crate::models::LoadOptions,
+    ) -> Result<(Box<dyn Model>, WeightStore)> {
+        match self {
+            OpenedModel::Gguf(g) => load_gguf(g, opts),
+            OpenedModel::Hf(h) => load_hf_model(h, opts),
+        }
+    }
+
+    /// Builds what `opts` asks for (tokenizer, sampling defaults, chat template, in that
+    /// order), then loads the weights; the opened headers are dropped on return.
+    pub fn load(self, opts: &Options) -> Result<Loaded> {
+        let tokenizer = if opts.tokenizer || opts.chat_template {
+            Some(self.tokenizer()?)
+        } else {
+            None
+        };
+        let sampling = match opts.tokenizer {
+            true => Some(self.sampling()?),
+            false => None,
+        };
+        let chat_template = match (&tokenizer, opts.chat_template) {
+            (Some(t), true) => Some(self.chat_template(t)?),
+            _ => None,
+        };
+        let (model, store) = self.load_weights(&opts.weights)?;
+        Ok(Loaded {
+            model,
+            store,
+            tokenizer,
+            sampling,
+            chat_template,
+        })
+    }
+}
+
+/// What [`load`] builds besides the weights.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Where the weights go: RAM budget, context and batch sizes, I/O, the expert store.
+    pub weights: crate::models::LoadOptions,
+    /// Build the tokenizer and read the sampling defaults (what generating text needs; a
+    /// caller feeding token ids, like `deltafin bench`, leaves it off).
+    pub tokenizer: bool,
+    /// Build the chat template too (and the tokenizer it comes with). Off by default: a
+    /// model may have none.
+    pub chat_template: bool,
+}
+
+/// A loaded model with what generating text from it needs.
+pub struct Loaded {
+    /// The model, its weights placed under the RAM budget.
+    pub model: Box<dyn Model>,
+    /// Its weights: resident, streamed, or read per expert.
+    pub store: WeightStore,
+    /// Its tokenizer, when [`Options::tokenizer`] or [`Options::chat_template`].
+    pub tokenizer: Option<ModelTokenizer>,
+    /// Its sampling defaults, when [`Options::tokenizer`].
+    pub sampling: Option<ModelSampling>,
+    /// Its chat template, when [`Options::chat_template`].
+    pub chat_template: Option<ChatTemplate>,
+}
+
+/// Opens the model at `path` ([`open_any`]; `None`: the demo model) and loads it as `opts`
+/// says ([`OpenedModel::load`]).
+pub fn load(path: Option<&Path>, opts: &Options) -> Result<Loaded> {
+    open_any(path)?.load(opts)
+}
+
+/// The sampling settings in `dir/generation_config.json`, none when the file is absent.
+///
+/// Errors: the file exists but is not valid JSON or has a bad field (named).
+fn generation_config_sampling(dir: &Path) -> Result<ModelSampling> {
+    let p = dir.join("generation_config.json");
+    if !p.is_file() {
+        return Ok(ModelSampling::default());
+    }
+    let v = crate::source::hf::read_json(&p)?;
+    ModelSampling::from_generation_config(&v, &p.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_fixture_generation_config() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen3");
+        let m = generation_config_sampling(&dir).unwrap();
+        assert_eq!(
+            m,
+            ModelSampling {
+                temperature: Some(0.6),
+                top_k: Some(20),
+                top_p: Some(0.95),
+                min_p: None,
+                repeat_penalty: None,
+            }
+        );
+        let none = generation_config_sampling(Path::new("/nonexistent")).unwrap();
+        assert_eq!(none, ModelSampling::default());
+    }
+}
