@@ -274,7 +274,7 @@ fn fp8_nan_bytes_decode_to_nan_at_every_level() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx512_gfni_equals_plain() {
-    use super::x86_avx512_q32 as q;
+    use super::x86::avx512_q32 as q;
     if !SimdLevel::Avx512.is_available() || !is_x86_feature_detected!("gfni") {
         return;
     }
