@@ -16,6 +16,7 @@ pub mod chat;
 pub mod hf;
 mod packed;
 mod partition;
+mod pre_tokenizers;
 pub mod stream;
 mod vocab;
 
