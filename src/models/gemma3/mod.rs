@@ -17,7 +17,7 @@ use super::embed_head::{head_chunks, Embedding, Head};
 use super::layers::{add_post_normed, gqa_attention, mm, rms_norm_rows, AttnShape, Gqa, GqaRope};
 use super::rope::RopeStyle;
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
-use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
+use super::decoder::{Blocks, ExpertStep, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions, Placement};
 use crate::kernels::ops::{gelu_tanh, rope_inv_freq, softcap};
 use crate::source::gguf::GgufModel;
@@ -385,15 +385,7 @@ impl Blocks for Gemma3Blocks {
     }
 
     /// Never called: no layer is a MoE layer.
-    fn experts(
-        &self,
-        _store: &mut WeightStore,
-        _l: usize,
-        _routes: &[Vec<(usize, f32)>],
-        _xn: &[f32],
-        _out: &mut [f32],
-        _after_plan: &mut dyn FnMut(&mut WeightStore),
-    ) -> std::io::Result<()> {
+    fn experts(&self, _step: ExpertStep<'_>) -> std::io::Result<()> {
         Ok(())
     }
 

@@ -50,7 +50,7 @@ use super::layers::{
 use super::loading::{mat, read_vector, unit_of, MatRef, Tensors};
 use super::moe::{moe_forward_with, route_topk_softmax};
 use super::rope::RopeStyle;
-use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
+use super::decoder::{Blocks, ExpertStep, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
 use crate::quant::GgmlType;
 use crate::source::hf::HfModel;
@@ -510,29 +510,22 @@ impl Blocks for GptOssBlocks {
     }
 
     /// GPT-OSS experts in their stored layout ([`expert_ffn`] over [`OssExperts`]).
-    fn experts(
-        &self,
-        store: &mut WeightStore,
-        l: usize,
-        routes: &[Vec<(usize, f32)>],
-        xn: &[f32],
-        out: &mut [f32],
-        after_plan: &mut dyn FnMut(&mut WeightStore),
-    ) -> std::io::Result<()> {
+    fn experts(&self, step: ExpertStep<'_>) -> std::io::Result<()> {
         let c = &self.config;
         let (alpha, limit) = (c.swiglu_alpha as f32, c.swiglu_limit as f32);
         let mut src = OssExperts {
             table: &self.experts,
-            store,
+            store: step.store,
         };
+        let after = step.after_plan;
         moe_forward_with(
             &mut src,
-            l,
-            routes,
-            xn,
+            step.layer,
+            step.routes,
+            step.xn,
             c.hidden_size,
-            out,
-            |s| after_plan(s.store),
+            step.out,
+            |s| after(s.store),
             |w, xg, m, y| expert_ffn(w, alpha, limit, xg, m, y),
         )
     }
