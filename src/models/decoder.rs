@@ -11,7 +11,7 @@
 //! - a dense layer plans what comes after it (the next spine unit, or the LM head) before it
 //!   computes; a MoE layer plans it right after its routed experts are planned, so the
 //!   experts' reads go first, and then asks the expert store to prefetch the next MoE layer's
-//!   guessed experts ([`prefetch_next`]);
+//!   guessed experts (`moe::prefetch_next`);
 //! - families whose [`Blocks::plan_whole_pass`] is true (dense models streamed layer by layer,
 //!   Gemma 3) announce every unit of the pass at its start instead.
 //!

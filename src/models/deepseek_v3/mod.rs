@@ -480,7 +480,7 @@ impl Blocks for DeepseekV3Blocks {
         )
     }
 
-    /// SwiGLU experts from the store ([`store_swiglu_experts`]).
+    /// SwiGLU experts from the store (`moe::store_swiglu_experts`).
     fn experts(&self, step: ExpertStep<'_>) -> std::io::Result<()> {
         store_swiglu_experts(&self.experts, self.config.hidden_size, step)
     }

@@ -362,8 +362,8 @@ impl Blocks for Gemma3Blocks {
         rms_norm_rows(x, &nrm.ffn, eps, xn);
         let mut g = vec![0f32; n * ff];
         let mut up = vec![0f32; n * ff];
-        mm(&w.gate.view(u), &xn, n, &mut g);
-        mm(&w.up.view(u), &xn, n, &mut up);
+        mm(&w.gate.view(u), xn, n, &mut g);
+        mm(&w.up.view(u), xn, n, &mut up);
         g.iter_mut()
             .zip(&up)
             .for_each(|(a, b)| *a = gelu_tanh(*a) * b);

@@ -4,7 +4,7 @@
 //! grouped-query attention with biases on q/k/v/o, NeoX-style RoPE (`rotate_half` over the two
 //! halves of a head) with YaRN frequencies whose attention factor multiplies cos and sin (so
 //! both q and k), scores scaled by `head_dim^-½`, a learned sink logit per head in the softmax
-//! ([`attention_with_sinks`]), and `layer_types` alternating `sliding_attention` (window
+//! ([`crate::models::layers::attention_with_sinks`]), and `layer_types` alternating `sliding_attention` (window
 //! `sliding_window`) and `full_attention`; router `x Wᵣᵀ + bᵣ`, top-k then a softmax over the
 //! kept logits ([`route_topk_softmax`]); experts
 //! `gate_up = x W_gu + b_gu` with gate in the even and up in the odd outputs,
@@ -509,7 +509,7 @@ impl Blocks for GptOssBlocks {
         route_topk_softmax(logits, self.config.num_experts_per_tok)
     }
 
-    /// GPT-OSS experts in their stored layout ([`expert_ffn`] over [`OssExperts`]).
+    /// GPT-OSS experts in their stored layout (`experts::expert_ffn` over `experts::OssExperts`).
     fn experts(&self, step: ExpertStep<'_>) -> std::io::Result<()> {
         let c = &self.config;
         let (alpha, limit) = (c.swiglu_alpha as f32, c.swiglu_limit as f32);

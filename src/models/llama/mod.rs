@@ -466,7 +466,7 @@ impl Blocks for LlamaBlocks {
         route_softmax_topk(logits, c.num_experts_per_tok.unwrap_or(1), c.renorm_topk())
     }
 
-    /// SwiGLU experts from the store ([`store_swiglu_experts`]).
+    /// SwiGLU experts from the store (`moe::store_swiglu_experts`).
     fn experts(&self, step: ExpertStep<'_>) -> std::io::Result<()> {
         store_swiglu_experts(&self.experts, self.config.hidden_size, step)
     }
