@@ -1,5 +1,6 @@
 //! Deltafin: runs language models whose weights are larger than RAM by reading them from
-//! disk as they are needed. See `DESIGN.md` in the steering repository for the map.
+//! disk as they are needed. `ARCHITECTURE.md` at the repository root is the map of the
+//! modules.
 
 pub mod cli;
 pub mod engine;

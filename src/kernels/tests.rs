@@ -2,8 +2,9 @@
 //! every SIMD level and for every thread count.
 
 use super::*;
-use crate::quant::tests::{random_row, Rng};
+use crate::quant::tests::{random_fp8_row, random_row, random_x, Rng};
 use crate::quant::SLOT_TYPES;
+use proptest::prelude::*;
 
 /// Columns per type: odd block counts, and a tail after whole 32-element rounds for floats.
 fn cols_for(ty: GgmlType) -> usize {
@@ -48,6 +49,38 @@ fn matvec_and_matmul_equal_dot_row_bit_for_bit() {
                         assert_eq!(yv[r].to_bits(), want.to_bits(), "{ty} {level:?} r{r}");
                     }
                 }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// FP8 rows of any length (partial last blocks, tails after whole rounds): at every level,
+    /// matvec and matmul (three rows, two tokens) equal dot_row bit for bit.
+    #[test]
+    fn fp8_matvec_and_matmul_equal_dot_row(n in 1usize..700, seed: u64) {
+        let ty = GgmlType::F8_E4M3_B128;
+        let mut rng = Rng::new(seed);
+        let row = random_fp8_row(n, &mut rng);
+        prop_assert_eq!(Some(row.len()), ty.row_bytes(n));
+        let x = random_x(n, &mut rng);
+        for level in SimdLevel::available() {
+            // three rows through matvec and matmul (2 tokens)
+            let rows: Vec<u8> = [row.clone(), random_fp8_row(n, &mut rng), random_fp8_row(n, &mut rng)].concat();
+            let m = Matrix::new(ty, 3, n, &rows).unwrap();
+            let x2: Vec<f32> = [x.clone(), random_x(n, &mut rng)].concat();
+            let mut y = vec![0f32; 3];
+            matvec_at(level, &m, &x, &mut y);
+            let mut y2 = vec![0f32; 6];
+            matmul_at(level, &m, &x2, 2, &mut y2);
+            for r in 0..3 {
+                let d0 = quant::dot_row_at(level, ty, m.row(r), &x);
+                let d1 = quant::dot_row_at(level, ty, m.row(r), &x2[n..]);
+                prop_assert_eq!(y[r].to_bits(), d0.to_bits());
+                prop_assert_eq!(y2[r].to_bits(), d0.to_bits());
+                prop_assert_eq!(y2[3 + r].to_bits(), d1.to_bits());
             }
         }
     }

@@ -11,7 +11,7 @@
 //! - a dense layer plans what comes after it (the next spine unit, or the LM head) before it
 //!   computes; a MoE layer plans it right after its routed experts are planned, so the
 //!   experts' reads go first, and then asks the expert store to prefetch the next MoE layer's
-//!   guessed experts ([`prefetch_next`]);
+//!   guessed experts (`moe::prefetch_next`);
 //! - families whose [`Blocks::plan_whole_pass`] is true (dense models streamed layer by layer,
 //!   Gemma 3) announce every unit of the pass at its start instead.
 //!
@@ -102,6 +102,20 @@ impl Dims {
     }
 }
 
+/// One MoE layer's routed-experts step, as the skeleton hands it to [`Blocks::experts`]:
+/// add the routed experts of layer `layer` to `out` (`n × hidden`) for the normed rows `xn`
+/// (`n × hidden`) routed by `routes` (one list of (expert, weight) per row); `after_plan`
+/// must run once, right after the experts are planned (see
+/// [`super::moe::moe_forward_with`]).
+pub struct ExpertStep<'a> {
+    pub store: &'a mut WeightStore,
+    pub layer: usize,
+    pub routes: &'a [Vec<(usize, f32)>],
+    pub xn: &'a [f32],
+    pub out: &'a mut [f32],
+    pub after_plan: &'a mut dyn FnMut(&mut WeightStore),
+}
+
 /// What differs between families: one layer's spine, routing and routed experts.
 pub trait Blocks: Send + Sync {
     /// One layer's weights (views into its spine unit) and resident vectors (norms, biases).
@@ -139,21 +153,10 @@ pub trait Blocks: Send + Sync {
     /// One token's routing in MoE layer `l` from its router logits (`n_experts`, bias
     /// added): the chosen (expert id, weight) pairs in ascending id order.
     fn route(&self, l: usize, logits: &[f32]) -> Vec<(usize, f32)>;
-    /// Adds the routed experts of MoE layer `l` to `out` (`n × hidden`) for the normed rows
-    /// `xn` routed by `routes` (one list per token); `after_plan` must run once, right after
-    /// the experts are planned (see [`super::moe::moe_forward_with`]).
+    /// Runs the routed experts of one MoE layer ([`ExpertStep`]).
     ///
     /// Errors: an expert could not be read (the message names the file and expert).
-    #[allow(clippy::too_many_arguments)]
-    fn experts(
-        &self,
-        store: &mut WeightStore,
-        l: usize,
-        routes: &[Vec<(usize, f32)>],
-        xn: &[f32],
-        out: &mut [f32],
-        after_plan: &mut dyn FnMut(&mut WeightStore),
-    ) -> io::Result<()>;
+    fn experts(&self, step: ExpertStep<'_>) -> io::Result<()>;
     /// Adjusts the final logits in place (Gemma: soft-capping). Default: nothing.
     fn finish_logits(&self, _logits: &mut [f32]) {}
 }
@@ -256,11 +259,18 @@ impl<B: Blocks> Decoder<B> {
                 let routes = route_rows(self, l, &s.router, b.n_experts());
                 let first = keep_first(&mut first_routes, &routes);
                 let mut out = vec![0f32; n * d];
-                b.experts(store, l, &routes, &s.xn, &mut out, &mut |st| {
-                    if !whole {
-                        self.plan_after(st, l);
-                    }
-                    prefetch_next(self, st, l, &x, first);
+                b.experts(ExpertStep {
+                    store,
+                    layer: l,
+                    routes: &routes,
+                    xn: &s.xn,
+                    out: &mut out,
+                    after_plan: &mut |st| {
+                        if !whole {
+                            self.plan_after(st, l);
+                        }
+                        prefetch_next(self, st, l, &x, first);
+                    },
                 })?;
                 if !s.shared.is_empty() {
                     add_into(&mut out, &s.shared);

@@ -1,5 +1,6 @@
-//! Model architectures: one file per family, each turning a checkpoint's tensor index into a
-//! forward pass over weights held by a [`WeightStore`].
+//! Model architectures: one folder per family (listed once in [`FAMILIES`], the registry),
+//! each turning a checkpoint's tensor index into a forward pass ([`decoder::Decoder`]) over
+//! weights held by a [`crate::store::WeightStore`].
 
 mod budget;
 pub mod config;

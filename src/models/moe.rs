@@ -363,6 +363,31 @@ pub(super) fn prefetch_next(
     }
 }
 
+/// A decoder's routed-experts step ([`super::decoder::ExpertStep`]) over SwiGLU experts kept
+/// in the store as units (`table`), `d` the hidden size: [`moe_forward`].
+///
+/// Errors: an expert could not be read.
+pub(super) fn store_swiglu_experts(
+    table: &UnitExperts,
+    d: usize,
+    step: super::decoder::ExpertStep<'_>,
+) -> io::Result<()> {
+    let mut src = StoreExperts {
+        table,
+        store: step.store,
+    };
+    let after = step.after_plan;
+    moe_forward(
+        &mut src,
+        step.layer,
+        step.routes,
+        step.xn,
+        d,
+        step.out,
+        |s| after(s.store),
+    )
+}
+
 /// The MoE feed-forward of layer `layer` for `n` tokens with SwiGLU experts
 /// ([`ExpertView`]): [`moe_forward_with`] computing `down(silu(gate(x)) · up(x))`.
 ///

@@ -182,15 +182,7 @@ pub(crate) mod tests;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "x86_64")]
-mod x86_avx2;
-#[cfg(target_arch = "x86_64")]
-mod x86_avx2_q32;
-#[cfg(target_arch = "x86_64")]
-mod x86_avx512;
-#[cfg(target_arch = "x86_64")]
-mod x86_avx512_q32;
-#[cfg(target_arch = "x86_64")]
-mod x86_fp8;
+mod x86;
 
 use std::sync::OnceLock;
 
@@ -211,7 +203,7 @@ pub enum SimdLevel {
     Avx2,
     /// x86-64 AVX-512F + BW + VL (+ AVX2, FMA, F16C): 2 × 16-lane fma accumulators; Q8_0,
     /// Q4_0 and Q5_0 use the block-scale scheme (one scale fma per block, see
-    /// `x86_avx512_q32`).
+    /// `x86/avx512_q32.rs`).
     Avx512,
 }
 
@@ -365,13 +357,13 @@ pub(crate) fn level_kernels(level: SimdLevel) -> &'static LevelKernels {
     match level {
         SimdLevel::Scalar => &SCALAR,
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => &x86_avx2::KERNELS,
+        SimdLevel::Avx2 => &x86::avx2::KERNELS,
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 => {
             if is_x86_feature_detected!("gfni") {
-                &x86_avx512::KERNELS_GFNI
+                &x86::avx512::KERNELS_GFNI
             } else {
-                &x86_avx512::KERNELS
+                &x86::avx512::KERNELS
             }
         }
         #[cfg(target_arch = "aarch64")]

@@ -1,5 +1,5 @@
 //! Tests of the quant kernels: the `gguf`-generated fixture (exact), every SIMD level against
-//! the scalar reference (proptest), and the matvec/matmul bit-exactness contract.
+//! the scalar reference (proptest), and the batch plans' bit-exactness contract.
 
 use super::*;
 use proptest::prelude::*;
@@ -60,7 +60,8 @@ pub(crate) fn random_row(ty: GgmlType, blocks: usize, rng: &mut Rng) -> Vec<u8> 
     v
 }
 
-fn random_x(n: usize, rng: &mut Rng) -> Vec<f32> {
+/// `n` activations uniform in [-2, 2).
+pub(crate) fn random_x(n: usize, rng: &mut Rng) -> Vec<f32> {
     (0..n).map(|_| rng.unit() * 2.0).collect()
 }
 
@@ -190,7 +191,7 @@ proptest! {
 
 /// A random packed FP8 row of `n` elements: random E4M3 bytes (NaN bytes replaced by ±448),
 /// block scales of assorted magnitudes.
-fn random_fp8_row(n: usize, rng: &mut Rng) -> Vec<u8> {
+pub(crate) fn random_fp8_row(n: usize, rng: &mut Rng) -> Vec<u8> {
     let mut row = Vec::new();
     for b in 0..n.div_ceil(fp8::BLOCK) {
         let mag = [1e-6f32, 1e-3, 0.01, 0.5, 3.0][(rng.next_u64() % 5) as usize];
@@ -208,8 +209,8 @@ proptest! {
 
     /// FP8 rows of any length (partial last blocks, tails after whole rounds): every level's
     /// decode equals the scalar one bit for bit, its dot is close to the exact dot, and equals
-    /// the level's f32 dot of the decoded row (what matmul computes) bit for bit; matvec and
-    /// matmul equal dot_row.
+    /// the level's f32 dot of the decoded row (what matmul computes) bit for bit (matvec and
+    /// matmul against dot_row: `kernels::tests::fp8_matvec_and_matmul_equal_dot_row`).
     #[test]
     fn fp8_every_level_matches_scalar_reference(n in 1usize..700, seed: u64) {
         let ty = GgmlType::F8_E4M3_B128;
@@ -230,21 +231,6 @@ proptest! {
                 prop_assert_eq!(w[i].to_bits(), scalar_w[i].to_bits(), "{:?} element {}", level, i);
             }
             prop_assert_eq!(dot_f32_at(level, &w, &x).to_bits(), got.to_bits());
-            // three rows through matvec and matmul (2 tokens)
-            let rows: Vec<u8> = [row.clone(), random_fp8_row(n, &mut rng), random_fp8_row(n, &mut rng)].concat();
-            let m = crate::kernels::Matrix::new(ty, 3, n, &rows).unwrap();
-            let x2: Vec<f32> = [x.clone(), random_x(n, &mut rng)].concat();
-            let mut y = vec![0f32; 3];
-            crate::kernels::matvec_at(level, &m, &x, &mut y);
-            let mut y2 = vec![0f32; 6];
-            crate::kernels::matmul_at(level, &m, &x2, 2, &mut y2);
-            for r in 0..3 {
-                let d0 = dot_row_at(level, ty, m.row(r), &x);
-                let d1 = dot_row_at(level, ty, m.row(r), &x2[n..]);
-                prop_assert_eq!(y[r].to_bits(), d0.to_bits());
-                prop_assert_eq!(y2[r].to_bits(), d0.to_bits());
-                prop_assert_eq!(y2[3 + r].to_bits(), d1.to_bits());
-            }
         }
     }
 }
@@ -274,7 +260,7 @@ fn fp8_nan_bytes_decode_to_nan_at_every_level() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx512_gfni_equals_plain() {
-    use super::x86_avx512_q32 as q;
+    use super::x86::avx512_q32 as q;
     if !SimdLevel::Avx512.is_available() || !is_x86_feature_detected!("gfni") {
         return;
     }

@@ -2,7 +2,7 @@
 //! file and drive, busy time, cache hit rate, I/O wait against compute, and the fraction of the
 //! physical decode limit reached.
 //!
-//! The physical limit (DESIGN.md, "Measuring"): `tok/s ≤ B / (L · k · (1 − h) · S)`, with `B`
+//! The physical limit of decode: `tok/s ≤ B / (L · k · (1 − h) · S)`, with `B`
 //! the drives' read bandwidth, `L · k` the expert uses per token (MoE layers × experts per
 //! token, measured), `h` the cache hit rate and `S` the bytes of one expert read.
 

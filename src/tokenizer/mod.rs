@@ -17,6 +17,7 @@ pub mod hf;
 mod model_tokenizer;
 mod packed;
 mod partition;
+mod pre_tokenizers;
 pub mod stream;
 mod vocab;
 

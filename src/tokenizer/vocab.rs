@@ -252,7 +252,7 @@ impl Vocab {
             add_bos: opt_bool(meta, "tokenizer.ggml.add_bos_token")?.unwrap_or(
                 model == "llama"
                     || (model == "gpt2"
-                        && super::byte_bpe::default_add_bos(
+                        && super::pre_tokenizers::default_add_bos(
                             opt_str(meta, "tokenizer.ggml.pre")?.unwrap_or(""),
                         )),
             ),

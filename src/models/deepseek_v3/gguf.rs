@@ -1,6 +1,6 @@
 //! GGUF files of llama.cpp's architecture `deepseek2` (DeepSeek V2/V3 and Kimi K2 as
 //! llama.cpp's `convert_hf_to_gguf.py` writes them) into the forward pass of
-//! [`super::deepseek_v3`].
+//! [`super`] (the `deepseek_v3` family).
 //!
 //! Metadata (keys `deepseek2.*` as llama.cpp's `src/llama-arch.cpp` names them and
 //! `src/models/deepseek2.cpp` reads them) becomes a [`Config`] with the Hugging Face field

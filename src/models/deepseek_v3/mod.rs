@@ -41,8 +41,8 @@ use self::tensors::{hf_checkpoint, unit_of_lins, Checkpoint, FfnTensors, KvB, Li
 use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
 use super::loading::{unit_of, CheckpointFiles, MatRef};
 use self::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
-use super::moe::{moe_forward, route_sigmoid_grouped, ExpertMats, StoreExperts, UnitExperts};
-use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
+use super::moe::{route_sigmoid_grouped, store_swiglu_experts, ExpertMats, UnitExperts};
+use super::decoder::{Blocks, ExpertStep, CacheShape, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
@@ -474,22 +474,9 @@ impl Blocks for DeepseekV3Blocks {
         )
     }
 
-    /// SwiGLU experts from the store ([`moe_forward`]).
-    fn experts(
-        &self,
-        store: &mut WeightStore,
-        l: usize,
-        routes: &[Vec<(usize, f32)>],
-        xn: &[f32],
-        out: &mut [f32],
-        after_plan: &mut dyn FnMut(&mut WeightStore),
-    ) -> std::io::Result<()> {
-        let mut src = StoreExperts {
-            table: &self.experts,
-            store,
-        };
-        let d = self.config.hidden_size;
-        moe_forward(&mut src, l, routes, xn, d, out, |s| after_plan(s.store))
+    /// SwiGLU experts from the store (`moe::store_swiglu_experts`).
+    fn experts(&self, step: ExpertStep<'_>) -> std::io::Result<()> {
+        store_swiglu_experts(&self.experts, self.config.hidden_size, step)
     }
 }
 

@@ -17,7 +17,7 @@ use super::embed_head::{head_chunks, Embedding, Head};
 use super::layers::{add_post_normed, gqa_attention, mm, rms_norm_rows, AttnShape, Gqa, GqaRope};
 use super::rope::RopeStyle;
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
-use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
+use super::decoder::{Blocks, ExpertStep, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions, Placement};
 use crate::kernels::ops::{gelu_tanh, rope_inv_freq, softcap};
 use crate::source::gguf::GgufModel;
@@ -355,8 +355,8 @@ impl Blocks for Gemma3Blocks {
         rms_norm_rows(x, &nrm.ffn, eps, xn);
         let mut g = vec![0f32; n * ff];
         let mut up = vec![0f32; n * ff];
-        mm(&w.gate.view(u), &xn, n, &mut g);
-        mm(&w.up.view(u), &xn, n, &mut up);
+        mm(&w.gate.view(u), xn, n, &mut g);
+        mm(&w.up.view(u), xn, n, &mut up);
         g.iter_mut()
             .zip(&up)
             .for_each(|(a, b)| *a = gelu_tanh(*a) * b);
@@ -378,15 +378,7 @@ impl Blocks for Gemma3Blocks {
     }
 
     /// Never called: no layer is a MoE layer.
-    fn experts(
-        &self,
-        _store: &mut WeightStore,
-        _l: usize,
-        _routes: &[Vec<(usize, f32)>],
-        _xn: &[f32],
-        _out: &mut [f32],
-        _after_plan: &mut dyn FnMut(&mut WeightStore),
-    ) -> std::io::Result<()> {
+    fn experts(&self, _step: ExpertStep<'_>) -> std::io::Result<()> {
         Ok(())
     }
 

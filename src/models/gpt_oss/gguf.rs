@@ -1,5 +1,5 @@
 //! GGUF files of llama.cpp's architecture `gpt-oss` into the forward pass of
-//! [`super::gpt_oss`].
+//! [`super`] (the `gpt_oss` family).
 //!
 //! Metadata (keys `gpt-oss.*` as llama.cpp's `src/llama-arch.cpp` names them and
 //! `convert_hf_to_gguf.py` / `conversion/gpt_oss.py` writes them) becomes a [`Config`] with the

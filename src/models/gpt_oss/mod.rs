@@ -4,7 +4,7 @@
 //! grouped-query attention with biases on q/k/v/o, NeoX-style RoPE (`rotate_half` over the two
 //! halves of a head) with YaRN frequencies whose attention factor multiplies cos and sin (so
 //! both q and k), scores scaled by `head_dim^-½`, a learned sink logit per head in the softmax
-//! ([`attention_with_sinks`]), and `layer_types` alternating `sliding_attention` (window
+//! ([`crate::models::layers::attention_with_sinks`]), and `layer_types` alternating `sliding_attention` (window
 //! `sliding_window`) and `full_attention`; router `x Wᵣᵀ + bᵣ`, top-k then a softmax over the
 //! kept logits ([`route_topk_softmax`]); experts
 //! `gate_up = x W_gu + b_gu` with gate in the even and up in the odd outputs,
@@ -50,7 +50,7 @@ use super::layers::{
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::{moe_forward_with, route_topk_softmax};
 use super::rope::RopeStyle;
-use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
+use super::decoder::{Blocks, ExpertStep, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
 use crate::quant::GgmlType;
 use crate::source::hf::HfModel;
@@ -506,30 +506,23 @@ impl Blocks for GptOssBlocks {
         route_topk_softmax(logits, self.config.num_experts_per_tok)
     }
 
-    /// GPT-OSS experts in their stored layout ([`expert_ffn`] over [`OssExperts`]).
-    fn experts(
-        &self,
-        store: &mut WeightStore,
-        l: usize,
-        routes: &[Vec<(usize, f32)>],
-        xn: &[f32],
-        out: &mut [f32],
-        after_plan: &mut dyn FnMut(&mut WeightStore),
-    ) -> std::io::Result<()> {
+    /// GPT-OSS experts in their stored layout (`experts::expert_ffn` over `experts::OssExperts`).
+    fn experts(&self, step: ExpertStep<'_>) -> std::io::Result<()> {
         let c = &self.config;
         let (alpha, limit) = (c.swiglu_alpha as f32, c.swiglu_limit as f32);
         let mut src = OssExperts {
             table: &self.experts,
-            store,
+            store: step.store,
         };
+        let after = step.after_plan;
         moe_forward_with(
             &mut src,
-            l,
-            routes,
-            xn,
+            step.layer,
+            step.routes,
+            step.xn,
             c.hidden_size,
-            out,
-            |s| after_plan(s.store),
+            step.out,
+            |s| after(s.store),
             |w, xg, m, y| expert_ffn(w, alpha, limit, xg, m, y),
         )
     }

@@ -1,6 +1,6 @@
 //! GGUF files of llama.cpp's architectures `qwen3moe`, `qwen3` and `llama` (dense Llama, and
 //! Mixtral, which llama.cpp's converter writes as `llama` with experts) into the forward pass
-//! of [`super::qwen3`].
+//! of [`super`] (the `llama` family).
 //!
 //! Metadata (keys `{arch}.*` as llama.cpp's `src/llama-arch.cpp` names them and its
 //! `convert_hf_to_gguf.py` writes them) becomes a [`Config`] with the Hugging Face field names.

@@ -34,9 +34,9 @@ use super::layers::{
     add_into, gqa_attention, mm, rms_norm_rows, swiglu_mlp, AttnShape, Gqa, GqaRope,
 };
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
-use super::moe::{moe_forward, route_softmax_topk, ExpertMats, StoreExperts, UnitExperts};
+use super::moe::{route_softmax_topk, store_swiglu_experts, ExpertMats, UnitExperts};
 use super::rope::RopeStyle;
-use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
+use super::decoder::{Blocks, ExpertStep, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
@@ -451,22 +451,9 @@ impl Blocks for LlamaBlocks {
         route_softmax_topk(logits, c.num_experts_per_tok.unwrap_or(1), c.renorm_topk())
     }
 
-    /// SwiGLU experts from the store ([`moe_forward`]).
-    fn experts(
-        &self,
-        store: &mut WeightStore,
-        l: usize,
-        routes: &[Vec<(usize, f32)>],
-        xn: &[f32],
-        out: &mut [f32],
-        after_plan: &mut dyn FnMut(&mut WeightStore),
-    ) -> std::io::Result<()> {
-        let mut src = StoreExperts {
-            table: &self.experts,
-            store,
-        };
-        let d = self.config.hidden_size;
-        moe_forward(&mut src, l, routes, xn, d, out, |s| after_plan(s.store))
+    /// SwiGLU experts from the store (`moe::store_swiglu_experts`).
+    fn experts(&self, step: ExpertStep<'_>) -> std::io::Result<()> {
+        store_swiglu_experts(&self.experts, self.config.hidden_size, step)
     }
 }
 

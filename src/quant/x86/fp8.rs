@@ -1,4 +1,5 @@
-//! AVX2 + FMA kernels of [`super::GgmlType::F8_E4M3_B128`] (layout in [`super::fp8`]).
+//! AVX2 + FMA and AVX-512 kernels of [`crate::quant::GgmlType::F8_E4M3_B128`] (layout in
+//! [`crate::quant::fp8`]).
 //!
 //! E4M3 → f32 in registers, in integer arithmetic for normal values (exponent rebased from
 //! bias 7 to 127, mantissa moved up) and as `m · 2^-9` for subnormals (no subnormal f32
@@ -10,8 +11,9 @@
 
 use std::arch::x86_64::*;
 
-use super::fp8::{e4m3_to_f32, BLOCK};
-use super::ROUND;
+use super::common::{finish_avx2, finish_avx512};
+use crate::quant::fp8::format::{e4m3_to_f32, row_bytes, BLOCK};
+use crate::quant::ROUND;
 
 /// 8 E4M3 bytes at `p` decoded and multiplied by `s`.
 #[inline]
@@ -39,7 +41,7 @@ fn blocks(n: usize) -> impl Iterator<Item = (usize, usize, usize)> {
 }
 
 /// Dequantizes one packed row (safe wrapper; only reachable after AVX2 detection).
-pub(super) fn decode(src: &[u8], dst: &mut [f32]) {
+pub(in crate::quant) fn decode(src: &[u8], dst: &mut [f32]) {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn inner(src: &[u8], dst: &mut [f32]) {
         for (o, e0, len) in blocks(dst.len()) {
@@ -55,11 +57,7 @@ pub(super) fn decode(src: &[u8], dst: &mut [f32]) {
             }
         }
     }
-    assert_eq!(
-        Some(src.len()),
-        super::fp8::row_bytes(dst.len()),
-        "row length mismatch"
-    );
+    assert_eq!(Some(src.len()), row_bytes(dst.len()), "row length mismatch");
     // SAFETY: the kernel table holding this function is handed out only after runtime
     // detection of avx2/fma; every access stays inside `src`/`dst` (lengths checked above:
     // each block's bytes follow its 4-byte scale, and `full <= len`).
@@ -67,7 +65,7 @@ pub(super) fn decode(src: &[u8], dst: &mut [f32]) {
 }
 
 /// Fused dot of one packed row with `x` (safe wrapper; only reachable after AVX2 detection).
-pub(super) fn dot(row: &[u8], x: &[f32]) -> f32 {
+pub(in crate::quant) fn dot(row: &[u8], x: &[f32]) -> f32 {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn inner(row: &[u8], x: &[f32]) -> f32 {
         let mut acc = [_mm256_setzero_ps(); 4];
@@ -91,13 +89,9 @@ pub(super) fn dot(row: &[u8], x: &[f32]) -> f32 {
                 tail += e4m3_to_f32(row[o + 4 + j]) * sf * x[e0 + j];
             }
         }
-        super::x86_avx2::finish(&acc) + tail
+        finish_avx2(&acc) + tail
     }
-    assert_eq!(
-        Some(row.len()),
-        super::fp8::row_bytes(x.len()),
-        "row length mismatch"
-    );
+    assert_eq!(Some(row.len()), row_bytes(x.len()), "row length mismatch");
     // SAFETY: as for `decode`.
     unsafe { inner(row, x) }
 }
@@ -123,7 +117,7 @@ unsafe fn dec16(p: *const u8, s: __m512) -> __m512 {
 /// `32k + j` to accumulator `j / 16`, lane `j % 16`, fma; the last `n % 32` elements summed in
 /// order after the reduction), equal to the AVX-512 f32 dot of the decoded row bit for bit.
 /// Safe wrapper; only reachable after AVX-512 detection.
-pub(super) fn dot512(row: &[u8], x: &[f32]) -> f32 {
+pub(in crate::quant) fn dot512(row: &[u8], x: &[f32]) -> f32 {
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn inner(row: &[u8], x: &[f32]) -> f32 {
         let mut acc = [_mm512_setzero_ps(); 2];
@@ -149,13 +143,9 @@ pub(super) fn dot512(row: &[u8], x: &[f32]) -> f32 {
                 tail += e4m3_to_f32(row[o + 4 + j]) * sf * x[e0 + j];
             }
         }
-        super::x86_avx512::finish(&acc) + tail
+        finish_avx512(&acc) + tail
     }
-    assert_eq!(
-        Some(row.len()),
-        super::fp8::row_bytes(x.len()),
-        "row length mismatch"
-    );
+    assert_eq!(Some(row.len()), row_bytes(x.len()), "row length mismatch");
     // SAFETY: the kernel table holding this function is handed out only after runtime
     // detection of avx512f/avx2/fma/f16c; accesses stay inside `row` and `x` as in `dot`.
     unsafe { inner(row, x) }

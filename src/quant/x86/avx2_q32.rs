@@ -7,7 +7,7 @@
 //! [`prep_dot`] runs the same operations on prepared rows (integer values and scales as
 //! f32), so `matmul` equals the fused dot bit for bit.
 
-use super::x86_avx2::{finish, load16};
+use super::common::{finish_avx2, load16, q32_kernels};
 use std::arch::x86_64::*;
 
 /// Blocks whose scales are converted together.
@@ -24,6 +24,23 @@ unsafe fn step(q: Q, d: f32, x: *const f32, acc: &mut __m256) {
     s = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(x.add(16)), s);
     s = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x.add(24)), s);
     *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, *acc);
+}
+
+/// The values of a block to `dst` (32 floats).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store_q(q: Q, dst: *mut f32) {
+    for (k, v) in q.into_iter().enumerate() {
+        _mm256_storeu_ps(dst.add(8 * k), v);
+    }
+}
+
+/// The reduction of the two accumulators: the level's, over `[acc0, acc1, 0, 0]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn finish2(a0: __m256, a1: __m256) -> f32 {
+    let z = _mm256_setzero_ps();
+    finish_avx2(&[a0, a1, z, z])
 }
 
 /// The f16 scales at `p`, `p + bb`, ... (`m <= CHUNK` blocks of `bb >= 4` bytes) as f32
@@ -106,77 +123,9 @@ unsafe fn q_q5_0(p: *const u8) -> Q {
     [a, b, c, d]
 }
 
-macro_rules! q32_kernels {
-    ($dot:ident, $prep:ident, $q:ident, $bb:expr) => {
-        /// Fused dot in the block-scale scheme (safe wrapper; only reachable through the
-        /// detected-level table).
-        pub(super) fn $dot(row: &[u8], x: &[f32]) -> f32 {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn inner(row: &[u8], x: &[f32]) -> f32 {
-                let nb = x.len() / 32;
-                let (p, xp) = (row.as_ptr(), x.as_ptr());
-                let mut a0 = _mm256_setzero_ps();
-                let mut a1 = _mm256_setzero_ps();
-                let mut ds = [0f32; CHUNK];
-                let mut b = 0;
-                while b < nb {
-                    let m = CHUNK.min(nb - b);
-                    scales(p.add(b * $bb), $bb, m, &mut ds);
-                    let mut k = 0;
-                    while k + 1 < m {
-                        step(
-                            $q(p.add((b + k) * $bb)),
-                            ds[k],
-                            xp.add(32 * (b + k)),
-                            &mut a0,
-                        );
-                        let c = b + k + 1;
-                        step($q(p.add(c * $bb)), ds[k + 1], xp.add(32 * c), &mut a1);
-                        k += 2;
-                    }
-                    if k < m {
-                        step(
-                            $q(p.add((b + k) * $bb)),
-                            ds[k],
-                            xp.add(32 * (b + k)),
-                            &mut a0,
-                        );
-                    }
-                    b += m;
-                }
-                let z = _mm256_setzero_ps();
-                finish(&[a0, a1, z, z])
-            }
-            super::check_len(row.len(), x.len(), $bb, 32);
-            // SAFETY: the table holding this function is handed out only after runtime
-            // detection of avx2/fma/f16c; all reads stay inside `row` and `x` (lengths
-            // checked above; `CHUNK` is even, so block parity is `k % 2`).
-            unsafe { inner(row, x) }
-        }
-
-        /// Row preparation for [`prep_dot`]: `q` gets the integer values, `d` the scales.
-        pub(super) fn $prep(row: &[u8], q: &mut [f32], d: &mut [f32]) {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn inner(row: &[u8], q: &mut [f32], d: &mut [f32]) {
-                let p = row.as_ptr();
-                for (b, (qb, db)) in q.chunks_exact_mut(32).zip(d.iter_mut()).enumerate() {
-                    for (k, v) in $q(p.add(b * $bb)).into_iter().enumerate() {
-                        _mm256_storeu_ps(qb.as_mut_ptr().add(8 * k), v);
-                    }
-                    *db = super::scalar::f16_at(&row[b * $bb..]);
-                }
-            }
-            super::check_len(row.len(), q.len(), $bb, 32);
-            assert_eq!(d.len(), q.len() / 32, "one scale per block");
-            // SAFETY: as for the dot above.
-            unsafe { inner(row, q, d) }
-        }
-    };
-}
-
-q32_kernels!(dot_q8_0, prep_q8_0, q_q8_0, 34);
-q32_kernels!(dot_q4_0, prep_q4_0, q_q4_0, 18);
-q32_kernels!(dot_q5_0, prep_q5_0, q_q5_0, 22);
+q32_kernels!(avx2; dot_q8_0, prep_q8_0, q_q8_0, 34);
+q32_kernels!(avx2; dot_q4_0, prep_q4_0, q_q4_0, 18);
+q32_kernels!(avx2; dot_q5_0, prep_q5_0, q_q5_0, 22);
 
 /// The block-scale dot over a prepared row (`q`: `x.len()` integer values, `d`: one scale
 /// per 32 elements); equals the fused `dot_*` of the row bit for bit.
@@ -197,8 +146,7 @@ pub(super) fn prep_dot(q: &[f32], d: &[f32], x: &[f32]) -> f32 {
         if b < nb {
             step(ld(32 * b), d[b], xp.add(32 * b), &mut a0);
         }
-        let z = _mm256_setzero_ps();
-        finish(&[a0, a1, z, z])
+        finish2(a0, a1)
     }
     assert!(
         q.len() == x.len() && d.len() * 32 == x.len(),

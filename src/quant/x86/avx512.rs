@@ -4,16 +4,16 @@
 //! with the same roundings as the scalar decoders, so dequantization is exact and
 //! `dot_f32(dequantized, x)` equals the fused dot bit for bit.
 
-use super::x86_avx2::{q4k_factors, q6k_factors};
-use super::x86_avx512_q32 as q32;
-use super::{LevelKernels, ROUND};
+use super::avx512_q32 as q32;
+use super::common::{
+    bit_matrix, deq_kernel, dot_f32_as_row, dot_kernel, f16s, kernels, level_table, load16,
+    mxfp4_values, no_tail, q32_prep, q4k_factors, q6k_factors,
+};
+use crate::quant::scalar::{decode_bf16, decode_f16, decode_f32, e8m0_half};
+use crate::quant::LevelKernels;
 use std::arch::x86_64::*;
 
 type Acc = [__m512; 2];
-
-/// Software prefetch distance of the dots, in bytes of the encoded row (measured on the
-/// 262144 × 640 Q8_0 LM head: 6.3 → 8 GB/s on one thread).
-pub(super) const PF: usize = 2048;
 
 /// Either stores the 32 decoded values at `dst` (`STORE`) or accumulates them against `x`.
 #[inline]
@@ -32,31 +32,6 @@ unsafe fn emit<const STORE: bool>(
         acc[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), acc[0]);
         acc[1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x.add(16)), acc[1]);
     }
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(super) fn finish(acc: &Acc) -> f32 {
-    let v = _mm512_add_ps(acc[0], acc[1]);
-    let lo = _mm512_castps512_ps256(v);
-    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-    let s = _mm256_add_ps(lo, hi);
-    let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-    _mm_cvtss_f32(s)
-}
-
-/// The IEEE half at `p` as f32 (exact).
-#[inline(always)]
-unsafe fn f16s(p: *const u8) -> f32 {
-    super::scalar::f16_to_f32((p as *const u16).read_unaligned().to_le())
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(super) unsafe fn load16(p: *const u8) -> __m128i {
-    _mm_loadu_si128(p as *const __m128i)
 }
 
 #[inline]
@@ -206,18 +181,18 @@ unsafe fn blk_q6_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
     }
 }
 
-/// GF(2) affine matrices (see `x86_avx512_q32::bit_matrix`) for Q6_K: a nibble alone, and
+/// GF(2) affine matrices (see `common::bit_matrix`) for Q6_K: a nibble alone, and
 /// the two high bits at `2 k, 2 k + 1` moved to bit 4 and bits 5..8 (with constant 0xE0,
 /// `16 b0 + 32 (b1 - 1)` as i8), so `nibble | high` is `q - 32`.
 const Q6_NIB: [i64; 2] = [
-    q32::bit_matrix([0, 1, 2, 3, 8, 8, 8, 8]),
-    q32::bit_matrix([4, 5, 6, 7, 8, 8, 8, 8]),
+    bit_matrix([0, 1, 2, 3, 8, 8, 8, 8]),
+    bit_matrix([4, 5, 6, 7, 8, 8, 8, 8]),
 ];
 const Q6_HIGH: [i64; 4] = [
-    q32::bit_matrix([8, 8, 8, 8, 0, 1, 1, 1]),
-    q32::bit_matrix([8, 8, 8, 8, 2, 3, 3, 3]),
-    q32::bit_matrix([8, 8, 8, 8, 4, 5, 5, 5]),
-    q32::bit_matrix([8, 8, 8, 8, 6, 7, 7, 7]),
+    bit_matrix([8, 8, 8, 8, 0, 1, 1, 1]),
+    bit_matrix([8, 8, 8, 8, 2, 3, 3, 3]),
+    bit_matrix([8, 8, 8, 8, 4, 5, 5, 5]),
+    bit_matrix([8, 8, 8, 8, 6, 7, 7, 7]),
 ];
 
 /// 16 Q6_K values `q - 32` of chunk `c` of a half, decoded by GF(2) affine maps.
@@ -254,133 +229,28 @@ unsafe fn blk_q6_k_gfni<const S: bool>(p: *const u8, x: *const f32, dst: *mut f3
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn blk_mxfp4<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
-    let d = _mm512_set1_ps(super::scalar::e8m0_half(*p));
-    let (lo, hi) = super::x86_avx2::mxfp4_values(load16(p.add(1)));
+    let d = _mm512_set1_ps(e8m0_half(*p));
+    let (lo, hi) = mxfp4_values(load16(p.add(1)));
     let w0 = scaled(d, _mm512_cvtepi8_epi32(lo));
     let w1 = scaled(d, _mm512_cvtepi8_epi32(hi));
     emit::<S>(w0, w1, x, dst, acc);
 }
 
-macro_rules! kernels {
-    ($dot:ident, $deq:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
-        dot_kernel!($dot, $blk, $bb, $be, $esz, $tail);
-        deq_kernel!($deq, $blk, $bb, $be, $esz, $tail);
-    };
-}
-
-macro_rules! dot_kernel {
-    ($dot:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
-        dot_kernel!($dot, $blk, $bb, $be, $esz, $tail, "avx512f,avx2,fma,f16c");
-    };
-    ($dot:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr, $feat:literal) => {
-        /// Fused dot (safe wrapper; only reachable through the detected-level table).
-        pub(super) fn $dot(row: &[u8], x: &[f32]) -> f32 {
-            #[target_feature(enable = $feat)]
-            unsafe fn inner(row: &[u8], x: &[f32]) -> f32 {
-                let mut acc = [_mm512_setzero_ps(); 2];
-                let (bb, be) = if $be == 1 {
-                    ($esz * ROUND, ROUND)
-                } else {
-                    ($bb, $be)
-                };
-                let nb = x.len() / be;
-                let (p, xp) = (row.as_ptr(), x.as_ptr());
-                for b in 0..nb {
-                    // Software prefetch `PF` bytes ahead, one hint per 64-byte line of the
-                    // block (hints never fault, so running past the row is harmless).
-                    let mut o = 0;
-                    while o < bb {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(b * bb + o + PF) as *const i8);
-                        o += 64;
-                    }
-                    $blk::<false>(
-                        p.add(b * bb),
-                        xp.add(b * be),
-                        std::ptr::null_mut(),
-                        &mut acc,
-                    );
-                }
-                let mut tail = 0f32;
-                let mut w = [0f32; ROUND];
-                let done = nb * be;
-                if done < x.len() {
-                    let t: fn(&[u8], &mut [f32]) = $tail;
-                    t(&row[done * $esz..], &mut w[..x.len() - done]);
-                    for (k, &xv) in x[done..].iter().enumerate() {
-                        tail += w[k] * xv;
-                    }
-                }
-                finish(&acc) + tail
-            }
-            super::check_len(row.len(), x.len(), $bb, $be);
-            // SAFETY: the table holding this function is handed out only after runtime
-            // detection of avx512f/avx2/fma/f16c; all reads stay inside `row` and `x`
-            // (lengths checked above).
-            unsafe { inner(row, x) }
-        }
-    };
-}
-
-macro_rules! deq_kernel {
-    ($deq:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
-        /// Dequantization (safe wrapper; only reachable through the detected-level table).
-        fn $deq(src: &[u8], dst: &mut [f32]) {
-            #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-            unsafe fn inner(src: &[u8], dst: &mut [f32]) {
-                let mut acc = [_mm512_setzero_ps(); 2];
-                let (bb, be) = if $be == 1 {
-                    ($esz * ROUND, ROUND)
-                } else {
-                    ($bb, $be)
-                };
-                let nb = dst.len() / be;
-                let (p, dp) = (src.as_ptr(), dst.as_mut_ptr());
-                for b in 0..nb {
-                    $blk::<true>(p.add(b * bb), std::ptr::null(), dp.add(b * be), &mut acc);
-                }
-                let done = nb * be;
-                if done < dst.len() {
-                    let t: fn(&[u8], &mut [f32]) = $tail;
-                    t(&src[done * $esz..], &mut dst[done..]);
-                }
-            }
-            super::check_len(src.len(), dst.len(), $bb, $be);
-            // SAFETY: as for the dot above.
-            unsafe { inner(src, dst) }
-        }
-    };
-}
-
-use super::scalar::{decode_bf16, decode_f16, decode_f32};
-fn no_tail(_: &[u8], _: &mut [f32]) {
-    unreachable!("quant rows have no tail")
-}
-
-kernels!(dot_f32row, deq_f32, blk_f32, 4, 1, 4, decode_f32);
-kernels!(dot_f16, deq_f16, blk_f16, 2, 1, 2, decode_f16);
-kernels!(dot_bf16, deq_bf16, blk_bf16, 2, 1, 2, decode_bf16);
-dot_kernel!(
-    dot_q6_k_gfni,
-    blk_q6_k_gfni,
-    210,
-    256,
-    0,
-    no_tail,
-    "avx512f,avx2,fma,f16c,gfni"
-);
-deq_kernel!(deq_q8_0, blk_q8_0, 34, 32, 0, no_tail);
-deq_kernel!(deq_q4_0, blk_q4_0, 18, 32, 0, no_tail);
-deq_kernel!(deq_q5_0, blk_q5_0, 22, 32, 0, no_tail);
-kernels!(dot_q4_k, deq_q4_k, blk_q4_k, 144, 256, 0, no_tail);
-kernels!(dot_q6_k, deq_q6_k, blk_q6_k, 210, 256, 0, no_tail);
-kernels!(dot_mxfp4, deq_mxfp4, blk_mxfp4, 17, 32, 0, no_tail);
+kernels!(avx512; dot_f32row, deq_f32, blk_f32, 4, 1, 4, decode_f32);
+kernels!(avx512; dot_f16, deq_f16, blk_f16, 2, 1, 2, decode_f16);
+kernels!(avx512; dot_bf16, deq_bf16, blk_bf16, 2, 1, 2, decode_bf16);
+dot_kernel!(avx512 "avx512f,avx2,fma,f16c,gfni";
+    dot_q6_k_gfni, blk_q6_k_gfni, 210, 256, 0, no_tail);
+deq_kernel!(avx512; deq_q8_0, blk_q8_0, 34, 32, 0, no_tail);
+deq_kernel!(avx512; deq_q4_0, blk_q4_0, 18, 32, 0, no_tail);
+deq_kernel!(avx512; deq_q5_0, blk_q5_0, 22, 32, 0, no_tail);
+kernels!(avx512; dot_q4_k, deq_q4_k, blk_q4_k, 144, 256, 0, no_tail);
+kernels!(avx512; dot_q6_k, deq_q6_k, blk_q6_k, 210, 256, 0, no_tail);
+kernels!(avx512; dot_mxfp4, deq_mxfp4, blk_mxfp4, 17, 32, 0, no_tail);
 
 /// f32 · f32 in this level's order (F32 rows are the same computation).
 fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
-    assert_eq!(w.len(), x.len(), "vector length mismatch");
-    // SAFETY: reinterpreting initialized f32s as bytes.
-    let bytes = unsafe { std::slice::from_raw_parts(w.as_ptr() as *const u8, w.len() * 4) };
-    dot_f32row(bytes, x)
+    dot_f32_as_row(dot_f32row, w, x)
 }
 
 /// The AVX-512 table without GFNI (e.g. Skylake-SP). Only returned by `level_kernels`
@@ -401,45 +271,14 @@ pub(crate) static KERNELS_GFNI: LevelKernels = LevelKernels {
         dot_q6_k_gfni,
         dot_mxfp4,
     ],
-    prep: [
-        None,
-        None,
-        None,
-        Some((q32::prep_q8_0, q32::prep_dot)),
-        Some((q32::prep_q4_0_gfni, q32::prep_dot)),
-        Some((q32::prep_q5_0_gfni, q32::prep_dot)),
-        None,
-        None,
-        None,
-    ],
+    prep: q32_prep(
+        q32::prep_q8_0,
+        q32::prep_q4_0_gfni,
+        q32::prep_q5_0_gfni,
+        q32::prep_dot,
+    ),
     ..BASE
 };
 
-const BASE: LevelKernels = LevelKernels {
-    dot: [
-        dot_f32row,
-        dot_f16,
-        dot_bf16,
-        q32::dot_q8_0,
-        q32::dot_q4_0,
-        q32::dot_q5_0,
-        dot_q4_k,
-        dot_q6_k,
-        dot_mxfp4,
-    ],
-    deq: [
-        deq_f32, deq_f16, deq_bf16, deq_q8_0, deq_q4_0, deq_q5_0, deq_q4_k, deq_q6_k, deq_mxfp4,
-    ],
-    dot_f32,
-    prep: [
-        None,
-        None,
-        None,
-        Some((q32::prep_q8_0, q32::prep_dot)),
-        Some((q32::prep_q4_0, q32::prep_dot)),
-        Some((q32::prep_q5_0, q32::prep_dot)),
-        None,
-        None,
-        None,
-    ],
-};
+/// The plain AVX-512 kernels.
+const BASE: LevelKernels = level_table!();
