@@ -25,7 +25,7 @@ use anyhow::Result;
 
 use super::embed_head::{Embedding, Head};
 use super::layers::add_into;
-use super::moe::{keep_first, prefetch_next, route_rows, RouterRef, Routers};
+use super::moe::{keep_first, prefetch_next, route_rows, ExpertStep, RouterRef, Routers};
 use super::{run_pass, KvCache, Logits, Model, Placement};
 use crate::store::{UnitBytes, WeightStore};
 
@@ -100,20 +100,6 @@ impl Dims {
             cache: CacheShape::Kv { kv_dim },
         }
     }
-}
-
-/// One MoE layer's routed-experts step, as the skeleton hands it to [`Blocks::experts`]:
-/// add the routed experts of layer `layer` to `out` (`n × hidden`) for the normed rows `xn`
-/// (`n × hidden`) routed by `routes` (one list of (expert, weight) per row); `after_plan`
-/// must run once, right after the experts are planned (see
-/// [`super::moe::moe_forward_with`]).
-pub struct ExpertStep<'a> {
-    pub store: &'a mut WeightStore,
-    pub layer: usize,
-    pub routes: &'a [Vec<(usize, f32)>],
-    pub xn: &'a [f32],
-    pub out: &'a mut [f32],
-    pub after_plan: &'a mut dyn FnMut(&mut WeightStore),
 }
 
 /// What differs between families: one layer's spine, routing and routed experts.

@@ -363,14 +363,29 @@ pub(super) fn prefetch_next(
     }
 }
 
-/// A decoder's routed-experts step ([`super::decoder::ExpertStep`]) over SwiGLU experts kept
+/// One MoE layer's routed-experts step, as the decoder skeleton hands it to
+/// [`super::decoder::Blocks::experts`]:
+/// add the routed experts of layer `layer` to `out` (`n × hidden`) for the normed rows `xn`
+/// (`n × hidden`) routed by `routes` (one list of (expert, weight) per row); `after_plan`
+/// must run once, right after the experts are planned (see
+/// [`moe_forward_with`]).
+pub struct ExpertStep<'a> {
+    pub store: &'a mut WeightStore,
+    pub layer: usize,
+    pub routes: &'a [Vec<(usize, f32)>],
+    pub xn: &'a [f32],
+    pub out: &'a mut [f32],
+    pub after_plan: &'a mut dyn FnMut(&mut WeightStore),
+}
+
+/// A decoder's routed-experts step ([`ExpertStep`]) over SwiGLU experts kept
 /// in the store as units (`table`), `d` the hidden size: [`moe_forward`].
 ///
 /// Errors: an expert could not be read.
 pub(super) fn store_swiglu_experts(
     table: &UnitExperts,
     d: usize,
-    step: super::decoder::ExpertStep<'_>,
+    step: ExpertStep<'_>,
 ) -> io::Result<()> {
     let mut src = StoreExperts {
         table,

@@ -50,7 +50,8 @@ use super::layers::{
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::{moe_forward_with, route_topk_softmax};
 use super::rope::RopeStyle;
-use super::decoder::{Blocks, ExpertStep, Decoder, Dims, RouterParts, Scratch};
+use super::moe::ExpertStep;
+use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
 use crate::quant::GgmlType;
 use crate::source::hf::HfModel;

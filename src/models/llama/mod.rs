@@ -36,7 +36,8 @@ use super::layers::{
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::{route_softmax_topk, store_swiglu_experts, ExpertMats, UnitExperts};
 use super::rope::RopeStyle;
-use super::decoder::{Blocks, ExpertStep, Decoder, Dims, RouterParts, Scratch};
+use super::moe::ExpertStep;
+use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions};
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
