@@ -28,8 +28,8 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Run decode and prefill scenarios and report tok/s, bytes/token, hit rate, bandwidth.
     Bench(bench::BenchArgs),
-    /// Re-lay a model (Hugging Face folder or GGUF file, qwen3 family) out for one read per
-    /// expert across drives, or verify a pack.
+    /// Re-lay a MoE model (Hugging Face folder or GGUF file) out for one read per expert across
+    /// drives, or verify a pack.
     Pack(pack::PackArgs),
     /// Write a random-weight checkpoint of a real architecture (for benchmarks).
     Synth(synth::SynthArgs),

@@ -99,8 +99,11 @@ pub struct MatRef {
     pub piece: usize,
     /// Byte offset of the matrix in that range.
     pub offset: usize,
+    /// The stored encoding.
     pub ty: GgmlType,
+    /// Output rows (GGML's second dimension).
     pub rows: usize,
+    /// Elements per row (GGML's first dimension).
     pub cols: usize,
     /// Encoded bytes.
     pub bytes: usize,
@@ -122,6 +125,7 @@ impl MatRef {
 pub struct Tensors<'a> {
     /// What error messages name as the source (a file or folder path).
     label: String,
+    /// Every tensor of the checkpoint by name.
     pub by_name: HashMap<&'a str, &'a TensorInfo>,
 }
 

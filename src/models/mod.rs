@@ -22,6 +22,9 @@ macro_rules! families {
         $(pub mod $f;)*
         /// Every architecture family, one [`Family`] entry each (see [`registry`]).
         pub const FAMILIES: &[Family] = &[$($f::FAMILY),*];
+        /// The family folders, as listed: each entry's [`Family::name`] must be its folder.
+        #[cfg(test)]
+        const FOLDERS: &[&str] = &[$(stringify!($f)),*];
     };
 }
 
@@ -92,5 +95,34 @@ pub fn load_hf_model(hf: &HfModel, opts: &LoadOptions) -> anyhow::Result<ModelAn
             hf.config_path().display(),
             registry::names(FAMILIES, |f| f.model_types, |f| f.load_hf.is_some())
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_is_named_after_its_folder_and_claims_distinct_names() {
+        let names: Vec<&str> = FAMILIES.iter().map(|f| f.name).collect();
+        assert_eq!(names, FOLDERS);
+        let mut types: Vec<&str> = FAMILIES
+            .iter()
+            .flat_map(|f| f.model_types)
+            .copied()
+            .collect();
+        let mut archs: Vec<&str> = FAMILIES
+            .iter()
+            .flat_map(|f| f.gguf_architectures)
+            .copied()
+            .collect();
+        let (nt, na) = (types.len(), archs.len());
+        types.sort_unstable();
+        types.dedup();
+        archs.sort_unstable();
+        archs.dedup();
+        assert_eq!((types.len(), archs.len()), (nt, na), "a name claimed twice");
+        // a packable family names its expert tensors
+        assert!(FAMILIES.iter().all(|f| !f.packable || f.experts.is_some()));
     }
 }

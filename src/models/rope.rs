@@ -27,9 +27,13 @@ pub enum RopeStyle {
 /// `llama3` scaling (transformers' `_compute_llama3_parameters`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Llama3 {
+    /// Divisor of the low frequencies.
     pub factor: f64,
+    /// Wavelengths above `original_max_position_embeddings / low_freq_factor` are scaled.
     pub low_freq_factor: f64,
+    /// Wavelengths below `original_max_position_embeddings / high_freq_factor` are kept.
     pub high_freq_factor: f64,
+    /// The context length the model was pre-trained with, in tokens.
     pub original_max_position_embeddings: f64,
 }
 
@@ -37,13 +41,17 @@ pub struct Llama3 {
 /// transformers' `_compute_yarn_parameters`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Yarn {
+    /// Context extension factor (interpolated frequencies are divided by it).
     pub factor: f64,
+    /// The context length the model was pre-trained with, in tokens.
     pub original_max_position_embeddings: f64,
     /// Default 32 (also when 0 or null).
     pub beta_fast: f64,
     /// Default 1 (also when 0 or null).
     pub beta_slow: f64,
+    /// `mscale` of the attention factor ([`Yarn::attention_factor`]).
     pub mscale: Option<f64>,
+    /// `mscale_all_dim` of the attention factor (DeepSeek also scales the softmax by it).
     pub mscale_all_dim: Option<f64>,
     /// Explicit `attention_factor`, if given.
     pub attention_factor: Option<f64>,

@@ -21,7 +21,7 @@
 //! each read lands for experts read on demand (by the expert store, whose cache then holds
 //! them repacked), then computed by the MXFP4 kernels. GGUF files hold separate output-major
 //! gate and up matrices, used as stored. The layouts and the expert FFN live in
-//! `gpt_oss_experts.rs`. Each (layer, expert) is one weight unit holding its matrices and
+//! `experts.rs`. Each (layer, expert) is one weight unit holding its matrices and
 //! biases; spine units hold a layer's q/k/v/o and router weights. When the budget cannot hold
 //! every weight the experts are read on demand through the expert store (`budget.rs`), which
 //! with prefetch on reads the next layer's guessed experts (`moe::prefetch_next`,

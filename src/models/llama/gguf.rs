@@ -19,17 +19,15 @@
 //! experts with the chosen weights renormalised, which llama.cpp applies to both MoE
 //! architectures (`build_moe_ffn` with `norm_w = true` in `src/models/{qwen3moe,llama}.cpp`).
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 
 use crate::models::config::{gguf_count, opt_gguf_count};
-use crate::models::loading::Tensors;
+use crate::models::loading::{CheckpointFiles, Tensors};
 use super::{Checkpoint, Config, FfnTensors, LayerTensors, Llama};
 use crate::models::LoadOptions;
-use crate::kernels::ops::rope_inv_freq;
 use crate::models::rope::RopeStyle;
-use crate::quant::{dequantize_row, GgmlType};
+use crate::quant::GgmlType;
 use crate::source::gguf::GgufModel;
-use crate::source::tensor::TensorInfo;
 use crate::store::WeightStore;
 
 /// Dimension limit checked at load (a hostile file must not make us allocate terabytes).
@@ -241,11 +239,11 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
         });
     }
     let llama = g.architecture()? == "llama";
-    let freq_scale = match &c.rope_scaling {
-        Some(s) => 1.0 / s["factor"].as_f64().unwrap_or(1.0) as f32,
-        None => 1.0,
-    };
-    let mut inv_freq = rope_inv_freq(hd, c.rope_base() as f32, freq_scale);
+    let scaling = c
+        .hf_rope()
+        .scaling(c.max_position_embeddings, &["default", "linear"])
+        .map_err(|e| anyhow!("{label}: {e}"))?;
+    let mut inv_freq = scaling.inv_freq(hd, c.rope_base());
     if let Some(t) = g.tensor("rope_freqs.weight") {
         let t = ts.get(&t.name, &[hd / 2])?;
         if t.ty != GgmlType::F32 {
@@ -254,7 +252,8 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
                 t.ty
             );
         }
-        let factors = read_small(g, t)?;
+        let files = CheckpointFiles::open(&g.files, g.pack.as_ref(), false)?;
+        let factors = files.vector(t).with_context(|| label.clone())?;
         for (f, &s) in inv_freq.iter_mut().zip(&factors) {
             if !(s.is_finite() && s > 0.0) {
                 bail!("{label}: tensor 'rope_freqs.weight' holds {s}, expected positive factors");
@@ -276,20 +275,6 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
             RopeStyle::Neox
         },
     })
-}
-
-/// Reads a small F32 tensor with a plain read (no direct I/O needed for a few bytes).
-fn read_small(g: &GgufModel, t: &TensorInfo) -> Result<Vec<f32>> {
-    use std::io::{Read, Seek, SeekFrom};
-    let p = &g.files[t.file];
-    let mut f = std::fs::File::open(p).map_err(|e| anyhow!("{}: {e}", p.display()))?;
-    let mut b = vec![0u8; t.n_bytes as usize];
-    f.seek(SeekFrom::Start(t.offset))
-        .and_then(|_| f.read_exact(&mut b))
-        .map_err(|e| anyhow!("{}: reading tensor '{}': {e}", p.display(), t.name))?;
-    let mut out = vec![0f32; t.shape.iter().product::<u64>() as usize];
-    dequantize_row(t.ty, &b, &mut out);
-    Ok(out)
 }
 
 /// Loads a `qwen3moe`, `qwen3` or `llama` GGUF under `opts` (see [`Llama::load`] for what

@@ -311,6 +311,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_registry_names_exactly_the_architectures_with_presets() {
+        let mut registry = archs();
+        let mut presets: Vec<&str> = catalog().iter().map(|p| p.shape.arch()).collect();
+        registry.sort_unstable();
+        presets.sort_unstable();
+        presets.dedup();
+        assert_eq!(registry, presets);
+    }
+
+    #[test]
     fn encodings_parse_per_architecture() {
         let get = |arch: &str| {
             catalog()
