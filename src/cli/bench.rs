@@ -129,7 +129,6 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
 /// Runs `deltafin bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
     super::init_threads(a.threads);
-    a.store.init_tracing();
     let mut rows = Vec::new();
     let mut table = format!(
         "{:12} {:>8} {:>8} {:>10} {:>6} {:>6} {:>10} {:>6} {:>7}  {}\n",

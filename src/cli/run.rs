@@ -160,7 +160,6 @@ fn non_empty(s: &str) -> Result<String, String> {
 /// Runs `deltafin run`.
 pub fn run(a: RunArgs) -> Result<()> {
     super::init_threads(a.threads);
-    a.store.init_tracing();
     let t_load = std::time::Instant::now();
     let opened = open_any(a.model.as_deref())?;
     let tok = opened.tokenizer()?;

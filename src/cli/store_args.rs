@@ -55,16 +55,10 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
-    /// Installs a stderr subscriber for the store's `tracing` spans when `--trace` is given.
+    /// Installs the stderr subscriber for `tracing` ([`super::init_tracing`]): warnings
+    /// always, the store's spans too when `--trace` is given.
     pub fn init_tracing(&self) {
-        if self.trace {
-            let _ = tracing_subscriber::fmt()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .with_env_filter(tracing_subscriber::EnvFilter::new("deltafin=debug"))
-                .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
-                .try_init();
-        }
+        super::init_tracing(self.trace);
     }
 
     /// The heat file for the model at `model` (None when off).
