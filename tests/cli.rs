@@ -314,8 +314,9 @@ fn the_default_budget_fits_a_small_limit_and_a_too_small_one_is_named() {
         .unwrap();
     let e = BudgetTooSmall::under_limit(e, &l).to_string();
     assert!(
-        e.starts_with("the memory limit of 8.0 MiB (cgroup) is too small for this model: it needs at least ")
-            && e.contains("for the KV cache for 64 tokens")
+        e.starts_with(
+            "the memory limit of 8.0 MiB (cgroup) is too small for this model: it needs at least "
+        ) && e.contains("for the KV cache for 64 tokens")
             && e.ends_with("and the default budget within that limit is 4.0 MiB"),
         "{e}"
     );

@@ -192,7 +192,16 @@ fn cli_a_heat_file_that_cannot_be_saved_is_reported_without_flags() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
         .args(["run", "-m"])
         .arg(dir.path())
-        .args(["-p", "hello", "-n", "2", "--temp", "0", "--ram-budget", "800K"])
+        .args([
+            "-p",
+            "hello",
+            "-n",
+            "2",
+            "--temp",
+            "0",
+            "--ram-budget",
+            "800K",
+        ])
         .args(["-c", "64", "--heat-file"])
         .arg(&heat)
         .output()
@@ -201,11 +210,15 @@ fn cli_a_heat_file_that_cannot_be_saved_is_reported_without_flags() {
     assert!(out.status.success(), "{err}");
     let name = heat.display();
     assert!(
-        err.contains(&format!("ignoring the expert heat file: {name}: not a regular file")),
+        err.contains(&format!(
+            "ignoring the expert heat file: {name}: not a regular file"
+        )),
         "{err}"
     );
     assert!(
-        err.contains(&format!("could not save the expert heat file: {name}: not a regular file")),
+        err.contains(&format!(
+            "could not save the expert heat file: {name}: not a regular file"
+        )),
         "{err}"
     );
     let mut left: Vec<String> = std::fs::read_dir(dir.path())
@@ -214,12 +227,20 @@ fn cli_a_heat_file_that_cannot_be_saved_is_reported_without_flags() {
         .filter(|n| n.starts_with("heat.json"))
         .collect();
     left.sort();
-    assert_eq!(left, ["heat.json", "heat.json.lock"], "no temporary file is left");
+    assert_eq!(
+        left,
+        ["heat.json", "heat.json.lock"],
+        "no temporary file is left"
+    );
 }
 
 #[test]
 fn cli_a_shard_or_tokenizer_that_is_a_fifo_is_refused_by_name() {
-    for name in ["model-00003-of-00005.safetensors", "tokenizer.json", "config.json"] {
+    for name in [
+        "model-00003-of-00005.safetensors",
+        "tokenizer.json",
+        "config.json",
+    ] {
         let dir = tiny();
         let p = dir.path().join(name);
         std::fs::remove_file(&p).unwrap();

@@ -84,7 +84,8 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
     let n_ctx = decode_p + n_gen * if warm { 2 } else { 1 } + 1;
     let limit = crate::store::plan::MemoryLimit::of_this_process();
     let weights = crate::models::LoadOptions {
-        ram_budget: crate::store::plan::ram_budget(a.ram_budget, limit).map_err(anyhow::Error::msg)?,
+        ram_budget: crate::store::plan::ram_budget(a.ram_budget, limit)
+            .map_err(anyhow::Error::msg)?,
         n_ctx,
         n_batch: decode_p.max(1),
         direct_io: true,

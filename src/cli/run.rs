@@ -203,7 +203,8 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let limit = MemoryLimit::of_this_process();
     let opts = LoadOptions {
-        ram_budget: crate::store::plan::ram_budget(a.ram_budget, limit).map_err(anyhow::Error::msg)?,
+        ram_budget: crate::store::plan::ram_budget(a.ram_budget, limit)
+            .map_err(anyhow::Error::msg)?,
         n_ctx,
         n_batch: a.batch_size.min(ids.len()).max(1),
         direct_io: !a.no_direct_io,

@@ -169,7 +169,11 @@ fn set_aside(path: &Path) -> io::Result<PathBuf> {
     std::fs::rename(path, &to).map_err(|e| {
         io::Error::new(
             e.kind(),
-            format!("{}: could not move it aside to {}: {e}", path.display(), to.display()),
+            format!(
+                "{}: could not move it aside to {}: {e}",
+                path.display(),
+                to.display()
+            ),
         )
     })?;
     Ok(to)
@@ -412,11 +416,17 @@ mod tests {
         std::fs::create_dir(&p).unwrap();
         std::fs::write(p.join("x"), "x").unwrap();
         let e = Heat::merge_into_file(&Heat::zeros(1, 1), &p).unwrap_err();
-        assert_eq!(e.to_string(), format!("{}: not a regular file", p.display()));
+        assert_eq!(
+            e.to_string(),
+            format!("{}: not a regular file", p.display())
+        );
         assert_eq!(names(dir.path()), ["heat.json", "heat.json.lock"]);
         // a rename that fails after the temporary file is written removes it
         let e = write_atomically(&p, "{}").unwrap_err();
-        assert!(e.to_string().starts_with(&format!("{}: ", p.display())), "{e}");
+        assert!(
+            e.to_string().starts_with(&format!("{}: ", p.display())),
+            "{e}"
+        );
         assert_eq!(names(dir.path()), ["heat.json", "heat.json.lock"]);
     }
 }

@@ -37,7 +37,11 @@ impl Pool {
     ///
     /// Errors: a thread cannot be started (the message names `--io-depth`); the threads
     /// started before it are stopped.
-    pub(super) fn new(files: Arc<Vec<DirectFile>>, counters: Counters, n: usize) -> io::Result<Self> {
+    pub(super) fn new(
+        files: Arc<Vec<DirectFile>>,
+        counters: Counters,
+        n: usize,
+    ) -> io::Result<Self> {
         let (jtx, jrx) = channel::<Req>();
         let jrx = Arc::new(Mutex::new(jrx));
         let (dtx, drx) = channel::<Done>();
@@ -72,7 +76,10 @@ impl Pool {
                 .map_err(|e| {
                     io::Error::new(
                         e.kind(),
-                        format!("--io-depth {n}: cannot start pread thread {} of {n}: {e}", i + 1),
+                        format!(
+                            "--io-depth {n}: cannot start pread thread {} of {n}: {e}",
+                            i + 1
+                        ),
                     )
                 })?;
             pool.threads.push(t);
