@@ -251,6 +251,83 @@ fn bad_input_gives_clear_errors() {
 }
 
 #[test]
+fn read_depths_are_bounded_when_parsed() {
+    let m = common::demo_gguf();
+    let m = m.to_str().unwrap();
+    for (flag, value, want) in [
+        ("--io-depth", "40000", "40000 is outside 1..=4096"),
+        ("--io-depth", "0", "0 is outside 1..=4096"),
+        ("--prefetch-depth", "100000", "100000 is outside 1..=4096"),
+    ] {
+        let e = stderr_of_failure(&["run", "-m", m, "-p", "x", "-n", "1", flag, value]);
+        assert!(
+            e.contains(&format!("invalid value '{value}' for '{flag}")) && e.contains(want),
+            "{flag} {value}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_model_path_that_is_a_fifo_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("model.gguf");
+    common::mkfifo(&fifo);
+    for cmd in [&["inspect", "-m"][..], &["run", "-p", "x", "-m"][..]] {
+        let o = common::output_or_kill(
+            Command::new(env!("CARGO_BIN_EXE_deltafin"))
+                .args(cmd)
+                .arg(&fifo),
+        );
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{e}");
+        assert!(
+            e.contains(&format!("{}: not a regular file (a FIFO)", fifo.display())),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn the_default_budget_fits_a_small_limit_and_a_too_small_one_is_named() {
+    use deltafin::models::{load_gguf, BudgetTooSmall, LoadOptions};
+    use deltafin::store::plan::{ram_budget, LimitSource, MemoryLimit};
+    let g = common::demo_model();
+    let cgroup = |mib: u64| MemoryLimit {
+        bytes: mib << 20,
+        source: LimitSource::Cgroup,
+    };
+    let opts = |ram_budget| LoadOptions {
+        ram_budget,
+        n_ctx: 64,
+        n_batch: 64,
+        ..Default::default()
+    };
+    // a 256 MiB cgroup and no --ram-budget: 128 MiB, and the demo model loads (streamed)
+    let b = ram_budget(None, Some(cgroup(256))).unwrap();
+    assert_eq!(b, Some(128 << 20));
+    let (m, _) = load_gguf(&g, &opts(b)).unwrap();
+    assert!(m.placement().streamed_bytes > 0);
+    // under 8 MiB even the least the model needs does not fit: the message speaks of the limit
+    let l = cgroup(8);
+    let e = load_gguf(&g, &opts(ram_budget(None, Some(l)).unwrap()))
+        .err()
+        .unwrap();
+    let e = BudgetTooSmall::under_limit(e, &l).to_string();
+    assert!(
+        e.starts_with(
+            "the memory limit of 8.0 MiB (cgroup) is too small for this model: it needs at least "
+        ) && e.contains("for the KV cache for 64 tokens")
+            && e.ends_with("and the default budget within that limit is 4.0 MiB"),
+        "{e}"
+    );
+    // an explicit budget over the limit is refused before loading
+    assert_eq!(
+        ram_budget(Some(1 << 30), Some(cgroup(512))).unwrap_err(),
+        "--ram-budget 1024.0 MiB is more than the memory limit of 512.0 MiB (cgroup) this process may use"
+    );
+}
+
+#[test]
 fn inspect_prints_architecture_and_totals() {
     let model = common::demo_gguf();
     let text = stdout(&deltafin(&["inspect", "-m", model.to_str().unwrap()]));

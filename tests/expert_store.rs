@@ -182,6 +182,83 @@ fn the_heat_file_counts_every_use_across_runs() {
     }
 }
 
+#[test]
+fn cli_a_heat_file_that_cannot_be_saved_is_reported_without_flags() {
+    let dir = tiny();
+    // the heat file's path is a folder: loading ignores it and saving fails, both said on stderr
+    let heat = dir.path().join("heat.json");
+    std::fs::create_dir(&heat).unwrap();
+    std::fs::write(heat.join("x"), "x").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args(["run", "-m"])
+        .arg(dir.path())
+        .args([
+            "-p",
+            "hello",
+            "-n",
+            "2",
+            "--temp",
+            "0",
+            "--ram-budget",
+            "800K",
+        ])
+        .args(["-c", "64", "--heat-file"])
+        .arg(&heat)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let name = heat.display();
+    assert!(
+        err.contains(&format!(
+            "ignoring the expert heat file: {name}: not a regular file"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "could not save the expert heat file: {name}: not a regular file"
+        )),
+        "{err}"
+    );
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("heat.json"))
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        ["heat.json", "heat.json.lock"],
+        "no temporary file is left"
+    );
+}
+
+#[test]
+fn cli_a_shard_or_tokenizer_that_is_a_fifo_is_refused_by_name() {
+    for name in [
+        "model-00003-of-00005.safetensors",
+        "tokenizer.json",
+        "config.json",
+    ] {
+        let dir = tiny();
+        let p = dir.path().join(name);
+        std::fs::remove_file(&p).unwrap();
+        common::mkfifo(&p);
+        let o = common::output_or_kill(
+            std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+                .args(["run", "-p", "x", "-n", "1", "--heat-file", "none", "-m"])
+                .arg(dir.path()),
+        );
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{name}: {e}");
+        assert!(
+            e.contains(&format!("{}: not a regular file (a FIFO)", p.display())),
+            "{name}: {e}"
+        );
+    }
+}
+
 fn layer_file(dir: &Path) -> std::path::PathBuf {
     // shard 3 holds layer 1 (shard 1: embeddings, 2: layer 0, 4: layer 2, 5: head)
     dir.join("model-00003-of-00005.safetensors")

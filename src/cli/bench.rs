@@ -82,18 +82,25 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
     };
     let n_gen = if name == "prefill" { 1 } else { a.tokens };
     let n_ctx = decode_p + n_gen * if warm { 2 } else { 1 } + 1;
+    let limit = crate::store::plan::MemoryLimit::of_this_process();
     let weights = crate::models::LoadOptions {
-        ram_budget: a.ram_budget.or_else(crate::store::plan::default_ram_budget),
+        ram_budget: crate::store::plan::ram_budget(a.ram_budget, limit)
+            .map_err(anyhow::Error::msg)?,
         n_ctx,
         n_batch: decode_p.max(1),
         direct_io: true,
         experts: a.store.options(Some(&a.model)),
     };
     // token ids only: no tokenizer, no sampling defaults
-    let loaded = opened.load(&Options {
-        weights,
-        ..Default::default()
-    })?;
+    let loaded = opened
+        .load(&Options {
+            weights,
+            ..Default::default()
+        })
+        .map_err(|e| match (a.ram_budget, &limit) {
+            (None, Some(l)) => crate::models::BudgetTooSmall::under_limit(e, l),
+            _ => e,
+        })?;
     let load_s = t.elapsed().as_secs_f64();
     let placement = loaded.model.placement().clone();
     let vocab = loaded.model.vocab_size();
@@ -129,7 +136,6 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
 /// Runs `deltafin bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
     super::init_threads(a.threads);
-    a.store.init_tracing();
     let mut rows = Vec::new();
     let mut table = format!(
         "{:12} {:>8} {:>8} {:>10} {:>6} {:>6} {:>10} {:>6} {:>7}  {}\n",
@@ -218,7 +224,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(p) = &a.json {
         let out = serde_json::json!({
             "model": a.model.display().to_string(),
-            "ram_budget": a.ram_budget.or_else(crate::store::plan::default_ram_budget),
+            "ram_budget": crate::store::plan::ram_budget(
+                a.ram_budget,
+                crate::store::plan::MemoryLimit::of_this_process()
+            )
+            .ok()
+            .flatten(),
             "cache": a.store.cache.to_string(),
             "io_depth": a.store.io_depth,
             "io_request_size": a.store.io_request_size,

@@ -44,6 +44,28 @@ pub fn init_threads(threads: Option<usize>) {
     }
 }
 
+/// Installs the stderr subscriber for `tracing` once: warnings of Deltafin (a heat file that
+/// cannot be saved, io_uring falling back) always reach standard error; with `trace` (the
+/// `--trace` flag of `run` and `bench`) the expert store's debug spans do too.
+pub fn init_tracing(trace: bool) {
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    let _ = if trace {
+        builder
+            .with_env_filter(tracing_subscriber::EnvFilter::new("deltafin=debug"))
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+            .try_init()
+    } else {
+        builder
+            .with_env_filter(tracing_subscriber::EnvFilter::new("deltafin=warn"))
+            .without_time()
+            .with_target(false)
+            .try_init()
+    };
+}
+
 /// Parses the command line, runs the command and maps errors to exit code 1.
 pub fn main() -> std::process::ExitCode {
     // Like other command-line tools, end quietly when the reader of our output goes away
@@ -53,6 +75,11 @@ pub fn main() -> std::process::ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
+    init_tracing(match &cli.command {
+        Command::Run(a) => a.store.trace,
+        Command::Bench(a) => a.store.trace,
+        _ => false,
+    });
     let result = match cli.command {
         Command::Pull(a) => pull::run(a),
         Command::Run(a) => run::run(*a),

@@ -10,7 +10,7 @@ use crate::engine::sampler::ModelSampling;
 use crate::engine::{GenerateOptions, Sampler, SamplerConfig, Session};
 use crate::load::open_any;
 use crate::models::LoadOptions;
-use crate::store::plan::{default_ram_budget, parse_size};
+use crate::store::plan::{parse_size, MemoryLimit};
 use crate::tokenizer::chat::Message;
 
 /// Arguments of `deltafin run`.
@@ -61,7 +61,8 @@ pub struct RunArgs {
     /// RAM for resident weights, KV cache, activations and I/O buffers together, e.g. 64M or
     /// 2G; weights that do not fit are read from disk on every forward pass. Default: 90% of
     /// the memory this process may use (`MemAvailable`, or the cgroup limit when lower) less
-    /// 256 MiB, so a model that fits is loaded whole and a larger one is streamed.
+    /// 256 MiB but at least half of it, so a model that fits is loaded whole and a larger one
+    /// is streamed. A budget above that memory is refused.
     #[arg(long, value_parser = parse_size)]
     pub ram_budget: Option<u64>,
     /// KV cache size in tokens (default: prompt + max tokens, capped by the model's context).
@@ -160,7 +161,6 @@ fn non_empty(s: &str) -> Result<String, String> {
 /// Runs `deltafin run`.
 pub fn run(a: RunArgs) -> Result<()> {
     super::init_threads(a.threads);
-    a.store.init_tracing();
     let t_load = std::time::Instant::now();
     let opened = open_any(a.model.as_deref())?;
     let tok = opened.tokenizer()?;
@@ -201,14 +201,21 @@ pub fn run(a: RunArgs) -> Result<()> {
         Some(c) => c,
         None => ids.len().saturating_add(a.max_tokens.max(1)),
     };
+    let limit = MemoryLimit::of_this_process();
     let opts = LoadOptions {
-        ram_budget: a.ram_budget.or_else(default_ram_budget),
+        ram_budget: crate::store::plan::ram_budget(a.ram_budget, limit)
+            .map_err(anyhow::Error::msg)?,
         n_ctx,
         n_batch: a.batch_size.min(ids.len()).max(1),
         direct_io: !a.no_direct_io,
         experts: a.store.options(a.model.as_deref()),
     };
-    let (model, store) = opened.load_weights(&opts)?;
+    let (model, store) = opened
+        .load_weights(&opts)
+        .map_err(|e| match (a.ram_budget, &limit) {
+            (None, Some(l)) => crate::models::BudgetTooSmall::under_limit(e, l),
+            _ => e,
+        })?;
     let limit = model.context_length();
     if ids.len() + 1 > limit {
         bail!(

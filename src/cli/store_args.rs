@@ -4,9 +4,23 @@ use std::path::{Path, PathBuf};
 
 use sha2::Digest;
 
-use crate::store::io_engine::{DEFAULT_DEPTH, DEFAULT_PREFETCH_DEPTH, DEFAULT_REQUEST_BYTES};
+use crate::store::io_engine::{
+    DEFAULT_DEPTH, DEFAULT_PREFETCH_DEPTH, DEFAULT_REQUEST_BYTES, MAX_DEPTH,
+};
 use crate::store::plan::parse_size;
 use crate::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions, PrefetchMode};
+
+/// A read depth (`--io-depth`, `--prefetch-depth`) in `1..=`[`MAX_DEPTH`].
+fn depth(s: &str) -> Result<usize, String> {
+    let d: usize = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a whole number"))?;
+    if !(1..=MAX_DEPTH).contains(&d) {
+        return Err(format!("{d} is outside 1..={MAX_DEPTH}"));
+    }
+    Ok(d)
+}
 
 /// Expert store flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -24,8 +38,8 @@ pub struct StoreArgs {
     /// Expert read engine: auto (io_uring, else a pread thread pool), uring, or pool.
     #[arg(long, default_value = "auto")]
     pub io_engine: EngineChoice,
-    /// Expert reads in flight at most (io_uring queue depth or pread threads).
-    #[arg(long, default_value_t = DEFAULT_DEPTH)]
+    /// Expert reads in flight at most (io_uring queue depth or pread threads), 1 to 4096.
+    #[arg(long, default_value_t = DEFAULT_DEPTH, value_parser = depth)]
     pub io_depth: usize,
     /// Largest single expert read request, e.g. 1M (rounded up to 4 KiB).
     #[arg(long, default_value_t = DEFAULT_REQUEST_BYTES as u64, value_parser = parse_size)]
@@ -49,22 +63,17 @@ pub struct StoreArgs {
     #[arg(long, default_value = "auto")]
     pub prefetch: PrefetchMode,
     /// A prefetch read starts only while fewer expert reads than this are in flight on its
-    /// drive, so a demand read waits behind at most this many prefetch reads per drive.
-    #[arg(long, default_value_t = DEFAULT_PREFETCH_DEPTH)]
+    /// drive, so a demand read waits behind at most this many prefetch reads per drive
+    /// (1 to 4096).
+    #[arg(long, default_value_t = DEFAULT_PREFETCH_DEPTH, value_parser = depth)]
     pub prefetch_depth: usize,
 }
 
 impl StoreArgs {
-    /// Installs a stderr subscriber for the store's `tracing` spans when `--trace` is given.
+    /// Installs the stderr subscriber for `tracing` ([`super::init_tracing`]): warnings
+    /// always, the store's spans too when `--trace` is given.
     pub fn init_tracing(&self) {
-        if self.trace {
-            let _ = tracing_subscriber::fmt()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .with_env_filter(tracing_subscriber::EnvFilter::new("deltafin=debug"))
-                .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
-                .try_init();
-        }
+        super::init_tracing(self.trace);
     }
 
     /// The heat file for the model at `model` (None when off).

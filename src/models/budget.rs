@@ -16,7 +16,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 use super::embed_head::{head_chunks, whole, Embedding, Head};
 use super::{LoadOptions, Placement};
@@ -220,15 +220,19 @@ fn split(
     let need = fixed + stream_buf + io_bytes;
     if need > b {
         let mib = |x: usize| x as f64 / 1048576.0;
-        bail!(
-            "--ram-budget {b} is too small: the KV cache for {} tokens ({:.1} MiB), activations ({:.1} MiB), stream buffers ({:.1} MiB) and expert I/O buffers ({:.1} MiB) need at least {:.1} MiB",
-            r.n_ctx,
-            mib(r.kv_bytes),
-            mib(r.scratch_bytes),
-            mib(stream_buf),
-            mib(io_bytes),
-            mib(need)
-        );
+        return Err(super::BudgetTooSmall {
+            budget: b as u64,
+            need: need as u64,
+            parts: format!(
+                "the KV cache for {} tokens ({:.1} MiB), activations ({:.1} MiB), stream buffers ({:.1} MiB) and expert I/O buffers ({:.1} MiB)",
+                r.n_ctx,
+                mib(r.kv_bytes),
+                mib(r.scratch_bytes),
+                mib(stream_buf),
+                mib(io_bytes),
+            ),
+        }
+        .into());
     }
     let (mut flags, used) = choose_resident(&cands, b - need);
     flags.resize(n_heads + n_units, false);

@@ -71,6 +71,38 @@ pub fn check_gqa(label: &str, n_heads: usize, n_kv_heads: usize, head_dim: usize
     Ok(())
 }
 
+/// Checks a config's RoPE base and RMSNorm epsilon: `rope_theta` (where `rope` gives one, in
+/// either dialect; `default_theta` otherwise) must be a positive finite number, and
+/// `rms_norm_eps` a finite number of at least 0 (a negative or non-finite one gives garbage).
+///
+/// Errors: as `LABEL: 'rope_theta' = -1 must be a positive finite number` (or
+/// `'rope_parameters.rope_theta'`) or `LABEL: 'rms_norm_eps' = -0.1 must be a finite number of
+/// at least 0`.
+pub fn check_rope_theta_and_eps(
+    label: &str,
+    rope: &super::rope::HfRope<'_>,
+    default_theta: f64,
+    rms_norm_eps: f64,
+) -> Result<()> {
+    let in_parameters = rope
+        .parameters
+        .and_then(|p| p.get("rope_theta"))
+        .is_some_and(|v| v.is_number());
+    let field = if in_parameters {
+        "rope_parameters.rope_theta"
+    } else {
+        "rope_theta"
+    };
+    let theta = rope.theta(default_theta);
+    if !(theta.is_finite() && theta > 0.0) {
+        bail!("{label}: '{field}' = {theta} must be a positive finite number");
+    }
+    if !(rms_norm_eps.is_finite() && rms_norm_eps >= 0.0) {
+        bail!("{label}: 'rms_norm_eps' = {rms_norm_eps} must be a finite number of at least 0");
+    }
+    Ok(())
+}
+
 /// The integer at GGUF metadata `key`, required to lie in `range`.
 ///
 /// Errors: missing, not an integer (both from [`GgufModel::get_u64`]), or outside `range`, as
@@ -101,4 +133,57 @@ fn in_range(g: &GgufModel, key: &str, v: u64, range: RangeInclusive<u64>) -> Res
         );
     }
     Ok(v as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::rope::HfRope;
+    use serde_json::json;
+
+    #[test]
+    fn rope_theta_and_eps_are_refused_by_name() {
+        let top = |t: f64| HfRope {
+            parameters: None,
+            scaling: None,
+            theta: Some(t),
+        };
+        assert!(check_rope_theta_and_eps("c.json", &top(1e4), 1e4, 1e-6).is_ok());
+        assert!(check_rope_theta_and_eps("c.json", &top(1e4), 1e4, 0.0).is_ok());
+        let err = |r: &HfRope, eps: f64| {
+            check_rope_theta_and_eps("c.json", r, 1e4, eps)
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            err(&top(0.0), 1e-6),
+            "c.json: 'rope_theta' = 0 must be a positive finite number"
+        );
+        assert_eq!(
+            err(&top(-1.0), 1e-6),
+            "c.json: 'rope_theta' = -1 must be a positive finite number"
+        );
+        assert_eq!(
+            err(&top(f64::INFINITY), 1e-6),
+            "c.json: 'rope_theta' = inf must be a positive finite number"
+        );
+        let p = json!({"rope_type": "default", "rope_theta": -5.0});
+        let params = HfRope {
+            parameters: Some(&p),
+            scaling: None,
+            theta: Some(1e4),
+        };
+        assert_eq!(
+            err(&params, 1e-6),
+            "c.json: 'rope_parameters.rope_theta' = -5 must be a positive finite number"
+        );
+        assert_eq!(
+            err(&top(1e4), -0.1),
+            "c.json: 'rms_norm_eps' = -0.1 must be a finite number of at least 0"
+        );
+        assert_eq!(
+            err(&top(1e4), f64::NAN),
+            "c.json: 'rms_norm_eps' = NaN must be a finite number of at least 0"
+        );
+    }
 }

@@ -34,6 +34,54 @@ impl Default for LoadOptions {
     }
 }
 
+/// The error of a RAM budget too small for what a model needs whatever it streams (KV cache,
+/// activations, stream and I/O buffers). Shown as `--ram-budget B is too small: PARTS need at
+/// least M MiB`; [`BudgetTooSmall::under_limit`] rewords it for a default budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BudgetTooSmall {
+    /// The budget in bytes.
+    pub budget: u64,
+    /// Bytes needed at least.
+    pub need: u64,
+    /// What the need is made of, in words with sizes (e.g. `the KV cache for 64 tokens (0.5
+    /// MiB), activations (1.0 MiB) and stream buffers (8.0 MiB)`).
+    pub parts: String,
+}
+
+impl std::fmt::Display for BudgetTooSmall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "--ram-budget {} is too small: {} need at least {:.1} MiB",
+            self.budget,
+            self.parts,
+            self.need as f64 / 1048576.0
+        )
+    }
+}
+
+impl std::error::Error for BudgetTooSmall {}
+
+impl BudgetTooSmall {
+    /// `e` reworded when it is a [`BudgetTooSmall`] for the default budget under `limit` (no
+    /// `--ram-budget` given): the message speaks of the limit, as `the memory limit of 64.0
+    /// MiB (cgroup) is too small for this model: it needs at least 80.0 MiB for PARTS, and the
+    /// default budget within that limit is 32.0 MiB`. Any other error is returned as it is.
+    pub fn under_limit(e: anyhow::Error, limit: &crate::store::plan::MemoryLimit) -> anyhow::Error {
+        let Some(t) = e.chain().find_map(|c| c.downcast_ref::<BudgetTooSmall>()) else {
+            return e;
+        };
+        let mib = |b: u64| b as f64 / 1048576.0;
+        anyhow::anyhow!(
+            "{} is too small for this model: it needs at least {:.1} MiB for {}, and the default budget within that limit is {:.1} MiB",
+            limit.describe(),
+            mib(t.need),
+            t.parts,
+            mib(t.budget)
+        )
+    }
+}
+
 /// Which positions' logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {

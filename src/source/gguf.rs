@@ -70,6 +70,12 @@ fn parse_file(path: &Path) -> Result<ParsedFile, GgufError> {
         path: path.display().to_string(),
         source,
     };
+    if let Some(kind) = crate::store::direct::not_regular(path) {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("not a regular file ({kind})"),
+        )));
+    }
     let f = std::fs::File::open(path).map_err(io)?;
     let len = f.metadata().map_err(io)?.len();
     gguf_parse::parse(

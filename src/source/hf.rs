@@ -39,9 +39,10 @@ pub struct HfModel {
     pub pack: Option<std::sync::Arc<PackInfo>>,
 }
 
-/// Whether `path` is a Hugging Face checkpoint folder (a directory holding `config.json`).
+/// Whether `path` is a Hugging Face checkpoint folder (a directory holding `config.json`, of
+/// whatever kind: opening one that is not a regular file then says so by name).
 pub fn is_hf_folder(path: &Path) -> bool {
-    path.is_dir() && path.join("config.json").is_file()
+    path.is_dir() && std::fs::symlink_metadata(path.join("config.json")).is_ok()
 }
 
 /// The GGML type of a safetensors dtype, for the dtypes Deltafin computes with.
@@ -73,6 +74,7 @@ pub fn ggml_type(tensor: &str, file: &Path, d: Dtype) -> Result<GgmlType> {
 /// past the end of the file, an unsupported dtype.
 pub fn read_safetensors_header(path: &Path, file: usize) -> Result<Vec<TensorInfo>> {
     let name = path.display();
+    super::check_regular(path)?;
     let mut f = std::fs::File::open(path).with_context(|| format!("opening {name}"))?;
     let size = f
         .metadata()
@@ -128,8 +130,9 @@ pub fn read_safetensors_header(path: &Path, file: usize) -> Result<Vec<TensorInf
     Ok(out)
 }
 
-/// Reads a JSON file. Errors name the file.
+/// Reads a JSON file. Errors name the file (one that is not a regular file is not opened).
 pub fn read_json(path: &Path) -> Result<serde_json::Value> {
+    super::check_regular(path)?;
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))

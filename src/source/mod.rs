@@ -16,3 +16,5 @@ pub mod hf;
 pub mod pack;
 mod pack_info;
 pub mod tensor;
+
+pub use crate::store::direct::check_regular;

@@ -41,11 +41,51 @@ impl AlignedSpan {
     }
 }
 
+/// What `path` is when it is there and not a regular file (following symbolic links), e.g.
+/// `"a FIFO"`; `None` for a regular file or a path that cannot be looked at.
+pub fn not_regular(path: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = std::fs::metadata(path).ok()?.file_type();
+    Some(if t.is_file() {
+        return None;
+    } else if t.is_dir() {
+        "a folder"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "not a file"
+    })
+}
+
+/// Checks, before `path` is opened, that it is a regular file ([`not_regular`]), so that a
+/// FIFO or a device never blocks an open or feeds a read without end. A path that does not
+/// exist (or cannot be looked at) passes: opening it reports that.
+///
+/// Errors: `PATH: not a regular file (a FIFO)` (or a folder, a socket, a device), of kind
+/// `InvalidInput`.
+pub fn check_regular(path: &Path) -> io::Result<()> {
+    match not_regular(path) {
+        None => Ok(()),
+        Some(kind) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: not a regular file ({kind})", path.display()),
+        )),
+    }
+}
+
 impl DirectFile {
     /// Opens `path`, trying `O_DIRECT` first unless `direct` is false.
     ///
-    /// Errors: the file cannot be opened (the message names the path).
+    /// Errors: the path is not a regular file ([`check_regular`]); the file cannot be opened
+    /// (the message names the path).
     pub fn open(path: &Path, direct: bool) -> io::Result<Self> {
+        check_regular(path)?;
         let plain = || File::open(path);
         let (file, direct) = if direct {
             match std::fs::OpenOptions::new()

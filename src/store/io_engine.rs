@@ -65,6 +65,10 @@ pub const DEFAULT_REQUEST_BYTES: usize = 1 << 20;
 /// Default bound on reads in flight on a drive under which a prefetch read of that drive may
 /// start (see BENCHMARKS.md).
 pub const DEFAULT_PREFETCH_DEPTH: usize = 2;
+/// The largest `depth` (`--io-depth`) and `prefetch_depth` the engine takes: the pool starts
+/// one thread per unit of depth, and io_uring rings hold at most 32768 entries (the kernel's
+/// `IORING_MAX_ENTRIES`), so this leaves both well inside what a system allows.
+pub const MAX_DEPTH: usize = 4096;
 
 /// Options of the read engine.
 #[derive(Clone, Debug)]
@@ -223,22 +227,37 @@ impl IoEngine {
     /// Starts the engine over `files` with `opts`; `Auto` falls back to the pool when io_uring
     /// cannot be set up or its first read fails.
     ///
-    /// Errors: `EngineChoice::Uring` and io_uring is unavailable.
+    /// Errors (each naming `--io-depth` or `--io-engine uring`): a depth over [`MAX_DEPTH`];
+    /// `EngineChoice::Uring` and io_uring cannot be set up at that depth; a pread thread that
+    /// cannot be started.
     pub fn new(files: Vec<DirectFile>, opts: &IoOptions) -> io::Result<Self> {
         let depth = opts.depth.max(1);
+        if depth > MAX_DEPTH {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("--io-depth {depth} is more than the largest depth, {MAX_DEPTH}"),
+            ));
+        }
         let drive_of = Arc::new(drives_of(&files));
         let n_drives = drive_of.iter().max().map_or(1, |m| m + 1);
         let files = Arc::new(files);
         let counters: Counters = Arc::new(Mutex::new(vec![FileCounters::default(); files.len()]));
         let pool = |files: &Arc<Vec<DirectFile>>, c: &Counters| {
-            Backend::Pool(Pool::new(files.clone(), c.clone(), depth))
+            Pool::new(files.clone(), c.clone(), depth).map(Backend::Pool)
         };
         let backend = match opts.engine {
-            EngineChoice::Pool => pool(&files, &counters),
-            EngineChoice::Uring => Backend::Uring(Box::new(Uring::new(depth, drive_of.clone())?)),
+            EngineChoice::Pool => pool(&files, &counters)?,
+            EngineChoice::Uring => {
+                Backend::Uring(Box::new(Uring::new(depth, drive_of.clone()).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("--io-engine uring: cannot set up io_uring with --io-depth {depth}: {e}"),
+                    )
+                })?))
+            }
             EngineChoice::Auto => match Uring::new(depth, drive_of.clone()) {
                 Ok(u) => Backend::Uring(Box::new(u)),
-                Err(_) => pool(&files, &counters),
+                Err(_) => pool(&files, &counters)?,
             },
         };
         let mut e = Self {
@@ -254,7 +273,7 @@ impl IoEngine {
         };
         if opts.engine == EngineChoice::Auto && matches!(e.backend, Backend::Uring(_)) && !e.probe()
         {
-            e.backend = pool(&e.files, &e.counters);
+            e.backend = pool(&e.files, &e.counters)?;
         }
         // the probe's read is not part of the run
         for c in e.counters.lock().unwrap().iter_mut() {
@@ -603,5 +622,30 @@ mod tests {
         q.push_front((r(1, 5), 4096));
         let order: Vec<usize> = std::iter::from_fn(|| q.pop_front().map(|(r, _)| r.tag)).collect();
         assert_eq!(order, vec![0, 5, 1, 3, 2, 4]);
+    }
+
+    #[test]
+    fn a_depth_beyond_the_limit_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f.bin");
+        std::fs::write(&p, [0u8; 4096]).unwrap();
+        for (engine, depth) in [
+            (EngineChoice::Pool, 40_000),
+            (EngineChoice::Uring, 100_000),
+            (EngineChoice::Auto, MAX_DEPTH + 1),
+        ] {
+            let opts = IoOptions {
+                engine,
+                depth,
+                ..IoOptions::default()
+            };
+            let e = IoEngine::new(vec![DirectFile::open(&p, true).unwrap()], &opts)
+                .err()
+                .unwrap();
+            assert_eq!(
+                e.to_string(),
+                format!("--io-depth {depth} is more than the largest depth, 4096")
+            );
+        }
     }
 }

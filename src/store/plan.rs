@@ -26,40 +26,125 @@ pub fn choose_resident(cands: &[Candidate], available: usize) -> (Vec<bool>, usi
     (flags, available - left)
 }
 
-/// Share of the usable memory [`default_ram_budget`] takes.
+/// Share of the usable memory [`MemoryLimit::default_budget`] takes.
 pub const DEFAULT_BUDGET_SHARE: f64 = 0.9;
 
-/// Bytes [`default_ram_budget`] leaves outside the budget besides the share: what the process
-/// holds beyond its budget (tokenizer, model header, allocator; ~170 MiB peak measured with the
-/// demo model at `--ram-budget 64M`, BENCHMARKS.md).
+/// Bytes [`MemoryLimit::default_budget`] leaves outside the budget besides the share: what the
+/// process holds beyond its budget (tokenizer, model header, allocator; ~170 MiB peak measured
+/// with the demo model at `--ram-budget 64M`, BENCHMARKS.md).
 pub const DEFAULT_BUDGET_RESERVE: u64 = 256 << 20;
 
-/// The smallest budget [`default_ram_budget`] returns.
-pub const DEFAULT_BUDGET_FLOOR: u64 = 32 << 20;
+/// Where the memory limit of this process comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitSource {
+    /// The cgroup's `memory.max` (v2) or `memory.limit_in_bytes` (v1).
+    Cgroup,
+    /// The kernel's `MemAvailable` (`/proc/meminfo`).
+    MemAvailable,
+}
 
-/// The RAM budget used when none is given, in bytes: [`DEFAULT_BUDGET_SHARE`] of the smaller
-/// of the kernel's `MemAvailable` (`/proc/meminfo`) and this process's cgroup memory limit (v2
-/// `memory.max`, v1 `memory.limit_in_bytes`), less [`DEFAULT_BUDGET_RESERVE`], at least
-/// [`DEFAULT_BUDGET_FLOOR`]; `None` when neither can be read.
-/// A model that fits is then loaded whole as before; one that does not is streamed instead of
-/// running the machine out of memory.
-pub fn default_ram_budget() -> Option<u64> {
-    let avail = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| mem_available(&t));
-    let limit = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|t| cgroup_limit(&t, |p| std::fs::read_to_string(p).ok()));
-    let usable = match (avail, limit) {
-        (Some(a), Some(l)) => a.min(l),
-        (a, l) => a.or(l)?,
-    };
-    let share = (usable as f64 * DEFAULT_BUDGET_SHARE) as u64;
-    Some(
+impl std::fmt::Display for LimitSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LimitSource::Cgroup => "cgroup",
+            LimitSource::MemAvailable => "MemAvailable",
+        })
+    }
+}
+
+/// The memory this process may use: the smaller of `MemAvailable` and its cgroup's limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryLimit {
+    /// Bytes.
+    pub bytes: u64,
+    /// Which of the two it is.
+    pub source: LimitSource,
+}
+
+/// Bytes as MiB with one decimal, for messages.
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / 1048576.0)
+}
+
+impl MemoryLimit {
+    /// The limit of this process, from `/proc/meminfo`, `/proc/self/cgroup` and the cgroup's
+    /// limit file; `None` when neither can be read.
+    pub fn of_this_process() -> Option<Self> {
+        let read = |p: &str| std::fs::read_to_string(p).ok();
+        Self::from_texts(
+            read("/proc/meminfo").as_deref(),
+            read("/proc/self/cgroup").as_deref(),
+            read,
+        )
+    }
+
+    /// The limit from the texts of `/proc/meminfo` and `/proc/self/cgroup` (either may be
+    /// absent), reading cgroup limit files through `read` (so tests inject any limit); the
+    /// cgroup's limit wins a tie. `None` when neither gives one.
+    pub fn from_texts(
+        meminfo: Option<&str>,
+        proc_cgroup: Option<&str>,
+        read: impl Fn(&str) -> Option<String>,
+    ) -> Option<Self> {
+        let avail = meminfo.and_then(mem_available);
+        let cgroup = proc_cgroup.and_then(|t| cgroup_limit(t, read));
+        match (cgroup, avail) {
+            (Some(c), Some(a)) if a < c => Some(Self::available(a)),
+            (Some(c), _) => Some(Self {
+                bytes: c,
+                source: LimitSource::Cgroup,
+            }),
+            (None, a) => a.map(Self::available),
+        }
+    }
+
+    fn available(bytes: u64) -> Self {
+        Self {
+            bytes,
+            source: LimitSource::MemAvailable,
+        }
+    }
+
+    /// The RAM budget used when none is given, in bytes: [`DEFAULT_BUDGET_SHARE`] of the
+    /// limit less [`DEFAULT_BUDGET_RESERVE`], but at least half the limit, so that a small
+    /// limit (a 256 MiB cgroup: 128 MiB) still leaves the budget most of what it can hold
+    /// beside the process's own memory. A model that fits is then loaded whole; one that does
+    /// not is streamed instead of running the machine out of memory.
+    pub fn default_budget(&self) -> u64 {
+        let share = (self.bytes as f64 * DEFAULT_BUDGET_SHARE) as u64;
         share
             .saturating_sub(DEFAULT_BUDGET_RESERVE)
-            .max(DEFAULT_BUDGET_FLOOR),
-    )
+            .max(self.bytes / 2)
+    }
+
+    /// The limit in words for messages, e.g. `the memory limit of 256.0 MiB (cgroup)`.
+    pub fn describe(&self) -> String {
+        format!("the memory limit of {} ({})", mib(self.bytes), self.source)
+    }
+}
+
+/// The RAM budget used when none is given ([`MemoryLimit::default_budget`] of this process's
+/// limit); `None` when no limit can be read.
+pub fn default_ram_budget() -> Option<u64> {
+    MemoryLimit::of_this_process().map(|l| l.default_budget())
+}
+
+/// The budget to load with: `flag` (`--ram-budget`) when given, else the default under
+/// `limit` (`None`: everything resident when no limit is known).
+///
+/// Errors: `flag` is more than `limit`, which the kernel would end by killing the process, as
+/// `--ram-budget 1024.0 MiB is more than the memory limit of 512.0 MiB (cgroup) this process
+/// may use`.
+pub fn ram_budget(flag: Option<u64>, limit: Option<MemoryLimit>) -> Result<Option<u64>, String> {
+    match (flag, limit) {
+        (Some(b), Some(l)) if b > l.bytes => Err(format!(
+            "--ram-budget {} is more than {} this process may use",
+            mib(b),
+            l.describe()
+        )),
+        (Some(b), _) => Ok(Some(b)),
+        (None, l) => Ok(l.map(|l| l.default_budget())),
+    }
 }
 
 /// `MemAvailable` in bytes from the text of `/proc/meminfo`.
@@ -146,6 +231,61 @@ mod tests {
         assert_eq!(cgroup_limit("4:memory:/free\n0::/open\n", files), None);
         assert_eq!(cgroup_limit("0::/v2\n", files), Some(1 << 30));
         assert_eq!(cgroup_limit("3:cpu,cpuacct:/x\n", files), None);
+        // the lower of the two, and which
+        let lim = |mi: Option<&str>, cg: Option<&str>| MemoryLimit::from_texts(mi, cg, files);
+        assert_eq!(
+            lim(Some(mi), Some("0::/v2\n")),
+            Some(MemoryLimit::available(2048 * 1024))
+        );
+        let big = "MemAvailable:   8388608 kB\n";
+        let v2 = MemoryLimit {
+            bytes: 1 << 30,
+            source: LimitSource::Cgroup,
+        };
+        assert_eq!(lim(Some(big), Some("0::/v2\n")), Some(v2));
+        assert_eq!(lim(None, Some("0::/v2\n")), Some(v2));
+        assert_eq!(
+            lim(Some(big), Some("0::/open\n")),
+            Some(MemoryLimit::available(8 << 30))
+        );
+        assert_eq!(lim(None, None), None);
+    }
+
+    fn cgroup(mib: u64) -> MemoryLimit {
+        MemoryLimit {
+            bytes: mib << 20,
+            source: LimitSource::Cgroup,
+        }
+    }
+
+    #[test]
+    fn the_default_budget_degrades_with_small_limits() {
+        // a 256 MiB cgroup: half of it (90% less 256 MiB would leave nothing)
+        assert_eq!(cgroup(256).default_budget(), 128 << 20);
+        assert_eq!(cgroup(512).default_budget(), 256 << 20);
+        assert_eq!(cgroup(64).default_budget(), 32 << 20);
+        // large limits: 90% less 256 MiB
+        assert_eq!(cgroup(10240).default_budget(), (9216 - 256) << 20);
+        assert_eq!(ram_budget(None, Some(cgroup(256))), Ok(Some(128 << 20)));
+        assert_eq!(ram_budget(None, None), Ok(None));
+    }
+
+    #[test]
+    fn a_budget_over_the_limit_is_refused() {
+        assert_eq!(
+            ram_budget(Some(1 << 30), Some(cgroup(512))),
+            Err("--ram-budget 1024.0 MiB is more than the memory limit of 512.0 MiB (cgroup) this process may use".into())
+        );
+        assert_eq!(
+            ram_budget(Some(512 << 20), Some(cgroup(512))),
+            Ok(Some(512 << 20))
+        );
+        assert_eq!(ram_budget(Some(1 << 40), None), Ok(Some(1 << 40)));
+        let avail = MemoryLimit::available(100 << 20);
+        assert_eq!(
+            ram_budget(Some(200 << 20), Some(avail)),
+            Err("--ram-budget 200.0 MiB is more than the memory limit of 100.0 MiB (MemAvailable) this process may use".into())
+        );
     }
 
     #[test]

@@ -60,6 +60,7 @@ impl HfTokenizer {
     /// names the file); an existing but invalid JSON config file.
     pub fn from_folder(dir: &Path) -> Result<HfTokenizer> {
         let p = dir.join("tokenizer.json");
+        crate::source::check_regular(&p)?;
         let inner = tokenizers::Tokenizer::from_file(&p)
             .map_err(|e| anyhow!("{}: cannot load the tokenizer: {e}", p.display()))?;
         let opt_json = |name: &str| -> Result<serde_json::Value> {
@@ -139,6 +140,7 @@ impl HfTokenizer {
             Some(s) => s,
             None => {
                 let p = self.dir.join("chat_template.jinja");
+                crate::source::check_regular(&p)?;
                 std::fs::read_to_string(&p).map_err(|_| {
                     anyhow!(
                         "{}: no chat_template in tokenizer_config.json and no chat_template.jinja",

@@ -75,3 +75,36 @@ pub fn greedy_ids(s: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
     }
     got
 }
+
+/// Runs `cmd` to its end and returns its output; a command still running after two minutes
+/// (hung, e.g. opening a FIFO) is killed and the test fails.
+pub fn output_or_kill(cmd: &mut std::process::Command) -> std::process::Output {
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting the command");
+    for _ in 0..1200 {
+        if child.try_wait().expect("waiting").is_some() {
+            return child.wait_with_output().expect("reading the output");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    panic!("{cmd:?} still ran after two minutes (hung)");
+}
+
+/// Makes a FIFO at `path`.
+pub fn mkfifo(path: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+        0,
+        "mkfifo {}",
+        path.display()
+    );
+}

@@ -117,6 +117,7 @@ impl Config {
             ("q_lora_rank", c.q_lora_rank.unwrap_or(1)),
         ];
         crate::models::config::check_config_dims(label, &dims)?;
+        crate::models::config::check_rope_theta_and_eps(label, &c.hf_rope(), 10_000.0, c.rms_norm_eps)?;
         if !c.qk_rope_head_dim.is_multiple_of(2) || c.qk_rope_head_dim > 512 {
             bail!(
                 "{label}: 'qk_rope_head_dim' = {} must be even and at most 512",
@@ -349,5 +350,29 @@ mod tests {
             v["quantization_config"] = json!({"quant_method": "fp8", "weight_block_size": [64, 64]})
         });
         assert!(e.contains("'quantization_config'"), "{e}");
+    }
+
+    #[test]
+    fn rope_theta_and_rms_norm_eps_are_refused_by_name() {
+        for theta in [0.0, -1.0] {
+            let mut v = fixture();
+            match v.get_mut("rope_parameters").filter(|p| p.get("rope_theta").is_some()) {
+                Some(p) => p["rope_theta"] = serde_json::json!(theta),
+                None => v["rope_theta"] = serde_json::json!(theta),
+            }
+            let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
+            assert!(
+                e.starts_with("c.json: '")
+                    && e.ends_with(&format!("rope_theta' = {theta} must be a positive finite number")),
+                "{e}"
+            );
+        }
+        let mut v = fixture();
+        v["rms_norm_eps"] = serde_json::json!(-0.5);
+        let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "c.json: 'rms_norm_eps' = -0.5 must be a finite number of at least 0"
+        );
     }
 }

@@ -11,7 +11,7 @@ mod config;
 
 pub use config::Config;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 use super::embed_head::{head_chunks, Embedding, Head};
 use super::layers::{add_post_normed, gqa_attention, mm, rms_norm_rows, AttnShape, Gqa, GqaRope};
@@ -165,14 +165,18 @@ impl Gemma3 {
                     let slot = layer_max.max(crate::store::IO_ALIGN * 4);
                     let stream_buf = STREAM_SLOTS * slot;
                     if fixed + stream_buf > b {
-                        bail!(
-                            "--ram-budget {} is too small: the KV cache for {n_ctx} tokens ({:.1} MiB), activations ({:.1} MiB) and stream buffers ({:.1} MiB) need at least {:.1} MiB",
-                            b,
-                            kv_bytes as f64 / 1048576.0,
-                            (scratch_bytes + norms_bytes) as f64 / 1048576.0,
-                            stream_buf as f64 / 1048576.0,
-                            (fixed + stream_buf) as f64 / 1048576.0
-                        );
+                        let mib = |x: usize| x as f64 / 1048576.0;
+                        return Err(crate::models::BudgetTooSmall {
+                            budget: b as u64,
+                            need: (fixed + stream_buf) as u64,
+                            parts: format!(
+                                "the KV cache for {n_ctx} tokens ({:.1} MiB), activations ({:.1} MiB) and stream buffers ({:.1} MiB)",
+                                mib(kv_bytes),
+                                mib(scratch_bytes + norms_bytes),
+                                mib(stream_buf),
+                            ),
+                        }
+                        .into());
                     }
                     (
                         choose_resident(&cands, b - fixed - stream_buf).0,

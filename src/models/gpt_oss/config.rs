@@ -90,6 +90,7 @@ impl Config {
         ];
         crate::models::config::check_config_dims(label, &dims)?;
         crate::models::config::check_gqa(label, c.num_attention_heads, c.num_key_value_heads, c.head_dim())?;
+        crate::models::config::check_rope_theta_and_eps(label, &c.hf_rope(), 150_000.0, c.rms_norm_eps)?;
         if let Some(lt) = &c.layer_types {
             if lt.len() != c.num_hidden_layers {
                 bail!(
@@ -280,6 +281,30 @@ mod tests {
         assert_eq!(
             e,
             "c.json: rope type 'longrope' is not supported (only default, yarn)"
+        );
+    }
+
+    #[test]
+    fn rope_theta_and_rms_norm_eps_are_refused_by_name() {
+        for theta in [0.0, -1.0] {
+            let mut v = base();
+            match v.get_mut("rope_parameters").filter(|p| p.get("rope_theta").is_some()) {
+                Some(p) => p["rope_theta"] = serde_json::json!(theta),
+                None => v["rope_theta"] = serde_json::json!(theta),
+            }
+            let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
+            assert!(
+                e.starts_with("c.json: '")
+                    && e.ends_with(&format!("rope_theta' = {theta} must be a positive finite number")),
+                "{e}"
+            );
+        }
+        let mut v = base();
+        v["rms_norm_eps"] = serde_json::json!(-0.5);
+        let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "c.json: 'rms_norm_eps' = -0.5 must be a finite number of at least 0"
         );
     }
 }

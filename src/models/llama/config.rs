@@ -101,6 +101,7 @@ impl Config {
         ];
         crate::models::config::check_config_dims(label, &dims)?;
         crate::models::config::check_gqa(label, c.num_attention_heads, c.n_kv_heads(), c.head_dim())?;
+        crate::models::config::check_rope_theta_and_eps(label, &c.hf_rope(), 10_000.0, c.rms_norm_eps)?;
         c.hf_rope()
             .scaling(c.max_position_embeddings, &["default", "llama3"])
             .map_err(|e| anyhow!("{label}: {e}"))?;
@@ -330,5 +331,29 @@ mod tests {
             "original_max_position_embeddings": 64});
         let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
         assert_eq!(e, "c.json: llama3 RoPE parameters out of range (factor 8, low_freq_factor 4, high_freq_factor 1, original_max_position_embeddings 64)");
+    }
+
+    #[test]
+    fn rope_theta_and_rms_norm_eps_are_refused_by_name() {
+        for theta in [0.0, -1.0] {
+            let mut v = base();
+            match v.get_mut("rope_parameters").filter(|p| p.get("rope_theta").is_some()) {
+                Some(p) => p["rope_theta"] = serde_json::json!(theta),
+                None => v["rope_theta"] = serde_json::json!(theta),
+            }
+            let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
+            assert!(
+                e.starts_with("c.json: '")
+                    && e.ends_with(&format!("rope_theta' = {theta} must be a positive finite number")),
+                "{e}"
+            );
+        }
+        let mut v = base();
+        v["rms_norm_eps"] = serde_json::json!(-0.5);
+        let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "c.json: 'rms_norm_eps' = -0.5 must be a finite number of at least 0"
+        );
     }
 }

@@ -33,41 +33,58 @@ pub(super) struct Pool {
 }
 
 impl Pool {
-    pub(super) fn new(files: Arc<Vec<DirectFile>>, counters: Counters, n: usize) -> Self {
+    /// Starts `n` threads.
+    ///
+    /// Errors: a thread cannot be started (the message names `--io-depth`); the threads
+    /// started before it are stopped.
+    pub(super) fn new(
+        files: Arc<Vec<DirectFile>>,
+        counters: Counters,
+        n: usize,
+    ) -> io::Result<Self> {
         let (jtx, jrx) = channel::<Req>();
         let jrx = Arc::new(Mutex::new(jrx));
         let (dtx, drx) = channel::<Done>();
-        let threads = (0..n.max(1))
-            .map(|i| {
-                let (jrx, dtx, files, counters) =
-                    (jrx.clone(), dtx.clone(), files.clone(), counters.clone());
-                std::thread::Builder::new()
-                    .name(format!("deltafin-pread-{i}"))
-                    .spawn(move || loop {
-                        let job = jrx.lock().unwrap().recv();
-                        let Ok(r) = job else { return };
-                        begin(&counters, r.file);
-                        let res = pread_req(&files, &r);
-                        end(&counters, r.file, *res.as_ref().unwrap_or(&0));
-                        if dtx
-                            .send(Done {
-                                tag: r.tag,
-                                file: r.file,
-                                result: res,
-                            })
-                            .is_err()
-                        {
-                            return;
-                        }
-                    })
-                    .expect("spawn pread thread")
-            })
-            .collect();
-        Self {
+        let n = n.max(1);
+        let mut pool = Self {
             jobs: Some(jtx),
             done: drx,
-            threads,
+            threads: Vec::with_capacity(n),
+        };
+        for i in 0..n {
+            let (jrx, dtx, files, counters) =
+                (jrx.clone(), dtx.clone(), files.clone(), counters.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("deltafin-pread-{i}"))
+                .spawn(move || loop {
+                    let job = jrx.lock().unwrap().recv();
+                    let Ok(r) = job else { return };
+                    begin(&counters, r.file);
+                    let res = pread_req(&files, &r);
+                    end(&counters, r.file, *res.as_ref().unwrap_or(&0));
+                    if dtx
+                        .send(Done {
+                            tag: r.tag,
+                            file: r.file,
+                            result: res,
+                        })
+                        .is_err()
+                    {
+                        return;
+                    }
+                })
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!(
+                            "--io-depth {n}: cannot start pread thread {} of {n}: {e}",
+                            i + 1
+                        ),
+                    )
+                })?;
+            pool.threads.push(t);
         }
+        Ok(pool)
     }
 }
 
