@@ -14,5 +14,6 @@ pub(crate) mod gguf_parse;
 mod gguf_value;
 pub mod hf;
 pub mod pack;
+mod pack_check;
 mod pack_info;
 pub mod tensor;

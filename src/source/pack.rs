@@ -2,7 +2,8 @@
 //!
 //! A pack is a folder holding `manifest.json`, `spine.bin` (every tensor that is not a routed
 //! expert, each at a 4 KiB boundary), the source's `config.json` and tokenizer files, plus one
-//! expert data file per drive (`DRIVE/deltafin-pack-NAME-D.bin`). Each routed expert is one
+//! expert data file per drive (`DRIVE/deltafin-pack-NAME-HASH-D.bin`, HASH from the
+//! pack folder's absolute path). Each routed expert is one
 //! *record*: its gate, up and down tensors (and any scales), each at a 4 KiB boundary inside the
 //! record, with zeros between them; a record starts at a 4 KiB boundary, so an expert is one
 //! read (`spread`: the whole record on one drive) or one read per drive (`stripe`: the record
@@ -31,17 +32,18 @@
 //! This module defines the format and opens packs; writing, resuming and verifying them is
 //! `write::pack`'s.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::gguf::GgufModel;
 use super::hf::HfModel;
+use super::pack_check::tensor_type;
 pub use super::pack_info::PackInfo;
 use super::tensor::TensorInfo;
-use crate::quant::GgmlType;
 use crate::store::relocate::{Relocation, Stripe};
 
 /// The pack format this code writes and reads.
@@ -144,6 +146,10 @@ pub struct Manifest {
     pub config: serde_json::Value,
     /// Files copied from the source folder (tokenizer, generation config, ...).
     pub copied_files: Vec<String>,
+    /// SHA-256 (hex) of each copied file, by name (empty in packs written before Deltafin
+    /// recorded them: `pack --verify` reports each such file as unchecked).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub file_sha256: BTreeMap<String, String>,
     pub spine_file: String,
     pub spine_len: u64,
     /// GGUF sources: the header at the start of the spine file.
@@ -208,6 +214,21 @@ impl Manifest {
         Ok(m)
     }
 
+    /// Reads `dir/manifest.json` ([`Manifest::read`]) and checks it against itself and the
+    /// pack's files before anything uses it (see `source/pack_check.rs`): what opening a pack
+    /// and `pack --verify` both start with.
+    ///
+    /// Errors: as [`Manifest::read`]; a field inconsistent with the others (the message names
+    /// the manifest, the field with its index and its value, e.g. `…/manifest.json:
+    /// experts[3].extents[0].drive = 9 is outside 0..2`); the spine file, a drive folder or a
+    /// drive data file missing or shorter than the manifest says (naming the drive, its file
+    /// and the first expert it cuts off).
+    pub fn read_checked(dir: &Path) -> Result<Manifest> {
+        let m = Self::read(dir)?;
+        super::pack_check::check(&m, dir)?;
+        Ok(m)
+    }
+
     /// The logical file of the striped virtual file (`stripe` only).
     pub fn virtual_file(&self) -> Option<usize> {
         self.stripe_chunk.map(|_| self.drives.len() + 1)
@@ -222,16 +243,6 @@ impl Manifest {
     }
 }
 
-/// The type of manifest tensor `t`: by its GGUF id, else, for a type GGUF has no id for
-/// ([`GgmlType::id`] `u32::MAX`: FP8 E4M3 weights of Hugging Face checkpoints), by its name.
-fn tensor_type(t: &PackTensor) -> Option<GgmlType> {
-    GgmlType::from_u32(t.ggml_type).or_else(|| {
-        [GgmlType::F8_E4M3]
-            .into_iter()
-            .find(|ty| ty.id() == t.ggml_type && ty.name() == t.dtype)
-    })
-}
-
 /// A pack's tensor index in its logical files, checked against the files on disk.
 struct Layout {
     m: Manifest,
@@ -240,57 +251,13 @@ struct Layout {
     info: Arc<PackInfo>,
 }
 
-/// Reads the manifest of the pack in `dir`, checks that every drive folder and data file is
-/// there and long enough, and builds the tensor index in logical files (see the module docs).
+/// Reads and checks the manifest of the pack in `dir` ([`Manifest::read_checked`]) and builds
+/// the tensor index in logical files (see the module docs).
 ///
-/// Errors: as [`Manifest::read`]; a drive folder or data file missing, or a data file shorter
-/// than the manifest says (the message names the drive, the file and the first expert it cuts
-/// off); a tensor of an unknown type or outside its file.
+/// Errors: as [`Manifest::read_checked`].
 fn open_layout(dir: &Path) -> Result<Layout> {
-    let m = Manifest::read(dir)?;
+    let m = Manifest::read_checked(dir)?;
     let spine = dir.join(&m.spine_file);
-    let spine_len = std::fs::metadata(&spine)
-        .with_context(|| format!("{}: the pack's spine file", spine.display()))?
-        .len();
-    if spine_len < m.spine_len {
-        bail!(
-            "{}: the spine file is {spine_len} bytes, the manifest says {}",
-            spine.display(),
-            m.spine_len
-        );
-    }
-    for (d, drv) in m.drives.iter().enumerate() {
-        if !Path::new(&drv.path).is_dir() {
-            bail!(
-                "{}: the drive's folder is missing (is the drive mounted?)",
-                m.drive_label(d)
-            );
-        }
-        let len = match std::fs::metadata(&drv.file) {
-            Ok(x) => x.len(),
-            Err(e) => bail!(
-                "{}: {e} (the drive's data file is missing)",
-                m.drive_label(d)
-            ),
-        };
-        if len < drv.len {
-            let cut = m
-                .experts
-                .iter()
-                .find(|r| {
-                    r.extents
-                        .iter()
-                        .any(|x| x.drive == d && x.offset + x.len > len)
-                })
-                .map(|r| format!("expert {} of layer {}", r.expert, r.layer))
-                .unwrap_or_else(|| "no expert".into());
-            bail!(
-                "{}: the file is {len} bytes but the manifest says {} ({cut} lies past its end)",
-                m.drive_label(d),
-                drv.len
-            );
-        }
-    }
     let mut files = vec![spine.clone()];
     files.extend(m.drives.iter().map(|d| PathBuf::from(&d.file)));
     let phys = files.clone();
@@ -306,53 +273,29 @@ fn open_layout(dir: &Path) -> Result<Layout> {
         // the virtual file has no path of its own; its reads go to the drive files
         files.push(dir.join(MANIFEST));
     }
-    let n_logical = files.len();
+    // every field was checked (`pack_check.rs`): types known, files in range, ids dense
     let tensors = m
         .tensors
         .iter()
-        .map(|t| {
-            let ty = tensor_type(t).ok_or_else(|| {
-                anyhow!(
-                    "{}: tensor '{}': unknown type id {}",
-                    dir.display(),
-                    t.name,
-                    t.ggml_type
-                )
-            })?;
-            if t.file >= n_logical {
-                bail!(
-                    "{}: tensor '{}' is in file {} of {n_logical}",
-                    dir.display(),
-                    t.name,
-                    t.file
-                );
-            }
-            Ok(TensorInfo {
-                name: t.name.clone(),
-                ty,
-                shape: t.shape.clone(),
-                file: t.file,
-                offset: t.offset,
-                n_bytes: t.n_bytes,
-            })
+        .map(|t| TensorInfo {
+            name: t.name.clone(),
+            ty: tensor_type(t).expect("checked"),
+            shape: t.shape.clone(),
+            file: t.file,
+            offset: t.offset,
+            n_bytes: t.n_bytes,
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect();
     let n_layers = m.experts.iter().map(|r| r.layer + 1).max().unwrap_or(0);
     let mut checksums: Vec<Vec<[u8; 32]>> = vec![Vec::new(); n_layers];
     for r in &m.experts {
-        let row = &mut checksums[r.layer];
-        if row.len() <= r.expert {
-            row.resize(r.expert + 1, [0; 32]);
-        }
-        row[r.expert] = unhex32(&r.sha256).ok_or_else(|| {
-            anyhow!(
-                "{}: expert {} of layer {} has a malformed checksum",
-                dir.display(),
-                r.expert,
-                r.layer
-            )
-        })?;
+        checksums[r.layer].push(unhex32(&r.sha256).expect("checked"));
     }
+    let copied = m
+        .file_sha256
+        .iter()
+        .map(|(f, h)| (dir.join(f), unhex32(h).expect("checked")))
+        .collect();
     let info = Arc::new(PackInfo {
         dir: dir.to_path_buf(),
         relocation: Relocation {
@@ -361,6 +304,7 @@ fn open_layout(dir: &Path) -> Result<Layout> {
         },
         checksums,
         labels,
+        copied,
     });
     Ok(Layout {
         m,
@@ -386,9 +330,9 @@ fn expect_format(dir: &Path, m: &Manifest, format: &str) -> Result<()> {
 /// pack's logical files (see the module docs), checking that every drive file is there and long
 /// enough.
 ///
-/// Errors: those of `open_layout` (the manifest cannot be read; a drive folder or data file
-/// missing or short, naming the drive, the file and the first expert it cuts off; a tensor of
-/// an unknown type or outside its file); the pack is of a GGUF model.
+/// Errors: those of [`Manifest::read_checked`] (the manifest cannot be read or is
+/// inconsistent, naming the field; a drive folder or data file missing or short, naming the
+/// drive, the file and the first expert it cuts off); the pack is of a GGUF model.
 pub fn open_pack(dir: &Path) -> Result<HfModel> {
     let l = open_layout(dir)?;
     expect_format(dir, &l.m, "hf")?;

@@ -11,6 +11,7 @@
 //! tensor index, `input.rs`). [`verify_pack`] reads every checksum back (`verify.rs`).
 
 mod gguf;
+mod guard;
 mod hf;
 mod input;
 mod plan;
