@@ -421,7 +421,7 @@ pub(super) fn place(
             Some(p.clone())
         }
         (None, true) if experts.iter().any(|l| !l.is_empty()) => bail!(
-            "--verify-experts: {} is not a pack (only packs carry checksums to verify)",
+            "--verify-experts: {} is not part of a pack (only packs carry checksums to verify)",
             files
                 .first()
                 .map(|f| f.display().to_string())
