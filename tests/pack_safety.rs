@@ -48,7 +48,10 @@ fn verify_experts_checks_resident_experts_and_copied_files_at_load() {
     for r in &m.experts {
         flip(&o.out, r.layer, r.expert);
     }
-    let e = format!("{:#}", try_session(&o.out, &opts(None, true)).err().unwrap());
+    let e = format!(
+        "{:#}",
+        try_session(&o.out, &opts(None, true)).err().unwrap()
+    );
     assert_eq!(
         e,
         format!(
@@ -82,7 +85,10 @@ fn verify_experts_checks_resident_experts_and_copied_files_at_load() {
     };
     let tok = o2.out.join("tokenizer_config.json");
     std::fs::write(&tok, b"{}").unwrap();
-    let e = format!("{:#}", try_session(&o2.out, &opts(None, true)).err().unwrap());
+    let e = format!(
+        "{:#}",
+        try_session(&o2.out, &opts(None, true)).err().unwrap()
+    );
     assert_eq!(
         e,
         format!(
@@ -137,7 +143,10 @@ fn verify_covers_every_copied_file() {
     let (ok, _, err) = deltafin(&["pack", "--verify", o.out.to_str().unwrap()]);
     assert!(!ok);
     assert!(
-        err.contains(&format!("{}: 2 of {n} checksums do not match", o.out.display())),
+        err.contains(&format!(
+            "{}: 2 of {n} checksums do not match",
+            o.out.display()
+        )),
         "{err}"
     );
 }
@@ -324,6 +333,22 @@ fn hostile_manifests_are_refused_by_field_when_opened_and_verified() {
         let e = format!("{:#}", verify_pack(&o.out).unwrap_err());
         assert_eq!(e, want);
     }
+    // a manifest too large to be one (sparse: nothing is read), and a FIFO (no hang)
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(o.out.join("manifest.json"))
+        .unwrap();
+    f.set_len(300 << 20).unwrap();
+    let e = format!("{:#}", open_pack(&o.out).unwrap_err());
+    assert_eq!(
+        e,
+        format!("{mp}: 314572800 bytes, more than a manifest may hold (268435456)")
+    );
+    std::fs::remove_file(o.out.join("manifest.json")).unwrap();
+    let c = std::ffi::CString::new(mp.as_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let e = format!("{:#}", verify_pack(&o.out).unwrap_err());
+    assert_eq!(e, format!("{mp}: not a regular file"));
 }
 
 #[test]

@@ -26,13 +26,21 @@
 //! (tokenizer included, `split.*` keys dropped) and a tensor table of the spine tensors,
 //! whose header the manifest checksums too (`write/pack/gguf.rs`).
 //!
+//! The files copied from a Hugging Face source (config, tokenizer, generation config) have a
+//! SHA-256 each in the manifest (`file_sha256`), checked by `pack --verify` and at load with
+//! `--verify-experts`.
+//!
 //! A pack is complete only once `manifest.json` exists; it is written last, by rename. A folder
-//! with `pack.journal` and no manifest is a pack being written and is refused.
+//! with `pack.journal` and no manifest is a pack being written and is refused. A writer holds
+//! `pack.lock` (`flock`) in the folder while it writes. The manifest is read back as untrusted
+//! input: [`Manifest::read_checked`] checks every field before anything uses it
+//! (`pack_check.rs`).
 //!
 //! This module defines the format and opens packs; writing, resuming and verifying them is
 //! `write::pack`'s.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -50,6 +58,9 @@ use crate::store::relocate::{Relocation, Stripe};
 pub const FORMAT_VERSION: u32 = 1;
 /// The manifest's file name inside the pack folder.
 pub const MANIFEST: &str = "manifest.json";
+/// The largest `manifest.json` read (256 MiB; the manifest of a pack of Kimi K2, 23,040
+/// records and about 70,000 tensors, is near 30 MB).
+pub const MAX_MANIFEST_BYTES: u64 = 256 << 20;
 /// The journal of a pack being written (records done, with their checksums).
 pub const JOURNAL: &str = "pack.journal";
 /// The spine file's name inside the pack folder.
@@ -191,8 +202,9 @@ pub fn unhex32(s: &str) -> Option<[u8; 32]> {
 impl Manifest {
     /// Reads `dir/manifest.json`.
     ///
-    /// Errors: the folder holds an unfinished pack, the manifest is missing, unreadable,
-    /// malformed or of another format version (the message names the file).
+    /// Errors: the folder holds an unfinished pack, the manifest is missing, not a regular
+    /// file, larger than [`MAX_MANIFEST_BYTES`], unreadable, malformed or of another format
+    /// version (the message names the file).
     pub fn read(dir: &Path) -> Result<Manifest> {
         if is_incomplete_pack(dir) {
             bail!(
@@ -201,7 +213,28 @@ impl Manifest {
             );
         }
         let p = dir.join(MANIFEST);
-        let text = std::fs::read_to_string(&p).with_context(|| format!("{}", p.display()))?;
+        // not a FIFO or device (no hang, no endless read), and of a bounded size
+        let meta = std::fs::metadata(&p).with_context(|| format!("{}", p.display()))?;
+        if !meta.is_file() {
+            bail!("{}: not a regular file", p.display());
+        }
+        if meta.len() > MAX_MANIFEST_BYTES {
+            bail!(
+                "{}: {} bytes, more than a manifest may hold ({MAX_MANIFEST_BYTES})",
+                p.display(),
+                meta.len()
+            );
+        }
+        let mut text = String::new();
+        std::fs::File::open(&p)
+            .and_then(|f| f.take(MAX_MANIFEST_BYTES + 1).read_to_string(&mut text))
+            .with_context(|| format!("{}", p.display()))?;
+        if text.len() as u64 > MAX_MANIFEST_BYTES {
+            bail!(
+                "{}: grew past {MAX_MANIFEST_BYTES} bytes while read",
+                p.display()
+            );
+        }
         let m: Manifest =
             serde_json::from_str(&text).with_context(|| format!("{}: malformed", p.display()))?;
         if m.format_version != FORMAT_VERSION {

@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
 use crate::source::pack::{hex, Manifest};
+#[cfg(doc)]
 use crate::write::space::free_bytes;
 
 /// The lock file in a pack folder, held (`flock`, exclusive) while a `pack` writes it.
@@ -81,10 +82,16 @@ pub(super) fn shortfall(dir: &Path, need: u64, free: Option<u64>) -> Option<Stri
 
 /// Checks that the file systems of the pack folder `out` and of every drive have room for
 /// what the plan `m` still has to write (each file's planned length less the bytes already
-/// allocated to it, which a resumed pack has) and for the `copied` bytes of small files.
+/// allocated to it, which a resumed pack has) and for the `copied` bytes of small files;
+/// `free` gives a folder's free bytes ([`free_bytes`] when packing).
 ///
 /// Errors: a file system has too little free space ([`shortfall`]'s message).
-pub(super) fn check_space(m: &Manifest, out: &Path, copied: u64) -> Result<()> {
+pub(super) fn check_space(
+    m: &Manifest,
+    out: &Path,
+    copied: u64,
+    free: &dyn Fn(&Path) -> Option<u64>,
+) -> Result<()> {
     // (device) → (a folder on it, bytes to write)
     let mut need: BTreeMap<u64, (PathBuf, u64)> = BTreeMap::new();
     let mut add = |dir: &Path, file: &Path, len: u64| -> Result<()> {
@@ -107,7 +114,7 @@ pub(super) fn check_space(m: &Manifest, out: &Path, copied: u64) -> Result<()> {
         add(Path::new(&x.path), Path::new(&x.file), x.len)?;
     }
     for (dir, n) in need.values() {
-        if let Some(msg) = shortfall(dir, *n, free_bytes(dir)) {
+        if let Some(msg) = shortfall(dir, *n, free(dir)) {
             bail!("{msg}");
         }
     }
@@ -175,6 +182,43 @@ pub(super) fn file_matches(out: &Path, name: &str, sha256: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A manifest of a spine of `spine` bytes and one drive file of `drive` bytes in `dir`.
+    fn manifest(dir: &Path, spine: u64, drive: u64) -> Manifest {
+        let d = dir.display().to_string();
+        serde_json::from_value(serde_json::json!({
+            "format_version": 1,
+            "source": {"path": "/m", "format": "hf", "architecture": "qwen3_moe", "headers_sha256": ""},
+            "placement": "spread",
+            "config": {},
+            "copied_files": [],
+            "spine_file": "spine.bin",
+            "spine_len": spine,
+            "drives": [{"path": d, "file": format!("{d}/data.bin"), "len": drive}],
+            "tensors": [],
+            "experts": []
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn free_space_is_checked_per_file_system_for_what_is_left_to_write() {
+        let t = tempfile::tempdir().unwrap();
+        let m = manifest(t.path(), 8192, 1 << 20);
+        // one file system: spine, copied files and drive file together
+        let need = 8192 + 100 + (1 << 20);
+        let free = |n: u64| move |_: &Path| Some(n);
+        assert!(check_space(&m, t.path(), 100, &free(need)).is_ok());
+        let e = check_space(&m, t.path(), 100, &free(need - 1)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            shortfall(t.path(), need, Some(need - 1)).unwrap()
+        );
+        // a drive file already written (a resumed pack) needs no more room
+        std::fs::write(t.path().join("data.bin"), vec![1u8; 1 << 20]).unwrap();
+        assert!(check_space(&m, t.path(), 100, &free(8192 + 100)).is_ok());
+        assert!(check_space(&m, t.path(), 100, &free(8192 + 99)).is_err());
+    }
 
     #[test]
     fn a_file_system_without_room_is_named_with_what_it_lacks() {

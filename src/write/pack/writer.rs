@@ -154,7 +154,8 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
         ours.extend(p.drives.into_iter().map(|d| d.file));
     }
     check_owned(&m, &o.out, &ours)?;
-    check_space(&m, &o.out, small.iter().map(|f| f.len).sum())?;
+    let copied = small.iter().map(|f| f.len).sum();
+    check_space(&m, &o.out, copied, &crate::write::space::free_bytes)?;
     // from here on a finished pack is given up only before the first byte that changes it
     let mut intact = finished.is_some();
     let manifest_path = o.out.join(MANIFEST);
