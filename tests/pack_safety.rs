@@ -271,6 +271,9 @@ fn a_finished_pack_survives_a_failed_or_different_rerun() {
     assert!(write_pack(&src, &o).is_err());
 }
 
+/// An edit of a manifest's JSON.
+type Edit = dyn Fn(&mut serde_json::Value);
+
 /// Edits the manifest of the pack in `dir` with `f`.
 fn edit_manifest(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let p = dir.join("manifest.json");
@@ -288,7 +291,7 @@ fn hostile_manifests_are_refused_by_field_when_opened_and_verified() {
     let good = std::fs::read(o.out.join("manifest.json")).unwrap();
     let mp = o.out.join("manifest.json").display().to_string();
     let n_tensors = Manifest::read(&o.out).unwrap().tensors.len();
-    let cases: Vec<(Box<dyn Fn(&mut serde_json::Value)>, String)> = vec![
+    let cases: Vec<(Box<Edit>, String)> = vec![
         (
             Box::new(|v| v["stripe_chunk"] = 0.into()),
             format!("{mp}: stripe_chunk = 0 is not a positive multiple of 4096"),

@@ -15,5 +15,6 @@ mod gguf_value;
 pub mod hf;
 pub mod pack;
 mod pack_check;
+mod pack_format;
 mod pack_info;
 pub mod tensor;

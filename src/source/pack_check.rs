@@ -13,8 +13,25 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 
-use super::pack::{unhex32, Manifest, PackTensor, MANIFEST};
+use super::pack_format::{unhex32, Manifest, PackTensor, MANIFEST};
 use crate::quant::GgmlType;
+
+impl Manifest {
+    /// Reads `dir/manifest.json` ([`Manifest::read`]) and checks it against itself and the
+    /// pack's files before anything uses it (see `source/pack_check.rs`): what opening a pack
+    /// and `pack --verify` both start with.
+    ///
+    /// Errors: as [`Manifest::read`]; a field inconsistent with the others (the message names
+    /// the manifest, the field with its index and its value, e.g. `…/manifest.json:
+    /// experts[3].extents[0].drive = 9 is outside 0..2`); the spine file, a drive folder or a
+    /// drive data file missing or shorter than the manifest says (naming the drive, its file
+    /// and the first expert it cuts off).
+    pub fn read_checked(dir: &Path) -> Result<Manifest> {
+        let m = Self::read(dir)?;
+        check(&m, dir)?;
+        Ok(m)
+    }
+}
 
 /// Alignment of chunks, records and their tensors in a pack.
 const ALIGN: u64 = 4096;
