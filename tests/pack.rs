@@ -343,17 +343,20 @@ fn an_interrupted_pack_is_refused_and_resumes_where_it_stopped() {
     assert!(e.contains("the pack was not finished"), "{e}");
     o.stop_after = None;
     let rep = write_pack(&src, &o).unwrap();
-    let n_spine = Manifest::read(&o.out)
-        .unwrap()
-        .tensors
-        .iter()
-        .filter(|t| t.file == 0)
-        .count();
+    let done = Manifest::read(&o.out).unwrap();
+    let n_spine = done.tensors.iter().filter(|t| t.file == 0).count();
+    // the copied files are verified too, each against its recorded checksum
+    let n_copied = done.copied_files.len();
+    assert_eq!(
+        done.file_sha256.keys().collect::<Vec<_>>(),
+        done.copied_files.iter().collect::<Vec<_>>()
+    );
+    assert!(done.copied_files.contains(&"tokenizer.json".to_string()));
     // 48 experts: 20 done before, 28 now; the spine tensors were done too
     assert_eq!(rep.skipped, 20 + n_spine);
     assert_eq!(rep.written, 28);
     let (n, bad) = verify_pack(&o.out).unwrap();
-    assert_eq!((n, bad.len()), (48 + n_spine, 0));
+    assert_eq!((n, bad.len()), (48 + n_spine + n_copied, 0));
     let want = bits(&logits(&mut session(
         &src,
         &opts(Some(Kind::Hf.budget()), false),
@@ -469,10 +472,11 @@ fn a_missing_drive_folder_or_file_is_named_at_load() {
             format!("{label}: the drive's folder is missing (is the drive mounted?)"),
             "{kind:?}"
         );
+        // verify checks the pack as opening it does
         let e = format!("{:#}", verify_pack(&p.pack).unwrap_err());
         assert_eq!(
             e,
-            format!("{label}: No such file or directory (os error 2)")
+            format!("{label}: the drive's folder is missing (is the drive mounted?)")
         );
     }
 }

@@ -32,7 +32,8 @@ struct Case {
     rel: &'static str,
     /// Expert records: layers with routed experts × experts.
     records: usize,
-    /// Items `--verify` checks: the GGUF header (GGUF sources), spine tensors, records.
+    /// Items `--verify` checks: the GGUF header (GGUF sources), spine tensors, records, and
+    /// the five files copied from Hugging Face folders.
     checked: usize,
     /// The first layer with routed experts.
     moe_layer: usize,
@@ -42,25 +43,25 @@ const CASES: [Case; 6] = [
     Case {
         rel: "hf/deepseek_v3",
         records: 2 * 8,
-        checked: 59,
+        checked: 64,
         moe_layer: 1,
     },
     Case {
         rel: "hf/deepseek_v3_fp8",
         records: 2 * 8,
-        checked: 83,
+        checked: 88,
         moe_layer: 1,
     },
     Case {
         rel: "hf/gpt_oss",
         records: 2 * 8,
-        checked: 45,
+        checked: 50,
         moe_layer: 0,
     },
     Case {
         rel: "hf/gpt_oss_mxfp4",
         records: 2 * 8,
-        checked: 45,
+        checked: 50,
         moe_layer: 0,
     },
     Case {
@@ -90,7 +91,9 @@ impl Case {
 /// it loads with, as what the budget must hold besides the experts depends on the thread
 /// count; expert reads checked when `verify`.
 fn streamed(path: &Path, verify: bool, prefetch: PrefetchMode) -> Session {
-    let mut o = opts(None, verify);
+    // the budget is found without verification: with it, a damaged pack fails to load
+    // whenever its experts are resident
+    let mut o = opts(None, false);
     o.experts.prefetch = prefetch;
     let mut load = |k: u64| {
         o.ram_budget = Some(k << 14);
@@ -108,7 +111,9 @@ fn streamed(path: &Path, verify: bool, prefetch: PrefetchMode) -> Session {
             Err(_) => lo = mid,
         }
     }
-    let s = load(hi).unwrap();
+    o.ram_budget = Some(hi << 14);
+    o.experts.verify = verify;
+    let s = try_session(path, &o).unwrap();
     assert!(
         s.store.experts().is_some(),
         "{path:?}: no budget streams the experts"
@@ -322,6 +327,25 @@ fn verify_and_verified_runs_name_the_expert_with_a_flipped_byte() {
             "{}",
             c.rel
         );
+        // with every expert resident, the first damaged one is named at load
+        let e = format!(
+            "{:#}",
+            try_session(&o.out, &opts(None, true)).err().unwrap()
+        );
+        let r = m
+            .experts
+            .iter()
+            .find(|r| r.layer == l && r.expert == 0)
+            .unwrap();
+        assert_eq!(
+            e,
+            format!(
+                "checksum mismatch in expert 0 of layer {l} read from {}",
+                m.drive_label(r.extents[0].drive)
+            ),
+            "{}",
+            c.rel
+        );
     }
 }
 
@@ -377,10 +401,11 @@ fn a_missing_drive_folder_or_file_and_a_short_file_are_named_at_load() {
             "{}",
             c.rel
         );
+        // verify checks the pack as opening it does
         let e = format!("{:#}", verify_pack(&o.out).unwrap_err());
         assert_eq!(
             e,
-            format!("{label}: No such file or directory (os error 2)")
+            format!("{label}: the drive's folder is missing (is the drive mounted?)")
         );
     }
 }

@@ -30,8 +30,14 @@ pub struct PackArgs {
     /// Heat file to balance `spread` by; default: the one `run` keeps for the model; `none`.
     #[arg(long)]
     pub heat_file: Option<String>,
-    /// Verify the pack in this folder (every checksum) instead of writing one.
-    #[arg(long, conflicts_with_all = ["model", "out"])]
+    /// Replace a finished pack in --out made with other settings or from another source
+    /// (without it, `pack` refuses and leaves that pack as it is; a re-run with the same
+    /// settings only finishes or repairs the pack).
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Verify the pack in this folder (the manifest against its files, then every checksum:
+    /// spine tensors, expert records and copied files) instead of writing one.
+    #[arg(long, conflicts_with_all = ["model", "out", "overwrite"])]
     pub verify: Option<PathBuf>,
 }
 
@@ -64,6 +70,7 @@ pub fn run(a: PackArgs) -> Result<()> {
             placement: a.placement,
             heat_file: heat,
             progress: true,
+            overwrite: a.overwrite,
             stop_after: None,
         },
     )?;

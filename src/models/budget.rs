@@ -13,6 +13,7 @@
 //! When everything but the routed experts fits beside the expert I/O buffers, no stream
 //! buffers are set aside (nothing else is streamed) and the cache gets their share.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -416,6 +417,40 @@ pub(super) fn place(
             .collect(),
         false => Vec::new(),
     };
+    // --verify-experts: resident experts are checked as they are read (the expert store
+    // checks the others as they land), and the pack's copied files now
+    let verify = match (&od.pack, opts.experts.verify) {
+        (Some(p), true) => {
+            p.verify_copied()?;
+            Some(p.clone())
+        }
+        (None, true) if experts.iter().any(|l| !l.is_empty()) => bail!(
+            "--verify-experts: {} is not part of a pack (only packs carry checksums to verify)",
+            files
+                .first()
+                .map(|f| f.display().to_string())
+                .unwrap_or_default()
+        ),
+        _ => None,
+    };
+    let mut owner: HashMap<usize, (usize, usize, Vec<usize>)> = HashMap::new();
+    if verify.is_some() {
+        for (l, le) in experts.iter().enumerate() {
+            for (e, &u) in le.iter().enumerate() {
+                let files = units[u].ranges.iter().map(|r| r.file).collect();
+                owner.insert(u, (l, e, files));
+            }
+        }
+    }
+    let check = |u: usize, b: &UnitBytes| -> std::io::Result<()> {
+        let (Some(p), Some((l, e, f))) = (&verify, owner.get(&u)) else {
+            return Ok(());
+        };
+        match p.expert_mismatch(*l, *e, b.record(), f) {
+            Some(msg) => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, msg)),
+            None => Ok(()),
+        }
+    };
     let mut store = WeightStore::open_full(
         files,
         units,
@@ -425,6 +460,7 @@ pub(super) fn place(
         STREAM_SLOTS,
         s.stream_slot,
         opts.direct_io,
+        Some(&check),
     )?;
     let mut expert_note = String::new();
     if s.on_demand {

@@ -20,6 +20,13 @@ pub type LoadHf = fn(&HfModel, &LoadOptions) -> Result<ModelAndStore>;
 /// Loads a GGUF model of this family (see [`super::load_gguf`]).
 pub type LoadGguf = fn(&GgufModel, &LoadOptions) -> Result<ModelAndStore>;
 
+/// Checks a Hugging Face folder's `config.json` as this family's loader reads it, reading no
+/// weights (what `pack` runs before writing anything).
+pub type CheckHf = fn(&HfModel) -> Result<()>;
+
+/// Checks a GGUF model's metadata as this family's loader reads it, reading no weights.
+pub type CheckGguf = fn(&GgufModel) -> Result<()>;
+
 /// How a family's routed-expert tensors are named, so that tools that never run the model
 /// (`pack`, `inspect`) can tell experts from the spine, split stacked experts and order an
 /// expert's tensors.
@@ -115,6 +122,12 @@ pub struct Family {
     pub load_hf: Option<LoadHf>,
     /// Loader of GGUF files; `None` when the family is read from Hugging Face folders only.
     pub load_gguf: Option<LoadGguf>,
+    /// The configuration check of [`Family::load_hf`] alone (the config parsed as loading
+    /// parses it; errors name the file and the field); `None` when there is no HF loader.
+    pub check_hf: Option<CheckHf>,
+    /// The configuration check of [`Family::load_gguf`] alone (errors name the file and the
+    /// key); `None` when there is no GGUF loader.
+    pub check_gguf: Option<CheckGguf>,
     /// Routed-expert tensor names; `None` for dense-only families.
     pub experts: Option<ExpertNames>,
     /// Whether `deltafin pack` writes packs of it (and loading accepts them).

@@ -14,6 +14,8 @@ pub(crate) mod gguf_parse;
 mod gguf_value;
 pub mod hf;
 pub mod pack;
+mod pack_check;
+mod pack_format;
 mod pack_info;
 pub mod tensor;
 

@@ -5,6 +5,8 @@
 
 use std::path::PathBuf;
 
+use sha2::{Digest, Sha256};
+
 use crate::store::relocate::Relocation;
 use crate::store::ExpertStore;
 
@@ -19,6 +21,9 @@ pub struct PackInfo {
     /// How errors name each physical file of [`Relocation::files`]: `None` for the spine,
     /// [`Manifest::drive_label`](super::pack::Manifest::drive_label) for a drive file.
     pub labels: Vec<Option<String>>,
+    /// The files copied from the source (tokenizer, generation config, ...) whose SHA-256 the
+    /// manifest records, as (path, checksum).
+    pub copied: Vec<(PathBuf, [u8; 32])>,
 }
 
 impl PackInfo {
@@ -34,5 +39,61 @@ impl PackInfo {
         if verify {
             es.set_checksums(self.checksums.clone());
         }
+    }
+
+    /// The error message when `record` (expert `expert` of `layer`: its bytes from its first
+    /// tensor to the end of its last, as read from the physical files `files` of
+    /// [`Relocation::files`]) does not match its checksum; `None` when it matches or the pack
+    /// has no such expert.
+    pub fn expert_mismatch(
+        &self,
+        layer: usize,
+        expert: usize,
+        record: &[u8],
+        files: &[usize],
+    ) -> Option<String> {
+        let want = self.checksums.get(layer)?.get(expert)?;
+        let got: [u8; 32] = Sha256::digest(record).into();
+        if &got == want {
+            return None;
+        }
+        let mut names: Vec<String> = Vec::new();
+        for &f in files {
+            let n = match self.labels.get(f) {
+                Some(Some(l)) => l.clone(),
+                _ => self
+                    .relocation
+                    .files
+                    .get(f)
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| format!("file {f}")),
+            };
+            if !names.contains(&n) {
+                names.push(n);
+            }
+        }
+        Some(format!(
+            "checksum mismatch in expert {expert} of layer {layer} read from {}",
+            names.join("; ")
+        ))
+    }
+
+    /// Checks every copied file ([`PackInfo::copied`]) against its checksum (they are small:
+    /// `--verify-experts` checks them at load).
+    ///
+    /// Errors: a file cannot be read or does not match (the message names it).
+    pub fn verify_copied(&self) -> anyhow::Result<()> {
+        for (p, want) in &self.copied {
+            let b = std::fs::read(p)
+                .map_err(|e| anyhow::anyhow!("{}: {e} (a file of the pack)", p.display()))?;
+            let got: [u8; 32] = Sha256::digest(&b).into();
+            if &got != want {
+                anyhow::bail!(
+                    "{}: checksum mismatch (the file differs from the one packed)",
+                    p.display()
+                );
+            }
+        }
+        Ok(())
     }
 }

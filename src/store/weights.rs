@@ -82,6 +82,10 @@ pub fn repack_fp8(
     UnitBytes::from_parts(buf, pieces)
 }
 
+/// A check of a resident unit's bytes as read, before any repacking: `(unit index, bytes)`;
+/// an error ends the load (e.g. a pack expert whose checksum does not match).
+pub type ResidentCheck<'a> = dyn Fn(usize, &UnitBytes) -> io::Result<()> + 'a;
+
 /// Where a unit's bytes come from.
 pub enum Residency {
     /// Read once at load, kept in RAM.
@@ -134,6 +138,7 @@ impl WeightStore {
             slots,
             extra_slot_bytes,
             direct,
+            None,
         )
     }
 
@@ -158,9 +163,10 @@ impl WeightStore {
     /// - units flagged in `elsewhere` belong to an [`ExpertStore`] (attach it with
     ///   [`WeightStore::attach_experts`]): they are neither read nor streamed here and size no
     ///   stream or repack buffer (the expert store repacks them itself, see
-    ///   [`ExpertStore::set_transform`]).
+    ///   [`ExpertStore::set_transform`]);
+    /// - `check` sees each resident unit's bytes as read, before repacking.
     ///
-    /// Errors: as [`WeightStore::open`].
+    /// Errors: as [`WeightStore::open`]; `check` refuses a resident unit.
     #[allow(clippy::too_many_arguments)]
     pub fn open_full(
         files: &[std::path::PathBuf],
@@ -171,6 +177,7 @@ impl WeightStore {
         slots: usize,
         extra_slot_bytes: usize,
         direct: bool,
+        check: Option<&ResidentCheck>,
     ) -> io::Result<Self> {
         assert_eq!(units.len(), resident.len());
         assert_eq!(units.len(), packs.len());
@@ -194,6 +201,9 @@ impl WeightStore {
                 residency.push(Residency::Elsewhere);
             } else if r {
                 let mut b = load_resident(&dfiles, u, &stats)?;
+                if let Some(c) = check {
+                    c(residency.len(), &b)?;
+                }
                 if !packs[residency.len()].is_empty() {
                     let p = &packs[residency.len()];
                     let buf = AlignedBuf::new(Self::resident_size(u, p));

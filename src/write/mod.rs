@@ -10,4 +10,5 @@
 
 pub mod gguf_writer;
 pub mod pack;
+mod space;
 pub mod synth;

@@ -24,6 +24,7 @@ pub fn pack_opts(tmp: &Path, n: usize, placement: PackPlacement) -> PackOptions 
         placement,
         heat_file: None,
         progress: false,
+        overwrite: false,
         stop_after: None,
     }
 }

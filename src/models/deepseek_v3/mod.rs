@@ -488,6 +488,8 @@ pub const FAMILY: crate::models::Family = crate::models::Family {
     gguf_architectures: &["deepseek2"],
     load_hf: Some(|hf, o| DeepseekV3::load(hf, o).map(crate::models::registry::boxed)),
     load_gguf: Some(|g, o| gguf::load(g, o).map(crate::models::registry::boxed)),
+    check_hf: Some(|hf| Config::from_json(&hf.config, &hf.config_path().display().to_string()).map(drop)),
+    check_gguf: Some(|g| gguf::config_from_gguf(g).map(drop)),
     experts: Some(crate::models::registry::SWIGLU_EXPERTS),
     packable: true,
     synth: &["deepseek_v3"],

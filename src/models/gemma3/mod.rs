@@ -402,6 +402,8 @@ pub const FAMILY: crate::models::Family = crate::models::Family {
     gguf_architectures: &["gemma3"],
     load_hf: None,
     load_gguf: Some(|g, o| Gemma3::load(g, o).map(crate::models::registry::boxed)),
+    check_hf: None,
+    check_gguf: Some(|g| Config::from_gguf(g).map(drop)),
     experts: None,
     packable: false,
     synth: &[],

@@ -23,6 +23,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
 
 use super::input::{absolute, pack_experts, split_stacked, PackSource};
+use crate::models::registry::by_gguf_architecture;
+use crate::models::FAMILIES;
 use crate::quant::GgmlType;
 use crate::source::gguf::{GgufModel, Value};
 use crate::source::pack::{hex, PackTensor, SourceIdentity};
@@ -33,11 +35,17 @@ use crate::write::gguf_writer::header_at;
 /// model) as a [`PackSource`]: stacked experts split per expert.
 ///
 /// Errors: the model cannot be opened ([`GgufModel::open_model_path`]), its architecture
-/// cannot be packed, a stacked expert tensor holds no experts, a header cannot be read.
+/// cannot be packed or its metadata is refused by the family's loader
+/// ([`crate::models::Family::check_gguf`]), a stacked expert tensor holds no experts, a header
+/// cannot be read.
 pub(super) fn gguf_source(src: &Path) -> Result<PackSource> {
     let g = GgufModel::open_model_path(src)?;
     let arch = g.architecture()?.to_string();
     let experts = pack_experts(src, "GGUF architecture", &arch, |f| f.gguf_architectures)?;
+    // the metadata as loading reads it, before anything is written
+    if let Some(check) = by_gguf_architecture(FAMILIES, &arch).and_then(|f| f.check_gguf) {
+        check(&g)?;
+    }
     let tensors = split_stacked(&g.tensors, &experts, &g.file_name())?;
     Ok(PackSource {
         identity: SourceIdentity {

@@ -10,16 +10,23 @@ use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
 use super::input::{absolute, pack_experts, split_stacked, PackSource};
+use crate::models::registry::by_model_type;
+use crate::models::FAMILIES;
 use crate::source::hf::HfModel;
 use crate::source::pack::{hex, SourceIdentity};
 
 /// The Hugging Face folder `src` as a [`PackSource`].
 ///
-/// Errors: the folder cannot be opened ([`HfModel::open`]), its `model_type` cannot be packed.
+/// Errors: the folder cannot be opened ([`HfModel::open`]), its `model_type` cannot be packed,
+/// its `config.json` is refused by the family's loader ([`crate::models::Family::check_hf`]).
 pub(super) fn hf_source(src: &Path) -> Result<PackSource> {
     let hf = HfModel::open(src)?;
     let mt = hf.model_type()?;
     let experts = pack_experts(src, "model_type", mt, |f| f.model_types)?;
+    // the config as loading reads it, before anything is written
+    if let Some(check) = by_model_type(FAMILIES, mt).and_then(|f| f.check_hf) {
+        check(&hf)?;
+    }
     let tensors = split_stacked(&hf.tensors, &experts, &src.display().to_string())?;
     Ok(PackSource {
         identity: SourceIdentity {

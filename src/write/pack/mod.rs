@@ -6,11 +6,16 @@
 //! the same plan resumes: records listed in `pack.journal` whose bytes read back with the
 //! journaled checksum are skipped (`writer.rs`). Data files are synced before their records
 //! enter the journal, and `manifest.json` is written last, by rename, so an unfinished pack is
-//! never loadable. The source is only ever read. Hugging Face folders (`hf.rs`) and GGUF files
+//! never loadable. The source is only ever read. Before the first byte is written, the writer
+//! takes the folder's lock, and checks the source's configuration, that no drive file of
+//! another pack would be written and that every file system has room (`guard.rs`); a finished
+//! pack stays loadable until something in it must change, and one made with other settings is
+//! replaced only when asked ([`PackOptions::overwrite`]). Hugging Face folders (`hf.rs`) and GGUF files
 //! (`gguf.rs`) are packed by the same code over one description of the source (its files and
 //! tensor index, `input.rs`). [`verify_pack`] reads every checksum back (`verify.rs`).
 
 mod gguf;
+mod guard;
 mod hf;
 mod input;
 mod plan;

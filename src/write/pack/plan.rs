@@ -39,18 +39,25 @@ pub struct PackOptions {
     pub heat_file: Option<PathBuf>,
     /// Show a progress bar on standard error.
     pub progress: bool,
+    /// Replace a finished pack in `out` made with other settings (or from a changed source);
+    /// without it such a pack is left untouched and `write_pack` fails.
+    pub overwrite: bool,
     /// Stop with an error after writing this many expert records in this run, as an
     /// interruption would (for tests of resuming); `None` in normal use.
     pub stop_after: Option<usize>,
 }
 
-/// The data file of drive `d` for the pack `out`.
-fn drive_file(drive: &Path, out: &Path, d: usize) -> PathBuf {
+/// The data file of drive `d` for the pack `out` (absolute): `deltafin-pack-NAME-HASH-D.bin`,
+/// NAME the folder's name and HASH the first 16 hex digits of the SHA-256 of its absolute
+/// path, so that packs of the same name in different folders never share a drive file.
+pub(super) fn drive_file(drive: &Path, out: &Path, d: usize) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
     let name = out
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "pack".into());
-    drive.join(format!("deltafin-pack-{name}-{d}.bin"))
+    let h = hex(&Sha256::digest(out.as_os_str().as_bytes()));
+    drive.join(format!("deltafin-pack-{name}-{}-{d}.bin", &h[..16]))
 }
 
 /// One record's key (layer, expert), its tensors (index, offset in the record) and its length.
@@ -235,6 +242,7 @@ pub(super) fn plan(src: &PackSource, o: &PackOptions) -> Result<(Manifest, Optio
         stripe_chunk,
         config: src.config.clone(),
         copied_files: Vec::new(),
+        file_sha256: Default::default(),
         spine_file: SPINE_FILE.into(),
         spine_len,
         spine_header,

@@ -8,19 +8,23 @@ use anyhow::{anyhow, Context, Result};
 use sha2::{Digest, Sha256};
 
 use super::records::{read_at, read_record};
-use crate::source::pack::{hex, Manifest};
+use crate::source::pack::{hex, Manifest, MANIFEST};
 
 /// A problem [`verify_pack`] found.
 pub type Mismatch = String;
 
-/// Checks every spine tensor, the spine's GGUF header (packs of GGUF models) and every expert
-/// record of the pack in `dir` against its checksum. Returns the number of items checked and
-/// one line per mismatch or unreadable item (naming the drive, file and (layer, expert), or the
-/// spine tensor).
+/// Checks the manifest of the pack in `dir` as opening the pack does
+/// ([`Manifest::read_checked`]), then every spine tensor, the spine's GGUF header (packs of
+/// GGUF models), every expert record and every copied file (tokenizer, generation config, ...)
+/// against its checksum. Returns the number of items checked and one line per mismatch or
+/// unreadable item (naming the drive, file and (layer, expert), the spine tensor or the
+/// copied file; a copied file the manifest has no checksum for, in a pack written before they
+/// were recorded, is one such line).
 ///
-/// Errors: the manifest cannot be read, a file cannot be opened.
+/// Errors: the manifest cannot be read or fails its checks (as when the pack is opened), a
+/// file cannot be opened.
 pub fn verify_pack(dir: &Path) -> Result<(usize, Vec<Mismatch>)> {
-    let m = Manifest::read(dir)?;
+    let m = Manifest::read_checked(dir)?;
     let spine_path = dir.join(&m.spine_file);
     let spine = File::open(&spine_path).with_context(|| format!("{}", spine_path.display()))?;
     let mut bad = Vec::new();
@@ -65,6 +69,19 @@ pub fn verify_pack(dir: &Path) -> Result<(usize, Vec<Mismatch>)> {
             Ok(b) if hex(&Sha256::digest(&b)) == r.sha256 => {}
             Ok(_) => bad.push(format!("{}: checksum mismatch", where_())),
             Err(e) => bad.push(format!("{}: {e:#}", where_())),
+        }
+    }
+    for f in &m.copied_files {
+        n += 1;
+        let p = dir.join(f);
+        match (std::fs::read(&p), m.file_sha256.get(f)) {
+            (Err(e), _) => bad.push(format!("{}: {e}", p.display())),
+            (Ok(_), None) => bad.push(format!(
+                "{}: no checksum in {MANIFEST} (a pack written before they were recorded: run `deltafin pack` again to record them)",
+                p.display()
+            )),
+            (Ok(b), Some(h)) if &hex(&Sha256::digest(&b)) == h => {}
+            (Ok(_), Some(_)) => bad.push(format!("{}: checksum mismatch", p.display())),
         }
     }
     Ok((n, bad))

@@ -11,6 +11,9 @@ use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
 use super::gguf;
+use super::guard::{
+    check_owned, check_space, copy_small_file, file_matches, lock_out, small_files,
+};
 use super::hf::hf_source;
 use super::input::absolute;
 use super::plan::{plan, PackOptions};
@@ -47,15 +50,33 @@ fn read_journal(p: &Path) -> HashMap<(char, usize), String> {
         .collect()
 }
 
+/// A finished pack's manifest with what writing fills in cleared: what a plan of the same
+/// settings and source equals.
+fn bare(f: &Manifest) -> Manifest {
+    let mut b = f.clone();
+    b.tensors.iter_mut().for_each(|t| t.sha256 = None);
+    b.experts.iter_mut().for_each(|r| r.sha256.clear());
+    b
+}
+
 /// Packs the model at `src` (see the module docs): a Hugging Face folder or a GGUF file, split
 /// set or folder holding one, of a family the registry packs
 /// ([`crate::models::Family::pack_experts`]: Qwen3, Qwen3-MoE, Llama, Mixtral, GPT-OSS,
 /// DeepSeek V3 and Kimi K2 today), expert records in their stored encodings (FP8 weights with
 /// their `weight_scale_inv`, MXFP4 blocks with their scales).
 ///
-/// Errors: the source is itself a pack, cannot be opened, or is of another architecture;
-/// `out` is the source; a drive is not a writable folder; a read or write fails (the message
-/// names the file).
+/// Everything that can be checked is checked before the first byte is written: the drives, the
+/// source and its configuration (as loading reads it), the lock on `out` (one writer per pack),
+/// that no drive file of another pack would be written, and free space. A finished pack in
+/// `out` stays loadable until something in it must change: a re-run of the same settings and
+/// source finds everything done and changes nothing (a damaged item is rewritten); other
+/// settings are refused unless [`PackOptions::overwrite`].
+///
+/// Errors: the source is itself a pack, cannot be opened, is of another architecture or has a
+/// configuration its family refuses; `out` is the source; a drive is not a writable folder;
+/// another `pack` writes `out`; a drive file exists that is not this pack's; a file system has
+/// too little free space; `out` holds a finished pack of other settings (without
+/// `overwrite`); a read or write fails (the message names the file).
 pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
     if is_pack(src) {
         bail!("{}: is already a pack", src.display());
@@ -63,23 +84,92 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
     if absolute(src) == absolute(&o.out) {
         bail!("--out must differ from the source model");
     }
-    let source = match is_hf_folder(src) {
-        true => hf_source(src)?,
-        false => gguf::gguf_source(src)?,
-    };
-    std::fs::create_dir_all(&o.out).with_context(|| format!("{}", o.out.display()))?;
-    let finished = Manifest::read(&o.out).ok();
-    let _ = std::fs::remove_file(o.out.join(MANIFEST));
+    if o.drives.is_empty() {
+        bail!("--drives needs at least one path");
+    }
     for d in &o.drives {
         if !d.is_dir() {
             bail!("drive {}: not a folder", d.display());
         }
     }
+    let source = match is_hf_folder(src) {
+        true => hf_source(src)?,
+        false => gguf::gguf_source(src)?,
+    };
+    std::fs::create_dir_all(&o.out).with_context(|| format!("{}", o.out.display()))?;
+    let _lock = lock_out(&o.out)?;
+    let finished = match is_pack(&o.out) {
+        true => Some(Manifest::read(&o.out).with_context(|| {
+            format!(
+                "{}: holds a pack whose manifest cannot be read (pass --overwrite to replace it)",
+                o.out.display()
+            )
+        })),
+        false => None,
+    };
+    let finished = match (finished, o.overwrite) {
+        (Some(Err(_)), true) => None,
+        (Some(r), _) => Some(r?),
+        (None, _) => None,
+    };
     let (mut m, header) = plan(&source, o)?;
+    let small = match &source.folder {
+        Some(folder) => small_files(folder)?,
+        None => Vec::new(),
+    };
+    m.copied_files = small.iter().map(|f| f.name.clone()).collect();
+    m.file_sha256 = small
+        .iter()
+        .map(|f| (f.name.clone(), f.sha256.clone()))
+        .collect();
+    let same = finished.as_ref().is_some_and(|f| bare(f) == m);
+    if let Some(f) = &finished {
+        if !same && !o.overwrite {
+            bail!(
+                "{}: holds a finished pack made with other settings or from another source (placement {}, {} drives: {}); pass --overwrite to replace it",
+                o.out.display(),
+                f.placement,
+                f.drives.len(),
+                f.drives
+                    .iter()
+                    .map(|d| d.path.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
     let plan_text = serde_json::to_string_pretty(&m)?;
     let plan_path = o.out.join(PLAN);
     let journal_path = o.out.join(JOURNAL);
-    let resume = std::fs::read_to_string(&plan_path).ok().as_deref() == Some(plan_text.as_str());
+    let old_plan = std::fs::read_to_string(&plan_path).ok();
+    // the drive files this pack already owns: its finished manifest's or its plan's
+    let mut ours: Vec<String> = Vec::new();
+    if let Some(f) = &finished {
+        ours.extend(f.drives.iter().map(|d| d.file.clone()));
+    }
+    if let Some(p) = old_plan
+        .as_deref()
+        .and_then(|t| serde_json::from_str::<Manifest>(t).ok())
+    {
+        ours.extend(p.drives.into_iter().map(|d| d.file));
+    }
+    check_owned(&m, &o.out, &ours)?;
+    let copied = small.iter().map(|f| f.len).sum();
+    check_space(&m, &o.out, copied, &crate::write::space::free_bytes)?;
+    // from here on a finished pack is given up only before the first byte that changes it
+    let mut intact = finished.is_some();
+    let manifest_path = o.out.join(MANIFEST);
+    let unfinish = |intact: &mut bool| -> Result<()> {
+        if std::mem::take(intact) {
+            std::fs::remove_file(&manifest_path)
+                .with_context(|| format!("{}", manifest_path.display()))?;
+        }
+        Ok(())
+    };
+    if !same {
+        unfinish(&mut intact)?;
+    }
+    let resume = old_plan.as_deref() == Some(plan_text.as_str());
     if !resume {
         let _ = std::fs::remove_file(&journal_path);
         std::fs::write(&plan_path, &plan_text)
@@ -87,20 +177,14 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
     }
     let mut journal = read_journal(&journal_path);
     // a finished pack of the same plan: its manifest's checksums serve as the journal
-    if let Some(f) = finished {
-        let mut bare = f.clone();
-        bare.copied_files.clear();
-        bare.tensors.iter_mut().for_each(|t| t.sha256 = None);
-        bare.experts.iter_mut().for_each(|r| r.sha256.clear());
-        if bare == m {
-            for (i, t) in f.tensors.iter().enumerate() {
-                if let Some(h) = &t.sha256 {
-                    journal.insert(('s', i), h.clone());
-                }
+    if let (Some(f), true) = (&finished, same) {
+        for (i, t) in f.tensors.iter().enumerate() {
+            if let Some(h) = &t.sha256 {
+                journal.insert(('s', i), h.clone());
             }
-            for (i, r) in f.experts.iter().enumerate() {
-                journal.insert(('e', i), r.sha256.clone());
-            }
+        }
+        for (i, r) in f.experts.iter().enumerate() {
+            journal.insert(('e', i), r.sha256.clone());
         }
     }
     let mut jf = OpenOptions::new()
@@ -108,7 +192,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
         .append(true)
         .open(&journal_path)
         .with_context(|| format!("{}", journal_path.display()))?;
-    let open_rw = |p: &Path, len: u64| -> Result<File> {
+    let open_rw = |p: &Path, len: u64, intact: &mut bool| -> Result<File> {
         let f = OpenOptions::new()
             .read(true)
             .write(true)
@@ -117,16 +201,17 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
             .open(p)
             .with_context(|| format!("{}", p.display()))?;
         if f.metadata()?.len() != len {
+            unfinish(intact)?;
             f.set_len(len).with_context(|| format!("{}", p.display()))?;
         }
         Ok(f)
     };
     let spine_path = o.out.join(SPINE_FILE);
-    let spine = open_rw(&spine_path, m.spine_len)?;
+    let spine = open_rw(&spine_path, m.spine_len, &mut intact)?;
     let drive_files: Vec<File> = m
         .drives
         .iter()
-        .map(|d| open_rw(Path::new(&d.file), d.len))
+        .map(|d| open_rw(Path::new(&d.file), d.len, &mut intact))
         .collect::<Result<_>>()?;
     let src_files: Vec<File> = source
         .files
@@ -181,6 +266,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
                 continue;
             }
         }
+        unfinish(&mut intact)?;
         let mut h = Sha256::new();
         let mut done = 0u64;
         let mut buf = vec![0u8; (pt.n_bytes as usize).min(64 << 20)];
@@ -206,13 +292,20 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
         rep.bytes_written += pt.n_bytes;
     }
     if let Some(h) = &header {
-        spine
-            .write_all_at(h, 0)
-            .with_context(|| format!("{}", spine_path.display()))?;
+        let mut on_disk = vec![0u8; h.len()];
+        let same_header =
+            read_at(&spine, 0, &mut on_disk, &|| String::new()).is_ok() && &on_disk == h;
+        if !same_header {
+            unfinish(&mut intact)?;
+            spine
+                .write_all_at(h, 0)
+                .with_context(|| format!("{}", spine_path.display()))?;
+        }
     }
-    spine.sync_data()?;
-    jf.write_all(pending.as_bytes())?;
-    jf.sync_data()?;
+    spine
+        .sync_data()
+        .with_context(|| format!("{}", spine_path.display()))?;
+    journal_append(&mut jf, &mut pending, &journal_path)?;
     pending.clear();
     let spine_written = rep.written;
     // expert records, synced and journaled layer by layer
@@ -240,6 +333,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
                 }
             }
         }
+        unfinish(&mut intact)?;
         let mut rec = vec![0u8; r.len as usize];
         let mut vfile_base = None;
         for &i in &by_key[&(r.layer, r.expert)] {
@@ -272,12 +366,10 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
             .stop_after
             .is_some_and(|n| rep.written - spine_written >= n);
         if (layer_done || stop) && !pending.is_empty() {
-            for f in &drive_files {
-                f.sync_data()?;
+            for (d, f) in drive_files.iter().enumerate() {
+                f.sync_data().with_context(|| m.drive_label(d))?;
             }
-            jf.write_all(pending.as_bytes())?;
-            jf.sync_data()?;
-            pending.clear();
+            journal_append(&mut jf, &mut pending, &journal_path)?;
         }
         if stop {
             bail!(
@@ -288,46 +380,52 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
     }
     bar.finish_and_clear();
     // copy the small files (config, tokenizer, generation config) and finish with the manifest
-    if let Some(folder) = &source.folder {
-        m.copied_files = copy_small_files(folder, &o.out)?;
+    for f in &small {
+        if !(intact && file_matches(&o.out, &f.name, &f.sha256)) {
+            unfinish(&mut intact)?;
+            copy_small_file(f, &o.out)?;
+        }
     }
-    let tmp = o.out.join(format!("{MANIFEST}.tmp"));
-    {
-        let mut f = File::create(&tmp).with_context(|| format!("{}", tmp.display()))?;
-        f.write_all(serde_json::to_string_pretty(&m)?.as_bytes())?;
-        f.sync_all()?;
+    if !intact {
+        write_manifest(&o.out, &m)?;
     }
-    std::fs::rename(&tmp, o.out.join(MANIFEST))
-        .with_context(|| format!("{}", o.out.join(MANIFEST).display()))?;
+    drop(jf);
     let _ = std::fs::remove_file(&journal_path);
     let _ = std::fs::remove_file(&plan_path);
     Ok(rep)
 }
 
-/// Copies the small files of the Hugging Face folder `src` (config, tokenizer, generation
-/// config: every plain file of at most 64 MiB but the safetensors and their index) into `out`;
-/// returns their names, sorted.
+/// Appends the `pending` journal lines to `jf` (the journal at `path`) and syncs it.
 ///
-/// Errors: a file cannot be listed or copied (the message names it).
-fn copy_small_files(src: &Path, out: &Path) -> Result<Vec<String>> {
-    let mut copied = Vec::new();
-    for e in std::fs::read_dir(src).with_context(|| format!("{}", src.display()))? {
-        let e = e?;
-        let name = e.file_name().to_string_lossy().into_owned();
-        let ft = e.file_type()?;
-        if !ft.is_file() || name.ends_with(".safetensors") || name == "model.safetensors.index.json"
-        {
-            continue;
-        }
-        if e.metadata()?.len() > 64 << 20 {
-            continue;
-        }
-        std::fs::copy(e.path(), out.join(&name))
-            .with_context(|| format!("copying {}", e.path().display()))?;
-        copied.push(name);
+/// Errors: the write or sync fails (the message names the journal).
+fn journal_append(jf: &mut File, pending: &mut String, path: &Path) -> Result<()> {
+    jf.write_all(pending.as_bytes())
+        .and_then(|()| jf.sync_data())
+        .with_context(|| format!("{}: writing the journal", path.display()))?;
+    pending.clear();
+    Ok(())
+}
+
+/// Writes `m` as the manifest of the pack in `out`: to `manifest.json.tmp`, synced, then
+/// renamed over `manifest.json` (the pack is complete only then).
+///
+/// Errors: a write, sync or the rename fails, out of space included (the message names the
+/// file); the temporary file is removed.
+fn write_manifest(out: &Path, m: &Manifest) -> Result<()> {
+    let tmp = out.join(format!("{MANIFEST}.tmp"));
+    let text = serde_json::to_string_pretty(m)?;
+    let written = File::create(&tmp).and_then(|mut f| {
+        f.write_all(text.as_bytes())?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(anyhow::Error::new(e)
+            .context(format!("{}: writing the pack's manifest", tmp.display())));
     }
-    copied.sort();
-    Ok(copied)
+    let dst = out.join(MANIFEST);
+    std::fs::rename(&tmp, &dst)
+        .with_context(|| format!("{}: renaming {} over it", dst.display(), tmp.display()))
 }
 
 /// The logical offset where record `ri` starts.

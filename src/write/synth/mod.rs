@@ -36,6 +36,7 @@ pub use gpt_oss::GptOssShape;
 pub use planned::Planned;
 pub use qwen3_moe::{config_json, presets, write_qwen3_moe, Qwen3MoeShape};
 
+use super::space::free_bytes;
 use crate::quant::GgmlType;
 use hf_checkpoint::HfCheckpoint;
 
@@ -277,20 +278,6 @@ fn hf_checkpoint(shape: &Shape, enc: Encoding) -> HfCheckpoint {
         Shape::DeepseekV3(s) => deepseek_v3::checkpoint(s, enc == Encoding::Fp8),
         Shape::GptOss(s) => gpt_oss::checkpoint(s, enc == Encoding::Mxfp4),
     }
-}
-
-/// Free bytes for an unprivileged user on the file system of `path` (or of its nearest
-/// existing ancestor); `None` when it cannot be asked.
-fn free_bytes(path: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let dir = path.ancestors().find(|p| p.is_dir())?;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated path and `st` a writable statvfs.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// Errors when `needed` bytes exceed `free` (unknown free space passes).
