@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use super::embed_head::{head_chunks, whole, Embedding, Head};
 use super::{LoadOptions, Placement};
