@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod engine;
+pub mod fuzzing;
 pub mod kernels;
 pub mod load;
 pub mod models;
