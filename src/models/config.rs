@@ -135,6 +135,42 @@ fn in_range(g: &GgufModel, key: &str, v: u64, range: RangeInclusive<u64>) -> Res
     Ok(v as usize)
 }
 
+/// For the families' config tests: `parse` (a family's `Config::from_json` with the label
+/// `c.json`) refuses `base` with a `rope_theta` of 0 or −1 (where `base` keeps it: in
+/// `rope_parameters` or at the top level) and with an `rms_norm_eps` of −0.5, each error
+/// naming the field.
+#[cfg(test)]
+pub(crate) fn assert_refuses_bad_theta_and_eps<T: std::fmt::Debug>(
+    base: &serde_json::Value,
+    parse: impl Fn(&serde_json::Value) -> Result<T>,
+) {
+    for theta in [0.0, -1.0] {
+        let mut v = base.clone();
+        match v
+            .get_mut("rope_parameters")
+            .filter(|p| p.get("rope_theta").is_some())
+        {
+            Some(p) => p["rope_theta"] = serde_json::json!(theta),
+            None => v["rope_theta"] = serde_json::json!(theta),
+        }
+        let e = parse(&v).unwrap_err().to_string();
+        assert!(
+            e.starts_with("c.json: '")
+                && e.ends_with(&format!(
+                    "rope_theta' = {theta} must be a positive finite number"
+                )),
+            "{e}"
+        );
+    }
+    let mut v = base.clone();
+    v["rms_norm_eps"] = serde_json::json!(-0.5);
+    let e = parse(&v).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "c.json: 'rms_norm_eps' = -0.5 must be a finite number of at least 0"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

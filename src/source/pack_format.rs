@@ -3,11 +3,13 @@
 //! manifest is `pack_check.rs`'s, opening a pack `pack.rs`'s.
 
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+
+use crate::store::direct::{read_bounded, BoundedReadError};
 
 /// The pack format this code writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -169,27 +171,24 @@ impl Manifest {
         }
         let p = dir.join(MANIFEST);
         // not a FIFO or device (no hang, no endless read), and of a bounded size
-        let meta = std::fs::metadata(&p).with_context(|| format!("{}", p.display()))?;
-        if !meta.is_file() {
-            bail!("{}: not a regular file", p.display());
-        }
-        if meta.len() > MAX_MANIFEST_BYTES {
-            bail!(
-                "{}: {} bytes, more than a manifest may hold ({MAX_MANIFEST_BYTES})",
-                p.display(),
-                meta.len()
-            );
-        }
-        let mut text = String::new();
-        std::fs::File::open(&p)
-            .and_then(|f| f.take(MAX_MANIFEST_BYTES + 1).read_to_string(&mut text))
-            .with_context(|| format!("{}", p.display()))?;
-        if text.len() as u64 > MAX_MANIFEST_BYTES {
-            bail!(
+        let text = match read_bounded(&p, MAX_MANIFEST_BYTES) {
+            Ok(b) => String::from_utf8(b).map_err(|e| {
+                anyhow::Error::new(io::Error::new(io::ErrorKind::InvalidData, e))
+                    .context(format!("{}", p.display()))
+            })?,
+            Err(BoundedReadError::Io(e)) => {
+                return Err(anyhow::Error::new(e).context(format!("{}", p.display())))
+            }
+            Err(BoundedReadError::NotRegular) => bail!("{}: not a regular file", p.display()),
+            Err(BoundedReadError::TooLarge { len, grew: false }) => bail!(
+                "{}: {len} bytes, more than a manifest may hold ({MAX_MANIFEST_BYTES})",
+                p.display()
+            ),
+            Err(BoundedReadError::TooLarge { grew: true, .. }) => bail!(
                 "{}: grew past {MAX_MANIFEST_BYTES} bytes while read",
                 p.display()
-            );
-        }
+            ),
+        };
         let m: Manifest =
             serde_json::from_str(&text).with_context(|| format!("{}: malformed", p.display()))?;
         if m.format_version != FORMAT_VERSION {

@@ -79,6 +79,56 @@ pub fn check_regular(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Why [`read_bounded`] returned no bytes.
+#[derive(Debug)]
+pub enum BoundedReadError {
+    /// Opening, looking at or reading the file failed (the error as the OS gives it, without
+    /// the path; `NotFound` when there is no file).
+    Io(io::Error),
+    /// The path is not a regular file (a FIFO, a device, a folder…); it was never read.
+    NotRegular,
+    /// The file holds `len` bytes, more than the limit; `grew`: it was within the limit when
+    /// opened and grew past it while read (`len` is then the limit plus one).
+    TooLarge { len: u64, grew: bool },
+}
+
+/// Reads the whole regular file `path` if it holds at most `max` bytes: opened without
+/// blocking (`O_NONBLOCK`, so a FIFO never hangs the open), checked through the open
+/// descriptor to be a regular file of at most `max` bytes, and read no further than `max + 1`
+/// bytes, so a file that grows while read cannot exhaust memory. For the small files Deltafin
+/// keeps itself (pack manifests, heat files).
+///
+/// Errors: see [`BoundedReadError`].
+pub fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, BoundedReadError> {
+    use std::io::Read;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(BoundedReadError::Io)?;
+    let meta = f.metadata().map_err(BoundedReadError::Io)?;
+    if !meta.is_file() {
+        return Err(BoundedReadError::NotRegular);
+    }
+    if meta.len() > max {
+        return Err(BoundedReadError::TooLarge {
+            len: meta.len(),
+            grew: false,
+        });
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    f.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(BoundedReadError::Io)?;
+    if bytes.len() as u64 > max {
+        return Err(BoundedReadError::TooLarge {
+            len: bytes.len() as u64,
+            grew: true,
+        });
+    }
+    Ok(bytes)
+}
+
 impl DirectFile {
     /// Opens `path`, trying `O_DIRECT` first unless `direct` is false.
     ///

@@ -15,12 +15,13 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::direct::{read_bounded, BoundedReadError};
 use super::expert_cache::Key;
 
 /// The largest starting use count a seed gives (the hottest expert of its layer).
@@ -64,38 +65,30 @@ fn named(path: &Path, e: io::Error) -> io::Error {
 /// Errors (naming the file): not a regular file (a FIFO or a device is opened without blocking
 /// and never read), or unreadable.
 fn read_file(path: &Path, layers: usize, experts: usize) -> io::Result<Found> {
-    let f = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Found::Missing),
-        Err(e) => return Err(named(path, e)),
-    };
-    let meta = f.metadata().map_err(|e| named(path, e))?;
-    if !meta.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{}: not a regular file", path.display()),
-        ));
-    }
     let name = path.display();
-    if meta.len() > MAX_HEAT_FILE_BYTES {
-        return Ok(Found::Unusable(format!(
-            "{name} is {} bytes, more than a heat file's limit of {MAX_HEAT_FILE_BYTES}",
-            meta.len()
-        )));
-    }
-    let mut bytes = Vec::new();
-    f.take(MAX_HEAT_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| named(path, e))?;
-    if bytes.len() as u64 > MAX_HEAT_FILE_BYTES {
-        return Ok(Found::Unusable(format!(
-            "{name} grew past a heat file's limit of {MAX_HEAT_FILE_BYTES} bytes"
-        )));
-    }
+    let bytes = match read_bounded(path, MAX_HEAT_FILE_BYTES) {
+        Ok(b) => b,
+        Err(BoundedReadError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
+            return Ok(Found::Missing)
+        }
+        Err(BoundedReadError::Io(e)) => return Err(named(path, e)),
+        Err(BoundedReadError::NotRegular) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{name}: not a regular file"),
+            ))
+        }
+        Err(BoundedReadError::TooLarge { len, grew: false }) => {
+            return Ok(Found::Unusable(format!(
+                "{name} is {len} bytes, more than a heat file's limit of {MAX_HEAT_FILE_BYTES}"
+            )))
+        }
+        Err(BoundedReadError::TooLarge { grew: true, .. }) => {
+            return Ok(Found::Unusable(format!(
+                "{name} grew past a heat file's limit of {MAX_HEAT_FILE_BYTES} bytes"
+            )))
+        }
+    };
     let v: serde_json::Value = match serde_json::from_slice(&bytes) {
         Ok(v) => v,
         Err(e) => return Ok(Found::Unusable(format!("{name} is not valid JSON ({e})"))),

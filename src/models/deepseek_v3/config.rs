@@ -354,25 +354,8 @@ mod tests {
 
     #[test]
     fn rope_theta_and_rms_norm_eps_are_refused_by_name() {
-        for theta in [0.0, -1.0] {
-            let mut v = fixture();
-            match v.get_mut("rope_parameters").filter(|p| p.get("rope_theta").is_some()) {
-                Some(p) => p["rope_theta"] = serde_json::json!(theta),
-                None => v["rope_theta"] = serde_json::json!(theta),
-            }
-            let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
-            assert!(
-                e.starts_with("c.json: '")
-                    && e.ends_with(&format!("rope_theta' = {theta} must be a positive finite number")),
-                "{e}"
-            );
-        }
-        let mut v = fixture();
-        v["rms_norm_eps"] = serde_json::json!(-0.5);
-        let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
-        assert_eq!(
-            e,
-            "c.json: 'rms_norm_eps' = -0.5 must be a finite number of at least 0"
-        );
+        crate::models::config::assert_refuses_bad_theta_and_eps(&fixture(), |v| {
+            Config::from_json(v, "c.json")
+        });
     }
 }
