@@ -418,5 +418,5 @@ pub const FAMILY: crate::models::Family = crate::models::Family {
     check_gguf: None,
     experts: Some(EXPERTS),
     packable: true,
-    synth: &[],
+    synth: &["kimi_linear"],
 };
