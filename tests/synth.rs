@@ -398,7 +398,10 @@ fn kimi_linear_tiny_loads_and_runs_and_the_48b_shape_plans() {
     assert_eq!((p.layers, p.moe_layers, p.experts), (4, 3, 8));
     assert_eq!(p.expert_bytes, 3 * 32 * 64 * 2);
     let conv = &tensors(&hf, "model.layers.0.self_attn.q_conv1d.weight")[0];
-    assert_eq!((conv.ty, conv.shape.clone()), (GgmlType::BF16, vec![4, 1, 64]));
+    assert_eq!(
+        (conv.ty, conv.shape.clone()),
+        (GgmlType::BF16, vec![4, 1, 64])
+    );
     forward_is_finite(hf_session(&hf));
     let o = deltafin(&[
         "synth",

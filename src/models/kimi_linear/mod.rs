@@ -18,7 +18,7 @@
 //!
 //! Weight units: one spine unit per layer (mixer, dense MLP or router and shared experts) and
 //! one per (layer, routed expert), placed under the RAM budget as DeepSeek V3's
-//! ([`super::budget`]); routed experts go through the expert store when they do not all fit.
+//! (`models/budget.rs`); routed experts go through the expert store when they do not all fit.
 
 mod config;
 pub mod kda;

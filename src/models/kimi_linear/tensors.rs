@@ -50,7 +50,7 @@ pub(crate) struct MlaTensors {
 /// A layer's token mixer.
 pub(crate) enum MixTensors {
     Kda(Box<KdaTensors>),
-    Mla(MlaTensors),
+    Mla(Box<MlaTensors>),
 }
 
 /// A layer's feed-forward part.
@@ -142,7 +142,7 @@ pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
                     o_norm: get(&a("o_norm.weight"), &[hd])?,
                 }))
             }
-            Mixer::Mla => MixTensors::Mla(MlaTensors {
+            Mixer::Mla => MixTensors::Mla(Box::new(MlaTensors {
                 q_a: match c.q_lora_rank {
                     Some(r) => Some((
                         get(&a("q_a_proj.weight"), &[d, r])?,
@@ -161,7 +161,7 @@ pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
                     &[c.kv_lora_rank, nh * (c.qk_nope_head_dim + c.v_head_dim)],
                 )?,
                 o: get(&a("o_proj.weight"), &[nh * c.v_head_dim, d])?,
-            }),
+            })),
         };
         let ffn = if c.moe[l] {
             let m = |s: &str| p(&format!("block_sparse_moe.{s}"));

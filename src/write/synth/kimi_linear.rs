@@ -11,7 +11,9 @@
 //! convolution taps are uniform in ±½. The tokenizer and chat template are those of the
 //! `kimi_linear` test fixture (byte-level BPE, vocabulary of 512).
 
-use super::hf_checkpoint::{embeddings, linear_bf16, norm_and_head, ones_bf16, Dtype, Fill, HfCheckpoint, TensorSpec};
+use super::hf_checkpoint::{
+    embeddings, linear_bf16, norm_and_head, ones_bf16, Dtype, Fill, HfCheckpoint, TensorSpec,
+};
 
 /// The shape of a synthetic `kimi_linear` model.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,8 +131,18 @@ fn kda(s: &KimiLinearShape, a: &dyn Fn(&str) -> String) -> Vec<TensorSpec> {
     }
     g.push(linear_bf16(a("f_a_proj.weight"), hd, d));
     g.push(linear_bf16(a("f_b_proj.weight"), dim, hd));
-    g.push(TensorSpec::new(a("A_log"), Dtype::F32, vec![1, 1, nh, 1], Fill::Const(0.0)));
-    g.push(TensorSpec::new(a("dt_bias"), Dtype::F32, vec![dim], Fill::Uniform(0.1)));
+    g.push(TensorSpec::new(
+        a("A_log"),
+        Dtype::F32,
+        vec![1, 1, nh, 1],
+        Fill::Const(0.0),
+    ));
+    g.push(TensorSpec::new(
+        a("dt_bias"),
+        Dtype::F32,
+        vec![dim],
+        Fill::Uniform(0.1),
+    ));
     g.push(linear_bf16(a("b_proj.weight"), nh, d));
     g.push(linear_bf16(a("g_a_proj.weight"), hd, d));
     g.push(linear_bf16(a("g_b_proj.weight"), dim, hd));
@@ -152,7 +164,11 @@ fn groups(s: &KimiLinearShape) -> Vec<Vec<TensorSpec>> {
         if s.is_mla(l) {
             let qk = s.qk_nope_head_dim + s.qk_rope_head_dim;
             g.push(linear_bf16(a("q_proj.weight"), nh * qk, d));
-            g.push(linear_bf16(a("kv_a_proj_with_mqa.weight"), s.kv_lora_rank + s.qk_rope_head_dim, d));
+            g.push(linear_bf16(
+                a("kv_a_proj_with_mqa.weight"),
+                s.kv_lora_rank + s.qk_rope_head_dim,
+                d,
+            ));
             g.push(ones_bf16(a("kv_a_layernorm.weight"), s.kv_lora_rank));
             let kv_b = nh * (s.qk_nope_head_dim + s.v_head_dim);
             g.push(linear_bf16(a("kv_b_proj.weight"), kv_b, s.kv_lora_rank));
@@ -174,16 +190,24 @@ fn groups(s: &KimiLinearShape) -> Vec<Vec<TensorSpec>> {
             vec![s.n_routed_experts],
             Fill::Uniform(0.1),
         ));
-        g.extend(mlp(&m("shared_experts"), d, s.moe_intermediate_size * s.n_shared_experts));
+        g.extend(mlp(
+            &m("shared_experts"),
+            d,
+            s.moe_intermediate_size * s.n_shared_experts,
+        ));
         groups.push(g);
         let ff = s.moe_intermediate_size;
         for e in 0..s.n_routed_experts {
             let x = |w: &str| m(&format!("experts.{e}.{w}.weight"));
             groups.push(
-                [linear_bf16(x("w1"), ff, d), linear_bf16(x("w2"), d, ff), linear_bf16(x("w3"), ff, d)]
-                    .into_iter()
-                    .map(|t| t.experts(1))
-                    .collect(),
+                [
+                    linear_bf16(x("w1"), ff, d),
+                    linear_bf16(x("w2"), d, ff),
+                    linear_bf16(x("w3"), ff, d),
+                ]
+                .into_iter()
+                .map(|t| t.experts(1))
+                .collect(),
             );
         }
     }
@@ -193,7 +217,8 @@ fn groups(s: &KimiLinearShape) -> Vec<Vec<TensorSpec>> {
 
 /// The published-dialect `config.json` of `s`.
 pub fn config_json(s: &KimiLinearShape) -> serde_json::Value {
-    let (full, kda): (Vec<usize>, Vec<usize>) = (1..=s.num_hidden_layers).partition(|&l| s.is_mla(l - 1));
+    let (full, kda): (Vec<usize>, Vec<usize>) =
+        (1..=s.num_hidden_layers).partition(|&l| s.is_mla(l - 1));
     serde_json::json!({
         "architectures": ["KimiLinearForCausalLM"],
         "model_type": "kimi_linear",

@@ -388,7 +388,10 @@ mod tests {
         assert_eq!((s.num_hidden_layers, s.first_k_dense_replace), (2, 1));
         let mut q = catalog()[0].shape.clone();
         let e = q.set_layers(Some(2), Some(1)).unwrap_err().to_string();
-        assert_eq!(e, "--dense-layers applies to deepseek_v3 and kimi_linear only");
+        assert_eq!(
+            e,
+            "--dense-layers applies to deepseek_v3 and kimi_linear only"
+        );
         assert_eq!(
             q.set_layers(Some(0), None).unwrap_err().to_string(),
             "--layers must be at least 1"
@@ -443,7 +446,9 @@ mod tests {
     #[test]
     fn kimi_linear_48b_expert_sizes_and_layer_kinds_are_planned_without_writing() {
         let mut shape = Shape::KimiLinear(kimi_linear::presets().remove(1).2);
-        let Shape::KimiLinear(s) = &shape else { panic!() };
+        let Shape::KimiLinear(s) = &shape else {
+            panic!()
+        };
         let mla: Vec<usize> = (0..27).filter(|&l| s.is_mla(l)).map(|l| l + 1).collect();
         assert_eq!(mla, [4, 8, 12, 16, 20, 24, 27]);
         shape.set_layers(Some(4), None).unwrap();
@@ -453,13 +458,25 @@ mod tests {
         assert_eq!((p.layers, p.moe_layers, p.experts), (4, 3, 256));
         // layers 1-3 KDA, layer 4 (the last) MLA
         let (d, dim, hd) = (2304u64, 4096u64, 128u64);
-        let kda = 2 * (3 * dim * d + 3 * dim * 4 + hd * d + dim * hd + 32 * d + hd * d + dim * hd + hd + d * dim)
+        let kda = 2
+            * (3 * dim * d
+                + 3 * dim * 4
+                + hd * d
+                + dim * hd
+                + 32 * d
+                + hd * d
+                + dim * hd
+                + hd
+                + d * dim)
             + 4 * (32 + dim);
         let mla = 2 * (32 * 192 * d + 576 * d + 512 + 32 * 256 * 512 + d * 32 * 128);
         let dense = 2 * 3 * d * 9216;
         let moe = 2 * (256 * d + 3 * d * 1024) + 4 * 256 + 256 * 3 * d * 1024 * 2;
         let spine = 2 * (2 * 512 * d + d);
-        assert_eq!(p.tensor_bytes, spine + 3 * kda + mla + 4 * 2 * 2 * d + dense + 3 * moe);
+        assert_eq!(
+            p.tensor_bytes,
+            spine + 3 * kda + mla + 4 * 2 * 2 * d + dense + 3 * moe
+        );
     }
 
     #[test]
