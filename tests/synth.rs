@@ -384,3 +384,37 @@ fn cli_lists_plans_writes_and_runs_the_new_architectures() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+#[test]
+fn kimi_linear_tiny_loads_and_runs_and_the_48b_shape_plans() {
+    let dir = tempfile::tempdir().unwrap();
+    let shape = preset("kimi_linear", "tiny");
+    let p = write_checked(&shape, Encoding::Bf16, dir.path());
+    let hf = HfModel::open(dir.path()).unwrap();
+    let c = &hf.config;
+    assert_eq!(c["model_type"], "kimi_linear");
+    assert_eq!(c["linear_attn_config"]["full_attn_layers"], json!([4]));
+    assert_eq!(c["linear_attn_config"]["kda_layers"], json!([1, 2, 3]));
+    assert_eq!((p.layers, p.moe_layers, p.experts), (4, 3, 8));
+    assert_eq!(p.expert_bytes, 3 * 32 * 64 * 2);
+    let conv = &tensors(&hf, "model.layers.0.self_attn.q_conv1d.weight")[0];
+    assert_eq!(
+        (conv.ty, conv.shape.clone()),
+        (GgmlType::BF16, vec![4, 1, 64])
+    );
+    forward_is_finite(hf_session(&hf));
+    let o = deltafin(&[
+        "synth",
+        "--arch",
+        "kimi_linear",
+        "--preset",
+        "kimi-linear-48b-a3b",
+        "--dry-run",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        out.contains("27 layers (1 dense + 26 MoE × 256 experts of 13.50 MiB), hf bf16"),
+        "{out}"
+    );
+}

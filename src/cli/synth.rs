@@ -14,9 +14,10 @@ Architectures, presets and encodings (--preset list describes each preset):
   qwen3_moe    tiny, small, qwen3-30b-a3b   hf: bf16; gguf: q4_0 (default), q8_0, q4_k
   deepseek_v3  tiny, deepseek-v3            hf: bf16 (default), fp8 (E4M3, 128x128 block scales)
   gpt_oss      tiny, gpt-oss-20b            hf: mxfp4 (default), bf16
+  kimi_linear  tiny, kimi-linear-48b-a3b    hf: bf16
 q4_k matrices whose rows are not a multiple of 256 are written as q5_0, as llama.cpp does.")]
 pub struct SynthArgs {
-    /// Architecture (Hugging Face `model_type`): qwen3_moe, deepseek_v3 or gpt_oss.
+    /// Architecture (Hugging Face `model_type`): qwen3_moe, deepseek_v3, gpt_oss or kimi_linear.
     #[arg(long, default_value = "qwen3_moe")]
     pub arch: String,
     /// Shape preset of the architecture (`--preset list` prints them all).
@@ -28,7 +29,8 @@ pub struct SynthArgs {
     /// Number of decoder layers (dense ones included), overriding the preset's.
     #[arg(long)]
     pub layers: Option<usize>,
-    /// deepseek_v3: leading dense layers (`first_k_dense_replace`), overriding the preset's.
+    /// deepseek_v3, kimi_linear: leading dense layers (`first_k_dense_replace`), overriding the
+    /// preset's.
     #[arg(long)]
     pub dense_layers: Option<usize>,
     /// Approximate size of each safetensors shard.

@@ -145,6 +145,11 @@ pub trait Blocks: Send + Sync {
     fn experts(&self, step: ExpertStep<'_>) -> io::Result<()>;
     /// Adjusts the final logits in place (Gemma: soft-capping). Default: nothing.
     fn finish_logits(&self, _logits: &mut [f32]) {}
+    /// Floats of recurrent state layer `l` keeps in the cache ([`KvCache::with_state`]);
+    /// 0 (the default) for an attention layer, which keeps per-position rows instead.
+    fn recurrent_state(&self, _l: usize) -> usize {
+        0
+    }
 }
 
 /// A loaded decoder of any family: its [`Blocks`], the spine units of its layers, the
@@ -310,9 +315,14 @@ impl<B: Blocks> Model for Decoder<B> {
 
     fn new_cache(&self, n_ctx: usize) -> KvCache {
         let (l, n) = (self.dims.num_layers, n_ctx.min(self.dims.context_length));
-        match self.dims.cache {
+        let cache = match self.dims.cache {
             CacheShape::Kv { kv_dim } => KvCache::new(l, n, kv_dim),
             CacheShape::Latent { width } => KvCache::new_latent(l, n, width),
+        };
+        let state: Vec<usize> = (0..l).map(|i| self.blocks.recurrent_state(i)).collect();
+        match state.iter().any(|&f| f > 0) {
+            true => cache.with_state(&state),
+            false => cache,
         }
     }
 

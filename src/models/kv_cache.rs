@@ -1,5 +1,6 @@
 //! The KV cache: keys and values of every past position, per layer, in f32; or, for
-//! multi-head latent attention (DeepSeek V2/V3), one compressed latent row per position.
+//! multi-head latent attention (DeepSeek V2/V3), one compressed latent row per position; and,
+//! for recurrent layers (Kimi Delta Attention), a fixed-size state per layer beside them.
 
 /// Keys and values for `n_ctx` positions of `n_layers` layers, each position holding
 /// `kv_dim = n_kv_heads × head_dim` floats for K and for V. Memory:
@@ -15,6 +16,10 @@ pub struct KvCache {
     pub kv_dim: usize,
     /// Positions filled so far.
     pub len: usize,
+    /// Per layer, the recurrent state of a recurrent layer (empty for attention layers):
+    /// a fixed number of floats whatever the position, zero before the first token
+    /// ([`KvCache::with_state`]).
+    pub state: Vec<Vec<f32>>,
 }
 
 impl KvCache {
@@ -26,6 +31,7 @@ impl KvCache {
             n_ctx,
             kv_dim,
             len: 0,
+            state: (0..n_layers).map(|_| Vec::new()).collect(),
         }
     }
 
@@ -40,7 +46,23 @@ impl KvCache {
             n_ctx,
             kv_dim: width,
             len: 0,
+            state: (0..n_layers).map(|_| Vec::new()).collect(),
         }
+    }
+
+    /// This cache with a recurrent state of `floats[l]` floats (zeros) for each layer `l`
+    /// with a non-zero count; those layers keep no per-position rows (their [`KvCache::k`] and
+    /// [`KvCache::v`] become empty). Hybrid models (Kimi Linear, Kimi K3) mix such layers with
+    /// latent-attention layers.
+    pub fn with_state(mut self, floats: &[usize]) -> Self {
+        for (l, &f) in floats.iter().enumerate().take(self.k.len()) {
+            if f > 0 {
+                self.k[l] = Vec::new();
+                self.v[l] = Vec::new();
+                self.state[l] = vec![0.0; f];
+            }
+        }
+        self
     }
 
     /// Bytes a latent cache of these dimensions holds.
@@ -53,8 +75,9 @@ impl KvCache {
         n_layers * n_ctx * kv_dim * 2 * 4
     }
 
-    /// Forgets every position (keeps the allocation).
+    /// Forgets every position and zeroes every recurrent state (keeps the allocation).
     pub fn clear(&mut self) {
         self.len = 0;
+        self.state.iter_mut().for_each(|s| s.fill(0.0));
     }
 }

@@ -304,6 +304,21 @@ FAMILIES = {
                                          beta_slow=1.0, truncate=False),
                     max_position_embeddings=131072, tie_word_embeddings=False)),
 }
+# Kimi Linear: KDA (linear attention) layers 1, 2, 4 and an MLA (no-RoPE) layer 3 (1-based, as the
+# published `linear_attn_config.full_attn_layers` counts), a dense first layer, then MoE layers
+# (sigmoid routing, renormalized, scaled). `layer_types` / `mlp_layer_types` are set explicitly.
+FAMILIES["kimi_linear"] = dict(
+    model_type="kimi_linear", tokenizer="deepseek", dtype="bfloat16", pad_vocab=64, shards=1,
+    config=dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=4, num_experts=8, num_local_experts=8,
+                num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
+                routed_scaling_factor=2.446, norm_topk_prob=True, q_lora_rank=None, kv_lora_rank=16,
+                qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, rms_norm_eps=1e-5,
+                linear_head_dim=16, linear_num_heads=4, linear_conv_kernel_dim=4,
+                layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+                mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+                max_position_embeddings=256, tie_word_embeddings=False),
+    all_positions=True)
 # DeepSeek-V3 with FP8 E4M3 block-quantized linear weights. 8 heads make q_b_proj 192 rows (one
 # full and one partial 128-row block) and kv_b_proj 256 rows; the dense MLP is 256 wide.
 FAMILIES["deepseek_v3_fp8"] = dict(
@@ -672,6 +687,10 @@ def build_family(name, out_root):
         "transformers_fp8_loader_max_abs_diff": fp8_loader_diff,
         **ref,
     }
+    if fam.get("all_positions"):
+        # every prompt position's full float32 logits (prompt_len x vocab), for the families
+        # whose tests compare every position over the whole vocabulary
+        ref["all_logits"] = [[float(x) for x in row] for row in lp]
     write_json(os.path.join(out, "reference.json"), ref)
     return ref
 

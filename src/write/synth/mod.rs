@@ -7,6 +7,7 @@
 //! | `qwen3_moe` ([`qwen3_moe`]) | `tiny`, `small`, `qwen3-30b-a3b` | Hugging Face BF16; llama.cpp `qwen3moe` GGUF in Q4_0, Q8_0, Q4_K ([`qwen3_moe_gguf`]) |
 //! | `deepseek_v3` ([`deepseek_v3`]) | `tiny`, `deepseek-v3` | Hugging Face BF16, FP8 E4M3 with 128×128 block scales |
 //! | `gpt_oss` ([`gpt_oss`]) | `tiny`, `gpt-oss-20b` | Hugging Face MXFP4 experts, BF16 |
+//! | `kimi_linear` ([`kimi_linear`]) | `tiny`, `kimi-linear-48b-a3b` | Hugging Face BF16 |
 //!
 //! Hugging Face folders are laid out as published checkpoints are: `config.json` in the
 //! published dialect (`rope_theta` + `rope_scaling`, `torch_dtype`), sharded
@@ -23,6 +24,7 @@ pub mod deepseek_v3;
 mod fill;
 pub mod gpt_oss;
 mod hf_checkpoint;
+pub mod kimi_linear;
 mod planned;
 pub mod qwen3_moe;
 pub mod qwen3_moe_gguf;
@@ -33,6 +35,7 @@ use anyhow::{bail, Result};
 
 pub use deepseek_v3::DeepseekV3Shape;
 pub use gpt_oss::GptOssShape;
+pub use kimi_linear::KimiLinearShape;
 pub use planned::Planned;
 pub use qwen3_moe::{config_json, presets, write_qwen3_moe, Qwen3MoeShape};
 
@@ -55,6 +58,7 @@ pub enum Shape {
     Qwen3Moe(Qwen3MoeShape),
     DeepseekV3(DeepseekV3Shape),
     GptOss(GptOssShape),
+    KimiLinear(KimiLinearShape),
 }
 
 /// How the weights are stored.
@@ -139,6 +143,7 @@ impl Shape {
             Shape::Qwen3Moe(_) => "qwen3_moe",
             Shape::DeepseekV3(_) => "deepseek_v3",
             Shape::GptOss(_) => "gpt_oss",
+            Shape::KimiLinear(_) => "kimi_linear",
         }
     }
 
@@ -153,11 +158,12 @@ impl Shape {
             ],
             Shape::DeepseekV3(_) => &[Encoding::Bf16, Encoding::Fp8],
             Shape::GptOss(_) => &[Encoding::Mxfp4, Encoding::Bf16],
+            Shape::KimiLinear(_) => &[Encoding::Bf16],
         }
     }
 
     /// Overrides the number of decoder layers (`num_hidden_layers`, dense ones included) and,
-    /// for `deepseek_v3`, the leading dense layers (`first_k_dense_replace`).
+    /// for `deepseek_v3` and `kimi_linear`, the leading dense layers (`first_k_dense_replace`).
     ///
     /// Errors: zero layers; `dense` for another architecture; no MoE layer left
     /// (`layers <= first_k_dense_replace`).
@@ -168,6 +174,18 @@ impl Shape {
         match self {
             Shape::Qwen3Moe(s) => s.num_hidden_layers = layers.unwrap_or(s.num_hidden_layers),
             Shape::GptOss(s) => s.num_hidden_layers = layers.unwrap_or(s.num_hidden_layers),
+            Shape::KimiLinear(s) => {
+                s.num_hidden_layers = layers.unwrap_or(s.num_hidden_layers);
+                s.first_k_dense_replace = dense.unwrap_or(s.first_k_dense_replace);
+                if s.num_hidden_layers <= s.first_k_dense_replace {
+                    bail!(
+                        "--layers {} leaves no MoE layer after the {} dense layers (first_k_dense_replace); lower --dense-layers",
+                        s.num_hidden_layers,
+                        s.first_k_dense_replace
+                    );
+                }
+                return Ok(());
+            }
             Shape::DeepseekV3(s) => {
                 s.num_hidden_layers = layers.unwrap_or(s.num_hidden_layers);
                 s.first_k_dense_replace = dense.unwrap_or(s.first_k_dense_replace);
@@ -182,7 +200,7 @@ impl Shape {
             }
         }
         if dense.is_some() {
-            bail!("--dense-layers applies to deepseek_v3 only");
+            bail!("--dense-layers applies to deepseek_v3 and kimi_linear only");
         }
         Ok(())
     }
@@ -219,7 +237,14 @@ pub fn catalog() -> Vec<Preset> {
             description,
             shape: Shape::GptOss(s),
         });
-    qwen.chain(deepseek).chain(gpt_oss).collect()
+    let kimi = kimi_linear::presets()
+        .into_iter()
+        .map(|(name, description, s)| Preset {
+            name,
+            description,
+            shape: Shape::KimiLinear(s),
+        });
+    qwen.chain(deepseek).chain(gpt_oss).chain(kimi).collect()
 }
 
 /// The files [`write()`] would write for `shape` in `enc`, with `shard_bytes` shards (Hugging
@@ -277,6 +302,7 @@ fn hf_checkpoint(shape: &Shape, enc: Encoding) -> HfCheckpoint {
         Shape::Qwen3Moe(s) => qwen3_moe::checkpoint(s),
         Shape::DeepseekV3(s) => deepseek_v3::checkpoint(s, enc == Encoding::Fp8),
         Shape::GptOss(s) => gpt_oss::checkpoint(s, enc == Encoding::Mxfp4),
+        Shape::KimiLinear(s) => kimi_linear::checkpoint(s),
     }
 }
 
@@ -362,7 +388,10 @@ mod tests {
         assert_eq!((s.num_hidden_layers, s.first_k_dense_replace), (2, 1));
         let mut q = catalog()[0].shape.clone();
         let e = q.set_layers(Some(2), Some(1)).unwrap_err().to_string();
-        assert_eq!(e, "--dense-layers applies to deepseek_v3 only");
+        assert_eq!(
+            e,
+            "--dense-layers applies to deepseek_v3 and kimi_linear only"
+        );
         assert_eq!(
             q.set_layers(Some(0), None).unwrap_err().to_string(),
             "--layers must be at least 1"
@@ -412,6 +441,42 @@ mod tests {
             .count();
         assert_eq!(shards, 4);
         assert!(p.total_bytes() > p.tensor_bytes && p.total_bytes() < p.tensor_bytes + (1 << 22));
+    }
+
+    #[test]
+    fn kimi_linear_48b_expert_sizes_and_layer_kinds_are_planned_without_writing() {
+        let mut shape = Shape::KimiLinear(kimi_linear::presets().remove(1).2);
+        let Shape::KimiLinear(s) = &shape else {
+            panic!()
+        };
+        let mla: Vec<usize> = (0..27).filter(|&l| s.is_mla(l)).map(|l| l + 1).collect();
+        assert_eq!(mla, [4, 8, 12, 16, 20, 24, 27]);
+        shape.set_layers(Some(4), None).unwrap();
+        let p = plan(&shape, Encoding::Bf16, 4 << 30).unwrap();
+        // w1, w3 [1024, 2304] and w2 [2304, 1024] in BF16
+        assert_eq!(p.expert_bytes, 3 * 2304 * 1024 * 2);
+        assert_eq!((p.layers, p.moe_layers, p.experts), (4, 3, 256));
+        // layers 1-3 KDA, layer 4 (the last) MLA
+        let (d, dim, hd) = (2304u64, 4096u64, 128u64);
+        let kda = 2
+            * (3 * dim * d
+                + 3 * dim * 4
+                + hd * d
+                + dim * hd
+                + 32 * d
+                + hd * d
+                + dim * hd
+                + hd
+                + d * dim)
+            + 4 * (32 + dim);
+        let mla = 2 * (32 * 192 * d + 576 * d + 512 + 32 * 256 * 512 + d * 32 * 128);
+        let dense = 2 * 3 * d * 9216;
+        let moe = 2 * (256 * d + 3 * d * 1024) + 4 * 256 + 256 * 3 * d * 1024 * 2;
+        let spine = 2 * (2 * 512 * d + d);
+        assert_eq!(
+            p.tensor_bytes,
+            spine + 3 * kda + mla + 4 * 2 * 2 * d + dense + 3 * moe
+        );
     }
 
     #[test]

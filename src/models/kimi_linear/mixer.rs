@@ -1,0 +1,181 @@
+//! The two token mixers of Kimi Linear over one layer's normed rows: a KDA layer
+//! ([`kda_mixer`], transformers' `KimiLinearDeltaAttention.forward`) and a no-RoPE MLA layer
+//! ([`mla_mixer`], `KimiLinearAttention.forward`: DeepSeek's latent attention with the shared
+//! "rotary" key used as is, never rotated).
+
+use super::kda::{decay, delta_rule, l2norm, short_conv_silu, sigmoid, DeltaInputs};
+use crate::kernels::Matrix;
+use crate::kernels::ops::rms_norm;
+use crate::models::deepseek_v3::mla::{mla_attention, MlaShape, MlaWeights};
+use crate::models::layers::{mm, rms_norm_rows};
+
+/// Sizes of a KDA layer.
+#[derive(Clone, Copy, Debug)]
+pub struct KdaShape {
+    pub n_heads: usize,
+    /// Key and value width per head.
+    pub head_dim: usize,
+    /// Taps of the short convolutions.
+    pub conv: usize,
+    /// `eps` of the gated output RMSNorm.
+    pub eps: f32,
+    /// Kimi K3's decay lower bound (`None` for Kimi Linear).
+    pub lower_bound: Option<f32>,
+}
+
+impl KdaShape {
+    /// `n_heads × head_dim`.
+    pub fn dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Floats of the convolution part of the state: `(conv − 1) × 3 × dim`.
+    pub fn conv_state(&self) -> usize {
+        (self.conv - 1) * 3 * self.dim()
+    }
+}
+
+/// A KDA layer's matrices (views into its spine unit) and resident vectors.
+pub struct KdaWeights<'a> {
+    pub q: Matrix<'a>,
+    pub k: Matrix<'a>,
+    pub v: Matrix<'a>,
+    /// `f_a_proj` (`head_dim × hidden`) and `f_b_proj` (`dim × head_dim`).
+    pub f_a: Matrix<'a>,
+    pub f_b: Matrix<'a>,
+    /// `b_proj` (`n_heads × hidden`).
+    pub b: Matrix<'a>,
+    /// The output gate: `g_a_proj` then `g_b_proj` (Kimi Linear), or one full-rank matrix
+    /// (`dim × hidden`, `g_a` `None`: Kimi K3).
+    pub g_a: Option<Matrix<'a>>,
+    pub g_b: Matrix<'a>,
+    pub o: Matrix<'a>,
+    /// Short-convolution taps of `q`, `k`, `v` channels in that order (`3 · dim × conv`).
+    pub conv: &'a [f32],
+    /// `A_log` per head.
+    pub a_log: &'a [f32],
+    /// `dt_bias` (`dim`).
+    pub dt_bias: &'a [f32],
+    /// `o_norm` weight (`head_dim`).
+    pub o_norm: &'a [f32],
+}
+
+/// A KDA layer over the `n` normed rows `xn` (`n × hidden`) into `out` (`n × hidden`), its
+/// state (`state`: convolution inputs then `n_heads × head_dim²`) carried from the previous
+/// tokens and updated. `chunked`: the delta rule in the chunked form (prefill) rather than the
+/// recurrent one.
+pub fn kda_mixer(sh: &KdaShape, w: &KdaWeights<'_>, xn: &[f32], state: &mut [f32], chunked: bool, out: &mut [f32]) {
+    let (h, hd, dim) = (sh.n_heads, sh.head_dim, sh.dim());
+    let n = out.len() / w.o.rows;
+    let (conv_st, rec_st) = state.split_at_mut(sh.conv_state());
+    // q | k | v per row, convolved
+    let mut qkv = vec![0f32; n * 3 * dim];
+    {
+        let mut t = vec![0f32; n * dim];
+        for (i, m) in [&w.q, &w.k, &w.v].into_iter().enumerate() {
+            mm(m, xn, n, &mut t);
+            for r in 0..n {
+                qkv[r * 3 * dim + i * dim..r * 3 * dim + (i + 1) * dim].copy_from_slice(&t[r * dim..(r + 1) * dim]);
+            }
+        }
+    }
+    short_conv_silu(&mut qkv, 3 * dim, w.conv, sh.conv, conv_st);
+    let (mut q, mut k, mut v) = (vec![0f32; n * dim], vec![0f32; n * dim], vec![0f32; n * dim]);
+    let scale = 1.0 / (hd as f32).sqrt();
+    for r in 0..n {
+        let row = &qkv[r * 3 * dim..(r + 1) * 3 * dim];
+        q[r * dim..(r + 1) * dim].copy_from_slice(&row[..dim]);
+        k[r * dim..(r + 1) * dim].copy_from_slice(&row[dim..2 * dim]);
+        v[r * dim..(r + 1) * dim].copy_from_slice(&row[2 * dim..]);
+    }
+    for (qh, kh) in q.chunks_exact_mut(hd).zip(k.chunks_exact_mut(hd)) {
+        l2norm(qh);
+        qh.iter_mut().for_each(|x| *x *= scale);
+        l2norm(kh);
+    }
+    // decay and beta
+    let mut fa = vec![0f32; n * w.f_a.rows];
+    mm(&w.f_a, xn, n, &mut fa);
+    let mut g = vec![0f32; n * dim];
+    mm(&w.f_b, &fa, n, &mut g);
+    for r in g.chunks_exact_mut(dim) {
+        decay(r, w.a_log, w.dt_bias, sh.lower_bound);
+    }
+    let mut beta = vec![0f32; n * h];
+    mm(&w.b, xn, n, &mut beta);
+    beta.iter_mut().for_each(|b| *b = sigmoid(*b));
+    let mut o = vec![0f32; n * dim];
+    let x = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
+    delta_rule(&x, h, hd, hd, chunked, rec_st, &mut o);
+    // gated output norm
+    let mut gate = vec![0f32; n * dim];
+    match &w.g_a {
+        Some(ga) => {
+            let mut t = vec![0f32; n * ga.rows];
+            mm(ga, xn, n, &mut t);
+            mm(&w.g_b, &t, n, &mut gate);
+        }
+        None => mm(&w.g_b, xn, n, &mut gate),
+    }
+    let mut normed = vec![0f32; hd];
+    for (oh, gh) in o.chunks_exact_mut(hd).zip(gate.chunks_exact(hd)) {
+        rms_norm(oh, w.o_norm, sh.eps, &mut normed);
+        for ((y, &z), &gv) in oh.iter_mut().zip(&normed).zip(gh) {
+            *y = z * sigmoid(gv);
+        }
+    }
+    mm(&w.o, &o, n, out);
+}
+
+/// An MLA layer's matrices (views into its spine unit) and norms.
+pub struct MlaLayer<'a> {
+    /// `q_a_proj` with its norm weights, then `q_b_proj`; or `None` and `q` is `q_proj`.
+    pub q_a: Option<(Matrix<'a>, &'a [f32])>,
+    pub q: Matrix<'a>,
+    pub kv_a: Matrix<'a>,
+    pub kv_a_norm: &'a [f32],
+    pub kv_b: Matrix<'a>,
+    pub o: Matrix<'a>,
+}
+
+/// A no-RoPE MLA layer over the `n` normed rows `xn` at positions `pos0..` into `out`
+/// (`n × hidden`): the new tokens' latent rows (`kv_a_layernorm`ed latent, unrotated shared
+/// key) go into `cache` (rows of `width = rank + rope` floats for positions `0..pos0 + n`),
+/// then DeepSeek's absorbed latent attention ([`mla_attention`]) with softmax scale
+/// `(nope + rope)^-½`, then `o_proj`. `lora_eps`: `eps` of the latent norms (transformers'
+/// `KimiLinearRMSNorm` default, 1e-6).
+#[allow(clippy::too_many_arguments)]
+pub fn mla_mixer(
+    s: &MlaShape,
+    w: &MlaLayer<'_>,
+    lora_eps: f32,
+    xn: &[f32],
+    cache: &mut [f32],
+    pos0: usize,
+    out: &mut [f32],
+) {
+    let n = out.len() / w.o.rows;
+    let (nh, qh, width) = (s.n_heads, s.nope + s.rope, s.rank + s.rope);
+    let mut q = vec![0f32; n * nh * qh];
+    match &w.q_a {
+        Some((qa, nw)) => {
+            let mut t = vec![0f32; n * qa.rows];
+            mm(qa, xn, n, &mut t);
+            let mut tn = vec![0f32; t.len()];
+            rms_norm_rows(&t, nw, lora_eps, &mut tn);
+            mm(&w.q, &tn, n, &mut q);
+        }
+        None => mm(&w.q, xn, n, &mut q),
+    }
+    let mut kv = vec![0f32; n * width];
+    mm(&w.kv_a, xn, n, &mut kv);
+    let mut normed = vec![0f32; s.rank];
+    for row in kv.chunks_exact_mut(width) {
+        rms_norm(&row[..s.rank], w.kv_a_norm, lora_eps, &mut normed);
+        row[..s.rank].copy_from_slice(&normed);
+    }
+    cache[pos0 * width..(pos0 + n) * width].copy_from_slice(&kv);
+    let mut att = vec![0f32; n * nh * s.v];
+    mla_attention(s, &q, MlaWeights::Joint(&w.kv_b), &cache[..(pos0 + n) * width], pos0, &mut att);
+    mm(&w.o, &att, n, out);
+}
