@@ -148,7 +148,9 @@ async fn call(app: &axum::Router, path: &str, body: Value) -> (StatusCode, Strin
 async fn send(app: &axum::Router, req: Request<Body>) -> (StatusCode, String) {
     let r = app.clone().oneshot(req).await.unwrap();
     let status = r.status();
-    let b = axum::body::to_bytes(r.into_body(), usize::MAX).await.unwrap();
+    let b = axum::body::to_bytes(r.into_body(), usize::MAX)
+        .await
+        .unwrap();
     (status, String::from_utf8(b.to_vec()).unwrap())
 }
 
@@ -177,9 +179,7 @@ async fn stream_plain() {
 
 #[tokio::test]
 async fn stream_with_usage() {
-    insta::assert_snapshot!(
-        stream("Hi", json!({"stream_options": {"include_usage": true}})).await
-    );
+    insta::assert_snapshot!(stream("Hi", json!({"stream_options": {"include_usage": true}})).await);
 }
 
 #[tokio::test]
@@ -212,7 +212,9 @@ fn weather_tool() -> Value {
 #[tokio::test]
 async fn stream_tool_call() {
     let call = "Let me look.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
-    insta::assert_snapshot!(stream(call, json!({"tools": weather_tool(), "max_tokens": 100})).await);
+    insta::assert_snapshot!(
+        stream(call, json!({"tools": weather_tool(), "max_tokens": 100})).await
+    );
 }
 
 #[tokio::test]
@@ -258,7 +260,10 @@ async fn request_errors_have_the_openai_shape() {
             "type": "invalid_request_error", "param": "n", "code": null}})
     );
     let (s, e) = error_of(&app, path, chat("x", json!({"model": "gpt-4"}))).await;
-    assert_eq!((s, e["error"]["code"].as_str()), (404, Some("model_not_found")));
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (404, Some("model_not_found"))
+    );
     let (s, e) = error_of(
         &app,
         path,
@@ -285,18 +290,27 @@ async fn request_errors_have_the_openai_shape() {
     assert_eq!(e["error"]["code"], "request_too_large");
     let long = "a b ".repeat(700);
     let (s, e) = error_of(&app, path, chat(&long, json!({}))).await;
-    assert_eq!((s, e["error"]["code"].as_str()), (400, Some("context_length_exceeded")));
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (400, Some("context_length_exceeded"))
+    );
     let req = Request::post(path)
         .header("content-type", "application/json")
         .body(Body::from("{\"model\": "))
         .unwrap();
     let (s, b) = send(&app, req).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
-    assert!(b.contains("the body is not valid JSON: EOF while parsing"), "{b}");
+    assert!(
+        b.contains("the body is not valid JSON: EOF while parsing"),
+        "{b}"
+    );
     // a template's own raise_exception message
     let bad = json!({"model": "qwen3_moe", "messages": []});
     let (s, e) = error_of(&app, path, bad).await;
-    assert_eq!((s, e["error"]["message"].as_str()), (400, Some("messages is empty")));
+    assert_eq!(
+        (s, e["error"]["message"].as_str()),
+        (400, Some("messages is empty"))
+    );
 }
 
 #[tokio::test]
@@ -313,7 +327,10 @@ async fn api_key_guards_all_but_health() {
     let (s, b) = send(&app, get("/v1/models", None)).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     assert!(b.contains("\"code\":\"invalid_api_key\""), "{b}");
-    assert_eq!(send(&app, get("/metrics", Some("wrong"))).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        send(&app, get("/metrics", Some("wrong"))).await.0,
+        StatusCode::UNAUTHORIZED
+    );
     let (s, b) = send(&app, get("/v1/models", Some("sekret"))).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(
@@ -323,7 +340,10 @@ async fn api_key_guards_all_but_health() {
     );
     let (s, m) = send(&app, get("/metrics", Some("sekret"))).await;
     assert_eq!(s, StatusCode::OK);
-    assert!(m.contains("deltafin_requests_total{endpoint=\"/v1/models\",status=\"401\"} 1\n"), "{m}");
+    assert!(
+        m.contains("deltafin_requests_total{endpoint=\"/v1/models\",status=\"401\"} 1\n"),
+        "{m}"
+    );
 }
 
 /// The second turn of a chat reuses the first turn's KV cache and answers exactly what a
@@ -335,7 +355,10 @@ async fn second_turn_reuses_the_kv_cache() {
         "messages": [{"role": "user", "content": "Hello"}]});
     let (_, b) = call(&app, "/v1/chat/completions", turn1).await;
     let v: Value = serde_json::from_str(&b).unwrap();
-    let answer = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let answer = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     let turn2 = json!({"model": "qwen3_moe", "max_tokens": 6, "messages": [
         {"role": "user", "content": "Hello"},
@@ -343,12 +366,22 @@ async fn second_turn_reuses_the_kv_cache() {
         {"role": "user", "content": "More"}]});
     let (_, b) = call(&app, "/v1/chat/completions", turn2.clone()).await;
     let reused: Value = serde_json::from_str(&b).unwrap();
-    let (_, b) = call(&app_with(real_engine(), None), "/v1/chat/completions", turn2).await;
+    let (_, b) = call(
+        &app_with(real_engine(), None),
+        "/v1/chat/completions",
+        turn2,
+    )
+    .await;
     let fresh: Value = serde_json::from_str(&b).unwrap();
     assert_eq!(fresh["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-    let cached = reused["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let cached = reused["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
     // everything up to the first answer's end is shared
     assert!(cached > 10, "{reused}");
     assert_eq!(reused["choices"], fresh["choices"]);
-    assert_eq!(reused["usage"]["prompt_tokens"], fresh["usage"]["prompt_tokens"]);
+    assert_eq!(
+        reused["usage"]["prompt_tokens"],
+        fresh["usage"]["prompt_tokens"]
+    );
 }

@@ -199,14 +199,17 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     if a.verbose_prompt {
         let text = match a.chat {
-            true => opened.chat_template(&tok)?.render(&{
-                let mut msgs = Vec::new();
-                if let Some(s) = &a.system {
-                    msgs.push(Message::new("system", s.clone()));
-                }
-                msgs.push(Message::new("user", prompt.clone()));
-                msgs
-            }, true)?,
+            true => opened.chat_template(&tok)?.render(
+                &{
+                    let mut msgs = Vec::new();
+                    if let Some(s) = &a.system {
+                        msgs.push(Message::new("system", s.clone()));
+                    }
+                    msgs.push(Message::new("user", prompt.clone()));
+                    msgs
+                },
+                true,
+            )?,
             false => prompt.clone(),
         };
         eprint!("{}", describe_prompt(&text, &ids, &tok));
@@ -327,7 +330,10 @@ pub fn describe_prompt(text: &str, ids: &[u32], tok: &crate::tokenizer::ModelTok
 ///
 /// Errors: as `run`'s loading; a prompt flag (`--prompt`, `--chat`), which these commands
 /// take from their clients instead.
-pub fn load_engine(a: &RunArgs, default_ctx: usize) -> Result<(crate::serve::generate::Engine, String)> {
+pub fn load_engine(
+    a: &RunArgs,
+    default_ctx: usize,
+) -> Result<(crate::serve::generate::Engine, String)> {
     if a.prompt.is_some() || a.chat {
         bail!("--prompt and --chat belong to `deltafin run`; this command takes its prompts from its clients");
     }
@@ -366,7 +372,9 @@ pub fn load_engine(a: &RunArgs, default_ctx: usize) -> Result<(crate::serve::gen
         .model
         .as_deref()
         .and_then(|p| p.file_name())
-        .map_or("deltafin-default".to_string(), |n| n.to_string_lossy().into_owned());
+        .map_or("deltafin-default".to_string(), |n| {
+            n.to_string_lossy().into_owned()
+        });
     let engine = crate::serve::generate::Engine::new(
         session,
         std::sync::Arc::new(tok),

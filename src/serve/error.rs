@@ -65,8 +65,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
         if let Some(s) = self.retry_after {
-            r.headers_mut()
-                .insert("retry-after", HeaderValue::from(s));
+            r.headers_mut().insert("retry-after", HeaderValue::from(s));
         }
         r
     }

@@ -102,15 +102,60 @@ impl Metrics {
             }
         }
         let counters: [(&str, &str, &AtomicU64, &str); 9] = [
-            ("deltafin_prompt_tokens_total", "Prompt tokens of generations.", &self.prompt_tokens, "counter"),
-            ("deltafin_cached_prompt_tokens_total", "Prompt tokens whose KV cache was reused from the previous request.", &self.cached_tokens, "counter"),
-            ("deltafin_generated_tokens_total", "Tokens generated.", &self.generated_tokens, "counter"),
-            ("deltafin_cancelled_total", "Generations cancelled because the client disconnected or the server is stopping.", &self.cancelled, "counter"),
-            ("deltafin_bytes_read_total", "Bytes of weights read from disk.", &self.bytes_read, "counter"),
-            ("deltafin_expert_cache_hits_total", "Expert uses served from the expert cache.", &self.expert_hits, "counter"),
-            ("deltafin_expert_cache_misses_total", "Expert uses read from disk.", &self.expert_misses, "counter"),
-            ("deltafin_queue_length", "Requests waiting for the model.", &self.queued, "gauge"),
-            ("deltafin_in_flight", "Requests being generated.", &self.in_flight, "gauge"),
+            (
+                "deltafin_prompt_tokens_total",
+                "Prompt tokens of generations.",
+                &self.prompt_tokens,
+                "counter",
+            ),
+            (
+                "deltafin_cached_prompt_tokens_total",
+                "Prompt tokens whose KV cache was reused from the previous request.",
+                &self.cached_tokens,
+                "counter",
+            ),
+            (
+                "deltafin_generated_tokens_total",
+                "Tokens generated.",
+                &self.generated_tokens,
+                "counter",
+            ),
+            (
+                "deltafin_cancelled_total",
+                "Generations cancelled because the client disconnected or the server is stopping.",
+                &self.cancelled,
+                "counter",
+            ),
+            (
+                "deltafin_bytes_read_total",
+                "Bytes of weights read from disk.",
+                &self.bytes_read,
+                "counter",
+            ),
+            (
+                "deltafin_expert_cache_hits_total",
+                "Expert uses served from the expert cache.",
+                &self.expert_hits,
+                "counter",
+            ),
+            (
+                "deltafin_expert_cache_misses_total",
+                "Expert uses read from disk.",
+                &self.expert_misses,
+                "counter",
+            ),
+            (
+                "deltafin_queue_length",
+                "Requests waiting for the model.",
+                &self.queued,
+                "gauge",
+            ),
+            (
+                "deltafin_in_flight",
+                "Requests being generated.",
+                &self.in_flight,
+                "gauge",
+            ),
         ];
         for (name, help, v, kind) in counters {
             let _ = writeln!(
@@ -123,16 +168,28 @@ impl Metrics {
             self.expert_hits.load(Ordering::Relaxed),
             self.expert_misses.load(Ordering::Relaxed),
         );
-        let rate = if h + m == 0 { 0.0 } else { h as f64 / (h + m) as f64 };
+        let rate = if h + m == 0 {
+            0.0
+        } else {
+            h as f64 / (h + m) as f64
+        };
         let _ = writeln!(
             out,
             "# HELP deltafin_expert_cache_hit_rate Share of expert uses served from the cache.\n# TYPE deltafin_expert_cache_hit_rate gauge\ndeltafin_expert_cache_hit_rate {rate}"
         );
         if let Ok(t) = self.ttft.lock() {
-            t.write(&mut out, "deltafin_ttft_seconds", "Time from the start of a generation to its first token.");
+            t.write(
+                &mut out,
+                "deltafin_ttft_seconds",
+                "Time from the start of a generation to its first token.",
+            );
         }
         if let Ok(t) = self.decode.lock() {
-            t.write(&mut out, "deltafin_decode_seconds", "Time a generation spent after its first token.");
+            t.write(
+                &mut out,
+                "deltafin_decode_seconds",
+                "Time a generation spent after its first token.",
+            );
         }
         out
     }

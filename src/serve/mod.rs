@@ -53,17 +53,27 @@ pub fn state(
     engine: Engine,
     opts: &ServeOptions,
     clock: fn() -> u64,
-) -> (Arc<AppState>, Arc<AtomicBool>, std::thread::JoinHandle<Engine>) {
+) -> (
+    Arc<AppState>,
+    Arc<AtomicBool>,
+    std::thread::JoinHandle<Engine>,
+) {
     let metrics = Arc::new(Metrics::default());
     let stopping = Arc::new(AtomicBool::new(false));
     let tok = Arc::clone(&engine.tok);
     let template = engine.template.clone();
-    let tool_format = template.as_ref().and_then(|t| ToolFormat::detect(t.source()));
+    let tool_format = template
+        .as_ref()
+        .and_then(|t| ToolFormat::detect(t.source()));
     let defaults = engine.defaults.clone();
     let n_ctx = engine.n_ctx();
     let default_max_tokens = engine.default_max_tokens;
-    let (queue, handle) =
-        worker::start(engine, opts.queue, Arc::clone(&metrics), Arc::clone(&stopping));
+    let (queue, handle) = worker::start(
+        engine,
+        opts.queue,
+        Arc::clone(&metrics),
+        Arc::clone(&stopping),
+    );
     let st = AppState {
         model_id: opts.model_id.clone(),
         tok,
@@ -108,7 +118,11 @@ async fn shutdown_signal() {
 ///
 /// Errors: the address cannot be bound; the runtime cannot start.
 pub fn serve(engine: Engine, opts: ServeOptions) -> Result<()> {
-    if opts.api_key.is_none() && opts.host != "127.0.0.1" && opts.host != "localhost" && opts.host != "::1" {
+    if opts.api_key.is_none()
+        && opts.host != "127.0.0.1"
+        && opts.host != "localhost"
+        && opts.host != "::1"
+    {
         eprintln!(
             "warning: serving on {} without --api-key: anyone who can reach this address can use the model",
             opts.host
@@ -128,7 +142,9 @@ pub fn serve(engine: Engine, opts: ServeOptions) -> Result<()> {
         eprintln!(
             "serving {} on http://{} (OpenAI API under /v1)",
             opts.model_id,
-            listener.local_addr().map_or(addr.clone(), |a| a.to_string())
+            listener
+                .local_addr()
+                .map_or(addr.clone(), |a| a.to_string())
         );
         let app = routes::router(Arc::clone(&st));
         let stop2 = Arc::clone(&stopping);

@@ -69,7 +69,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
-        .route("/health", get(|| async { axum::Json(json!({"status": "ok"})) }))
+        .route(
+            "/health",
+            get(|| async { axum::Json(json!({"status": "ok"})) }),
+        )
         .route("/metrics", get(metrics))
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such endpoint")
@@ -83,8 +86,10 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// Counts every answer by path and status.
 async fn count(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = match req.uri().path() {
-        p @ ("/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health"
-        | "/metrics") => p.to_string(),
+        p
+        @ ("/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
+            p.to_string()
+        }
         _ => "other".to_string(),
     };
     let r = next.run(req).await;
@@ -191,7 +196,10 @@ fn params(
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
-            format!("the model '{}' does not exist; this server serves '{}'", c.model, s.model_id),
+            format!(
+                "the model '{}' does not exist; this server serves '{}'",
+                c.model, s.model_id
+            ),
         )
         .code("model_not_found"));
     }
@@ -202,26 +210,56 @@ fn params(
         ));
     }
     let mut sc = s.defaults.clone();
-    if let Some(t) = check(c.temperature, "temperature", |t| t >= 0.0 && t.is_finite(), "a number >= 0")? {
+    if let Some(t) = check(
+        c.temperature,
+        "temperature",
+        |t| t >= 0.0 && t.is_finite(),
+        "a number >= 0",
+    )? {
         sc.temperature = t;
     }
-    if let Some(p) = check(c.top_p, "top_p", |p| p > 0.0 && p <= 1.0, "a number in (0, 1]")? {
+    if let Some(p) = check(
+        c.top_p,
+        "top_p",
+        |p| p > 0.0 && p <= 1.0,
+        "a number in (0, 1]",
+    )? {
         sc.top_p = p;
     }
     if let Some(k) = c.top_k {
         sc.top_k = k.max(0) as usize;
     }
-    if let Some(p) = check(c.min_p, "min_p", |p| (0.0..=1.0).contains(&p), "a number in [0, 1]")? {
+    if let Some(p) = check(
+        c.min_p,
+        "min_p",
+        |p| (0.0..=1.0).contains(&p),
+        "a number in [0, 1]",
+    )? {
         sc.min_p = p;
     }
     let pen = |p: f32| (-2.0..=2.0).contains(&p);
-    if let Some(p) = check(c.presence_penalty, "presence_penalty", pen, "a number in [-2, 2]")? {
+    if let Some(p) = check(
+        c.presence_penalty,
+        "presence_penalty",
+        pen,
+        "a number in [-2, 2]",
+    )? {
         sc.presence_penalty = p;
     }
-    if let Some(p) = check(c.frequency_penalty, "frequency_penalty", pen, "a number in [-2, 2]")? {
+    if let Some(p) = check(
+        c.frequency_penalty,
+        "frequency_penalty",
+        pen,
+        "a number in [-2, 2]",
+    )? {
         sc.frequency_penalty = p;
     }
-    if let Some(p) = check(c.repetition_penalty, "repetition_penalty", |p| p > 0.0 && p.is_finite(), "a number > 0")? {
+    if let Some(p) = check(
+        c.repetition_penalty,
+        "repetition_penalty",
+        |p| p > 0.0 && p.is_finite(),
+        "a number > 0",
+    )? {
         sc.repeat_penalty = p;
     }
     sc.seed = match c.seed {
@@ -245,7 +283,12 @@ fn params(
         .code("context_length_exceeded"));
     }
     let max_tokens = match c.max_tokens {
-        Some(0) => return Err(ApiError::invalid(Some("max_tokens"), "max_tokens is 0, expected at least 1")),
+        Some(0) => {
+            return Err(ApiError::invalid(
+                Some("max_tokens"),
+                "max_tokens is 0, expected at least 1",
+            ))
+        }
         Some(m) => m as usize,
         None => s.default_max_tokens.map_or(room, |m| m.min(room)),
     };
@@ -276,7 +319,11 @@ fn chat_prompt(s: &AppState, r: &ChatRequest) -> Result<Vec<u32>, ApiError> {
     if r.messages.is_empty() {
         return Err(ApiError::invalid(Some("messages"), "messages is empty"));
     }
-    let tools = r.tools.as_ref().filter(|t| !t.is_empty()).map(|t| Value::Array(t.clone()));
+    let tools = r
+        .tools
+        .as_ref()
+        .filter(|t| !t.is_empty())
+        .map(|t| Value::Array(t.clone()));
     let text = tmpl
         .render_json(&Value::Array(r.messages.clone()), tools.as_ref(), true)
         .map_err(|e| ApiError::invalid(Some("messages"), format!("{e:#}")))?;
@@ -302,8 +349,11 @@ async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection
     }
     let logprobs = match (r.logprobs, r.top_logprobs) {
         (_, Some(n)) if n > 20 => {
-            return ApiError::invalid(Some("top_logprobs"), format!("top_logprobs is {n}, expected 0 to 20"))
-                .into_response()
+            return ApiError::invalid(
+                Some("top_logprobs"),
+                format!("top_logprobs is {n}, expected 0 to 20"),
+            )
+            .into_response()
         }
         (true, n) => Some(n.unwrap_or(0) as usize),
         (false, Some(_)) => {
@@ -357,15 +407,24 @@ async fn completions(
         }
     };
     if let Some(n) = r.logprobs.filter(|&n| n > 20) {
-        return ApiError::invalid(Some("logprobs"), format!("logprobs is {n}, expected 0 to 20"))
-            .into_response();
+        return ApiError::invalid(
+            Some("logprobs"),
+            format!("logprobs is {n}, expected 0 to 20"),
+        )
+        .into_response();
     }
     let prompt = match s.tok.encode_prompt(&text) {
         Ok(p) if !p.is_empty() => p,
         Ok(_) => return ApiError::invalid(Some("prompt"), "the prompt is empty").into_response(),
         Err(e) => return ApiError::invalid(Some("prompt"), format!("{e:#}")).into_response(),
     };
-    let p = match params(&s, &r.common(), prompt.len(), r.logprobs.map(|n| n as usize), None) {
+    let p = match params(
+        &s,
+        &r.common(),
+        prompt.len(),
+        r.logprobs.map(|n| n as usize),
+        None,
+    ) {
         Ok(p) => p,
         Err(mut e) => {
             if e.param.as_deref() == Some("messages") {
@@ -405,8 +464,12 @@ async fn answer(s: &AppState, head: Head, prompt: Vec<u32>, p: Params, stream: b
             return e.into_response();
         }
         Err(SubmitError::Stopped) => {
-            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the server is stopping")
-                .into_response()
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "the server is stopping",
+            )
+            .into_response()
         }
     }
     if stream {
@@ -434,8 +497,12 @@ async fn whole(head: Head, mut rx: mpsc::UnboundedReceiver<Event>, want_lp: bool
             }
         }
     }
-    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the model stopped")
-        .into_response()
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "the model stopped",
+    )
+    .into_response()
 }
 
 /// State of an event stream being written.
@@ -453,10 +520,13 @@ impl Streaming {
     fn on(&mut self, ev: Option<Event>) {
         match ev {
             Some(Event::Chunk(c)) => {
-                let lp = self.want_lp.then(|| sse::logprobs(self.head.kind, &c.logprobs, self.offset));
+                let lp = self
+                    .want_lp
+                    .then(|| sse::logprobs(self.head.kind, &c.logprobs, self.offset));
                 self.offset += c.text.len();
                 let delta = json!({"content": c.text});
-                self.out.push_back(sse::event(&self.head.chunk(delta, lp, None)));
+                self.out
+                    .push_back(sse::event(&self.head.chunk(delta, lp, None)));
             }
             Some(Event::Done(o)) => self.done(&o),
             Some(Event::Error(m)) => {
@@ -472,11 +542,13 @@ impl Streaming {
     fn done(&mut self, o: &Outcome) {
         if !o.tool_calls.is_empty() {
             let delta = json!({"tool_calls": sse::tool_calls(&o.tool_calls, true)});
-            self.out.push_back(sse::event(&self.head.chunk(delta, None, None)));
+            self.out
+                .push_back(sse::event(&self.head.chunk(delta, None, None)));
         }
         let delta = json!({});
         let finish = Some(o.finish.as_str());
-        self.out.push_back(sse::event(&self.head.chunk(delta, None, finish)));
+        self.out
+            .push_back(sse::event(&self.head.chunk(delta, None, finish)));
         if self.head.include_usage {
             self.out.push_back(sse::event(&self.head.usage_chunk(o)));
         }

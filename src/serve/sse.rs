@@ -122,7 +122,9 @@ impl Head {
     /// A stream chunk: `delta` for chat (or `text` for completions), logprobs, finish reason.
     pub fn chunk(&self, delta: Value, lps: Option<Value>, finish: Option<&str>) -> Value {
         let choice = match self.kind {
-            Kind::Chat => json!({"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}),
+            Kind::Chat => {
+                json!({"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish})
+            }
             Kind::Completion => json!({
                 "index": 0,
                 "text": delta.get("content").cloned().unwrap_or(json!("")),

@@ -95,7 +95,10 @@ impl ToolFormat {
                     let (left, right) = body.split_once(DS_SEP)?;
                     let (name, args) = if left.trim() == "function" {
                         let (name, rest) = right.split_once('\n')?;
-                        let args = rest.trim().trim_start_matches("```json").trim_end_matches("```");
+                        let args = rest
+                            .trim()
+                            .trim_start_matches("```json")
+                            .trim_end_matches("```");
                         (name.trim(), args.trim())
                     } else {
                         (left.trim(), right.trim())
@@ -177,8 +180,14 @@ mod tests {
         );
         let h = format!("<|channel|>commentary to=functions.w <|constrain|>json<|message|>{args}");
         assert_eq!(one(ToolFormat::Harmony, &h).1, "w");
-        assert_eq!(ToolFormat::Hermes.parse("<tool_call>not json</tool_call>"), None);
-        assert_eq!(ToolFormat::detect("x <tool_call> y"), Some(ToolFormat::Hermes));
+        assert_eq!(
+            ToolFormat::Hermes.parse("<tool_call>not json</tool_call>"),
+            None
+        );
+        assert_eq!(
+            ToolFormat::detect("x <tool_call> y"),
+            Some(ToolFormat::Hermes)
+        );
         assert_eq!(ToolFormat::detect("plain"), None);
     }
 }

@@ -120,7 +120,9 @@ macro_rules! common {
 
             /// Whether usage goes on a final chunk of the stream.
             pub fn include_usage(&self) -> bool {
-                self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+                self.stream_options
+                    .as_ref()
+                    .is_some_and(|o| o.include_usage)
             }
         }
     };

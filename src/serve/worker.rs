@@ -118,9 +118,7 @@ fn run(mut engine: Engine, rx: Receiver<Job>, m: &Metrics, stopping: &AtomicBool
                 let _ = job.events.send(Event::Done(o));
             }
             Err(e) => {
-                let _ = job
-                    .events
-                    .send(Event::Error(format!("{e:#}")));
+                let _ = job.events.send(Event::Error(format!("{e:#}")));
             }
         }
     }
