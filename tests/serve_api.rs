@@ -385,3 +385,105 @@ async fn second_turn_reuses_the_kv_cache() {
         fresh["usage"]["prompt_tokens"]
     );
 }
+
+/// Blocks every forward pass until opened; wraps the echo model.
+struct Gated {
+    inner: Box<dyn Model>,
+    open: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+}
+
+impl Model for Gated {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn context_length(&self) -> usize {
+        self.inner.context_length()
+    }
+    fn new_cache(&self, n_ctx: usize) -> KvCache {
+        self.inner.new_cache(n_ctx)
+    }
+    fn forward(
+        &self,
+        s: &mut WeightStore,
+        c: &mut KvCache,
+        t: &[u32],
+        l: Logits,
+    ) -> anyhow::Result<Vec<f32>> {
+        let (m, cv) = &*self.open;
+        let mut g = m.lock().unwrap();
+        while !*g {
+            g = cv.wait(g).unwrap();
+        }
+        drop(g);
+        self.inner.forward(s, c, t, l)
+    }
+    fn placement(&self) -> &Placement {
+        self.inner.placement()
+    }
+}
+
+/// With one request running and the queue (of 1) full, the next is refused at once with 503
+/// and `Retry-After`; once the model is free, the running and queued ones complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_503_with_retry_after() {
+    let open = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let mut e = echo_engine();
+    let store = WeightStore::open(&[], Vec::new(), &[], 0, 0, false).unwrap();
+    let inner = std::mem::replace(
+        &mut e.session,
+        Session::new(
+            Box::new(Echo {
+                placement: Placement::default(),
+                user_head: 0,
+                asst_head: 0,
+            }),
+            store,
+            8,
+            8,
+        ),
+    );
+    let gated = Gated {
+        inner: inner.model,
+        open: Arc::clone(&open),
+    };
+    let e = engine(Box::new(gated), inner.store);
+    let mut o = opts(None);
+    o.queue = 1;
+    let (st, _, _) = state(e, &o, || 0);
+    let app = routes::router(Arc::clone(&st));
+    let spawn = |app: axum::Router| {
+        tokio::spawn(async move { call(&app, "/v1/chat/completions", chat("Hi", json!({}))).await })
+    };
+    let first = spawn(app.clone());
+    while st
+        .metrics
+        .in_flight
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 0
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let second = spawn(app.clone());
+    while st.metrics.queued.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let r = app
+        .clone()
+        .oneshot(
+            Request::post("/v1/chat/completions")
+                .header("content-type", "application/json")
+                .body(Body::from(chat("Hi", json!({})).to_string()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.headers()["retry-after"], "1");
+    *open.0.lock().unwrap() = true;
+    open.1.notify_all();
+    for h in [first, second] {
+        let (s, b) = h.await.unwrap();
+        assert_eq!(s, StatusCode::OK);
+        assert!(b.contains("\"content\":\"Hi\""), "{b}");
+    }
+}
