@@ -487,3 +487,37 @@ async fn a_full_queue_answers_503_with_retry_after() {
         assert!(b.contains("\"content\":\"Hi\""), "{b}");
     }
 }
+
+/// `/v1/completions` takes a raw prompt (here one the echo model answers), streams
+/// `text_completion` chunks, and reports logprobs in the legacy shape.
+#[tokio::test]
+async fn completions_stream_and_legacy_logprobs() {
+    let app = app_with(echo_engine(), None);
+    let prompt = "<|im_start|>user\nOK go<|im_end|>\n<|im_start|>assistant\n";
+    let body = json!({"model": "qwen3_moe", "prompt": prompt, "max_tokens": 10,
+        "stream": true, "stop": " g"});
+    let (s, b) = call(&app, "/v1/completions", body).await;
+    assert_eq!(s, StatusCode::OK);
+    insta::assert_snapshot!(b);
+    let body = json!({"model": "qwen3_moe", "prompt": [prompt], "max_tokens": 2, "logprobs": 1});
+    let (s, b) = call(&app, "/v1/completions", body).await;
+    assert_eq!(s, StatusCode::OK);
+    let v: Value = serde_json::from_str(&b).unwrap();
+    let c = &v["choices"][0];
+    assert_eq!(c["text"], "OK");
+    assert_eq!(c["finish_reason"], "length");
+    assert_eq!(c["logprobs"]["tokens"], json!(["O", "K"]));
+    assert_eq!(c["logprobs"]["text_offset"], json!([0, 1]));
+    assert_eq!(
+        c["logprobs"]["top_logprobs"][0].as_object().unwrap().len(),
+        1
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+    let (s, e) = error_of(
+        &app,
+        "/v1/completions",
+        json!({"model": "qwen3_moe", "prompt": "x", "echo": true}),
+    )
+    .await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("echo")));
+}
