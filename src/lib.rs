@@ -10,6 +10,7 @@ pub mod load;
 pub mod models;
 pub mod pull;
 pub mod quant;
+pub mod serve;
 pub mod source;
 pub mod store;
 pub mod tokenizer;

@@ -112,6 +112,8 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
         min_p: 0.0,
         repeat_penalty: 1.0,
         repeat_last_n: 0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
         seed: 0,
     });
     let never = |_: u32| false;

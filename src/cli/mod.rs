@@ -3,12 +3,15 @@
 use clap::{Parser, Subcommand};
 
 pub mod bench;
+pub mod chat;
 pub mod inspect;
 pub mod pack;
 pub mod pull;
 pub mod run;
+pub mod serve;
 pub mod store_args;
 pub mod synth;
+pub mod tokenize;
 
 /// Deltafin: run language models larger than RAM by streaming weights from disk.
 #[derive(Parser, Debug)]
@@ -33,6 +36,12 @@ pub enum Command {
     Pack(pack::PackArgs),
     /// Write a random-weight checkpoint of a real architecture (for benchmarks).
     Synth(synth::SynthArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat, completions, models, metrics).
+    Serve(Box<serve::ServeArgs>),
+    /// Chat with the model in the terminal (history kept with KV cache reuse).
+    Chat(Box<chat::ChatArgs>),
+    /// Print the token ids and pieces of a text.
+    Tokenize(tokenize::TokenizeArgs),
 }
 
 /// Sets the size of the global thread pool once (`--threads`; `None`: all cores).
@@ -78,6 +87,8 @@ pub fn main() -> std::process::ExitCode {
     init_tracing(match &cli.command {
         Command::Run(a) => a.store.trace,
         Command::Bench(a) => a.store.trace,
+        Command::Serve(a) => a.run.store.trace,
+        Command::Chat(a) => a.run.store.trace,
         _ => false,
     });
     let result = match cli.command {
@@ -87,6 +98,9 @@ pub fn main() -> std::process::ExitCode {
         Command::Synth(a) => synth::run(a),
         Command::Pack(a) => pack::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Serve(a) => serve::run(*a),
+        Command::Chat(a) => chat::run(*a),
+        Command::Tokenize(a) => tokenize::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -85,6 +85,10 @@ pub struct RunArgs {
     /// Write the statistics as JSON to this file.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
+    /// Print the prompt as the model sees it (after the chat template, with --chat) and its
+    /// token ids and pieces, to standard error, before generating.
+    #[arg(long)]
+    pub verbose_prompt: bool,
 }
 
 fn float(s: &str) -> Result<f32, String> {
@@ -193,6 +197,23 @@ pub fn run(a: RunArgs) -> Result<()> {
     if ids.is_empty() {
         bail!("the prompt is empty");
     }
+    if a.verbose_prompt {
+        let text = match a.chat {
+            true => opened.chat_template(&tok)?.render(
+                &{
+                    let mut msgs = Vec::new();
+                    if let Some(s) = &a.system {
+                        msgs.push(Message::new("system", s.clone()));
+                    }
+                    msgs.push(Message::new("user", prompt.clone()));
+                    msgs
+                },
+                true,
+            )?,
+            false => prompt.clone(),
+        };
+        eprint!("{}", describe_prompt(&text, &ids, &tok));
+    }
     let n_ctx = match a.ctx_size {
         Some(c) if c < ids.len() + 1 => bail!(
             "--ctx-size {c} is smaller than the prompt ({} tokens) plus one",
@@ -283,6 +304,86 @@ pub fn run(a: RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// What `--verbose-prompt` and `deltafin tokenize` print: the text, the number of tokens,
+/// then one line per token, `ID -> 'PIECE'` (pieces with special tokens shown as their text,
+/// escapes as Rust's `escape_debug`).
+pub fn describe_prompt(text: &str, ids: &[u32], tok: &crate::tokenizer::ModelTokenizer) -> String {
+    let mut out = format!(
+        "prompt: '{}'\nnumber of tokens in prompt = {}\n",
+        text.escape_debug(),
+        ids.len()
+    );
+    for &id in ids {
+        out.push_str(&format!(
+            "{id:>8} -> '{}'\n",
+            tok.token_text(id).escape_debug()
+        ));
+    }
+    out
+}
+
+/// Loads the model of `a` for `serve` and `chat`: tokenizer, chat template (when the model
+/// has one), weights under `a`'s budget with a KV cache of `--ctx-size` tokens (default
+/// `default_ctx`, at most the model's context), and the sampling defaults of `a` (flags, else
+/// the model's generation config, else Deltafin's). Returns the engine and the model's id
+/// (its file or folder name).
+///
+/// Errors: as `run`'s loading; a prompt flag (`--prompt`, `--chat`), which these commands
+/// take from their clients instead.
+pub fn load_engine(
+    a: &RunArgs,
+    default_ctx: usize,
+) -> Result<(crate::serve::generate::Engine, String)> {
+    if a.prompt.is_some() || a.chat {
+        bail!("--prompt and --chat belong to `deltafin run`; this command takes its prompts from its clients");
+    }
+    super::init_threads(a.threads);
+    let opened = open_any(a.model.as_deref())?;
+    let tok = opened.tokenizer()?;
+    let model_sampling = opened.sampling()?;
+    let template = match opened.chat_template(&tok) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            eprintln!("warning: no chat template ({e:#}); chat requests will be refused");
+            None
+        }
+    };
+    let n_ctx = a.ctx_size.unwrap_or(default_ctx).max(2);
+    let limit = MemoryLimit::of_this_process();
+    let opts = LoadOptions {
+        ram_budget: crate::store::plan::ram_budget(a.ram_budget, limit)
+            .map_err(anyhow::Error::msg)?,
+        n_ctx,
+        n_batch: a.batch_size,
+        direct_io: !a.no_direct_io,
+        experts: a.store.options(a.model.as_deref()),
+    };
+    let (model, store) = opened
+        .load_weights(&opts)
+        .map_err(|e| match (a.ram_budget, &limit) {
+            (None, Some(l)) => crate::models::BudgetTooSmall::under_limit(e, l),
+            _ => e,
+        })?;
+    drop(opened);
+    crate::tokenizer::release_freed_memory();
+    let session = Session::new(model, store, n_ctx, opts.n_batch);
+    let defaults = sampler_config(a, &model_sampling, a.seed.unwrap_or(0));
+    let id = a
+        .model
+        .as_deref()
+        .and_then(|p| p.file_name())
+        .map_or("deltafin-default".to_string(), |n| {
+            n.to_string_lossy().into_owned()
+        });
+    let engine = crate::serve::generate::Engine::new(
+        session,
+        std::sync::Arc::new(tok),
+        template.map(std::sync::Arc::new),
+        defaults,
+    );
+    Ok((engine, id))
+}
+
 /// The sampling settings of a run: each flag given on the command line, else the model's
 /// setting ([`ModelSampling`]), else Deltafin's default (temperature 0.8, top-k 40, top-p 0.95,
 /// min-p 0.05, no repetition penalty: llama.cpp's defaults).
@@ -294,6 +395,8 @@ pub fn sampler_config(a: &RunArgs, model: &ModelSampling, seed: u64) -> SamplerC
         min_p: 0.05,
         repeat_penalty: 1.0,
         repeat_last_n: a.repeat_last_n,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
         seed,
     };
     model.apply(&mut c);

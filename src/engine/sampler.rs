@@ -15,8 +15,14 @@ pub struct SamplerConfig {
     /// Divide positive logits (multiply negative ones) of recently seen tokens by this (1: off),
     /// as in the CTRL paper (Keskar et al. 2019) and llama.cpp.
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at.
+    /// How many recent tokens the penalties (repetition, presence, frequency) look at.
     pub repeat_last_n: usize,
+    /// Subtracted once from the logit of every token seen in the window (0: off); OpenAI's
+    /// `presence_penalty`.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it appears in the window (0: off);
+    /// OpenAI's `frequency_penalty`.
+    pub frequency_penalty: f32,
     /// PRNG seed.
     pub seed: u64,
 }
@@ -30,6 +36,8 @@ impl Default for SamplerConfig {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
         }
     }
@@ -186,6 +194,17 @@ impl Sampler {
                 }
             }
         }
+        if (c.presence_penalty != 0.0 || c.frequency_penalty != 0.0) && c.repeat_last_n > 0 {
+            // OpenAI's formula: logit -= count × frequency + (count > 0) × presence
+            let start = history.len().saturating_sub(c.repeat_last_n);
+            let mut seen: Vec<u32> = history[start..].to_vec();
+            seen.sort_unstable();
+            for run in seen.chunk_by(|a, b| a == b) {
+                if let Some(l) = logits.get_mut(run[0] as usize) {
+                    *l -= run.len() as f32 * c.frequency_penalty + c.presence_penalty;
+                }
+            }
+        }
         if c.temperature <= 0.0 {
             return argmax(logits) as u32;
         }
@@ -297,6 +316,8 @@ mod tests {
             min_p: 0.0,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 7,
         }
     }
@@ -365,5 +386,18 @@ mod tests {
         let mut l = [4.0f32, 3.0, -1.0];
         assert_eq!(s.sample(&mut l, &[0, 2]), 1);
         assert_eq!(l, [2.0, 3.0, -2.0]);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_follow_openai() {
+        let mut s = Sampler::new(SamplerConfig {
+            presence_penalty: 0.5,
+            frequency_penalty: 1.0,
+            ..cfg(0.0)
+        });
+        let mut l = [4.0f32, 3.0, 1.0];
+        // token 0 seen twice: 4 - 2×1 - 0.5 = 1.5; token 2 once: 1 - 1 - 0.5 = -0.5
+        assert_eq!(s.sample(&mut l, &[0, 2, 0]), 1);
+        assert_eq!(l, [1.5, 3.0, -0.5]);
     }
 }

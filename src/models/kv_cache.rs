@@ -80,4 +80,25 @@ impl KvCache {
         self.len = 0;
         self.state.iter_mut().for_each(|s| s.fill(0.0));
     }
+
+    /// Keeps the first `n` positions and forgets the rest (no-op when `n >= len`): the cache
+    /// is append-only and position-major, so the entries of positions `< n` do not depend on
+    /// later ones and the next forward pass continues at position `n`. Used to reuse the KV of
+    /// a prompt prefix shared with the previous request.
+    pub fn truncate(&mut self, n: usize) {
+        self.len = self.len.min(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn truncate_keeps_a_prefix_only() {
+        let mut c = super::KvCache::new(1, 8, 2);
+        c.len = 5;
+        c.truncate(7);
+        assert_eq!(c.len, 5);
+        c.truncate(3);
+        assert_eq!(c.len, 3);
+    }
 }

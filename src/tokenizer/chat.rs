@@ -82,6 +82,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    source: String,
 }
 
 const NAME: &str = "chat";
@@ -113,9 +114,15 @@ impl ChatTemplate {
             .map_err(|e| anyhow!("chat template does not compile: {e:#}"))?;
         Ok(ChatTemplate {
             env,
+            source: source.to_string(),
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
         })
+    }
+
+    /// The Jinja source of the template (used to recognise a family's tool-call syntax).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The template for a GGUF model: `tokenizer.chat_template` when present, otherwise the

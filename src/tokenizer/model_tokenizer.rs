@@ -41,6 +41,24 @@ impl ModelTokenizer {
         }
     }
 
+    /// A streaming detokenizer that keeps special tokens as their text (tool-call markers
+    /// such as `<tool_call>` are special tokens in some vocabularies).
+    pub fn decoder_with_special(&self) -> ModelStreamDecoder<'_> {
+        match self {
+            ModelTokenizer::Gguf(k) => ModelStreamDecoder::Gguf(StreamDecoder::new(k, false)),
+            ModelTokenizer::Hf(k) => ModelStreamDecoder::Hf(HfStreamDecoder::new(k, false)),
+        }
+    }
+
+    /// The text of one token, special tokens included (a byte token that is part of a
+    /// character shows as U+FFFD).
+    pub fn token_text(&self, t: u32) -> String {
+        match self {
+            ModelTokenizer::Gguf(k) => k.decode(&[t], false),
+            ModelTokenizer::Hf(k) => k.decode(&[t], false),
+        }
+    }
+
     /// Tokenizes plain prompt text: the model's BOS (or other special tokens it adds) is
     /// added, and special-token texts inside a GGUF prompt stay text.
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {

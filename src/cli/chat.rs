@@ -1,0 +1,124 @@
+//! `deltafin chat`: an interactive chat in the terminal. The conversation's KV cache is kept
+//! between turns (only each turn's new tokens are prefilled), answers stream as they are
+//! generated, `/reset` starts over, `/system TEXT` sets the system message, Ctrl-C stops the
+//! current answer (at the prompt, it ends the program), and standard input that is not a
+//! terminal is read line by line without prompts.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use crate::serve::generate::Params;
+
+/// Arguments of `deltafin chat`: those of `run` (model, budget, sampling; `-n` bounds each
+/// answer; `--system` sets the first system message).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub run: super::run::RunArgs,
+}
+
+static GENERATING: AtomicBool = AtomicBool::new(false);
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    if GENERATING.load(Ordering::SeqCst) {
+        STOP.store(true, Ordering::SeqCst);
+    } else {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(130) }
+    }
+}
+
+/// Runs `deltafin chat`.
+pub fn run(mut a: ChatArgs) -> Result<()> {
+    let system = a.run.system.take();
+    a.run.chat = false;
+    let (mut engine, _) = super::run::load_engine(&a.run, 4096)?;
+    let tmpl = engine
+        .template
+        .clone()
+        .context("this model has no chat template; use `deltafin run`")?;
+    let tty = std::io::stdin().is_terminal();
+    // SAFETY: installing a handler that only touches atomics and calls _exit.
+    unsafe {
+        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+    }
+    let mut system = system;
+    let mut history: Vec<Value> = Vec::new();
+    let mut stdout = std::io::stdout();
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        if tty {
+            print!("> ");
+            let _ = stdout.flush();
+        }
+        let Some(line) = lines.next() else { break };
+        let line = line.context("reading standard input")?;
+        let line = line.trim_end_matches(['\r', '\n']);
+        if line.trim().is_empty() {
+            continue;
+        }
+        if line.trim() == "/reset" {
+            history.clear();
+            engine.reset();
+            continue;
+        }
+        if let Some(s) = line.strip_prefix("/system ") {
+            system = Some(s.to_string());
+            continue;
+        }
+        if line.trim() == "/exit" || line.trim() == "/quit" {
+            break;
+        }
+        history.push(json!({"role": "user", "content": line}));
+        let mut msgs = Vec::new();
+        if let Some(s) = &system {
+            msgs.push(json!({"role": "system", "content": s}));
+        }
+        msgs.extend(history.iter().cloned());
+        // the same path as `run --chat` and the server: template, then encode_chat
+        let text = tmpl.render_json(&Value::Array(msgs), None, true)?;
+        let ids = engine.tok.encode_chat(&text)?;
+        let mut sampler = engine.defaults.clone();
+        if a.run.seed.is_none() {
+            sampler.seed = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+        }
+        let room = engine.n_ctx().saturating_sub(ids.len());
+        if room == 0 {
+            eprintln!("the conversation fills the context; /reset to start over");
+            history.pop();
+            continue;
+        }
+        let p = Params {
+            sampler,
+            max_tokens: a.run.max_tokens.min(room),
+            stop: a.run.stop.clone(),
+            logprobs: None,
+            tools: None,
+        };
+        let mut answer = String::new();
+        STOP.store(false, Ordering::SeqCst);
+        GENERATING.store(true, Ordering::SeqCst);
+        let r = engine.generate(
+            &ids,
+            &p,
+            &mut |c| {
+                answer.push_str(&c.text);
+                print!("{}", c.text);
+                let _ = std::io::stdout().flush();
+            },
+            &|| STOP.load(Ordering::SeqCst),
+        );
+        GENERATING.store(false, Ordering::SeqCst);
+        println!();
+        r?;
+        history.push(json!({"role": "assistant", "content": answer}));
+    }
+    Ok(())
+}

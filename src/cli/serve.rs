@@ -1,0 +1,69 @@
+//! `deltafin serve`: the OpenAI-compatible server over one model (see `crate::serve`).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+use crate::serve::{serve, ServeOptions};
+use crate::store::plan::parse_size;
+
+/// Arguments of `deltafin serve`: the model, budget, I/O and sampling flags of `run` (the
+/// sampling flags become the defaults of requests that do not set a field; `-n` the default
+/// `max_tokens`), plus the server's own.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub run: super::run::RunArgs,
+    /// Address to listen on. Anything but loopback without --api-key prints a warning.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health.
+    #[arg(long, conflicts_with = "api_key_file")]
+    pub api_key: Option<String>,
+    /// Read the API key from this file (its first line), so it stays out of `ps`.
+    #[arg(long)]
+    pub api_key_file: Option<PathBuf>,
+    /// Requests that may wait while one runs; more are answered 503 with Retry-After.
+    #[arg(long, default_value_t = 16)]
+    pub queue: usize,
+    /// Largest request body (e.g. 4M); larger ones are refused with 413 before being read.
+    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    pub body_limit: u64,
+}
+
+/// Runs `deltafin serve`.
+pub fn run(a: ServeArgs) -> Result<()> {
+    let api_key = match (&a.api_key, &a.api_key_file) {
+        (Some(k), _) => Some(k.clone()),
+        (None, Some(p)) => {
+            let s = std::fs::read_to_string(p)
+                .with_context(|| format!("reading the API key from {}", p.display()))?;
+            let k = s.lines().next().unwrap_or("").trim().to_string();
+            if k.is_empty() {
+                bail!("{}: the API key file is empty", p.display());
+            }
+            Some(k)
+        }
+        (None, None) => None,
+    };
+    if api_key.as_deref() == Some("") {
+        bail!("--api-key is empty");
+    }
+    let (mut engine, model_id) = super::run::load_engine(&a.run, 4096)?;
+    engine.default_max_tokens = Some(a.run.max_tokens);
+    serve(
+        engine,
+        ServeOptions {
+            host: a.host,
+            port: a.port,
+            api_key,
+            queue: a.queue,
+            body_limit: usize::try_from(a.body_limit).unwrap_or(usize::MAX),
+            model_id,
+            seed: a.run.seed,
+        },
+    )
+}

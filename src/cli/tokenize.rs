@@ -1,0 +1,25 @@
+//! `deltafin tokenize`: the token ids and pieces of a text, as a prompt would be tokenized.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::load::open_any;
+
+/// Arguments of `deltafin tokenize`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TokenizeArgs {
+    /// Model (as for `run`); only its tokenizer is read.
+    #[arg(short, long)]
+    pub model: Option<PathBuf>,
+    /// Text to tokenize (with the model's BOS, as `run` tokenizes a raw prompt).
+    pub text: String,
+}
+
+/// Runs `deltafin tokenize`: prints the text, the count, and `ID -> 'PIECE'` per token.
+pub fn run(a: TokenizeArgs) -> Result<()> {
+    let tok = open_any(a.model.as_deref())?.tokenizer()?;
+    let ids = tok.encode_prompt(&a.text)?;
+    print!("{}", super::run::describe_prompt(&a.text, &ids, &tok));
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! `deltafin serve`: an OpenAI-compatible HTTP server (axum on tokio) over one model.
+//!
+//! - [`routes`]: the endpoints, request checking, API key, body limit;
+//! - [`types`]: the request bodies; [`sse`]: response bodies and event-stream framing;
+//!   [`error`]: errors in the OpenAI shape;
+//! - [`worker`]: the bounded FIFO queue and the model's one thread;
+//! - [`generate`]: [`generate::Engine`], one generation with KV prefix reuse (also used by
+//!   `deltafin chat`); [`stop`]: stop strings over streamed text; [`tools`]: tool-call syntaxes;
+//! - [`metrics`]: Prometheus text.
+
+pub mod error;
+pub mod generate;
+pub mod metrics;
+pub mod routes;
+pub mod sse;
+pub mod stop;
+pub mod tools;
+pub mod types;
+pub mod worker;
+
+use std::future::IntoFuture;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+
+use generate::Engine;
+use metrics::Metrics;
+use routes::AppState;
+use tools::ToolFormat;
+
+/// How to serve.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Address to bind (`127.0.0.1` by default).
+    pub host: String,
+    pub port: u16,
+    /// Required bearer key (all endpoints but `/health`).
+    pub api_key: Option<String>,
+    /// Requests that may wait for the model besides the running one.
+    pub queue: usize,
+    /// Largest request body in bytes.
+    pub body_limit: usize,
+    /// The id clients name the model by.
+    pub model_id: String,
+    /// Seed for requests that set none (`None`: drawn per request).
+    pub seed: Option<u64>,
+}
+
+/// Starts the worker over `engine` and returns the shared state (with `clock` for `created`)
+/// and what stops it: the flag that cancels work, and the worker's handle.
+pub fn state(
+    engine: Engine,
+    opts: &ServeOptions,
+    clock: fn() -> u64,
+) -> (
+    Arc<AppState>,
+    Arc<AtomicBool>,
+    std::thread::JoinHandle<Engine>,
+) {
+    let metrics = Arc::new(Metrics::default());
+    let stopping = Arc::new(AtomicBool::new(false));
+    let tok = Arc::clone(&engine.tok);
+    let template = engine.template.clone();
+    let tool_format = template
+        .as_ref()
+        .and_then(|t| ToolFormat::detect(t.source()));
+    let defaults = engine.defaults.clone();
+    let n_ctx = engine.n_ctx();
+    let default_max_tokens = engine.default_max_tokens;
+    let (queue, handle) = worker::start(
+        engine,
+        opts.queue,
+        Arc::clone(&metrics),
+        Arc::clone(&stopping),
+    );
+    let st = AppState {
+        model_id: opts.model_id.clone(),
+        tok,
+        template,
+        tool_format,
+        defaults,
+        seed: opts.seed,
+        default_max_tokens,
+        n_ctx,
+        queue,
+        metrics,
+        api_key: opts.api_key.clone(),
+        body_limit: opts.body_limit,
+        clock,
+        next_id: AtomicU64::new(1),
+    };
+    (Arc::new(st), stopping, handle)
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// Serves `engine` until SIGINT or SIGTERM: then stops accepting, cancels the running and
+/// queued generations (their streams end with what they produced) and returns within about
+/// two seconds.
+///
+/// Errors: the address cannot be bound; the runtime cannot start.
+pub fn serve(engine: Engine, opts: ServeOptions) -> Result<()> {
+    if opts.api_key.is_none()
+        && opts.host != "127.0.0.1"
+        && opts.host != "localhost"
+        && opts.host != "::1"
+    {
+        eprintln!(
+            "warning: serving on {} without --api-key: anyone who can reach this address can use the model",
+            opts.host
+        );
+    }
+    let (st, stopping, handle) = state(engine, &opts, routes::unix_now);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async {
+        let addr = format!("{}:{}", opts.host, opts.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        eprintln!(
+            "serving {} on http://{} (OpenAI API under /v1)",
+            opts.model_id,
+            listener
+                .local_addr()
+                .map_or(addr.clone(), |a| a.to_string())
+        );
+        let app = routes::router(Arc::clone(&st));
+        let stop2 = Arc::clone(&stopping);
+        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            eprintln!("stopping: cancelling generations");
+            stop2.store(true, Ordering::SeqCst);
+        });
+        let mut server = std::pin::pin!(server.into_future());
+        tokio::select! {
+            r = &mut server => r.context("serving")?,
+            _ = async {
+                while !stopping.load(Ordering::SeqCst) {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            } => {}
+        }
+        anyhow::Ok(())
+    })?;
+    rt.shutdown_timeout(std::time::Duration::from_millis(200));
+    drop(st);
+    // the worker ends once the last queue handle is gone; do not wait on a stuck connection
+    let t = std::time::Instant::now();
+    while !handle.is_finished() && t.elapsed() < std::time::Duration::from_secs(1) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Ok(())
+}

@@ -1,0 +1,594 @@
+//! The HTTP routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
+//! `GET /health`, `GET /metrics`; request checking, prompt rendering and tokenization, the
+//! API key, and answering with a whole body or a stream of server-sent events.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::error::ApiError;
+use super::generate::{Chunk, Outcome, Params, TokenLogprob};
+use super::metrics::Metrics;
+use super::sse::{self, Head, Kind};
+use super::tools::ToolFormat;
+use super::types::{ChatRequest, Common, CompletionRequest, PromptField, StopField};
+use super::worker::{Event, Job, Queue, SubmitError};
+use crate::engine::SamplerConfig;
+use crate::tokenizer::chat::ChatTemplate;
+use crate::tokenizer::ModelTokenizer;
+
+/// What every handler shares.
+pub struct AppState {
+    /// The one model's id (`GET /v1/models`; requests naming another get 404).
+    pub model_id: String,
+    pub tok: Arc<ModelTokenizer>,
+    pub template: Option<Arc<ChatTemplate>>,
+    /// The template's tool-call syntax, when it has one.
+    pub tool_format: Option<ToolFormat>,
+    /// Sampling when a request sets nothing.
+    pub defaults: SamplerConfig,
+    /// A fixed seed for requests without one (`--seed`); else each request draws one.
+    pub seed: Option<u64>,
+    /// `max_tokens` of requests that set none (`None`: the rest of the context).
+    pub default_max_tokens: Option<usize>,
+    /// KV cache capacity in tokens.
+    pub n_ctx: usize,
+    pub queue: Queue,
+    pub metrics: Arc<Metrics>,
+    /// The key `Authorization: Bearer` must carry (all endpoints but `/health`).
+    pub api_key: Option<String>,
+    /// Largest request body in bytes.
+    pub body_limit: usize,
+    /// Seconds since the epoch for `created` (fixed in tests).
+    pub clock: fn() -> u64,
+    /// Numbers the response ids.
+    pub next_id: AtomicU64,
+}
+
+/// The wall clock in seconds since the epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The router over `state`, with the API key check, request metrics and the body limit.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route(
+            "/health",
+            get(|| async { axum::Json(json!({"status": "ok"})) }),
+        )
+        .route("/metrics", get(metrics))
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such endpoint")
+        })
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), count))
+        .layer(DefaultBodyLimit::max(state.body_limit))
+        .with_state(state)
+}
+
+/// Counts every answer by path and status.
+async fn count(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let path = match req.uri().path() {
+        p
+        @ ("/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
+            p.to_string()
+        }
+        _ => "other".to_string(),
+    };
+    let r = next.run(req).await;
+    s.metrics.request(&path, r.status().as_u16());
+    r
+}
+
+/// SHA-256 of `b`: keys are compared through their digests, so the comparison takes the same
+/// time whatever the length or content of the presented key.
+fn digest(b: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    let mut out = [0u8; 32];
+    out.copy_from_slice(&sha2::Sha256::digest(b));
+    out
+}
+
+/// Requires `Authorization: Bearer KEY` when the server has a key (not for `/health`).
+async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    use subtle::ConstantTimeEq;
+    if let Some(key) = &s.api_key {
+        if req.uri().path() != "/health" {
+            let given = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+                .unwrap_or_default();
+            if !bool::from(digest(given)[..].ct_eq(&digest(key.as_bytes())[..])) {
+                return ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "authentication_error",
+                    "missing or wrong API key: send Authorization: Bearer KEY",
+                )
+                .code("invalid_api_key")
+                .into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({"object": "list", "data": [{
+        "id": s.model_id, "object": "model", "created": (s.clock)(), "owned_by": "deltafin",
+    }]}))
+    .into_response()
+}
+
+/// The body as JSON of type `T`, or the OpenAI error for a body too large, not JSON, or of
+/// the wrong shape.
+fn parse<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let body = body.map_err(|r| {
+        let status = r.status();
+        let mut e = ApiError::invalid(None, r.body_text());
+        e.status = status;
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            e.code = Some("request_too_large");
+        }
+        e
+    })?;
+    serde_json::from_slice(&body).map_err(|e| {
+        let what = if e.is_syntax() || e.is_eof() {
+            "the body is not valid JSON"
+        } else {
+            "the body does not match the request schema"
+        };
+        ApiError::invalid(None, format!("{what}: {e}"))
+    })
+}
+
+fn check<T: PartialOrd + Copy + std::fmt::Display>(
+    v: Option<T>,
+    param: &str,
+    ok: impl Fn(T) -> bool,
+    want: &str,
+) -> Result<Option<T>, ApiError> {
+    match v {
+        Some(x) if !ok(x) => Err(ApiError::invalid(
+            Some(param),
+            format!("{param} is {x}, expected {want}"),
+        )),
+        _ => Ok(v),
+    }
+}
+
+/// Sampling parameters of a request: each field it sets replaces the server's default.
+fn params(
+    s: &AppState,
+    c: &Common,
+    prompt_len: usize,
+    logprobs: Option<usize>,
+    tools: Option<ToolFormat>,
+) -> Result<Params, ApiError> {
+    if c.model != s.model_id {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!(
+                "the model '{}' does not exist; this server serves '{}'",
+                c.model, s.model_id
+            ),
+        )
+        .code("model_not_found"));
+    }
+    if let Some(n) = c.n.filter(|&n| n != 1) {
+        return Err(ApiError::invalid(
+            Some("n"),
+            format!("n is {n}, but this server generates one choice per request (n = 1)"),
+        ));
+    }
+    let mut sc = s.defaults.clone();
+    if let Some(t) = check(
+        c.temperature,
+        "temperature",
+        |t| t >= 0.0 && t.is_finite(),
+        "a number >= 0",
+    )? {
+        sc.temperature = t;
+    }
+    if let Some(p) = check(
+        c.top_p,
+        "top_p",
+        |p| p > 0.0 && p <= 1.0,
+        "a number in (0, 1]",
+    )? {
+        sc.top_p = p;
+    }
+    if let Some(k) = c.top_k {
+        sc.top_k = k.max(0) as usize;
+    }
+    if let Some(p) = check(
+        c.min_p,
+        "min_p",
+        |p| (0.0..=1.0).contains(&p),
+        "a number in [0, 1]",
+    )? {
+        sc.min_p = p;
+    }
+    let pen = |p: f32| (-2.0..=2.0).contains(&p);
+    if let Some(p) = check(
+        c.presence_penalty,
+        "presence_penalty",
+        pen,
+        "a number in [-2, 2]",
+    )? {
+        sc.presence_penalty = p;
+    }
+    if let Some(p) = check(
+        c.frequency_penalty,
+        "frequency_penalty",
+        pen,
+        "a number in [-2, 2]",
+    )? {
+        sc.frequency_penalty = p;
+    }
+    if let Some(p) = check(
+        c.repetition_penalty,
+        "repetition_penalty",
+        |p| p > 0.0 && p.is_finite(),
+        "a number > 0",
+    )? {
+        sc.repeat_penalty = p;
+    }
+    sc.seed = match c.seed {
+        Some(v) => v as u64,
+        None => s.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        }),
+    };
+    let room = s.n_ctx.saturating_sub(prompt_len);
+    if prompt_len + 1 > s.n_ctx {
+        return Err(ApiError::invalid(
+            Some("messages"),
+            format!(
+                "the prompt has {prompt_len} tokens but the context holds {} (at least one \
+                 more token is needed to answer)",
+                s.n_ctx
+            ),
+        )
+        .code("context_length_exceeded"));
+    }
+    let max_tokens = match c.max_tokens {
+        Some(0) => {
+            return Err(ApiError::invalid(
+                Some("max_tokens"),
+                "max_tokens is 0, expected at least 1",
+            ))
+        }
+        Some(m) => m as usize,
+        None => s.default_max_tokens.map_or(room, |m| m.min(room)),
+    };
+    let stop = match c.stop {
+        None => Vec::new(),
+        Some(StopField::One(s)) => vec![s.clone()],
+        Some(StopField::Many(v)) => v.clone(),
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid(Some("stop"), "a stop string is empty"));
+    }
+    Ok(Params {
+        sampler: sc,
+        max_tokens,
+        stop,
+        logprobs,
+        tools,
+    })
+}
+
+/// Renders a chat request through the model's template and tokenizes it the way `run --chat`
+/// does ([`ChatTemplate::render_json`] then [`ModelTokenizer::encode_chat`]), so the rule that
+/// message text stays text, never control tokens, is the one `run --chat` follows.
+fn chat_prompt(s: &AppState, r: &ChatRequest) -> Result<Vec<u32>, ApiError> {
+    let tmpl = s.template.as_ref().ok_or_else(|| {
+        ApiError::invalid(None, "this model has no chat template; use /v1/completions")
+    })?;
+    if r.messages.is_empty() {
+        return Err(ApiError::invalid(Some("messages"), "messages is empty"));
+    }
+    let tools = r
+        .tools
+        .as_ref()
+        .filter(|t| !t.is_empty())
+        .map(|t| Value::Array(t.clone()));
+    let text = tmpl
+        .render_json(&Value::Array(r.messages.clone()), tools.as_ref(), true)
+        .map_err(|e| ApiError::invalid(Some("messages"), format!("{e:#}")))?;
+    s.tok
+        .encode_chat(&text)
+        .map_err(|e| ApiError::invalid(Some("messages"), format!("{e:#}")))
+}
+
+async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let r: ChatRequest = match parse(body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    if let Some(f) = &r.response_format {
+        let t = f.get("type").and_then(Value::as_str).unwrap_or("");
+        if t != "text" {
+            return ApiError::invalid(
+                Some("response_format"),
+                format!("response_format type '{t}' is not supported (only 'text')"),
+            )
+            .into_response();
+        }
+    }
+    let logprobs = match (r.logprobs, r.top_logprobs) {
+        (_, Some(n)) if n > 20 => {
+            return ApiError::invalid(
+                Some("top_logprobs"),
+                format!("top_logprobs is {n}, expected 0 to 20"),
+            )
+            .into_response()
+        }
+        (true, n) => Some(n.unwrap_or(0) as usize),
+        (false, Some(_)) => {
+            return ApiError::invalid(Some("top_logprobs"), "top_logprobs needs logprobs: true")
+                .into_response()
+        }
+        (false, None) => None,
+    };
+    let none = r.tool_choice.as_ref().and_then(Value::as_str) == Some("none");
+    let tools = match &r.tools {
+        Some(t) if !t.is_empty() && !none => s.tool_format,
+        _ => None,
+    };
+    let prompt = match chat_prompt(&s, &r) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let p = match params(&s, &r.common(), prompt.len(), logprobs, tools) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let head = Head {
+        kind: Kind::Chat,
+        id: format!("chatcmpl-{}", s.next_id.fetch_add(1, Ordering::Relaxed)),
+        created: (s.clock)(),
+        model: s.model_id.clone(),
+        include_usage: r.include_usage(),
+    };
+    answer(&s, head, prompt, p, r.stream).await
+}
+
+async fn completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r: CompletionRequest = match parse(body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    if r.echo {
+        return ApiError::invalid(Some("echo"), "echo is not supported").into_response();
+    }
+    if r.suffix.as_ref().is_some_and(|x| !x.is_empty()) {
+        return ApiError::invalid(Some("suffix"), "suffix is not supported").into_response();
+    }
+    let text = match &r.prompt {
+        PromptField::One(t) => t.clone(),
+        PromptField::Many(v) if v.len() == 1 => v[0].clone(),
+        PromptField::Many(_) => {
+            return ApiError::invalid(Some("prompt"), "prompt must be one string").into_response()
+        }
+    };
+    if let Some(n) = r.logprobs.filter(|&n| n > 20) {
+        return ApiError::invalid(
+            Some("logprobs"),
+            format!("logprobs is {n}, expected 0 to 20"),
+        )
+        .into_response();
+    }
+    let prompt = match s.tok.encode_prompt(&text) {
+        Ok(p) if !p.is_empty() => p,
+        Ok(_) => return ApiError::invalid(Some("prompt"), "the prompt is empty").into_response(),
+        Err(e) => return ApiError::invalid(Some("prompt"), format!("{e:#}")).into_response(),
+    };
+    let p = match params(
+        &s,
+        &r.common(),
+        prompt.len(),
+        r.logprobs.map(|n| n as usize),
+        None,
+    ) {
+        Ok(p) => p,
+        Err(mut e) => {
+            if e.param.as_deref() == Some("messages") {
+                e.param = Some("prompt".into());
+            }
+            return e.into_response();
+        }
+    };
+    let head = Head {
+        kind: Kind::Completion,
+        id: format!("cmpl-{}", s.next_id.fetch_add(1, Ordering::Relaxed)),
+        created: (s.clock)(),
+        model: s.model_id.clone(),
+        include_usage: r.include_usage(),
+    };
+    answer(&s, head, prompt, p, r.stream).await
+}
+
+/// Queues the job and answers: the whole body, or a stream of events.
+async fn answer(s: &AppState, head: Head, prompt: Vec<u32>, p: Params, stream: bool) -> Response {
+    let want_lp = p.logprobs.is_some();
+    let (tx, rx) = mpsc::unbounded_channel();
+    match s.queue.submit(Job {
+        prompt,
+        params: p,
+        events: tx,
+    }) {
+        Ok(()) => {}
+        Err(SubmitError::Full) => {
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "the request queue is full; retry later",
+            )
+            .code("queue_full");
+            e.retry_after = Some(1);
+            return e.into_response();
+        }
+        Err(SubmitError::Stopped) => {
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "the server is stopping",
+            )
+            .into_response()
+        }
+    }
+    if stream {
+        return stream_response(head, rx, want_lp);
+    }
+    whole(head, rx, want_lp).await
+}
+
+async fn whole(head: Head, mut rx: mpsc::UnboundedReceiver<Event>, want_lp: bool) -> Response {
+    let mut text = String::new();
+    let mut lps: Vec<TokenLogprob> = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Chunk(Chunk { text: t, logprobs }) => {
+                text.push_str(&t);
+                lps.extend(logprobs);
+            }
+            Event::Done(o) => {
+                let lp = want_lp.then(|| sse::logprobs(head.kind, &lps, 0));
+                return axum::Json(head.complete(&text, lp, &o)).into_response();
+            }
+            Event::Error(m) => {
+                return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m)
+                    .into_response()
+            }
+        }
+    }
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "the model stopped",
+    )
+    .into_response()
+}
+
+/// State of an event stream being written.
+struct Streaming {
+    head: Head,
+    rx: mpsc::UnboundedReceiver<Event>,
+    want_lp: bool,
+    offset: usize,
+    /// Events ready to send, in order.
+    out: std::collections::VecDeque<String>,
+    ended: bool,
+}
+
+impl Streaming {
+    fn on(&mut self, ev: Option<Event>) {
+        match ev {
+            Some(Event::Chunk(c)) => {
+                let lp = self
+                    .want_lp
+                    .then(|| sse::logprobs(self.head.kind, &c.logprobs, self.offset));
+                self.offset += c.text.len();
+                let delta = json!({"content": c.text});
+                self.out
+                    .push_back(sse::event(&self.head.chunk(delta, lp, None)));
+            }
+            Some(Event::Done(o)) => self.done(&o),
+            Some(Event::Error(m)) => {
+                let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m);
+                self.out.push_back(sse::event(&e.body()));
+                self.out.push_back(sse::DONE.into());
+                self.ended = true;
+            }
+            None => self.ended = true,
+        }
+    }
+
+    fn done(&mut self, o: &Outcome) {
+        if !o.tool_calls.is_empty() {
+            let delta = json!({"tool_calls": sse::tool_calls(&o.tool_calls, true)});
+            self.out
+                .push_back(sse::event(&self.head.chunk(delta, None, None)));
+        }
+        let delta = json!({});
+        let finish = Some(o.finish.as_str());
+        self.out
+            .push_back(sse::event(&self.head.chunk(delta, None, finish)));
+        if self.head.include_usage {
+            self.out.push_back(sse::event(&self.head.usage_chunk(o)));
+        }
+        self.out.push_back(sse::DONE.into());
+        self.ended = true;
+    }
+}
+
+fn stream_response(head: Head, rx: mpsc::UnboundedReceiver<Event>, want_lp: bool) -> Response {
+    let mut first = std::collections::VecDeque::new();
+    let role = match head.kind {
+        Kind::Chat => json!({"role": "assistant", "content": ""}),
+        Kind::Completion => json!({"content": ""}),
+    };
+    if head.kind == Kind::Chat {
+        first.push_back(sse::event(&head.chunk(role, None, None)));
+    }
+    let st = Streaming {
+        head,
+        rx,
+        want_lp,
+        offset: 0,
+        out: first,
+        ended: false,
+    };
+    let body = futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(e) = st.out.pop_front() {
+                return Some((Ok::<_, Infallible>(Bytes::from(e)), st));
+            }
+            if st.ended {
+                return None;
+            }
+            let ev = st.rx.recv().await;
+            st.on(ev);
+        }
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}

@@ -1,0 +1,174 @@
+//! Response bodies in the OpenAI shapes: chat completions and their stream chunks, text
+//! completions and theirs, usage, logprobs; and the server-sent-events framing (`data: JSON`
+//! lines, ended by `data: [DONE]`).
+
+use serde_json::{json, Value};
+
+use super::generate::{Outcome, TokenLogprob};
+use super::tools::ToolCall;
+
+/// Which endpoint a body belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completion,
+}
+
+/// What every body of one response repeats.
+#[derive(Clone, Debug)]
+pub struct Head {
+    pub kind: Kind,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    /// `stream_options.include_usage`: chunks carry `"usage": null` and a last chunk the usage.
+    pub include_usage: bool,
+}
+
+/// `usage` of an outcome.
+pub fn usage(o: &Outcome) -> Value {
+    json!({
+        "prompt_tokens": o.prompt_tokens,
+        "completion_tokens": o.completion_tokens,
+        "total_tokens": o.prompt_tokens + o.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": o.cached_tokens},
+    })
+}
+
+fn lp_entry(t: &TokenLogprob) -> Value {
+    json!({
+        "token": t.token,
+        "logprob": t.logprob,
+        "bytes": t.bytes,
+        "top_logprobs": t.top.iter().map(|(s, b, l)| json!({
+            "token": s, "logprob": l, "bytes": b,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Logprobs in the chat shape (`{"content": [...]}`), or in the legacy completions shape
+/// (`tokens`, `token_logprobs`, `top_logprobs` as maps, `text_offset` from `offset`).
+pub fn logprobs(kind: Kind, lps: &[TokenLogprob], offset: usize) -> Value {
+    match kind {
+        Kind::Chat => json!({"content": lps.iter().map(lp_entry).collect::<Vec<_>>()}),
+        Kind::Completion => {
+            let mut off = offset;
+            let mut offsets = Vec::new();
+            for t in lps {
+                offsets.push(off);
+                off += t.token.len();
+            }
+            json!({
+                "tokens": lps.iter().map(|t| &t.token).collect::<Vec<_>>(),
+                "token_logprobs": lps.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+                "top_logprobs": lps.iter().map(|t| {
+                    let m: serde_json::Map<String, Value> =
+                        t.top.iter().map(|(s, _, l)| (s.clone(), json!(l))).collect();
+                    Value::Object(m)
+                }).collect::<Vec<_>>(),
+                "text_offset": offsets,
+            })
+        }
+    }
+}
+
+/// `tool_calls` entries (with `index` when streamed).
+pub fn tool_calls(calls: &[ToolCall], indexed: bool) -> Value {
+    Value::Array(
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut v = json!({
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                });
+                if indexed {
+                    v["index"] = json!(i);
+                }
+                v
+            })
+            .collect(),
+    )
+}
+
+impl Head {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.kind, chunk) {
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    fn wrap(&self, choices: Value, chunk: bool) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": self.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": choices,
+        });
+        if chunk && self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+
+    /// A stream chunk: `delta` for chat (or `text` for completions), logprobs, finish reason.
+    pub fn chunk(&self, delta: Value, lps: Option<Value>, finish: Option<&str>) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => {
+                json!({"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish})
+            }
+            Kind::Completion => json!({
+                "index": 0,
+                "text": delta.get("content").cloned().unwrap_or(json!("")),
+                "logprobs": lps,
+                "finish_reason": finish,
+            }),
+        };
+        self.wrap(json!([choice]), true)
+    }
+
+    /// The last chunk of a stream with `include_usage`: empty `choices` and the usage.
+    pub fn usage_chunk(&self, o: &Outcome) -> Value {
+        let mut v = self.wrap(json!([]), true);
+        v["usage"] = usage(o);
+        v
+    }
+
+    /// A whole (non-streamed) response.
+    pub fn complete(&self, text: &str, lps: Option<Value>, o: &Outcome) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let mut msg = json!({"role": "assistant", "content": text});
+                if !o.tool_calls.is_empty() {
+                    msg["tool_calls"] = tool_calls(&o.tool_calls, false);
+                    if text.is_empty() {
+                        msg["content"] = Value::Null;
+                    }
+                }
+                json!({"index": 0, "message": msg, "logprobs": lps,
+                       "finish_reason": o.finish.as_str()})
+            }
+            Kind::Completion => json!({"index": 0, "text": text, "logprobs": lps,
+                                       "finish_reason": o.finish.as_str()}),
+        };
+        let mut v = self.wrap(json!([choice]), false);
+        v["usage"] = usage(o);
+        v
+    }
+}
+
+/// One server-sent event carrying `v`.
+pub fn event(v: &Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+/// The event that ends a stream.
+pub const DONE: &str = "data: [DONE]\n\n";

@@ -1,0 +1,131 @@
+//! OpenAI request bodies (serde), as the chat and completions endpoints accept them. Unknown
+//! fields are ignored, as OpenAI-compatible servers do; a field of the wrong type is a 400
+//! naming it.
+
+use serde::Deserialize;
+
+/// `stop`: one string or a list.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Declares a request struct with the sampling and stop fields both endpoints share
+/// (fields are written out, not flattened, so serde's errors name the field at fault).
+macro_rules! request {
+    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $f:ident : $t:ty,)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Debug, Deserialize)]
+        pub struct $name {
+            pub model: String,
+            pub max_tokens: Option<u32>,
+            pub max_completion_tokens: Option<u32>,
+            pub temperature: Option<f32>,
+            pub top_p: Option<f32>,
+            pub top_k: Option<i64>,
+            pub min_p: Option<f32>,
+            pub presence_penalty: Option<f32>,
+            pub frequency_penalty: Option<f32>,
+            pub repetition_penalty: Option<f32>,
+            pub seed: Option<i64>,
+            pub stop: Option<StopField>,
+            pub n: Option<u32>,
+            #[serde(default)]
+            pub stream: bool,
+            pub stream_options: Option<StreamOptions>,
+            $($(#[$fm])* pub $f: $t,)*
+        }
+    };
+}
+
+request!(
+    /// `POST /v1/chat/completions`.
+    ChatRequest {
+        /// Messages in the OpenAI shape, passed to the chat template as they are.
+        messages: Vec<serde_json::Value>,
+        #[serde(default)]
+        logprobs: bool,
+        top_logprobs: Option<u32>,
+        response_format: Option<serde_json::Value>,
+        tools: Option<Vec<serde_json::Value>>,
+        tool_choice: Option<serde_json::Value>,
+    }
+);
+
+/// `prompt` of the completions endpoint: a string or a list of one string.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptField {
+    One(String),
+    Many(Vec<String>),
+}
+
+request!(
+    /// `POST /v1/completions`.
+    CompletionRequest {
+        prompt: PromptField,
+        /// Legacy logprobs: the number of alternatives per token.
+        logprobs: Option<u32>,
+        #[serde(default)]
+        echo: bool,
+        suffix: Option<String>,
+    }
+);
+
+/// The fields both requests share, borrowed.
+pub struct Common<'a> {
+    pub model: &'a str,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<&'a StopField>,
+    pub n: Option<u32>,
+}
+
+macro_rules! common {
+    ($t:ty) => {
+        impl $t {
+            /// The shared fields (`max_completion_tokens` wins over `max_tokens`).
+            pub fn common(&self) -> Common<'_> {
+                Common {
+                    model: &self.model,
+                    max_tokens: self.max_completion_tokens.or(self.max_tokens),
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    top_k: self.top_k,
+                    min_p: self.min_p,
+                    presence_penalty: self.presence_penalty,
+                    frequency_penalty: self.frequency_penalty,
+                    repetition_penalty: self.repetition_penalty,
+                    seed: self.seed,
+                    stop: self.stop.as_ref(),
+                    n: self.n,
+                }
+            }
+
+            /// Whether usage goes on a final chunk of the stream.
+            pub fn include_usage(&self) -> bool {
+                self.stream_options
+                    .as_ref()
+                    .is_some_and(|o| o.include_usage)
+            }
+        }
+    };
+}
+common!(ChatRequest);
+common!(CompletionRequest);

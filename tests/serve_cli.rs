@@ -1,0 +1,75 @@
+//! The commands around serving, run as the real binary on the committed Qwen3-MoE fixture:
+//! `deltafin tokenize`, `run --verbose-prompt`, and `deltafin chat` reading standard input
+//! that is not a terminal (history, `/reset`, `/system`).
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf/qwen3_moe");
+
+fn deltafin(args: &[&str], stdin: &str) -> (String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(o.status.success(), "{err}");
+    (String::from_utf8(o.stdout).unwrap(), err)
+}
+
+#[test]
+fn tokenize_prints_ids_and_pieces() {
+    let (out, _) = deltafin(&["tokenize", "-m", MODEL, "Hi 🦀"], "");
+    assert_eq!(
+        out,
+        "prompt: 'Hi 🦀'\nnumber of tokens in prompt = 5\n      39 -> 'H'\n      72 -> 'i'\n     393 -> ' \u{FFFD}'\n      99 -> '\u{FFFD}'\n     222 -> '\u{FFFD}'\n"
+    );
+}
+
+#[test]
+fn verbose_prompt_shows_the_rendered_chat() {
+    let (_, err) = deltafin(
+        &[
+            "run",
+            "-m",
+            MODEL,
+            "--chat",
+            "-p",
+            "Hello",
+            "-n",
+            "1",
+            "--temp",
+            "0",
+            "--verbose-prompt",
+        ],
+        "",
+    );
+    assert!(err.starts_with(
+        "prompt: '<|im_start|>user\\nHello<|im_end|>\\n<|im_start|>assistant\\n'\nnumber of tokens in prompt = 20\n     481 -> '<|im_start|>'\n      84 -> 'u'\n"
+    ), "{err}");
+}
+
+#[test]
+fn chat_keeps_history_and_resets() {
+    let args = ["chat", "-m", MODEL, "--temp", "0", "-n", "5"];
+    let (out, _) = deltafin(&args, "Hello\n/reset\nHello\n/system Be brief.\nHello\n");
+    // one answer per line (the third answer ends in a newline of its own); after /reset the
+    // same question gets the same greedy answer, and a system message changes it
+    assert_eq!(
+        out,
+        ". netwSharJS\u{FFFD}\n. netwSharJS\u{FFFD}\n. netwShar\u{FFFD}.\n\n"
+    );
+    // without /reset, the second turn sees the first (its KV cache is reused)
+    let (two, _) = deltafin(&args, "Hello\nHello\n");
+    assert_eq!(two, ". netwSharJS\u{FFFD}\n.\u{30d3}\u{FFFD}en\n");
+}

@@ -1,0 +1,168 @@
+"""Drives `deltafin serve` with the official openai SDK; called by tests/serve_openai.sh.
+
+argv: BINARY MODEL_DIR. Exits non-zero (an AssertionError) on the first failed check.
+"""
+import http.client
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import openai
+
+BIN, MODEL = sys.argv[1], sys.argv[2]
+KEY = "test-key"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+PORT = free_port()
+BASE = f"http://127.0.0.1:{PORT}"
+server = subprocess.Popen(
+    [BIN, "serve", "-m", MODEL, "--port", str(PORT), "--api-key", KEY, "--temp", "0",
+     "-t", "1", "--ctx-size", "4096", "--queue", "16", "-n", "64"],
+    stderr=subprocess.PIPE, text=True)
+
+
+def get(path, key=KEY):
+    req = urllib.request.Request(BASE + path)
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status, r.read().decode()
+
+
+try:
+    for _ in range(300):
+        try:
+            if get("/health", None)[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        raise AssertionError("the server did not start: " + server.stderr.read())
+
+    c = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    MODEL_ID = c.models.list().data[0].id
+    assert MODEL_ID == "qwen3_moe", MODEL_ID
+    msgs = [{"role": "user", "content": "Hello"}]
+
+    # chat, whole and streamed with usage: the same greedy text
+    r = c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=12)
+    text = r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length"), r
+    assert r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0, r.usage
+    chunks = list(c.chat.completions.create(
+        model=MODEL_ID, messages=msgs, max_tokens=12, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert streamed == text, (streamed, text)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    # the same prompt again: its KV cache is reused
+    r2 = c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=12)
+    assert r2.usage.prompt_tokens_details.cached_tokens == r2.usage.prompt_tokens - 1, r2.usage
+    assert r2.choices[0].message.content == text
+
+    # completions, stop
+    comp = c.completions.create(model=MODEL_ID, prompt="The sky is", max_tokens=10)
+    full = comp.choices[0].text
+    assert comp.object == "text_completion" and len(full) > 0
+    stop = full[2:5]
+    if stop.strip():
+        cut = c.completions.create(model=MODEL_ID, prompt="The sky is", max_tokens=10, stop=[stop])
+        assert cut.choices[0].text == full[:full.index(stop)], (cut.choices[0].text, full, stop)
+        assert cut.choices[0].finish_reason == "stop"
+
+    # seeds: sampled output repeats with the same seed
+    def sampled(seed):
+        return c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=16,
+                                         temperature=1.0, top_p=1.0, seed=seed).choices[0].message.content
+    assert sampled(7) == sampled(7)
+
+    # a tool-using request renders (the tiny model does not call tools; the in-process tests
+    # check tool-call parsing)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    t = c.chat.completions.create(model=MODEL_ID, messages=msgs, tools=tools, max_tokens=8)
+    assert t.usage.prompt_tokens > r.usage.prompt_tokens
+
+    # errors surface as the SDK's exception types
+    for kwargs, exc in [({"n": 2}, openai.BadRequestError),
+                        ({"model": "nope"}, openai.NotFoundError),
+                        ({"response_format": {"type": "json_object"}}, openai.BadRequestError)]:
+        args = {"model": MODEL_ID, "messages": msgs, "max_tokens": 4, **kwargs}
+        try:
+            c.chat.completions.create(**args)
+            raise AssertionError(f"{kwargs} was accepted")
+        except exc:
+            pass
+    try:
+        openai.OpenAI(base_url=BASE + "/v1", api_key="wrong", max_retries=0).models.list()
+        raise AssertionError("a wrong key was accepted")
+    except openai.AuthenticationError:
+        pass
+
+    # load: 8 clients x 5 requests, every greedy answer equal to the request alone
+    prompts = [f"Question number {i}" for i in range(5)]
+    alone = {p: c.chat.completions.create(model=MODEL_ID, max_tokens=16, messages=[
+        {"role": "user", "content": p}]).choices[0].message.content for p in prompts}
+    results, errors = [], []
+
+    def client(k):
+        try:
+            for i in range(5):
+                p = prompts[(k + i) % 5]
+                a = c.chat.completions.create(model=MODEL_ID, max_tokens=16, messages=[
+                    {"role": "user", "content": p}]).choices[0].message.content
+                results.append((p, a))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    assert len(results) == 40, len(results)
+    assert all(alone[p] == a for p, a in results), [x for x in results if alone[x[0]] != x[1]]
+
+    # a client that disconnects mid-stream cancels its generation
+    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=10)
+    conn.request("POST", "/v1/completions", json.dumps({
+        "model": MODEL_ID, "prompt": "Once upon a time", "max_tokens": 4000, "stream": True}),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    resp.fp.readline()
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    for _ in range(100):
+        m = get("/metrics")[1]
+        if "deltafin_cancelled_total 1" in m and "deltafin_in_flight 0" in m:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("no cancellation in /metrics:\n" + m)
+    assert get("/health", None)[0] == 200
+    assert c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=12).choices[0].message.content == text
+    print("serve_openai: all checks passed")
+finally:
+    server.send_signal(signal.SIGTERM)
+    try:
+        rc = server.wait(5)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        raise AssertionError("the server did not exit within 5 s of SIGTERM")
+assert rc == 0, (rc, server.stderr.read())
