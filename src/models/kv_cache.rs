@@ -81,12 +81,19 @@ impl KvCache {
         self.state.iter_mut().for_each(|s| s.fill(0.0));
     }
 
-    /// Keeps the first `n` positions and forgets the rest (no-op when `n >= len`): the cache
-    /// is append-only and position-major, so the entries of positions `< n` do not depend on
-    /// later ones and the next forward pass continues at position `n`. Used to reuse the KV of
-    /// a prompt prefix shared with the previous request.
-    pub fn truncate(&mut self, n: usize) {
-        self.len = self.len.min(n);
+    /// Keeps the first `n` positions and forgets the rest (no-op when `n >= len`) and returns
+    /// the number of positions kept: the cache is append-only and position-major, so the
+    /// entries of positions `< n` do not depend on later ones and the next forward pass
+    /// continues at position `n`. Used to reuse the KV of a prompt prefix shared with the
+    /// previous request. A recurrent state (KDA) cannot be rolled back to an earlier position,
+    /// so a cache holding one is cleared whole when `n < len`, and 0 is returned.
+    pub fn truncate(&mut self, n: usize) -> usize {
+        if n < self.len && self.state.iter().any(|s| !s.is_empty()) {
+            self.clear();
+        } else {
+            self.len = self.len.min(n);
+        }
+        self.len
     }
 }
 
@@ -98,7 +105,19 @@ mod tests {
         c.len = 5;
         c.truncate(7);
         assert_eq!(c.len, 5);
-        c.truncate(3);
+        assert_eq!(c.truncate(3), 3);
         assert_eq!(c.len, 3);
+    }
+
+    #[test]
+    fn truncate_clears_a_cache_with_recurrent_state() {
+        let mut c = super::KvCache::new(2, 8, 2).with_state(&[0, 4]);
+        c.len = 5;
+        c.state[1].fill(1.5);
+        assert_eq!(c.truncate(5), 5, "keeping every position keeps the state");
+        assert_eq!(c.state[1], vec![1.5; 4]);
+        assert_eq!(c.truncate(3), 0, "a recurrent state cannot be rolled back");
+        assert_eq!(c.len, 0);
+        assert_eq!(c.state[1], vec![0.0; 4]);
     }
 }

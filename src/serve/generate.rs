@@ -212,7 +212,7 @@ impl Engine {
             .take_while(|(a, b)| a == b)
             .count();
         let keep = shared.min(prompt.len() - 1);
-        self.session.cache.truncate(keep);
+        let keep = self.session.cache.truncate(keep);
         self.cached.truncate(keep);
         let r = self.run(prompt, keep, p, emit, cancelled, t0);
         if r.is_err() {
