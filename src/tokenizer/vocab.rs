@@ -252,9 +252,10 @@ impl Vocab {
             add_bos: opt_bool(meta, "tokenizer.ggml.add_bos_token")?.unwrap_or(
                 model == "llama"
                     || (model == "gpt2"
-                        && super::pre_tokenizers::default_add_bos(
-                            opt_str(meta, "tokenizer.ggml.pre")?.unwrap_or(""),
-                        )),
+                        && super::pre_tokenizers::default_add_bos(opt_str(
+                            meta,
+                            "tokenizer.ggml.pre",
+                        )?)),
             ),
             add_eos: opt_bool(meta, "tokenizer.ggml.add_eos_token")?.unwrap_or(false),
             add_space_prefix: opt_bool(meta, "tokenizer.ggml.add_space_prefix")?
