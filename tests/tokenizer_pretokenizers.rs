@@ -68,9 +68,11 @@ fn every_pre_tokenizer_matches_llama_cpp() {
         let t = Tokenizer::from_gguf_metadata(&meta(vocab, pre))
             .unwrap_or_else(|e| panic!("{name}: {e:#}"));
         for (i, s) in strings.iter().enumerate() {
-            let want: Vec<u32> = r["ids"][i]
-                .as_str()
-                .unwrap()
+            // null: llama.cpp aborts on this string (`whitespace` with a space)
+            let Some(want) = r["ids"][i].as_str() else {
+                continue;
+            };
+            let want: Vec<u32> = want
                 .split_whitespace()
                 .map(|x| x.parse().unwrap())
                 .collect();

@@ -85,10 +85,12 @@ const GPT4O: &str = concat!(
 const DEEPSEEK3_WORDS: &str = r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##;
 
 /// Japanese and common CJK runs (DeepSeek V3 and relatives).
-const CJK_KANA: &str = r"[一-龥぀-ゟ゠-ヿ]+";
+const CJK_KANA: &str = "[\u{4E00}-\u{9FA5}\u{3040}-\u{309F}\u{30A0}-\u{30FF}]+";
 
-/// Characters outside whitespace and `.,!?…。，、।۔،` runs (BLOOM, Poro, Viking).
-const BLOOM: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
+/// Characters outside whitespace and `.,!?…。，、।۔،` runs (BLOOM, Poro, Viking). Non-ASCII
+/// characters in these regexes are written as escapes, code point for code point as in
+/// llama.cpp's source (several are Unicode singletons that text normalization would change).
+const BLOOM: &str = " ?[^(\\s|.,!?\u{2026}\u{3002}\u{FF0C}\u{3001}\u{964}\u{6D4}\u{60C})]+";
 
 /// Starcoder-like: digits one by one, then GPT-2.
 const STARCODER: &[Step] = &[Step::Regex(r"\p{N}"), Step::Regex(GPT2)];
@@ -118,19 +120,19 @@ pub(crate) const PRE_TOKENIZERS: &[PreTokenizer] = &[
     ]) },
     pre(&["deepseek-llm"], &[
         Step::Regex(r"[\r\n]"),
-        Step::Regex(r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+"),
-        // llama.cpp's range starts at U+3000, but it hands the regex U+000B in place of every
-        // non-ASCII space, so U+3000 never matches it: the range starts at U+3001 here.
-        Step::Regex(r"\s?[!-/:-~！-／：-～‘-‟、-。]+"),
+        Step::Regex("\\s?[A-Za-z\u{B5}\u{C0}-\u{D6}\u{D8}-\u{F6}\u{F8}-\u{1BA}\u{1BC}-\u{1BF}\u{1C4}-\u{293}\u{295}-\u{2AF}\u{370}-\u{373}\u{376}\u{377}\u{37B}-\u{37D}\u{37F}\u{386}\u{388}-\u{38A}\u{38C}\u{38E}-\u{3A1}\u{3A3}-\u{3F5}\u{3F7}-\u{481}\u{48A}-\u{52F}\u{531}-\u{556}\u{10A0}-\u{10C5}\u{13A0}-\u{13F5}\u{13F8}-\u{13FD}\u{1C90}-\u{1CBA}\u{1CBD}-\u{1CBF}\u{1D00}-\u{1D2B}\u{1D6B}-\u{1D77}\u{1D79}-\u{1D9A}\u{1E00}-\u{1F15}\u{1F18}-\u{1F1D}\u{1F20}-\u{1F45}\u{1F48}-\u{1F4D}\u{1F50}-\u{1F57}\u{1F59}\u{1F5B}\u{1F5D}\u{1F5F}-\u{1F7D}\u{1F80}-\u{1FB4}\u{1FB6}-\u{1FBC}\u{1FBE}\u{1FC2}-\u{1FC4}\u{1FC6}-\u{1FCC}\u{1FD0}-\u{1FD3}\u{1FD6}-\u{1FDB}\u{1FE0}-\u{1FEC}\u{1FF2}-\u{1FF4}\u{1FF6}-\u{1FFC}\u{2102}\u{2107}\u{210A}-\u{2113}\u{2115}\u{2119}-\u{211D}\u{2124}\u{2126}\u{2128}\u{212A}-\u{212D}\u{212F}-\u{2134}\u{2139}\u{213C}-\u{213F}\u{2145}-\u{2149}\u{214E}\u{2183}\u{2184}\u{2C00}-\u{2C7B}\u{2C7E}-\u{2CE4}\u{2CEB}-\u{2CEE}\u{2CF2}\u{2CF3}\u{A640}-\u{A66D}\u{A680}-\u{A69B}\u{A722}-\u{A76F}\u{A771}-\u{A787}\u{A78B}-\u{A78E}\u{AB70}-\u{ABBF}\u{FB00}-\u{FB06}\u{FB13}-\u{FB17}\u{FF21}-\u{FF3A}\u{FF41}-\u{FF5A}\u{10400}-\u{1044F}\u{104B0}-\u{104D3}\u{104D8}-\u{104FB}\u{10C80}-\u{10CB2}\u{10CC0}-\u{10CF2}\u{118A0}-\u{118DF}\u{1E900}-\u{1E943}]+"),
+        // llama.cpp's last range starts at U+3000, but it hands the regex U+000B in place of
+        // every non-ASCII space, so U+3000 never matches it: the range starts at U+3001 here.
+        Step::Regex("\\s?[!-/:-~\u{FF01}-\u{FF0F}\u{FF1A}-\u{FF5E}\u{2018}-\u{201F}\u{3001}-\u{3002}]+"),
         Step::Regex(r"\s+$"),
-        Step::Regex(r"[一-龥ࠀ-一가-퟿]+"),
+        Step::Regex("[\u{4E00}-\u{9FA5}\u{800}-\u{4E00}\u{AC00}-\u{D7FF}]+"),
         Step::Regex(r"\p{N}+"),
     ]),
     pre(&["deepseek-coder"], &[
         Step::Regex(r"[\r\n]"),
         Step::Regex(r"\s?\p{L}+"),
         Step::Regex(r"\s?\p{P}+"),
-        Step::Regex(r"[一-龥ࠀ-一가-퟿]+"),
+        Step::Regex("[\u{4E00}-\u{9FA5}\u{800}-\u{4E00}\u{AC00}-\u{D7FF}]+"),
         Step::Regex(r"\p{N}"),
     ]),
     pre(&["deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"], &[
@@ -145,7 +147,7 @@ pub(crate) const PRE_TOKENIZERS: &[PreTokenizer] = &[
         Step::Regex(r"\p{N}"),
     ]),
     PreTokenizer { ignore_merges: true, ..pre(&["youtu"], &[
-        Step::Regex(r"[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+"),
+        Step::Regex("[\u{AC00}-\u{D7A3}\u{3131}-\u{318E}]+|[\u{FF01}\u{2026}\u{201C}\u{201D}\u{2018}\u{2019}\u{2014}\u{FF1A}\u{FF1B}\u{FF0C}\u{3001}-\u{303F}\u{FE30}-\u{FE4F}]+|[\u{3105}-\u{312F}]+|[\u{4E00}-\u{9FA5}\u{3040}-\u{309F}\u{30A0}-\u{30FF}]+"),
         Step::Regex(concat!(
             r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+",
             contractions!(),
@@ -232,7 +234,7 @@ pub(crate) const PRE_TOKENIZERS: &[PreTokenizer] = &[
     )]),
     pre(&["afmoe"], &[
         Step::DigitGroups,
-        Step::Regex(r"[一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+"),
+        Step::Regex("[\u{4E00}-\u{9FFF}\u{3400}-\u{4DBF}\u{8C48}-\u{FAFF}\u{3040}-\u{309F}\u{30A0}-\u{30FF}\u{FF65}-\u{FF9F}\u{2F00}-\u{2FDF}\u{E40}-\u{E7F}\u{E80}-\u{EFF}\u{1780}-\u{17FF}\u{1000}-\u{109F}\u{AA60}-\u{AA7F}\u{A9E0}-\u{A9FF}\u{AC00}-\u{D7AF}\u{1100}-\u{11FF}]+"),
         Step::Regex(r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##),
     ]),
     pre(&["laguna"], &[Step::Regex(r"[^\n]+|[\n]+"), Step::Regex(QWEN2)]),

@@ -169,9 +169,13 @@ def main():
             path = os.path.join(d, f"v{len(cases)}.gguf")
             write_gguf(path, vocabs[kind], name)
             llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
-            ids = [llm.tokenize(s.encode("utf-8"), add_bos=False, special=False) for s in STRINGS]
+            # llama.cpp asserts (aborts) when a `whitespace` piece holds a space (that name is
+            # meant for its `whitespace` tokenizer model): those strings are left out (null).
+            ids = [None if name == "whitespace" and " " in s
+                   else llm.tokenize(s.encode("utf-8"), add_bos=False, special=False)
+                   for s in STRINGS]
             with_bos = llm.tokenize(b"a", add_bos=True, special=False)
-            entry = {"vocab": kind, "ids": [" ".join(map(str, x)) for x in ids],
+            entry = {"vocab": kind, "ids": [None if x is None else " ".join(map(str, x)) for x in ids],
                      "a_with_special": with_bos}
             del llm
             if entry not in distinct:
