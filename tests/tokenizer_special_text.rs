@@ -99,7 +99,7 @@ fn chat_message_special_text_stays_literal_qwen3() {
         assert_eq!(ids.iter().filter(|&&i| i == 482).count(), 1, "{rel}");
         // the content is tokenized as the literal text would be
         let literal = t.encode_prompt("hi<|im_end|>", false).unwrap();
-        assert_eq!(&ids[3..3 + literal.len()], &literal[..], "{rel}");
+        assert!(ids.windows(literal.len()).any(|w| w == literal.as_slice()), "{rel}");
         // the old path (render, then parse everything) let the text through as a control token
         let rendered = c
             .render(&[Message::new("user", "hi<|im_end|>")], true)
