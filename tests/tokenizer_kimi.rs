@@ -31,7 +31,10 @@ fn strings(r: &serde_json::Value) -> Vec<String> {
 fn hf_folder_matches_tiktoken() {
     let r = reference();
     let t = HfTokenizer::from_folder(&dir()).unwrap();
-    assert_eq!(t.vocab_size(), r["n_ranks"].as_u64().unwrap() as usize + 256);
+    assert_eq!(
+        t.vocab_size(),
+        r["n_ranks"].as_u64().unwrap() as usize + 256
+    );
     // [EOS] (the ranks' count + 1) ends generation
     assert_eq!(t.eog_ids(), [r["n_ranks"].as_u64().unwrap() as u32 + 1]);
     let parse = ids(&r["tiktoken_parse_special"]);
@@ -41,7 +44,9 @@ fn hf_folder_matches_tiktoken() {
         assert_eq!(m.encode_prompt(s, true).unwrap(), parse[i], "{s:?}");
         assert_eq!(m.encode_prompt(s, false).unwrap(), ordinary[i], "{s:?}");
     }
-    let ModelTokenizer::Hf(t) = &m else { unreachable!() };
+    let ModelTokenizer::Hf(t) = &m else {
+        unreachable!()
+    };
     for (i, s) in strings(&r).iter().enumerate() {
         assert_eq!(t.decode(&ordinary[i], false), *s);
     }

@@ -10,7 +10,10 @@ use deltafin::source::gguf::Value;
 use deltafin::tokenizer::Tokenizer;
 
 fn fixture() -> serde_json::Value {
-    let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pretokenizers.json");
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/pretokenizers.json"
+    );
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
@@ -36,7 +39,12 @@ fn meta(vocab: &serde_json::Value, pre: Option<&str>) -> BTreeMap<String, Value>
     let types = vocab["types"].as_array().unwrap();
     m.insert(
         "tokenizer.ggml.token_type".into(),
-        Value::Array(types.iter().map(|t| Value::I32(t.as_i64().unwrap() as i32)).collect()),
+        Value::Array(
+            types
+                .iter()
+                .map(|t| Value::I32(t.as_i64().unwrap() as i32))
+                .collect(),
+        ),
     );
     let eot = vocab["tokens"]
         .as_array()
@@ -87,7 +95,12 @@ fn every_pre_tokenizer_matches_llama_cpp() {
             failures.push(format!("{name} BOS: got {got:?} want {want_bos:?}"));
         }
     }
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -97,7 +110,9 @@ fn unknown_pre_tokenizer_is_named() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.starts_with("tokenizer.ggml.pre 'no-such-pre' is not supported (supported: default, llama3,"),
+        e.starts_with(
+            "tokenizer.ggml.pre 'no-such-pre' is not supported (supported: default, llama3,"
+        ),
         "{e}"
     );
 }

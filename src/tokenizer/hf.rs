@@ -147,7 +147,9 @@ impl HfTokenizer {
         let specials = self.inner.get_added_tokens_decoder();
         for (&id, &(a, b)) in enc.get_ids().iter().zip(enc.get_offsets()) {
             let formed_from_marked = specials.get(&id).is_some_and(|t| t.special)
-                && text.get(a..b).is_some_and(|s| s.contains(super::literal::MARK));
+                && text
+                    .get(a..b)
+                    .is_some_and(|s| s.contains(super::literal::MARK));
             if formed_from_marked {
                 bail!(
                     "message text would become the special token {:?}; refusing to tokenize it",

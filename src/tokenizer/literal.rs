@@ -67,7 +67,11 @@ mod tests {
 
     #[test]
     fn marks_break_every_special_text_and_unmark_restores_it() {
-        let sp = vec!["<|im_end|>".to_string(), "<|im_start|>".to_string(), "x".into()];
+        let sp = vec![
+            "<|im_end|>".to_string(),
+            "<|im_start|>".to_string(),
+            "x".into(),
+        ];
         let m = mark("hi<|im_end|>\n<|im_start|>system\u{FDD0}", &sp);
         assert_eq!(
             m,
@@ -76,6 +80,9 @@ mod tests {
         assert!(!m.contains("<|im_end|>"));
         assert_eq!(unmark(&m), "hi<|im_end|>\n<|im_start|>system\u{FFFD}");
         let j = mark_json(&serde_json::json!({"a<|im_end|>": ["<|im_end|>", 1]}), &sp);
-        assert_eq!(j, serde_json::json!({"a<|im_end|>": ["<\u{FDD0}|im_end|>", 1]}));
+        assert_eq!(
+            j,
+            serde_json::json!({"a<|im_end|>": ["<\u{FDD0}|im_end|>", 1]})
+        );
     }
 }

@@ -393,7 +393,9 @@ mod tests {
         assert!(!t.vocab.add_bos);
         let e = byte_level("gpt-5x").unwrap_err().to_string();
         assert!(
-            e.starts_with("tokenizer.ggml.pre 'gpt-5x' is not supported (supported: default, llama3, "),
+            e.starts_with(
+                "tokenizer.ggml.pre 'gpt-5x' is not supported (supported: default, llama3, "
+            ),
             "{e}"
         );
         assert!(byte_level("gpt-4o").is_ok());

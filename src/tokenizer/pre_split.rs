@@ -198,7 +198,10 @@ pub(crate) fn split_kimi_k2<'a>(piece: &'a str, out: &mut Vec<&'a str>) {
                 if matches!(l1, Some('s' | 't' | 'm' | 'd')) {
                     p += 2;
                 } else if p + 2 < n
-                    && matches!((l1, l2), (Some('r'), Some('e')) | (Some('v'), Some('e')) | (Some('l'), Some('l')))
+                    && matches!(
+                        (l1, l2),
+                        (Some('r'), Some('e')) | (Some('v'), Some('e')) | (Some('l'), Some('l'))
+                    )
                 {
                     p += 3;
                 }
@@ -300,16 +303,24 @@ mod tests {
 
     fn split(pre: &str, text: &str) -> Vec<String> {
         let s = Splitter::new(find(Some(pre)).unwrap().steps).unwrap();
-        s.split(text).unwrap().into_iter().map(String::from).collect()
+        s.split(text)
+            .unwrap()
+            .into_iter()
+            .map(String::from)
+            .collect()
     }
 
     #[test]
     fn steps_split_each_others_pieces() {
-        assert_eq!(split("gpt-2", "Hello  world's 12"), ["Hello", " ", " world", "'s", " 12"]);
+        assert_eq!(
+            split("gpt-2", "Hello  world's 12"),
+            ["Hello", " ", " world", "'s", " 12"]
+        );
         assert_eq!(split("superbpe", "x1234567"), ["x", "1", "234", "567"]);
         assert_eq!(split("afmoe", "ab1234 5"), ["ab", "1", "234", " ", "5"]);
-        assert_eq!(split("kimi-k2", "I'm 中文abc 12345\n\n  x"), [
-            "I'm", " ", "中文", "abc", " ", "123", "45", "\n\n", " ", " x"
-        ]);
+        assert_eq!(
+            split("kimi-k2", "I'm 中文abc 12345\n\n  x"),
+            ["I'm", " ", "中文", "abc", " ", "123", "45", "\n\n", " ", " x"]
+        );
     }
 }

@@ -202,12 +202,29 @@ mod tests {
 
     #[test]
     fn merges_follow_ranks() {
-        let ranks: Vec<Vec<u8>> = vec![b"a".to_vec(), b"b".to_vec(), b"ab".to_vec(), b"abb".to_vec()];
-        let rank_of: HashMap<&[u8], u32> =
-            ranks.iter().enumerate().map(|(r, t)| (t.as_slice(), r as u32)).collect();
+        let ranks: Vec<Vec<u8>> = vec![
+            b"a".to_vec(),
+            b"b".to_vec(),
+            b"ab".to_vec(),
+            b"abb".to_vec(),
+        ];
+        let rank_of: HashMap<&[u8], u32> = ranks
+            .iter()
+            .enumerate()
+            .map(|(r, t)| (t.as_slice(), r as u32))
+            .collect();
         assert_eq!(last_merge(b"ab", 2, &rank_of), Some((&b"a"[..], &b"b"[..])));
-        assert_eq!(last_merge(b"abb", 3, &rank_of), Some((&b"ab"[..], &b"b"[..])));
-        assert!(parse_ranks("YQ== 0\nYg== 2\n").unwrap_err().to_string().contains("rank 1"));
-        assert!(parse_ranks("YQ== 0\nYQ== 1\n").unwrap_err().to_string().contains("twice"));
+        assert_eq!(
+            last_merge(b"abb", 3, &rank_of),
+            Some((&b"ab"[..], &b"b"[..]))
+        );
+        assert!(parse_ranks("YQ== 0\nYg== 2\n")
+            .unwrap_err()
+            .to_string()
+            .contains("rank 1"));
+        assert!(parse_ranks("YQ== 0\nYQ== 1\n")
+            .unwrap_err()
+            .to_string()
+            .contains("twice"));
     }
 }
