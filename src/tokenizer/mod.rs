@@ -37,7 +37,7 @@ use vocab::Vocab;
 /// The BPE of either kind of GGUF vocabulary.
 enum Bpe {
     /// SentencePiece (`llama`): a `tokenizers` pipeline (normalizer, byte fallback).
-    Spm(tokenizers::Tokenizer),
+    Spm(Box<tokenizers::Tokenizer>),
     /// Byte-level (`gpt2`): llama.cpp's pre-tokenizer, then the BPE.
     Bytes(Box<byte_bpe::ByteBpe>),
 }
@@ -144,7 +144,7 @@ impl Tokenizer {
     /// memory freed by construction back to the system ([`release_freed_memory`]).
     fn build_spm(mut vocab: Vocab) -> Result<Tokenizer> {
         let scores = std::mem::take(&mut vocab.scores);
-        let bpe = Bpe::Spm(bpe::build(&vocab, scores)?);
+        let bpe = Bpe::Spm(Box::new(bpe::build(&vocab, scores)?));
         let pieces = vocab.spm_pieces()?;
         let specials = partition::SpecialMatcher::new(&vocab);
         release_freed_memory();

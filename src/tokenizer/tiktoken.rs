@@ -10,7 +10,9 @@
 //! merging its own bytes under the ranks below its own (the reading transformers'
 //! `TikTokenConverter` and llama.cpp's converter use), with `ignore_merges`. The 256 ids after
 //! the ranks are special tokens: those named in `tokenizer_config.json`'s
-//! `added_tokens_decoder`, the others `<|reserved_token_ID|>`.
+//! `added_tokens_decoder`, the others `<|reserved_token_ID|>`. Not reproduced: Moonshot's
+//! cutting of inputs into chunks of at most 400,000 characters and of runs of more than
+//! 25,000 spaces or non-spaces before encoding (it only matters for such runs).
 
 use std::collections::HashMap;
 use std::path::Path;
