@@ -1,11 +1,18 @@
 //! Tokenization. Hugging Face folders: `tokenizer.json` through the `tokenizers` crate, see
-//! [`hf`]. GGUF models: matching llama.cpp (`src/llama-vocab.cpp`) id for id.
+//! [`hf`] (Kimi's `tiktoken.model` folders are read into the same pipeline, `tiktoken.rs`).
+//! GGUF models: matching llama.cpp (`src/llama-vocab.cpp`) id for id.
+//!
+//! Special-token text: a raw prompt's special-token texts become control ids in both formats
+//! unless the caller asks for literal text ([`ModelTokenizer::encode_prompt`]); chat message
+//! contents are always literal, only a template's markup becomes control tokens
+//! ([`ModelTokenizer::encode_messages`], `literal.rs`).
 //!
 //! The BPE itself runs in the `tokenizers` crate: a SentencePiece vocabulary (`llama` model in
 //! GGUF) becomes a `tokenizers` BPE whose merge ranks follow the scores of the merged tokens,
 //! with byte fallback through the `<0xNN>` tokens and `▁` for spaces; a byte-level vocabulary
-//! (`gpt2` model) becomes a byte-level BPE with the file's merges and the pre-tokenizer regex
-//! of its `tokenizer.ggml.pre` (`byte_bpe.rs`). What lies around the BPE
+//! (`gpt2` model) becomes a byte-level BPE with the file's merges, run on the pieces of the
+//! pre-tokenizer of its `tokenizer.ggml.pre` (every name llama.cpp knows: `pre_tokenizers.rs`,
+//! `pre_split.rs`, `byte_bpe.rs`). What lies around the BPE
 //! follows llama.cpp: special and user-defined tokens are cut out of the raw text first (longest
 //! text first), and decoding concatenates llama.cpp's token pieces. Chat templates live in
 //! [`chat`], streamed detokenization in [`stream`].
@@ -94,8 +101,8 @@ impl Tokenizer {
     /// `docs/gguf.md` in the ggml repository).
     ///
     /// Supported: `tokenizer.ggml.model = "llama"` (SentencePiece BPE) and `"gpt2"` (byte-level
-    /// BPE with `tokenizer.ggml.merges`, for the `tokenizer.ggml.pre` names `qwen2`,
-    /// `deepseek-r1-qwen`, `llama3`, `llama-v3` and `llama-bpe`).
+    /// BPE with `tokenizer.ggml.merges`, for every `tokenizer.ggml.pre` name llama.cpp in
+    /// llama-cpp-python 0.3.36 accepts, a missing one meaning `default`).
     /// Errors: any other model type or pre-tokenizer (named in the message), missing
     /// `tokenizer.ggml.tokens` or `tokenizer.ggml.merges`, arrays of the wrong type or length,
     /// token ids outside the vocabulary.
