@@ -80,9 +80,10 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
             msgs.push(json!({"role": "system", "content": s}));
         }
         msgs.extend(history.iter().cloned());
-        // the same path as `run --chat` and the server: template, then encode_chat
-        let text = tmpl.render_json(&Value::Array(msgs), None, true)?;
-        let ids = engine.tok.encode_chat(&text)?;
+        // the same path as `run --chat` and the server: message text stays literal
+        let ids = engine
+            .tok
+            .encode_messages_json(tmpl, &Value::Array(msgs), None, true)?;
         let mut sampler = engine.defaults.clone();
         if a.run.seed.is_none() {
             sampler.seed = std::time::SystemTime::now()

@@ -30,6 +30,11 @@ pub struct RunArgs {
     /// System message for --chat.
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
+    /// Without --chat: treat special-token texts in the prompt (e.g. `<|im_start|>`) as plain
+    /// text. By default they become their control tokens, as in llama.cpp's `-p`, for GGUF and
+    /// Hugging Face models alike. With --chat, message texts are always plain text.
+    #[arg(long, conflicts_with = "chat")]
+    pub no_parse_special: bool,
     /// Maximum number of tokens to generate.
     #[arg(short = 'n', long, default_value_t = 128)]
     pub max_tokens: usize,
@@ -189,10 +194,9 @@ pub fn run(a: RunArgs) -> Result<()> {
             msgs.push(Message::new("system", s.clone()));
         }
         msgs.push(Message::new("user", prompt.clone()));
-        let text = tmpl.render(&msgs, true)?;
-        tok.encode_chat(&text)?
+        tok.encode_messages(&tmpl, &msgs, true)?
     } else {
-        tok.encode_prompt(&prompt)?
+        tok.encode_prompt(&prompt, !a.no_parse_special)?
     };
     if ids.is_empty() {
         bail!("the prompt is empty");

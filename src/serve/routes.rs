@@ -310,8 +310,8 @@ fn params(
 }
 
 /// Renders a chat request through the model's template and tokenizes it the way `run --chat`
-/// does ([`ChatTemplate::render_json`] then [`ModelTokenizer::encode_chat`]), so the rule that
-/// message text stays text, never control tokens, is the one `run --chat` follows.
+/// does ([`ModelTokenizer::encode_messages_json`]): message text (contents, tool calls, tool
+/// definitions) stays text, never control tokens; only the template's own markup is control.
 fn chat_prompt(s: &AppState, r: &ChatRequest) -> Result<Vec<u32>, ApiError> {
     let tmpl = s.template.as_ref().ok_or_else(|| {
         ApiError::invalid(None, "this model has no chat template; use /v1/completions")
@@ -324,11 +324,8 @@ fn chat_prompt(s: &AppState, r: &ChatRequest) -> Result<Vec<u32>, ApiError> {
         .as_ref()
         .filter(|t| !t.is_empty())
         .map(|t| Value::Array(t.clone()));
-    let text = tmpl
-        .render_json(&Value::Array(r.messages.clone()), tools.as_ref(), true)
-        .map_err(|e| ApiError::invalid(Some("messages"), format!("{e:#}")))?;
     s.tok
-        .encode_chat(&text)
+        .encode_messages_json(tmpl, &Value::Array(r.messages.clone()), tools.as_ref(), true)
         .map_err(|e| ApiError::invalid(Some("messages"), format!("{e:#}")))
 }
 
@@ -413,7 +410,7 @@ async fn completions(
         )
         .into_response();
     }
-    let prompt = match s.tok.encode_prompt(&text) {
+    let prompt = match s.tok.encode_prompt(&text, true) {
         Ok(p) if !p.is_empty() => p,
         Ok(_) => return ApiError::invalid(Some("prompt"), "the prompt is empty").into_response(),
         Err(e) => return ApiError::invalid(Some("prompt"), format!("{e:#}")).into_response(),

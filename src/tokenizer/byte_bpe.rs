@@ -3,21 +3,20 @@
 //! Token texts are stored in GPT-2's byte-to-unicode alphabet (every byte one printable
 //! character, Radford et al. 2019, `encoder.py` of the GPT-2 release); `tokenizer.ggml.merges`
 //! lists the merges as `"left right"` in rank order. Raw text is split by the pre-tokenizer
-//! regex that llama.cpp associates with `tokenizer.ggml.pre` (`llm_tokenizer_bpe` in
-//! `src/llama-vocab.cpp`), each piece's bytes are mapped to the alphabet, and the BPE merges the
-//! lowest-ranked adjacent pair first. For the Llama 3 pre-tokenizer llama.cpp sets
-//! `ignore_merges` (a piece that is itself a token is taken whole), as does the `tokenizers`
-//! BPE option of the same name.
+//! steps that llama.cpp associates with `tokenizer.ggml.pre` (`llm_tokenizer_bpe` in
+//! `src/llama-vocab.cpp`; table in `pre_tokenizers.rs`, splitting in `pre_split.rs`), each
+//! piece's bytes are mapped to the alphabet, and the BPE merges the lowest-ranked adjacent pair
+//! first. Where llama.cpp sets `ignore_merges` (a piece that is itself a token is taken whole),
+//! so does the `tokenizers` BPE option of the same name. A few pre-tokenizers (`gemma4`,
+//! `sarvam-moe`, `whitespace`) keep pieces as UTF-8 and fall back to `<0xNN>` byte tokens.
 
 use anyhow::{anyhow, bail, Result};
 use tokenizers::models::bpe::{Vocab as BpeVocab, BPE};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
+use tokenizers::Model;
 
 use super::packed::PackedBytes;
-use super::pre_tokenizers::PRE_TOKENIZERS;
+use super::pre_split::Splitter;
+use super::pre_tokenizers::{self, PreTokenizer};
 use super::vocab::{
     parse_byte_token, Vocab, TYPE_BYTE, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_USER_DEFINED,
 };
@@ -40,21 +39,69 @@ pub(crate) fn byte_to_char() -> [char; 256] {
     table
 }
 
-/// Builds the BPE tokenizer of a byte-level vocabulary: `merges` are the
-/// `tokenizer.ggml.merges` strings, `pre` the `tokenizer.ggml.pre` name.
+/// A byte-level BPE vocabulary ready to tokenize raw text: llama.cpp's split of
+/// `tokenizer.ggml.pre`, then the `tokenizers` BPE on each piece.
+pub(crate) struct ByteBpe {
+    bpe: BPE,
+    splitter: Splitter,
+    pre: &'static PreTokenizer,
+    /// GPT-2's byte alphabet, by byte.
+    alphabet: [char; 256],
+}
+
+impl ByteBpe {
+    /// The id of a token text (a later duplicate wins, as in llama.cpp).
+    pub fn token_to_id(&self, text: &str) -> Option<u32> {
+        self.bpe.token_to_id(text)
+    }
+
+    /// Tokenizes one raw-text fragment (no special tokens in it) as llama.cpp's
+    /// `llm_tokenizer_bpe_session::tokenize`. Errors: the regex engine or the BPE fails.
+    pub fn encode(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
+        let escaped;
+        let text = if self.pre.escape_spaces {
+            escaped = text.replace(' ', "\u{2581}");
+            escaped.as_str()
+        } else {
+            text
+        };
+        let mut mapped = String::new();
+        for piece in self.splitter.split(text)? {
+            let word = if self.pre.byte_encode {
+                mapped.clear();
+                mapped.extend(piece.bytes().map(|b| self.alphabet[b as usize]));
+                mapped.as_str()
+            } else {
+                piece
+            };
+            if self.pre.whole_newlines && word.bytes().all(|b| b == b'\n') {
+                if let Some(id) = self.bpe.token_to_id(word) {
+                    out.push(id);
+                    continue;
+                }
+            }
+            let toks = self
+                .bpe
+                .tokenize(word)
+                .map_err(|e| anyhow!("BPE tokenization failed: {e}"))?;
+            out.extend(toks.iter().map(|t| t.id));
+        }
+        Ok(())
+    }
+}
+
+/// Builds the BPE of a byte-level vocabulary: `merges` are the `tokenizer.ggml.merges`
+/// strings, `pre` the `tokenizer.ggml.pre` name (`None` when the key is absent: llama.cpp's
+/// `default`).
 ///
-/// Errors: a `pre` without an implemented pre-tokenizer, a merge string without a space
-/// (both named), or `tokenizers` rejecting the model.
-pub(crate) fn build(vocab: &Vocab, merges: &[&str], pre: &str) -> Result<tokenizers::Tokenizer> {
-    let Some(&(_, pattern, ignore_merges)) = PRE_TOKENIZERS.iter().find(|p| p.0.contains(&pre))
-    else {
-        let known: Vec<&str> = PRE_TOKENIZERS
-            .iter()
-            .flat_map(|p| p.0.iter().copied())
-            .collect();
+/// Errors: a `pre` llama.cpp does not know, a merge string without a space (both named), or
+/// `tokenizers` rejecting the model.
+pub(crate) fn build(vocab: &Vocab, merges: &[&str], pre: Option<&str>) -> Result<ByteBpe> {
+    let Some(pre_tok) = pre_tokenizers::find(pre) else {
         bail!(
-            "tokenizer.ggml.pre '{pre}' is not supported (supported: {})",
-            known.join(", ")
+            "tokenizer.ggml.pre '{}' is not supported (supported: {})",
+            pre.unwrap_or_default(),
+            pre_tokenizers::names().join(", ")
         );
     };
     let n = vocab.texts.len();
@@ -81,21 +128,16 @@ pub(crate) fn build(vocab: &Vocab, merges: &[&str], pre: &str) -> Result<tokeniz
     }
     let bpe = BPE::builder()
         .vocab_and_merges(ids, pairs)
-        .ignore_merges(ignore_merges)
+        .ignore_merges(pre_tok.ignore_merges)
+        .byte_fallback(!pre_tok.byte_encode)
         .build()
         .map_err(|e| anyhow!("building the BPE model: {e}"))?;
-    let split = Split::new(
-        SplitPattern::Regex(pattern.to_string()),
-        SplitDelimiterBehavior::Isolated,
-        false,
-    )
-    .map_err(|e| anyhow!("pre-tokenizer regex: {e}"))?;
-    let mut tk = tokenizers::Tokenizer::new(bpe);
-    tk.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(vec![
-        PreTokenizerWrapper::Split(split),
-        PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
-    ]))));
-    Ok(tk)
+    Ok(ByteBpe {
+        bpe,
+        splitter: Splitter::new(pre_tok.steps)?,
+        pre: pre_tok,
+        alphabet: byte_to_char(),
+    })
 }
 
 /// Every token's bytes as llama.cpp's `token_to_piece(special = true)` gives them for a BPE

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 
 use super::chat::ChatTemplate;
 use crate::source::hf::read_json;
@@ -60,9 +60,14 @@ impl HfTokenizer {
     /// names the file); an existing but invalid JSON config file.
     pub fn from_folder(dir: &Path) -> Result<HfTokenizer> {
         let p = dir.join("tokenizer.json");
-        crate::source::check_regular(&p)?;
-        let inner = tokenizers::Tokenizer::from_file(&p)
-            .map_err(|e| anyhow!("{}: cannot load the tokenizer: {e}", p.display()))?;
+        let mut inner = if !p.exists() && dir.join("tiktoken.model").is_file() {
+            super::tiktoken::from_folder(dir)?
+        } else {
+            crate::source::check_regular(&p)?;
+            tokenizers::Tokenizer::from_file(&p)
+                .map_err(|e| anyhow!("{}: cannot load the tokenizer: {e}", p.display()))?
+        };
+        remove_marks_first(&mut inner)?;
         let opt_json = |name: &str| -> Result<serde_json::Value> {
             let p = dir.join(name);
             if p.is_file() {
@@ -115,6 +120,46 @@ impl HfTokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// Texts of the added tokens marked `special` (matched in text only when special tokens
+    /// are parsed), longest first.
+    pub(crate) fn special_texts(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .inner
+            .get_added_tokens_decoder()
+            .values()
+            .filter(|t| t.special && !t.content.is_empty())
+            .map(|t| t.content.clone())
+            .collect();
+        v.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        v.dedup();
+        v
+    }
+
+    /// Tokenizes text in which [`super::literal::mark`] broke the special-token texts that
+    /// must stay literal: the marks are removed before the model sees the text. Errors: the
+    /// tokenizer fails, or a special token was still formed out of marked text (a special
+    /// token the tokenizer matches after normalizing; refused rather than let through).
+    pub(crate) fn encode_marked(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, add_special)
+            .map_err(|e| anyhow!("tokenization failed: {e}"))?;
+        let specials = self.inner.get_added_tokens_decoder();
+        for (&id, &(a, b)) in enc.get_ids().iter().zip(enc.get_offsets()) {
+            let formed_from_marked = specials.get(&id).is_some_and(|t| t.special)
+                && text
+                    .get(a..b)
+                    .is_some_and(|s| s.contains(super::literal::MARK));
+            if formed_from_marked {
+                bail!(
+                    "message text would become the special token {:?}; refusing to tokenize it",
+                    self.inner.id_to_token(id).unwrap_or_default()
+                );
+            }
+        }
+        Ok(enc.get_ids().to_vec())
+    }
+
     /// Detokenizes like transformers' `decode(ids, skip_special_tokens=skip_special)`.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
         self.inner.decode(ids, skip_special).unwrap_or_default()
@@ -151,6 +196,25 @@ impl HfTokenizer {
         };
         ChatTemplate::new(&src, &bos, &eos)
     }
+}
+
+/// Puts the removal of [`super::literal::MARK`] before the tokenizer's own normalizer: the
+/// added-token matching runs before normalization, so a marked special-token text stays
+/// text, and the normalizer, pre-tokenizer and model never see a mark. Text without marks is
+/// normalized as before.
+fn remove_marks_first(t: &mut tokenizers::Tokenizer) -> Result<()> {
+    use tokenizers::normalizers::{Replace, Sequence};
+    use tokenizers::NormalizerWrapper;
+    let strip = NormalizerWrapper::Replace(
+        Replace::new(super::literal::MARK.to_string(), "")
+            .map_err(|e| anyhow!("mark removal: {e}"))?,
+    );
+    let n = match t.get_normalizer().cloned() {
+        None => strip,
+        Some(orig) => NormalizerWrapper::Sequence(Sequence::new(vec![strip, orig])),
+    };
+    t.with_normalizer(Some(n));
+    Ok(())
 }
 
 /// Incremental detokenization for [`HfTokenizer`]: the text of the ids pushed so far, emitted

@@ -1,11 +1,18 @@
 //! Tokenization. Hugging Face folders: `tokenizer.json` through the `tokenizers` crate, see
-//! [`hf`]. GGUF models: matching llama.cpp (`src/llama-vocab.cpp`) id for id.
+//! [`hf`] (Kimi's `tiktoken.model` folders are read into the same pipeline, `tiktoken.rs`).
+//! GGUF models: matching llama.cpp (`src/llama-vocab.cpp`) id for id.
+//!
+//! Special-token text: a raw prompt's special-token texts become control ids in both formats
+//! unless the caller asks for literal text ([`ModelTokenizer::encode_prompt`]); chat message
+//! contents are always literal, only a template's markup becomes control tokens
+//! ([`ModelTokenizer::encode_messages`], `literal.rs`).
 //!
 //! The BPE itself runs in the `tokenizers` crate: a SentencePiece vocabulary (`llama` model in
 //! GGUF) becomes a `tokenizers` BPE whose merge ranks follow the scores of the merged tokens,
 //! with byte fallback through the `<0xNN>` tokens and `▁` for spaces; a byte-level vocabulary
-//! (`gpt2` model) becomes a byte-level BPE with the file's merges and the pre-tokenizer regex
-//! of its `tokenizer.ggml.pre` (`byte_bpe.rs`). What lies around the BPE
+//! (`gpt2` model) becomes a byte-level BPE with the file's merges, run on the pieces of the
+//! pre-tokenizer of its `tokenizer.ggml.pre` (every name llama.cpp knows: `pre_tokenizers.rs`,
+//! `pre_split.rs`, `byte_bpe.rs`). What lies around the BPE
 //! follows llama.cpp: special and user-defined tokens are cut out of the raw text first (longest
 //! text first), and decoding concatenates llama.cpp's token pieces. Chat templates live in
 //! [`chat`], streamed detokenization in [`stream`].
@@ -14,11 +21,14 @@ mod bpe;
 mod byte_bpe;
 pub mod chat;
 pub mod hf;
+mod literal;
 mod model_tokenizer;
 mod packed;
 mod partition;
+mod pre_split;
 mod pre_tokenizers;
 pub mod stream;
+mod tiktoken;
 mod vocab;
 
 use std::collections::BTreeMap;
@@ -31,11 +41,41 @@ pub use model_tokenizer::{ModelStreamDecoder, ModelTokenizer};
 pub use stream::StreamDecoder;
 use vocab::Vocab;
 
+/// The BPE of either kind of GGUF vocabulary.
+enum Bpe {
+    /// SentencePiece (`llama`): a `tokenizers` pipeline (normalizer, byte fallback).
+    Spm(Box<tokenizers::Tokenizer>),
+    /// Byte-level (`gpt2`): llama.cpp's pre-tokenizer, then the BPE.
+    Bytes(Box<byte_bpe::ByteBpe>),
+}
+
+impl Bpe {
+    fn token_to_id(&self, text: &str) -> Option<u32> {
+        match self {
+            Bpe::Spm(t) => t.token_to_id(text),
+            Bpe::Bytes(b) => b.token_to_id(text),
+        }
+    }
+
+    fn encode(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
+        match self {
+            Bpe::Spm(t) => {
+                let enc = t
+                    .encode_fast(text, false)
+                    .map_err(|e| anyhow!("BPE tokenization failed: {e}"))?;
+                out.extend_from_slice(enc.get_ids());
+                Ok(())
+            }
+            Bpe::Bytes(b) => b.encode(text, out),
+        }
+    }
+}
+
 /// A GGUF model's tokenizer.
 pub struct Tokenizer {
     vocab: Vocab,
     /// Tokenizes one raw-text fragment (no special tokens inside) with the model's BPE.
-    bpe: tokenizers::Tokenizer,
+    bpe: Bpe,
     /// Bytes of every token as llama.cpp renders it with `special = true`, by id.
     pieces: packed::PackedBytes,
     /// Special and user-defined tokens, split out of raw text before BPE.
@@ -61,8 +101,8 @@ impl Tokenizer {
     /// `docs/gguf.md` in the ggml repository).
     ///
     /// Supported: `tokenizer.ggml.model = "llama"` (SentencePiece BPE) and `"gpt2"` (byte-level
-    /// BPE with `tokenizer.ggml.merges`, for the `tokenizer.ggml.pre` names `qwen2`,
-    /// `deepseek-r1-qwen`, `llama3`, `llama-v3` and `llama-bpe`).
+    /// BPE with `tokenizer.ggml.merges`, for every `tokenizer.ggml.pre` name llama.cpp in
+    /// llama-cpp-python 0.3.36 accepts, a missing one meaning `default`).
     /// Errors: any other model type or pre-tokenizer (named in the message), missing
     /// `tokenizer.ggml.tokens` or `tokenizer.ggml.merges`, arrays of the wrong type or length,
     /// token ids outside the vocabulary.
@@ -95,8 +135,8 @@ impl Tokenizer {
                 bail!("GGUF metadata has no tokenizer.ggml.merges (needed by a gpt2 vocabulary)")
             }
         };
-        let pre = vocab::opt_str(meta, "tokenizer.ggml.pre")?.unwrap_or("default");
-        let bpe = byte_bpe::build(&vocab, &merges, pre)?;
+        let pre = vocab::opt_str(meta, "tokenizer.ggml.pre")?;
+        let bpe = Bpe::Bytes(Box::new(byte_bpe::build(&vocab, &merges, pre)?));
         let pieces = byte_bpe::pieces(&vocab)?;
         let specials = partition::SpecialMatcher::new(&vocab);
         Ok(Tokenizer {
@@ -111,7 +151,7 @@ impl Tokenizer {
     /// memory freed by construction back to the system ([`release_freed_memory`]).
     fn build_spm(mut vocab: Vocab) -> Result<Tokenizer> {
         let scores = std::mem::take(&mut vocab.scores);
-        let bpe = bpe::build(&vocab, scores)?;
+        let bpe = Bpe::Spm(Box::new(bpe::build(&vocab, scores)?));
         let pieces = vocab.spm_pieces()?;
         let specials = partition::SpecialMatcher::new(&vocab);
         release_freed_memory();
@@ -197,13 +237,18 @@ impl Tokenizer {
                     prev_special = true;
                 }
                 partition::Fragment::Text(s) => {
-                    let enc = if self.vocab.add_space_prefix && prev_special {
-                        self.bpe.encode_fast(format!(" {s}").as_str(), false)
+                    let unmarked;
+                    let s = if s.contains(literal::MARK) {
+                        unmarked = literal::unmark(s);
+                        unmarked.as_str()
                     } else {
-                        self.bpe.encode_fast(s, false)
+                        s
+                    };
+                    if self.vocab.add_space_prefix && prev_special {
+                        self.bpe.encode(format!(" {s}").as_str(), &mut out)?;
+                    } else {
+                        self.bpe.encode(s, &mut out)?;
                     }
-                    .map_err(|e| anyhow!("BPE tokenization failed: {e}"))?;
-                    out.extend_from_slice(enc.get_ids());
                     prev_special = false;
                 }
             }
@@ -238,6 +283,19 @@ impl Tokenizer {
         }
         s.push_str(&d.finish());
         s
+    }
+
+    /// Texts of the tokens matched only when special tokens are parsed (control and unknown
+    /// tokens), longest first: the texts that must be broken to stay literal.
+    pub(crate) fn parse_special_texts(&self) -> Vec<String> {
+        let mut v: Vec<String> = (0..self.vocab.texts.len())
+            .filter(|&i| self.vocab.attrs[i].needs_parse_special())
+            .map(|i| self.vocab.text(i).to_string())
+            .filter(|t| !t.is_empty())
+            .collect();
+        v.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        v.dedup();
+        v
     }
 
     pub(crate) fn vocab(&self) -> &Vocab {
@@ -340,11 +398,14 @@ mod tests {
         assert_eq!(t.token_to_piece(5, true), b"<|end|>");
         // qwen2 adds no BOS by default; an unknown pre-tokenizer is named
         assert!(!t.vocab.add_bos);
-        let e = byte_level("gpt-4o").unwrap_err().to_string();
-        assert_eq!(
-            e,
-            "tokenizer.ggml.pre 'gpt-4o' is not supported (supported: qwen2, deepseek-r1-qwen, llama3, llama-v3, llama-bpe)"
+        let e = byte_level("gpt-5x").unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "tokenizer.ggml.pre 'gpt-5x' is not supported (supported: default, llama3, "
+            ),
+            "{e}"
         );
+        assert!(byte_level("gpt-4o").is_ok());
     }
 
     #[test]

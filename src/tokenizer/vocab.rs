@@ -248,14 +248,22 @@ impl Vocab {
         eog.dedup();
 
         let default_space_prefix = model == "llama";
+        // llama.cpp adds BOS for Gemma 4's pre-tokenizer whatever the file says
+        let forced_bos = model == "gpt2"
+            && matches!(
+                opt_str(meta, "tokenizer.ggml.pre")?,
+                Some("gemma4" | "granite-embed-multi-311m")
+            );
         Ok(Vocab {
-            add_bos: opt_bool(meta, "tokenizer.ggml.add_bos_token")?.unwrap_or(
-                model == "llama"
-                    || (model == "gpt2"
-                        && super::pre_tokenizers::default_add_bos(
-                            opt_str(meta, "tokenizer.ggml.pre")?.unwrap_or(""),
-                        )),
-            ),
+            add_bos: forced_bos
+                || opt_bool(meta, "tokenizer.ggml.add_bos_token")?.unwrap_or(
+                    model == "llama"
+                        || (model == "gpt2"
+                            && super::pre_tokenizers::default_add_bos(opt_str(
+                                meta,
+                                "tokenizer.ggml.pre",
+                            )?)),
+                ),
             add_eos: opt_bool(meta, "tokenizer.ggml.add_eos_token")?.unwrap_or(false),
             add_space_prefix: opt_bool(meta, "tokenizer.ggml.add_space_prefix")?
                 .unwrap_or(default_space_prefix),
