@@ -135,7 +135,12 @@ pub(crate) fn decode_iq3_s(src: &[u8], dst: &mut [f32]) {
             let s = (b[106 + g / 16] >> (4 * ((g / 8) % 2))) & 15;
             let db = d * (1 + 2 * s as u32) as f32;
             let sg = b[74 + g / 2] >> (4 * (g % 2));
-            put4(&mut y[4 * g..], db, IQ3S_GRID[b[2 + g] as usize | hi << 8], sg);
+            put4(
+                &mut y[4 * g..],
+                db,
+                IQ3S_GRID[b[2 + g] as usize | hi << 8],
+                sg,
+            );
         }
     }
 }
@@ -161,7 +166,11 @@ pub(crate) fn decode_iq1_s(src: &[u8], dst: &mut [f32]) {
         for c in 0..8 {
             let qh = u16_at(b, 34 + 2 * c);
             let dl = d * (2 * ((qh >> 12) & 7) + 1) as f32;
-            let delta = if qh & 0x8000 != 0 { -IQ1_DELTA } else { IQ1_DELTA };
+            let delta = if qh & 0x8000 != 0 {
+                -IQ1_DELTA
+            } else {
+                IQ1_DELTA
+            };
             for k in 0..4 {
                 let g = 4 * c + k;
                 let idx = b[2 + g] as usize | (((qh >> (3 * k)) & 7) as usize) << 8;
@@ -179,7 +188,8 @@ pub(crate) fn decode_iq1_s(src: &[u8], dst: &mut [f32]) {
 pub(crate) fn decode_iq1_m(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(56).zip(dst.chunks_exact_mut(256)) {
         let sc = [0, 1, 2, 3].map(|i| u16_at(b, 48 + 2 * i));
-        let dbits = (sc[0] >> 12) | ((sc[1] >> 8) & 0xF0) | ((sc[2] >> 4) & 0xF00) | (sc[3] & 0xF000);
+        let dbits =
+            (sc[0] >> 12) | ((sc[1] >> 8) & 0xF0) | ((sc[2] >> 4) & 0xF00) | (sc[3] & 0xF000);
         let d = super::scalar::f16_to_f32(dbits);
         for g in 0..32 {
             let i = g / 2;
