@@ -48,12 +48,11 @@ pub(crate) fn decode_q2_k(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(84).zip(dst.chunks_exact_mut(256)) {
         let (d, dmin) = (f16_at(&b[80..]), f16_at(&b[82..]));
         let qs = &b[16..80];
-        for g in 0..16 {
-            let s = b[g];
+        for (g, &s) in b[..16].iter().enumerate() {
             let dl = d * (s & 15) as f32;
             let ml = dmin * (s >> 4) as f32;
-            for e in 16 * g..16 * g + 16 {
-                y[e] = dl * two_bits(qs, e) as f32 - ml;
+            for (e, v) in y.iter_mut().enumerate().skip(16 * g).take(16) {
+                *v = dl * two_bits(qs, e) as f32 - ml;
             }
         }
     }
@@ -82,10 +81,10 @@ pub(crate) fn decode_q3_k(src: &[u8], dst: &mut [f32]) {
         let sc = q3k_scales(&b[96..108]);
         for (g, &s) in sc.iter().enumerate() {
             let dl = d * s as f32;
-            for e in 16 * g..16 * g + 16 {
+            for (e, v) in y.iter_mut().enumerate().skip(16 * g).take(16) {
                 let h = (hm[e % 32] >> (e / 32)) & 1;
                 let q = two_bits(qs, e) as i32 - 4 * (1 - h as i32);
-                y[e] = dl * q as f32;
+                *v = dl * q as f32;
             }
         }
     }
@@ -104,9 +103,10 @@ pub(crate) fn decode_q5_k(src: &[u8], dst: &mut [f32]) {
             let m1 = dmin * m[r] as f32;
             let qs = &b[48 + 32 * (r / 2)..][..32];
             let shift = 4 * (r & 1);
-            for l in 0..32 {
-                let q = ((qs[l] >> shift) & 15) | (((qh[l] >> r) & 1) << 4);
-                y[32 * r + l] = d1 * q as f32 - m1;
+            let out = &mut y[32 * r..32 * r + 32];
+            for ((v, &q), &h) in out.iter_mut().zip(qs).zip(qh) {
+                let q = ((q >> shift) & 15) | (((h >> r) & 1) << 4);
+                *v = d1 * q as f32 - m1;
             }
         }
     }

@@ -67,10 +67,10 @@ unsafe fn blk_q2_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
     let (d, dmin) = (f16s(p.add(80)), f16s(p.add(82)));
     let mut dl = [0f32; 16];
     let mut ml = [0f32; 16];
-    for g in 0..16 {
+    for (g, (a, m)) in dl.iter_mut().zip(ml.iter_mut()).enumerate() {
         let s = *p.add(g);
-        dl[g] = d * (s & 15) as f32;
-        ml[g] = dmin * (s >> 4) as f32;
+        *a = d * (s & 15) as f32;
+        *m = dmin * (s >> 4) as f32;
     }
     for r in 0..8 {
         let (h, s) = (r / 4, r % 4);
