@@ -177,9 +177,12 @@ def edge_blocks(ty, rng):
         nib = hi | delta << 3
         raw[:, 32:48] = nib[:, 0::2] | nib[:, 1::2] << 4
     elif ty == T.IQ4_XS:
-        n = 4
+        n = 8  # sub-block i of block t has 6-bit scale 8t + i: every value once
         raw = rng.integers(0, 256, (n, bb), dtype=np.uint8)
-        cover(raw, 2, 8)
+        ls = np.arange(n * 8).reshape(n, 8)
+        raw[:, 4:8] = (ls[:, 0::2] & 15) | ((ls[:, 1::2] & 15) << 4)
+        sh = sum(((ls[:, i] >> 4) & 3) << (2 * i) for i in range(8))
+        raw[:, 2:4] = sh.astype("<u2").view(np.uint8).reshape(n, 2)
         cover(raw, 8, 136)
     else:
         raise ValueError(ty)
