@@ -417,4 +417,67 @@ fn kimi_linear_tiny_loads_and_runs_and_the_48b_shape_plans() {
         out.contains("27 layers (1 dense + 26 MoE × 256 experts of 13.50 MiB), hf bf16"),
         "{out}"
     );
+
+/// Every low-bit encoding (`quant::EXT_TYPES`): the synthetic `qwen3_moe` GGUF is written in
+/// it (256-element rows; the 64-element `attn_output` rows fall back as llama.cpp's quantizer
+/// does), loads, and runs with finite logits, through the expert store.
+#[test]
+fn qwen3_moe_gguf_in_every_low_bit_type_loads_and_runs() {
+    let s = Qwen3MoeShape {
+        hidden_size: 256,
+        num_hidden_layers: 1,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 16,
+        num_experts: 4,
+        num_experts_per_tok: 2,
+        moe_intermediate_size: 256,
+        vocab_size: 512,
+    };
+    // (type, llama_ftype, attn_output fallback, block bytes)
+    let cases = [
+        (GgmlType::Q4_1, 3, GgmlType::Q4_1, 20),
+        (GgmlType::Q5_1, 9, GgmlType::Q5_1, 24),
+        (GgmlType::Q2_K, 10, GgmlType::Q4_0, 84),
+        (GgmlType::Q3_K, 11, GgmlType::Q4_0, 110),
+        (GgmlType::Q5_K, 16, GgmlType::Q5_1, 176),
+        (GgmlType::IQ1_S, 24, GgmlType::IQ4_NL, 50),
+        (GgmlType::IQ1_M, 31, GgmlType::IQ4_NL, 56),
+        (GgmlType::IQ2_XXS, 19, GgmlType::IQ4_NL, 66),
+        (GgmlType::IQ2_XS, 20, GgmlType::IQ4_NL, 74),
+        (GgmlType::IQ2_S, 28, GgmlType::IQ4_NL, 82),
+        (GgmlType::IQ3_XXS, 23, GgmlType::IQ4_NL, 98),
+        (GgmlType::IQ3_S, 26, GgmlType::IQ4_NL, 110),
+        (GgmlType::IQ4_NL, 25, GgmlType::IQ4_NL, 18),
+        (GgmlType::IQ4_XS, 30, GgmlType::IQ4_NL, 136),
+        (GgmlType::TQ1_0, 36, GgmlType::Q4_0, 54),
+        (GgmlType::TQ2_0, 37, GgmlType::Q4_0, 66),
+    ];
+    assert_eq!(cases.len(), deltafin::quant::EXT_TYPES.len());
+    let dir = tempfile::tempdir().unwrap();
+    for (q, ftype, fallback, bb) in cases {
+        let name = q.name().to_lowercase();
+        let shape = Shape::Qwen3Moe(s.clone());
+        let enc = Encoding::parse(&shape, "gguf", Some(&name)).unwrap();
+        assert_eq!(enc, Encoding::Gguf(q));
+        let path = dir.path().join(format!("{name}.gguf"));
+        let p = write_checked(&shape, enc, &path);
+        // gate, up, down: 256 rows of 256 elements per expert (one layer)
+        let per_row = bb * 256 / q.block_elems() as u64;
+        assert_eq!(p.expert_bytes, 3 * 256 * per_row, "{q}");
+        let g = GgufModel::open(&path).unwrap();
+        assert_eq!(g.get_u64("general.file_type").unwrap(), ftype, "{q}");
+        let ty = |n: &str| g.tensor(n).unwrap().ty;
+        assert_eq!(ty("blk.0.ffn_down_exps.weight"), q);
+        assert_eq!(ty("blk.0.attn_q.weight"), q);
+        assert_eq!(ty("blk.0.attn_output.weight"), fallback, "{q}");
+        let opts = LoadOptions {
+            n_ctx: 64,
+            n_batch: 64,
+            ..Default::default()
+        };
+        let (m, st) = load_gguf(&g, &opts).unwrap();
+        forward_is_finite(Session::new(m, st, 64, 64));
+        std::fs::remove_file(&path).unwrap();
+    }
 }

@@ -11,11 +11,14 @@ use crate::write::synth::{catalog, plan, write, Encoding, Planned, Shape};
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
 Architectures, presets and encodings (--preset list describes each preset):
-  qwen3_moe    tiny, small, qwen3-30b-a3b   hf: bf16; gguf: q4_0 (default), q8_0, q4_k
+  qwen3_moe    tiny, small, qwen3-30b-a3b   hf: bf16; gguf: q4_0 (default), q8_0, q4_k,
+               q4_1, q5_1, q2_k, q3_k, q5_k, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s,
+               iq4_nl, iq4_xs, tq1_0, tq2_0
   deepseek_v3  tiny, deepseek-v3            hf: bf16 (default), fp8 (E4M3, 128x128 block scales)
   gpt_oss      tiny, gpt-oss-20b            hf: mxfp4 (default), bf16
   kimi_linear  tiny, kimi-linear-48b-a3b    hf: bf16
-q4_k matrices whose rows are not a multiple of 256 are written as q5_0, as llama.cpp does.")]
+Matrices whose rows are not whole 256-element super-blocks fall back as llama.cpp's
+quantizer does: q4_k to q5_0, q5_k to q5_1, q2_k/q3_k/tq1_0/tq2_0 to q4_0, iq* to iq4_nl.")]
 pub struct SynthArgs {
     /// Architecture (Hugging Face `model_type`): qwen3_moe, deepseek_v3, gpt_oss or kimi_linear.
     #[arg(long, default_value = "qwen3_moe")]
@@ -44,7 +47,8 @@ pub struct SynthArgs {
     #[arg(long, default_value = "hf")]
     pub format: String,
     /// Weight encoding: bf16, fp8 (deepseek_v3), mxfp4 (gpt_oss experts) for `hf`; q4_0, q8_0,
-    /// q4_k for `gguf`. Default: the architecture's first listed below.
+    /// q4_k, q2_k, iq2_xxs, ... (listed below) for `gguf`. Default: the architecture's first
+    /// listed below.
     #[arg(long)]
     pub quant: Option<String>,
     /// Print the planned files and sizes without writing anything.

@@ -21,6 +21,28 @@ pub enum GgmlType {
     Q5_K,
     Q6_K,
     Q8_K,
+    /// ggml `GGML_TYPE_IQ2_XXS` (id 16): 256-element blocks of 66 bytes, 2.06 bits per weight.
+    IQ2_XXS,
+    /// ggml `GGML_TYPE_IQ2_XS` (id 17): 256-element blocks of 74 bytes.
+    IQ2_XS,
+    /// ggml `GGML_TYPE_IQ3_XXS` (id 18): 256-element blocks of 98 bytes.
+    IQ3_XXS,
+    /// ggml `GGML_TYPE_IQ1_S` (id 19): 256-element blocks of 50 bytes, 1.56 bits per weight.
+    IQ1_S,
+    /// ggml `GGML_TYPE_IQ4_NL` (id 20): 32-element blocks of 18 bytes.
+    IQ4_NL,
+    /// ggml `GGML_TYPE_IQ3_S` (id 21): 256-element blocks of 110 bytes.
+    IQ3_S,
+    /// ggml `GGML_TYPE_IQ2_S` (id 22): 256-element blocks of 82 bytes.
+    IQ2_S,
+    /// ggml `GGML_TYPE_IQ4_XS` (id 23): 256-element blocks of 136 bytes.
+    IQ4_XS,
+    /// ggml `GGML_TYPE_IQ1_M` (id 29): 256-element blocks of 56 bytes, 1.75 bits per weight.
+    IQ1_M,
+    /// ggml `GGML_TYPE_TQ1_0` (id 34): ternary, 256-element blocks of 54 bytes.
+    TQ1_0,
+    /// ggml `GGML_TYPE_TQ2_0` (id 35): ternary, 256-element blocks of 66 bytes.
+    TQ2_0,
     BF16,
     /// OCP microscaling FP4 (ggml `GGML_TYPE_MXFP4`, GGUF id 39): blocks of 32 elements, one
     /// E8M0 scale byte then 16 bytes of E2M1 nibbles (see `scalar::decode_mxfp4`).
@@ -56,6 +78,17 @@ impl GgmlType {
             13 => Self::Q5_K,
             14 => Self::Q6_K,
             15 => Self::Q8_K,
+            16 => Self::IQ2_XXS,
+            17 => Self::IQ2_XS,
+            18 => Self::IQ3_XXS,
+            19 => Self::IQ1_S,
+            20 => Self::IQ4_NL,
+            21 => Self::IQ3_S,
+            22 => Self::IQ2_S,
+            23 => Self::IQ4_XS,
+            29 => Self::IQ1_M,
+            34 => Self::TQ1_0,
+            35 => Self::TQ2_0,
             30 => Self::BF16,
             39 => Self::MXFP4,
             24 => Self::I8,
@@ -82,6 +115,17 @@ impl GgmlType {
             Self::Q5_K => 13,
             Self::Q6_K => 14,
             Self::Q8_K => 15,
+            Self::IQ2_XXS => 16,
+            Self::IQ2_XS => 17,
+            Self::IQ3_XXS => 18,
+            Self::IQ1_S => 19,
+            Self::IQ4_NL => 20,
+            Self::IQ3_S => 21,
+            Self::IQ2_S => 22,
+            Self::IQ4_XS => 23,
+            Self::IQ1_M => 29,
+            Self::TQ1_0 => 34,
+            Self::TQ2_0 => 35,
             Self::BF16 => 30,
             Self::MXFP4 => 39,
             Self::I8 => 24,
@@ -94,8 +138,10 @@ impl GgmlType {
             Self::F32 | Self::F16 | Self::BF16 | Self::I8 | Self::F8_E4M3 => 1,
             Self::F8_E4M3_B128 => fp8::BLOCK,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
-            Self::MXFP4 => 32,
+            Self::MXFP4 | Self::IQ4_NL => 32,
             Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K => 256,
+            Self::IQ2_XXS | Self::IQ2_XS | Self::IQ2_S | Self::IQ3_XXS | Self::IQ3_S => 256,
+            Self::IQ1_S | Self::IQ1_M | Self::IQ4_XS | Self::TQ1_0 | Self::TQ2_0 => 256,
         }
     }
 
@@ -118,6 +164,17 @@ impl GgmlType {
             Self::Q5_K => 176,
             Self::Q6_K => 210,
             Self::Q8_K => 292,
+            Self::IQ2_XXS => 66,
+            Self::IQ2_XS => 74,
+            Self::IQ3_XXS => 98,
+            Self::IQ1_S => 50,
+            Self::IQ4_NL => 18,
+            Self::IQ3_S => 110,
+            Self::IQ2_S => 82,
+            Self::IQ4_XS => 136,
+            Self::IQ1_M => 56,
+            Self::TQ1_0 => 54,
+            Self::TQ2_0 => 66,
             Self::MXFP4 => 17,
             Self::I8 => 1,
         }
@@ -158,6 +215,17 @@ impl GgmlType {
             Self::Q5_K => "Q5_K",
             Self::Q6_K => "Q6_K",
             Self::Q8_K => "Q8_K",
+            Self::IQ2_XXS => "IQ2_XXS",
+            Self::IQ2_XS => "IQ2_XS",
+            Self::IQ3_XXS => "IQ3_XXS",
+            Self::IQ1_S => "IQ1_S",
+            Self::IQ4_NL => "IQ4_NL",
+            Self::IQ3_S => "IQ3_S",
+            Self::IQ2_S => "IQ2_S",
+            Self::IQ4_XS => "IQ4_XS",
+            Self::IQ1_M => "IQ1_M",
+            Self::TQ1_0 => "TQ1_0",
+            Self::TQ2_0 => "TQ2_0",
             Self::BF16 => "BF16",
             Self::MXFP4 => "MXFP4",
             Self::I8 => "I8",
@@ -174,10 +242,16 @@ impl std::fmt::Display for GgmlType {
 }
 
 pub mod fp8;
+mod iq1_grid;
+mod iq_grids;
 pub mod mxfp4;
 mod scalar;
+mod scalar_iq;
+mod scalar_k;
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tests_lowbit;
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -276,7 +350,46 @@ pub(crate) struct LevelKernels {
 /// Number of types with kernels (the length of every kernel table).
 pub(crate) const N_SLOTS: usize = SLOT_TYPES.len();
 
-/// Table index of a type with kernels: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K, MXFP4.
+/// Number of types with kernels before the low-bit additions (slots `0..N_BASE`); the
+/// slots `N_BASE..N_SLOTS` are [`EXT_TYPES`].
+pub(crate) const N_BASE: usize = 9;
+/// Number of low-bit types added after the first nine (see [`EXT_TYPES`]).
+pub(crate) const N_EXT: usize = EXT_TYPES.len();
+
+/// A kernel table from its first [`N_BASE`] entries and its [`N_EXT`] low-bit entries.
+pub(crate) const fn join<T: Copy>(base: [T; N_BASE], ext: [T; N_EXT]) -> [T; N_SLOTS] {
+    let mut out = [base[0]; N_SLOTS];
+    let mut i = 0;
+    while i < N_SLOTS {
+        out[i] = if i < N_BASE { base[i] } else { ext[i - N_BASE] };
+        i += 1;
+    }
+    out
+}
+
+/// The low-bit types (slots `N_BASE..`, in this order): legacy with minimum, k-quants, IQ
+/// codebook types and ternary types.
+pub const EXT_TYPES: [GgmlType; 16] = [
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q5_K,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+];
+
+/// Table index of a type with kernels: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K, MXFP4,
+/// then the [`EXT_TYPES`].
 pub(crate) fn slot(ty: GgmlType) -> Option<usize> {
     Some(match ty {
         GgmlType::F32 => 0,
@@ -288,6 +401,22 @@ pub(crate) fn slot(ty: GgmlType) -> Option<usize> {
         GgmlType::Q4_K => 6,
         GgmlType::Q6_K => 7,
         GgmlType::MXFP4 => 8,
+        GgmlType::Q4_1 => 9,
+        GgmlType::Q5_1 => 10,
+        GgmlType::Q2_K => 11,
+        GgmlType::Q3_K => 12,
+        GgmlType::Q5_K => 13,
+        GgmlType::IQ1_S => 14,
+        GgmlType::IQ1_M => 15,
+        GgmlType::IQ2_XXS => 16,
+        GgmlType::IQ2_XS => 17,
+        GgmlType::IQ2_S => 18,
+        GgmlType::IQ3_XXS => 19,
+        GgmlType::IQ3_S => 20,
+        GgmlType::IQ4_NL => 21,
+        GgmlType::IQ4_XS => 22,
+        GgmlType::TQ1_0 => 23,
+        GgmlType::TQ2_0 => 24,
         _ => return None,
     })
 }
@@ -303,10 +432,26 @@ pub(crate) const SCALAR_DECODE: [DeqFn; N_SLOTS] = [
     scalar::decode_q4_k,
     scalar::decode_q6_k,
     scalar::decode_mxfp4,
+    scalar_k::decode_q4_1,
+    scalar_k::decode_q5_1,
+    scalar_k::decode_q2_k,
+    scalar_k::decode_q3_k,
+    scalar_k::decode_q5_k,
+    scalar_iq::decode_iq1_s,
+    scalar_iq::decode_iq1_m,
+    scalar_iq::decode_iq2_xxs,
+    scalar_iq::decode_iq2_xs,
+    scalar_iq::decode_iq2_s,
+    scalar_iq::decode_iq3_xxs,
+    scalar_iq::decode_iq3_s,
+    scalar_iq::decode_iq4_nl,
+    scalar_iq::decode_iq4_xs,
+    scalar_k::decode_tq1_0,
+    scalar_k::decode_tq2_0,
 ];
 
 /// The types with kernels, in kernel-table order (see `slot`).
-pub const SLOT_TYPES: [GgmlType; 9] = [
+pub const SLOT_TYPES: [GgmlType; 25] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -316,6 +461,22 @@ pub const SLOT_TYPES: [GgmlType; 9] = [
     GgmlType::Q4_K,
     GgmlType::Q6_K,
     GgmlType::MXFP4,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q5_K,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
 ];
 
 macro_rules! scalar_fns {
@@ -334,14 +495,29 @@ macro_rules! scalar_fns {
     };
 }
 scalar_fns!(sd0, sq0 = 0; sd1, sq1 = 1; sd2, sq2 = 2; sd3, sq3 = 3; sd4, sq4 = 4;
-    sd5, sq5 = 5; sd6, sq6 = 6; sd7, sq7 = 7; sd8, sq8 = 8);
+    sd5, sq5 = 5; sd6, sq6 = 6; sd7, sq7 = 7; sd8, sq8 = 8; sd9, sq9 = 9; sd10, sq10 = 10;
+    sd11, sq11 = 11; sd12, sq12 = 12; sd13, sq13 = 13; sd14, sq14 = 14; sd15, sq15 = 15;
+    sd16, sq16 = 16; sd17, sq17 = 17; sd18, sq18 = 18; sd19, sq19 = 19; sd20, sq20 = 20;
+    sd21, sq21 = 21; sd22, sq22 = 22; sd23, sq23 = 23; sd24, sq24 = 24);
 
 /// Scalar-level dequantization with length checks (also used by the NEON level, whose
 /// decoders are the scalar ones).
-pub(crate) const SCALAR_DEQ: [DeqFn; N_SLOTS] = [sq0, sq1, sq2, sq3, sq4, sq5, sq6, sq7, sq8];
+pub(crate) const SCALAR_DEQ: [DeqFn; N_SLOTS] = [
+    sq0, sq1, sq2, sq3, sq4, sq5, sq6, sq7, sq8, sq9, sq10, sq11, sq12, sq13, sq14, sq15, sq16,
+    sq17, sq18, sq19, sq20, sq21, sq22, sq23, sq24,
+];
+
+/// The low-bit part of [`SCALAR_DEQ`] (the x86 levels' dequantization of [`EXT_TYPES`]
+/// where they have no in-register decoder).
+pub(crate) const SCALAR_DEQ_EXT: [DeqFn; N_EXT] = [
+    sq9, sq10, sq11, sq12, sq13, sq14, sq15, sq16, sq17, sq18, sq19, sq20, sq21, sq22, sq23, sq24,
+];
 
 static SCALAR: LevelKernels = LevelKernels {
-    dot: [sd0, sd1, sd2, sd3, sd4, sd5, sd6, sd7, sd8],
+    dot: [
+        sd0, sd1, sd2, sd3, sd4, sd5, sd6, sd7, sd8, sd9, sd10, sd11, sd12, sd13, sd14, sd15, sd16,
+        sd17, sd18, sd19, sd20, sd21, sd22, sd23, sd24,
+    ],
     deq: SCALAR_DEQ,
     dot_f32: scalar::dot_f32::<scalar::Scalar8>,
     prep: [None; N_SLOTS],

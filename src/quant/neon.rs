@@ -62,12 +62,31 @@ dots!(
     d5 = 5,
     d6 = 6,
     d7 = 7,
-    d8 = 8
+    d8 = 8,
+    d9 = 9,
+    d10 = 10,
+    d11 = 11,
+    d12 = 12,
+    d13 = 13,
+    d14 = 14,
+    d15 = 15,
+    d16 = 16,
+    d17 = 17,
+    d18 = 18,
+    d19 = 19,
+    d20 = 20,
+    d21 = 21,
+    d22 = 22,
+    d23 = 23,
+    d24 = 24
 );
 
 /// The NEON table.
 pub(crate) static KERNELS: LevelKernels = LevelKernels {
-    dot: [d0, d1, d2, d3, d4, d5, d6, d7, d8],
+    dot: [
+        d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17, d18, d19,
+        d20, d21, d22, d23, d24,
+    ],
     deq: SCALAR_DEQ,
     dot_f32: dot_f32_generic::<Neon8>,
     prep: [None; N_SLOTS],

@@ -212,6 +212,9 @@ kernels!(avx2; dot_q4_k, deq_q4_k, blk_q4_k, 144, 256, 0, no_tail);
 kernels!(avx2; dot_q6_k, deq_q6_k, blk_q6_k, 210, 256, 0, no_tail);
 kernels!(avx2; dot_mxfp4, deq_mxfp4, blk_mxfp4, 17, 32, 0, no_tail);
 
+// The low-bit types' dots and dequantization (`EXT_TYPES` order).
+use super::avx2_lowbit::{EXT_DEQ, EXT_DOT};
+
 /// f32 · f32 in this level's order (F32 rows are the same computation).
 fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
     dot_f32_as_row(dot_f32row, w, x)

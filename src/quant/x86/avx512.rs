@@ -248,6 +248,11 @@ kernels!(avx512; dot_q4_k, deq_q4_k, blk_q4_k, 144, 256, 0, no_tail);
 kernels!(avx512; dot_q6_k, deq_q6_k, blk_q6_k, 210, 256, 0, no_tail);
 kernels!(avx512; dot_mxfp4, deq_mxfp4, blk_mxfp4, 17, 32, 0, no_tail);
 
+/// The low-bit types' dots (`EXT_TYPES` order).
+const EXT_DOT: [crate::quant::DotFn; crate::quant::N_EXT] = super::lowbit::AVX512_DOT;
+/// The low-bit types' dequantization (the scalar decoders).
+const EXT_DEQ: [crate::quant::DeqFn; crate::quant::N_EXT] = crate::quant::SCALAR_DEQ_EXT;
+
 /// f32 · f32 in this level's order (F32 rows are the same computation).
 fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
     dot_f32_as_row(dot_f32row, w, x)
@@ -260,17 +265,20 @@ pub(crate) static KERNELS: LevelKernels = BASE;
 /// The AVX-512 table with GFNI nibble decoding for Q4_0 and Q5_0: the same values and
 /// accumulation order as [`KERNELS`], so results are identical bit for bit.
 pub(crate) static KERNELS_GFNI: LevelKernels = LevelKernels {
-    dot: [
-        dot_f32row,
-        dot_f16,
-        dot_bf16,
-        q32::dot_q8_0,
-        q32::dot_q4_0_gfni,
-        q32::dot_q5_0_gfni,
-        dot_q4_k,
-        dot_q6_k_gfni,
-        dot_mxfp4,
-    ],
+    dot: crate::quant::join(
+        [
+            dot_f32row,
+            dot_f16,
+            dot_bf16,
+            q32::dot_q8_0,
+            q32::dot_q4_0_gfni,
+            q32::dot_q5_0_gfni,
+            dot_q4_k,
+            dot_q6_k_gfni,
+            dot_mxfp4,
+        ],
+        EXT_DOT,
+    ),
     prep: q32_prep(
         q32::prep_q8_0,
         q32::prep_q4_0_gfni,

@@ -154,8 +154,11 @@ pub(super) const fn q32_prep(
     q5_0: PrepFn,
     dot: PrepDotFn,
 ) -> [Option<(PrepFn, PrepDotFn)>; N_SLOTS] {
-    let (a, b, c) = (Some((q8_0, dot)), Some((q4_0, dot)), Some((q5_0, dot)));
-    [None, None, None, a, b, c, None, None, None]
+    let mut out = [None; N_SLOTS];
+    out[3] = Some((q8_0, dot));
+    out[4] = Some((q4_0, dot));
+    out[5] = Some((q5_0, dot));
+    out
 }
 
 /// Defines `fn $dot(row: &[u8], x: &[f32]) -> f32`, the fused dot of a row whose blocks
@@ -370,26 +373,33 @@ macro_rules! q32_kernels {
 pub(super) use q32_kernels;
 
 /// The kernel table of a level file (a `LevelKernels`): its kernels named by type
-/// (`dot_f32row`, `dot_f16`, ..., `deq_mxfp4`) and `dot_f32`, with the block-scale dots and
+/// (`dot_f32row`, `dot_f16`, ..., `deq_mxfp4`), its low-bit tables `EXT_DOT` / `EXT_DEQ`
+/// (in `EXT_TYPES` order) and `dot_f32`, with the block-scale dots and
 /// row preparations of its `q32` module for Q8_0, Q4_0 and Q5_0 (in `slot` order).
 macro_rules! level_table {
     () => {
         $crate::quant::LevelKernels {
-            dot: [
-                dot_f32row,
-                dot_f16,
-                dot_bf16,
-                q32::dot_q8_0,
-                q32::dot_q4_0,
-                q32::dot_q5_0,
-                dot_q4_k,
-                dot_q6_k,
-                dot_mxfp4,
-            ],
-            deq: [
-                deq_f32, deq_f16, deq_bf16, deq_q8_0, deq_q4_0, deq_q5_0, deq_q4_k, deq_q6_k,
-                deq_mxfp4,
-            ],
+            dot: $crate::quant::join(
+                [
+                    dot_f32row,
+                    dot_f16,
+                    dot_bf16,
+                    q32::dot_q8_0,
+                    q32::dot_q4_0,
+                    q32::dot_q5_0,
+                    dot_q4_k,
+                    dot_q6_k,
+                    dot_mxfp4,
+                ],
+                EXT_DOT,
+            ),
+            deq: $crate::quant::join(
+                [
+                    deq_f32, deq_f16, deq_bf16, deq_q8_0, deq_q4_0, deq_q5_0, deq_q4_k, deq_q6_k,
+                    deq_mxfp4,
+                ],
+                EXT_DEQ,
+            ),
             dot_f32,
             prep: $crate::quant::x86::common::q32_prep(
                 q32::prep_q8_0,

@@ -22,6 +22,7 @@
 
 pub mod deepseek_v3;
 mod fill;
+mod fill_lowbit;
 pub mod gpt_oss;
 mod hf_checkpoint;
 pub mod kimi_linear;
@@ -72,13 +73,14 @@ pub enum Encoding {
     /// A Hugging Face folder, MXFP4 experts (`*_blocks` + E8M0 `*_scales`), as OpenAI
     /// publishes gpt-oss (`gpt_oss`).
     Mxfp4,
-    /// One llama.cpp GGUF file with matrices in this type (`qwen3_moe`: Q4_0, Q8_0, Q4_K).
+    /// One llama.cpp GGUF file with matrices in this type (`qwen3_moe`: Q4_0, Q8_0, Q4_K and
+    /// the low-bit types, `qwen3_moe_gguf::QUANTS`).
     Gguf(GgmlType),
 }
 
 impl Encoding {
     /// Parses `--format` (`hf`, `gguf`) and `--quant` (`bf16`, `fp8`, `mxfp4`; `q4_0`, `q8_0`,
-    /// `q4_k`) for `shape`; without `--quant`, the architecture's default (its first listed
+    /// `q4_k`, `q2_k`, `iq2_xxs`, ... : the lowercase GGML names) for `shape`; without `--quant`, the architecture's default (its first listed
     /// encoding of that format).
     ///
     /// Errors: an unknown format or encoding, or one the architecture is not written in
@@ -136,6 +138,17 @@ impl std::fmt::Display for Encoding {
     }
 }
 
+/// `qwen3_moe`'s encodings: BF16, then a GGUF file in each of `qwen3_moe_gguf::QUANTS`.
+const QWEN3_MOE_ENCODINGS: [Encoding; 20] = {
+    let mut out = [Encoding::Bf16; 20];
+    let mut i = 0;
+    while i < qwen3_moe_gguf::QUANTS.len() {
+        out[i + 1] = Encoding::Gguf(qwen3_moe_gguf::QUANTS[i]);
+        i += 1;
+    }
+    out
+};
+
 impl Shape {
     /// The Hugging Face `model_type`.
     pub fn arch(&self) -> &'static str {
@@ -150,12 +163,7 @@ impl Shape {
     /// The encodings this architecture is written in; per format the first is the default.
     pub fn encodings(&self) -> &'static [Encoding] {
         match self {
-            Shape::Qwen3Moe(_) => &[
-                Encoding::Bf16,
-                Encoding::Gguf(GgmlType::Q4_0),
-                Encoding::Gguf(GgmlType::Q8_0),
-                Encoding::Gguf(GgmlType::Q4_K),
-            ],
+            Shape::Qwen3Moe(_) => &QWEN3_MOE_ENCODINGS,
             Shape::DeepseekV3(_) => &[Encoding::Bf16, Encoding::Fp8],
             Shape::GptOss(_) => &[Encoding::Mxfp4, Encoding::Bf16],
             Shape::KimiLinear(_) => &[Encoding::Bf16],
@@ -370,7 +378,14 @@ mod tests {
         let e = plan(&q.shape, Encoding::Fp8, 1 << 30).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "qwen3_moe cannot be written as hf fp8 (only hf bf16, gguf q4_0, gguf q8_0, gguf q4_k)"
+            "qwen3_moe cannot be written as hf fp8 (only hf bf16, gguf q4_0, gguf q8_0, gguf q4_k, \
+             gguf q4_1, gguf q5_1, gguf q2_k, gguf q3_k, gguf q5_k, gguf iq1_s, gguf iq1_m, \
+             gguf iq2_xxs, gguf iq2_xs, gguf iq2_s, gguf iq3_xxs, gguf iq3_s, gguf iq4_nl, \
+             gguf iq4_xs, gguf tq1_0, gguf tq2_0)"
+        );
+        assert_eq!(
+            p(&q.shape, "gguf", Some("iq2_xxs")).unwrap(),
+            Encoding::Gguf(GgmlType::IQ2_XXS)
         );
     }
 

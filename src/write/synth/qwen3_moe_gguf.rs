@@ -31,24 +31,76 @@ use crate::write::gguf_writer::{streamed_len, write_streamed, StreamTensor};
 const TOKENIZER_SOURCE: &[u8] =
     include_bytes!("../../../tests/fixtures/gguf/qwen3_moe/qwen3_moe-q5_0.gguf");
 
-/// The encodings a synthetic GGUF's matrices can use.
-pub const QUANTS: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K];
+/// The encodings a synthetic GGUF's matrices can use: Q4_0, Q8_0, Q4_K, then the low-bit
+/// types (`quant::EXT_TYPES`).
+pub const QUANTS: [GgmlType; 19] = [
+    GgmlType::Q4_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q5_K,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+];
 
-/// llama.cpp's `general.file_type` (`enum llama_ftype`) of a file whose matrices are `q`.
+/// llama.cpp's `general.file_type` (`enum llama_ftype` in `llama.h`) of a file whose
+/// matrices are `q` (the `_S` variant where llama.cpp has several mixes of one type).
 fn file_type(q: GgmlType) -> u32 {
     match q {
-        GgmlType::Q4_0 => 2,  // MOSTLY_Q4_0
-        GgmlType::Q4_K => 14, // MOSTLY_Q4_K_S
-        _ => 7,               // MOSTLY_Q8_0
+        GgmlType::Q4_0 => 2,     // MOSTLY_Q4_0
+        GgmlType::Q4_1 => 3,     // MOSTLY_Q4_1
+        GgmlType::Q5_1 => 9,     // MOSTLY_Q5_1
+        GgmlType::Q2_K => 10,    // MOSTLY_Q2_K
+        GgmlType::Q3_K => 11,    // MOSTLY_Q3_K_S
+        GgmlType::Q4_K => 14,    // MOSTLY_Q4_K_S
+        GgmlType::Q5_K => 16,    // MOSTLY_Q5_K_S
+        GgmlType::IQ2_XXS => 19, // MOSTLY_IQ2_XXS
+        GgmlType::IQ2_XS => 20,  // MOSTLY_IQ2_XS
+        GgmlType::IQ3_XXS => 23, // MOSTLY_IQ3_XXS
+        GgmlType::IQ1_S => 24,   // MOSTLY_IQ1_S
+        GgmlType::IQ4_NL => 25,  // MOSTLY_IQ4_NL
+        GgmlType::IQ3_S => 26,   // MOSTLY_IQ3_S
+        GgmlType::IQ2_S => 28,   // MOSTLY_IQ2_S
+        GgmlType::IQ4_XS => 30,  // MOSTLY_IQ4_XS
+        GgmlType::IQ1_M => 31,   // MOSTLY_IQ1_M
+        GgmlType::TQ1_0 => 36,   // MOSTLY_TQ1_0
+        GgmlType::TQ2_0 => 37,   // MOSTLY_TQ2_0
+        _ => 7,                  // MOSTLY_Q8_0
     }
 }
 
 /// The type a matrix with rows of `n` elements gets when the file's matrices are `q`: `q`,
-/// except Q4_K for rows that are not whole 256-element super-blocks, which fall back to Q5_0
-/// (llama.cpp's `llama_tensor_get_type` does the same).
+/// except 256-element super-block types for rows that are not whole super-blocks, which fall
+/// back as llama.cpp's quantizer does (`llama-quant.cpp`, `tensor_type_fallback`): Q4_K to
+/// Q5_0, Q5_K to Q5_1, Q2_K / Q3_K / TQ1_0 / TQ2_0 to Q4_0, the IQ types to IQ4_NL.
 pub fn matrix_type(q: GgmlType, n: usize) -> GgmlType {
+    if n.is_multiple_of(q.block_elems()) {
+        return q;
+    }
     match q {
-        GgmlType::Q4_K if !n.is_multiple_of(256) => GgmlType::Q5_0,
+        GgmlType::Q4_K => GgmlType::Q5_0,
+        GgmlType::Q5_K => GgmlType::Q5_1,
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::TQ1_0 | GgmlType::TQ2_0 => GgmlType::Q4_0,
+        GgmlType::IQ1_S
+        | GgmlType::IQ1_M
+        | GgmlType::IQ2_XXS
+        | GgmlType::IQ2_XS
+        | GgmlType::IQ2_S
+        | GgmlType::IQ3_XXS
+        | GgmlType::IQ3_S
+        | GgmlType::IQ4_XS => GgmlType::IQ4_NL,
         _ => q,
     }
 }
@@ -190,6 +242,9 @@ fn specs(s: &Qwen3MoeShape, q: GgmlType) -> Vec<Spec> {
 fn fill(rng: &mut Rng, ty: GgmlType, scale: f32, out: &mut [u8]) {
     match ty {
         GgmlType::F32 => fill::f32_uniform(rng, scale, out),
+        _ if crate::quant::EXT_TYPES.contains(&ty) => {
+            super::fill_lowbit::lowbit_blocks(rng, ty, scale, out)
+        }
         _ => fill::ggml_blocks(rng, ty, scale, out),
     }
 }
@@ -226,7 +281,7 @@ pub fn plan(s: &Qwen3MoeShape, q: GgmlType) -> Result<Planned> {
 /// Errors unless `q` is one of [`QUANTS`] and every row length a multiple of 32.
 fn check(s: &Qwen3MoeShape, q: GgmlType) -> Result<()> {
     if !QUANTS.contains(&q) {
-        bail!("--quant {q}: synthetic GGUF matrices are q4_0, q8_0 or q4_k");
+        bail!("--quant {q}: not an encoding of synthetic GGUF matrices");
     }
     if [
         s.hidden_size,
