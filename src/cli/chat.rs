@@ -83,7 +83,7 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
         // the same path as `run --chat` and the server: message text stays literal
         let ids = engine
             .tok
-            .encode_messages_json(tmpl, &Value::Array(msgs), None, true)?;
+            .encode_messages_json(&tmpl, &Value::Array(msgs), None, true)?;
         let mut sampler = engine.defaults.clone();
         if a.run.seed.is_none() {
             sampler.seed = std::time::SystemTime::now()
