@@ -13,6 +13,7 @@
 mod bpe;
 mod byte_bpe;
 pub mod chat;
+pub mod chat_py;
 pub mod hf;
 mod model_tokenizer;
 mod packed;
