@@ -22,7 +22,7 @@ pub enum ViaArg {
 pub struct PullArgs {
     /// Model name, e.g. `gemma-3-270m`, or a Hugging Face repository `ORG/NAME`, downloaded
     /// into the Hugging Face cache (`HF_HUB_CACHE`, else `HF_HOME/hub`, else
-    /// `~/.cache/huggingface/hub`) from `HF_ENDPOINT` (default https://huggingface.co) with
+    /// `~/.cache/huggingface/hub`) from `HF_ENDPOINT` (default `https://huggingface.co`) with
     /// `HF_TOKEN` when set; resumable, each LFS file's SHA-256 checked.
     pub name: String,
     /// For `ORG/NAME`: download only the files matching this glob (`*`, `?`; repeatable),
