@@ -136,7 +136,7 @@ fn load_errors_name_the_field_or_tensor() {
     assert_eq!(
         load_err(d.path()),
         format!(
-            "{}: llama3 RoPE needs numeric factor, low_freq_factor, high_freq_factor and original_max_position_embeddings",
+            "{}: llama3 RoPE needs numeric factor, low_freq_factor and high_freq_factor",
             cfg(d.path())
         )
     );

@@ -115,6 +115,7 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         seed: 0,
+        order: crate::engine::SamplerOrder::LlamaCpp,
     });
     let never = |_: u32| false;
     let gen = GenerateOptions {
@@ -136,7 +137,10 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
 }
 
 /// Runs `deltafin bench`.
-pub fn run(a: BenchArgs) -> Result<()> {
+pub fn run(mut a: BenchArgs) -> Result<()> {
+    if let Some(p) = super::model_path(Some(&a.model))? {
+        a.model = p;
+    }
     super::init_threads(a.threads);
     let mut rows = Vec::new();
     let mut table = format!(

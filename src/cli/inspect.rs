@@ -50,7 +50,8 @@ fn mib(b: u64) -> String {
 
 /// Runs `deltafin inspect`.
 pub fn run(a: InspectArgs) -> Result<()> {
-    let m = open_any(a.model.as_deref())?;
+    let model = super::model_path(a.model.as_deref())?;
+    let m = open_any(model.as_deref())?;
     let (files, tensors): (&[PathBuf], &[TensorInfo]) = match &m {
         OpenedModel::Gguf(g) => (&g.files, &g.tensors),
         OpenedModel::Hf(h) => (&h.files, &h.tensors),

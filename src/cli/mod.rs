@@ -111,6 +111,42 @@ pub fn main() -> std::process::ExitCode {
     }
 }
 
+/// The value of the environment variable `name`, `None` when unset or empty (the Hugging Face
+/// tools' standard variables: `HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_CACHE`, `HF_HOME`).
+pub fn env_text(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// The Hugging Face hub cache folder from the environment ([`crate::pull::hf_cache::hub_cache_dir`]
+/// over `HF_HUB_CACHE`, `HF_HOME`, `XDG_CACHE_HOME`, `HOME`). Errors: none of them is set.
+pub fn hf_hub_cache() -> anyhow::Result<std::path::PathBuf> {
+    crate::pull::hf_cache::hub_cache_dir(
+        env_text("HF_HUB_CACHE").as_deref(),
+        env_text("HF_HOME").as_deref(),
+        env_text("XDG_CACHE_HOME").as_deref(),
+        env_text("HOME").as_deref(),
+    )
+    .ok_or_else(|| anyhow::anyhow!("no Hugging Face cache: set HF_HUB_CACHE or HF_HOME"))
+}
+
+/// The path `-m MODEL` names: `MODEL` itself when it exists; else, when it reads as a Hugging
+/// Face repository (`ORG/NAME` or `ORG/NAME:FILE.gguf`), the model in the Hugging Face cache
+/// ([`crate::pull::hf_cache::resolve`]), used in place; else `MODEL` (opening it then says
+/// what is wrong).
+pub fn model_path(model: Option<&std::path::Path>) -> anyhow::Result<Option<std::path::PathBuf>> {
+    use crate::pull::hf_cache::{resolve, RepoSpec};
+    let Some(m) = model else {
+        return Ok(None);
+    };
+    if m.exists() {
+        return Ok(Some(m.to_path_buf()));
+    }
+    match m.to_str().and_then(RepoSpec::parse) {
+        Some(spec) => Ok(Some(resolve(&hf_hub_cache()?, &spec)?)),
+        None => Ok(Some(m.to_path_buf())),
+    }
+}
+
 /// The error and its causes joined by ": ", skipping a cause whose text the message before it
 /// already ends with (io errors wrapped by a message that quotes them).
 pub fn error_chain(e: &anyhow::Error) -> String {

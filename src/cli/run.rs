@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use crate::engine::report::{expert_table, stats_json, stats_table};
-use crate::engine::sampler::ModelSampling;
+use crate::engine::sampler::{ModelSampling, SamplerOrder, WHOLE_SEQUENCE};
 use crate::engine::{GenerateOptions, Sampler, SamplerConfig, Session};
 use crate::load::open_any;
 use crate::models::LoadOptions;
@@ -18,7 +18,9 @@ use crate::tokenizer::chat::Message;
 pub struct RunArgs {
     /// Model: a .gguf file (the first part of a split model), a folder holding one GGUF model,
     /// a Hugging Face checkpoint folder (one with a config.json), or a pack folder written by
-    /// `deltafin pack`. Default: the demo model (Gemma 3 270M Q4_K_M), fetched on first use.
+    /// `deltafin pack`; or a Hugging Face repository `ORG/NAME` (`ORG/NAME:FILE.gguf` for one
+    /// GGUF of several) already in the Hugging Face cache, used in place. Default: the demo
+    /// model (Gemma 3 270M Q4_K_M), fetched on first use.
     #[arg(short, long)]
     pub model: Option<PathBuf>,
     /// Prompt text; read from standard input when absent.
@@ -54,9 +56,11 @@ pub struct RunArgs {
     /// (`repetition_penalty`), else 1.
     #[arg(long, allow_hyphen_values = true, value_parser = positive)]
     pub repeat_penalty: Option<f32>,
-    /// Tokens the repetition penalty looks back over.
-    #[arg(long, default_value_t = 64)]
-    pub repeat_last_n: usize,
+    /// Tokens the repetition penalty looks back over. Default: the whole sequence (prompt
+    /// included) when the penalty comes from the model's generation_config.json, as
+    /// transformers applies it; else 64, as llama.cpp.
+    #[arg(long)]
+    pub repeat_last_n: Option<usize>,
     /// Seed of the sampler's random numbers (default: from the clock; printed with --stats).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -168,7 +172,8 @@ fn non_empty(s: &str) -> Result<String, String> {
 }
 
 /// Runs `deltafin run`.
-pub fn run(a: RunArgs) -> Result<()> {
+pub fn run(mut a: RunArgs) -> Result<()> {
+    a.model = super::model_path(a.model.as_deref())?;
     super::init_threads(a.threads);
     let t_load = std::time::Instant::now();
     let opened = open_any(a.model.as_deref())?;
@@ -391,17 +396,41 @@ pub fn load_engine(
 /// The sampling settings of a run: each flag given on the command line, else the model's
 /// setting ([`ModelSampling`]), else Deltafin's default (temperature 0.8, top-k 40, top-p 0.95,
 /// min-p 0.05, no repetition penalty: llama.cpp's defaults).
+///
+/// The source also decides how the settings act, as in the program each source comes from:
+/// - the repetition penalty looks back `--repeat-last-n` tokens when the flag is given; else
+///   over the whole sequence when the penalty is the model's (transformers), else 64 tokens
+///   (llama.cpp);
+/// - the filters run in transformers' order ([`SamplerOrder::Transformers`]: temperature,
+///   top-k, top-p, min-p) when any setting in use is the model's, else in llama.cpp's order
+///   ([`SamplerOrder::LlamaCpp`]: top-k, top-p, min-p, temperature).
 pub fn sampler_config(a: &RunArgs, model: &ModelSampling, seed: u64) -> SamplerConfig {
+    let from_model = |m: bool, flag: bool| m && !flag;
+    let model_penalty = from_model(model.repeat_penalty.is_some(), a.repeat_penalty.is_some());
+    let any_model = model_penalty
+        || from_model(model.temperature.is_some(), a.temperature.is_some())
+        || from_model(model.top_k.is_some(), a.top_k.is_some())
+        || from_model(model.top_p.is_some(), a.top_p.is_some())
+        || from_model(model.min_p.is_some(), a.min_p.is_some());
     let mut c = SamplerConfig {
         temperature: 0.8,
         top_k: 40,
         top_p: 0.95,
         min_p: 0.05,
         repeat_penalty: 1.0,
-        repeat_last_n: a.repeat_last_n,
+        repeat_last_n: match a.repeat_last_n {
+            Some(n) => n,
+            None if model_penalty => WHOLE_SEQUENCE,
+            None => 64,
+        },
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         seed,
+        order: if any_model {
+            SamplerOrder::Transformers
+        } else {
+            SamplerOrder::LlamaCpp
+        },
     };
     model.apply(&mut c);
     if let Some(t) = a.temperature {
@@ -464,5 +493,43 @@ mod tests {
         );
         let c = sampler_config(&args(&["--temp", "0", "--top-k", "5"]), &model, 3);
         assert_eq!((c.temperature, c.top_k, c.repeat_penalty), (0.0, 5, 1.1));
+    }
+
+    #[test]
+    fn the_source_of_a_setting_decides_its_window_and_order() {
+        let model = ModelSampling {
+            repeat_penalty: Some(1.1),
+            ..Default::default()
+        };
+        let none = ModelSampling::default();
+        let get = |flags: &[&str], m: &ModelSampling| {
+            let c = sampler_config(&args(flags), m, 0);
+            (c.repeat_penalty, c.repeat_last_n, c.order)
+        };
+        use SamplerOrder::{LlamaCpp, Transformers};
+        // generation_config.json's penalty: whole sequence, transformers' order.
+        assert_eq!(get(&[], &model), (1.1, WHOLE_SEQUENCE, Transformers));
+        // --repeat-last-n given: that window, whatever the source of the penalty.
+        assert_eq!(
+            get(&["--repeat-last-n", "16"], &model),
+            (1.1, 16, Transformers)
+        );
+        // the flag's penalty: llama.cpp's 64-token window and order.
+        assert_eq!(
+            get(&["--repeat-penalty", "1.3"], &model),
+            (1.3, 64, LlamaCpp)
+        );
+        assert_eq!(
+            get(&["--repeat-penalty", "1.3"], &none),
+            (1.3, 64, LlamaCpp)
+        );
+        assert_eq!(get(&[], &none), (1.0, 64, LlamaCpp));
+        // any other setting of the model's in use selects transformers' order.
+        let temp = ModelSampling {
+            temperature: Some(0.6),
+            ..Default::default()
+        };
+        assert_eq!(get(&[], &temp).2, Transformers);
+        assert_eq!(get(&["--temp", "0.5"], &temp).2, LlamaCpp);
     }
 }

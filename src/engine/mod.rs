@@ -4,5 +4,5 @@ pub mod report;
 pub mod sampler;
 pub mod session;
 
-pub use sampler::{Sampler, SamplerConfig};
+pub use sampler::{Sampler, SamplerConfig, SamplerOrder};
 pub use session::{Finish, GenStats, GenerateOptions, Session};

@@ -1,6 +1,9 @@
 //! Token sampling: repetition penalty, top-k, top-p, min-p, temperature, and a seeded PRNG so
-//! sampled runs repeat exactly. The order of the filters follows llama.cpp's default chain
-//! (`common/sampling.cpp`): penalties → top-k → top-p → min-p → temperature → draw.
+//! sampled runs repeat exactly. Two orders of the filters ([`SamplerOrder`]):
+//! llama.cpp's default chain (`common/sampling.cpp`): penalty → top-k → top-p → min-p →
+//! temperature → draw, with top-p and min-p on the unscaled probabilities; and transformers'
+//! `generate` (`_get_logits_processor`): penalty → temperature → top-k → top-p → min-p → draw,
+//! with top-p and min-p on the temperature-scaled probabilities.
 
 /// Sampling settings. `temperature <= 0` means greedy (argmax; ties go to the lowest id).
 #[derive(Clone, Debug, PartialEq)]
@@ -15,7 +18,9 @@ pub struct SamplerConfig {
     /// Divide positive logits (multiply negative ones) of recently seen tokens by this (1: off),
     /// as in the CTRL paper (Keskar et al. 2019) and llama.cpp.
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalties (repetition, presence, frequency) look at.
+    /// How many recent tokens the penalties (repetition, presence, frequency) look at
+    /// ([`WHOLE_SEQUENCE`]: all of them, prompt included, as transformers'
+    /// `RepetitionPenaltyLogitsProcessor`; 0: none).
     pub repeat_last_n: usize,
     /// Subtracted once from the logit of every token seen in the window (0: off); OpenAI's
     /// `presence_penalty`.
@@ -25,6 +30,25 @@ pub struct SamplerConfig {
     pub frequency_penalty: f32,
     /// PRNG seed.
     pub seed: u64,
+    /// The order of temperature and the filters.
+    pub order: SamplerOrder,
+}
+
+/// [`SamplerConfig::repeat_last_n`] that makes the repetition penalty look at every token of
+/// the sequence.
+pub const WHOLE_SEQUENCE: usize = usize::MAX;
+
+/// In which order [`Sampler`] applies temperature and the top-k, top-p and min-p filters (the
+/// repetition penalty always comes first, on the raw logits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SamplerOrder {
+    /// llama.cpp's chain: top-k, top-p, min-p on the probabilities at temperature 1, then the
+    /// temperature scales what is left.
+    #[default]
+    LlamaCpp,
+    /// transformers' `generate`: the logits are divided by the temperature first, then top-k,
+    /// top-p and min-p act on the scaled probabilities.
+    Transformers,
 }
 
 impl Default for SamplerConfig {
@@ -39,6 +63,7 @@ impl Default for SamplerConfig {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: 0,
+            order: SamplerOrder::LlamaCpp,
         }
     }
 }
@@ -178,14 +203,40 @@ impl Sampler {
     /// Chooses the next token from `logits` (one per vocabulary entry; modified in place by the
     /// penalty) given the tokens so far (`history`, prompt included).
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.penalize(logits, history);
+        if self.config.temperature <= 0.0 {
+            return argmax(logits) as u32;
+        }
+        let cand = self.distribution(logits);
+        let r = self.rng.next_f64();
+        let mut acc = 0.0;
+        for &(id, p) in &cand {
+            acc += p;
+            if r < acc {
+                return id;
+            }
+        }
+        cand[cand.len() - 1].0
+    }
+
+    /// Applies the repetition penalty to `logits` in place: each distinct token among the last
+    /// [`SamplerConfig::repeat_last_n`] of `history` has a positive logit divided by the
+    /// penalty and a negative one multiplied by it (CTRL, Keskar et al. 2019; the same formula
+    /// in llama.cpp and transformers).
+    ///
+    /// Then the presence and frequency penalties over the same window, with OpenAI's formula:
+    /// `logit -= count × frequency_penalty + (count > 0) × presence_penalty`.
+    pub fn penalize(&self, logits: &mut [f32], history: &[u32]) {
         let c = &self.config;
-        if c.repeat_penalty != 1.0 && c.repeat_last_n > 0 {
-            let start = history.len().saturating_sub(c.repeat_last_n);
-            let mut seen: Vec<u32> = history[start..].to_vec();
-            seen.sort_unstable();
-            seen.dedup();
-            for t in seen {
-                if let Some(l) = logits.get_mut(t as usize) {
+        if c.repeat_last_n == 0 {
+            return;
+        }
+        let start = history.len().saturating_sub(c.repeat_last_n);
+        let mut seen: Vec<u32> = history[start..].to_vec();
+        seen.sort_unstable();
+        if c.repeat_penalty != 1.0 {
+            for run in seen.chunk_by(|a, b| a == b) {
+                if let Some(l) = logits.get_mut(run[0] as usize) {
                     *l = if *l > 0.0 {
                         *l / c.repeat_penalty
                     } else {
@@ -194,21 +245,25 @@ impl Sampler {
                 }
             }
         }
-        if (c.presence_penalty != 0.0 || c.frequency_penalty != 0.0) && c.repeat_last_n > 0 {
-            // OpenAI's formula: logit -= count × frequency + (count > 0) × presence
-            let start = history.len().saturating_sub(c.repeat_last_n);
-            let mut seen: Vec<u32> = history[start..].to_vec();
-            seen.sort_unstable();
+        if c.presence_penalty != 0.0 || c.frequency_penalty != 0.0 {
             for run in seen.chunk_by(|a, b| a == b) {
                 if let Some(l) = logits.get_mut(run[0] as usize) {
                     *l -= run.len() as f32 * c.frequency_penalty + c.presence_penalty;
                 }
             }
         }
-        if c.temperature <= 0.0 {
-            return argmax(logits) as u32;
-        }
-        // candidates sorted by logit, descending (ties by id)
+    }
+
+    /// The tokens left after the filters, with the probabilities the draw uses (summing to 1),
+    /// most likely first (ties by id), in [`SamplerConfig::order`]. `logits` are taken as they
+    /// are (penalize first); the temperature must be above 0.
+    pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f64)> {
+        let c = &self.config;
+        // Under transformers' order every filter sees the temperature-scaled logits.
+        let t_filter = match c.order {
+            SamplerOrder::LlamaCpp => 1.0,
+            SamplerOrder::Transformers => c.temperature,
+        };
         let mut cand: Vec<(u32, f32)> = logits
             .iter()
             .enumerate()
@@ -228,7 +283,7 @@ impl Sampler {
             e.into_iter().map(|v| v / s).collect()
         };
         if c.top_p < 1.0 {
-            let p = probs(&cand, 1.0);
+            let p = probs(&cand, t_filter);
             let mut acc = 0.0;
             let mut keep = cand.len();
             for (i, pi) in p.iter().enumerate() {
@@ -241,21 +296,13 @@ impl Sampler {
             cand.truncate(keep.max(1));
         }
         if c.min_p > 0.0 {
-            let p = probs(&cand, 1.0);
+            let p = probs(&cand, t_filter);
             let thr = p[0] * c.min_p as f64;
             let keep = p.iter().take_while(|&&pi| pi >= thr).count().max(1);
             cand.truncate(keep);
         }
         let p = probs(&cand, c.temperature);
-        let r = self.rng.next_f64();
-        let mut acc = 0.0;
-        for (i, pi) in p.iter().enumerate() {
-            acc += pi;
-            if r < acc {
-                return cand[i].0;
-            }
-        }
-        cand[cand.len() - 1].0
+        cand.iter().zip(p).map(|(&(id, _), p)| (id, p)).collect()
     }
 }
 
@@ -319,6 +366,7 @@ mod tests {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: 7,
+            order: SamplerOrder::LlamaCpp,
         }
     }
 
@@ -399,5 +447,69 @@ mod tests {
         // token 0 seen twice: 4 - 2×1 - 0.5 = 1.5; token 2 once: 1 - 1 - 0.5 = -0.5
         assert_eq!(s.sample(&mut l, &[0, 2, 0]), 1);
         assert_eq!(l, [1.5, 3.0, -0.5]);
+    }
+
+    #[test]
+    fn repetition_penalty_window_follows_repeat_last_n() {
+        // History [0, 1, 2]: the last 2 tokens are penalized, or all three, or none.
+        let run = |n: usize| {
+            let s = Sampler::new(SamplerConfig {
+                repeat_penalty: 1.25,
+                repeat_last_n: n,
+                ..cfg(0.0)
+            });
+            let mut l = [2.5f32, -2.0, 5.0, 1.0];
+            s.penalize(&mut l, &[0, 1, 2]);
+            l
+        };
+        assert_eq!(run(2), [2.5, -2.5, 4.0, 1.0]);
+        assert_eq!(run(WHOLE_SEQUENCE), [2.0, -2.5, 4.0, 1.0]);
+        assert_eq!(run(3), [2.0, -2.5, 4.0, 1.0]);
+        assert_eq!(run(0), [2.5, -2.0, 5.0, 1.0]);
+    }
+
+    #[test]
+    fn the_two_orders_give_their_own_distributions() {
+        // Logits ln(4), ln(2), ln(1), ln(1) -> probabilities at T=1: [0.5, 0.25, 0.125, 0.125].
+        let logits = [4f32.ln(), 2f32.ln(), 0.0, 0.0];
+        let dist = |order, temperature, top_p, min_p| {
+            Sampler::new(SamplerConfig {
+                temperature,
+                top_p,
+                min_p,
+                order,
+                ..cfg(1.0)
+            })
+            .distribution(&logits)
+        };
+        let close = |got: Vec<(u32, f64)>, want: &[(u32, f64)]| {
+            assert_eq!(got.len(), want.len(), "{got:?}");
+            for (g, w) in got.iter().zip(want) {
+                assert_eq!(g.0, w.0, "{got:?}");
+                assert!((g.1 - w.1).abs() < 1e-6, "{got:?} vs {want:?}");
+            }
+        };
+        // top-p 0.7 at T=2. llama.cpp: on [0.5, 0.25, ...] keeps 2 (0.75 >= 0.7), then T=2
+        // gives weights 2:sqrt(2) -> [0.585786, 0.414214].
+        close(
+            dist(SamplerOrder::LlamaCpp, 2.0, 0.7, 0.0),
+            &[(0, 0.585786), (1, 0.414214)],
+        );
+        // transformers: at T=2 the probabilities are 2:1.414:1:1 / 5.414 = [0.369398,
+        // 0.261203, 0.184699, 0.184699]; cumulative 0.369, 0.631, 0.815: keeps 3, renormalized.
+        close(
+            dist(SamplerOrder::Transformers, 2.0, 0.7, 0.0),
+            &[(0, 0.453082), (1, 0.320377), (2, 0.226541)],
+        );
+        // min-p 0.4 at T=2. llama.cpp: threshold 0.2 on [0.5, 0.25, 0.125, 0.125] keeps 2.
+        close(
+            dist(SamplerOrder::LlamaCpp, 2.0, 1.0, 0.4),
+            &[(0, 0.585786), (1, 0.414214)],
+        );
+        // transformers: threshold 0.4 * 0.369398 = 0.147759 keeps all four.
+        close(
+            dist(SamplerOrder::Transformers, 2.0, 1.0, 0.4),
+            &[(0, 0.369398), (1, 0.261203), (2, 0.184699), (3, 0.184699)],
+        );
     }
 }

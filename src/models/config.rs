@@ -40,6 +40,97 @@ pub mod defaults {
     }
 }
 
+/// `config` (a `config.json` object) with every field of `defaults` it lacks added: the
+/// defaults transformers' config class gives omitted fields (each family keeps its table per
+/// `model_type`, checked against transformers 5.24 by its tests). The RoPE fields go as one:
+/// `defaults`' `rope_parameters` is added only when `config` has none of `rope_parameters`,
+/// `rope_scaling` and `rope_theta` (a config with its own RoPE fields keeps them, and the
+/// family's default `rope_theta` applies). Fields present with any value, `null` included,
+/// stay as they are; a `config` that is not an object is returned unchanged.
+pub fn with_defaults(
+    config: &serde_json::Value,
+    defaults: &serde_json::Value,
+) -> serde_json::Value {
+    let mut out = config.clone();
+    let (Some(obj), Some(defs)) = (out.as_object_mut(), defaults.as_object()) else {
+        return out;
+    };
+    let has_rope = ["rope_parameters", "rope_scaling", "rope_theta"]
+        .iter()
+        .any(|k| obj.contains_key(*k));
+    for (k, v) in defs {
+        if k == "rope_parameters" && has_rope {
+            continue;
+        }
+        if !obj.contains_key(k) {
+            obj.insert(k.clone(), v.clone());
+        }
+    }
+    out
+}
+
+/// For the families' tests: `view` (what a family's parsed `Config` uses for each field, as
+/// JSON) against transformers 5.24's class defaults in tests/fixtures/config_defaults.json
+/// (tools/reference/config_defaults.py) for `model_type`: every field the view names must be
+/// in the fixture, with an equal value (numbers compared as f64; a `null` `head_dim` in the
+/// fixture stands for `hidden_size / num_attention_heads`). Returns the mismatches, one per
+/// field, as `MODEL_TYPE.FIELD: got G, transformers V`.
+#[cfg(test)]
+pub(crate) fn default_mismatches(
+    model_type: &str,
+    view: &serde_json::Map<String, serde_json::Value>,
+    fixture_key: &str,
+) -> Vec<String> {
+    let fx: serde_json::Value =
+        serde_json::from_str(include_str!("../../tests/fixtures/config_defaults.json")).unwrap();
+    assert_eq!(fx["transformers_version"], "5.24.0");
+    let want = &fx["model_types"][model_type][fixture_key];
+    assert!(want.is_object(), "{model_type} is not in the fixture");
+    let mut bad = Vec::new();
+    for (field, got) in view {
+        let Some(w) = want.get(field) else {
+            bad.push(format!("{model_type}.{field}: not in transformers' class"));
+            continue;
+        };
+        let w = if field == "head_dim" && w.is_null() {
+            // The derived probe gives hidden_size 1024 and 64 heads.
+            let d = &fx["model_types"][model_type]["defaults"];
+            let (h, n) = match fixture_key {
+                "defaults" => (d["hidden_size"].as_u64(), d["num_attention_heads"].as_u64()),
+                _ => (Some(1024), Some(64)),
+            };
+            match (h, n) {
+                (Some(h), Some(n)) => serde_json::json!(h / n),
+                _ => w.clone(),
+            }
+        } else {
+            w.clone()
+        };
+        if !json_eq(got, &w) {
+            bad.push(format!("{model_type}.{field}: got {got}, transformers {w}"));
+        }
+    }
+    bad
+}
+
+/// JSON equality with numbers compared as f64 (`4096` equals `4096.0`), objects key by key.
+#[cfg(test)]
+fn json_eq(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value as J;
+    match (a, b) {
+        (J::Number(x), J::Number(y)) => x.as_f64() == y.as_f64(),
+        (J::Array(x), J::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| json_eq(p, q))
+        }
+        (J::Object(x), J::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
 /// The largest dimension a Hugging Face `config.json` may give (a hostile config must not make
 /// us allocate terabytes).
 pub const CONFIG_DIM_MAX: usize = 1 << 20;

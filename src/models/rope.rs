@@ -205,13 +205,17 @@ impl<'a> HfRope<'a> {
                 Ok(RopeScaling::Linear { factor })
             }
             "llama3" => {
-                let missing = RopeError::Missing("llama3 RoPE needs numeric factor, low_freq_factor, high_freq_factor and original_max_position_embeddings");
+                let missing = RopeError::Missing(
+                    "llama3 RoPE needs numeric factor, low_freq_factor and high_freq_factor",
+                );
+                // transformers' RoPE standardization: `original_max_position_embeddings`
+                // defaults to `max_position_embeddings` (`setdefault`), for llama3 and yarn.
                 let p = Llama3 {
                     factor: g("factor").ok_or(missing.clone())?,
                     low_freq_factor: g("low_freq_factor").ok_or(missing.clone())?,
                     high_freq_factor: g("high_freq_factor").ok_or(missing.clone())?,
                     original_max_position_embeddings: g("original_max_position_embeddings")
-                        .ok_or(missing)?,
+                        .unwrap_or(max_position_embeddings as f64),
                 };
                 let (f, lo, hi, old) = (
                     p.factor,
@@ -225,8 +229,8 @@ impl<'a> HfRope<'a> {
                 Ok(RopeScaling::Llama3(p))
             }
             "yarn" => {
-                let missing = RopeError::Missing("yarn RoPE needs numeric 'factor' (or max_position_embeddings) and 'original_max_position_embeddings'");
-                let orig = g("original_max_position_embeddings").ok_or(missing)?;
+                let orig =
+                    g("original_max_position_embeddings").unwrap_or(max_position_embeddings as f64);
                 let factor = g("factor").unwrap_or(max_position_embeddings as f64 / orig);
                 let nz = |v: Option<f64>| v.filter(|x| *x != 0.0);
                 let y = Yarn {
@@ -456,8 +460,27 @@ mod tests {
         );
         let r = rope(json!({"rope_type": "llama3", "factor": 8.0}));
         assert_eq!(
-            r.scaling(1, &["default", "llama3"]).unwrap_err().to_string(),
-            "llama3 RoPE needs numeric factor, low_freq_factor, high_freq_factor and original_max_position_embeddings"
+            r.scaling(1, &["default", "llama3"])
+                .unwrap_err()
+                .to_string(),
+            "llama3 RoPE needs numeric factor, low_freq_factor and high_freq_factor"
+        );
+        // original_max_position_embeddings defaults to max_position_embeddings (transformers'
+        // standardization), for llama3 and yarn alike.
+        let r = rope(
+            json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0}),
+        );
+        match r.scaling(8192, &["llama3"]).unwrap() {
+            RopeScaling::Llama3(p) => assert_eq!(p.original_max_position_embeddings, 8192.0),
+            other => panic!("{other:?}"),
+        }
+        let r = rope(json!({"rope_type": "yarn", "factor": 4.0}));
+        let s = r.scaling(2048, &["yarn"]).unwrap();
+        let y = s.yarn().unwrap();
+        assert_eq!(
+            (y.factor, y.original_max_position_embeddings),
+            (4.0, 2048.0)
         );
         let r = rope(
             json!({"rope_type": "yarn", "factor": -1.0, "original_max_position_embeddings": 64}),

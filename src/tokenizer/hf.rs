@@ -167,12 +167,25 @@ impl HfTokenizer {
 
     /// The chat template: `tokenizer_config.json`'s `chat_template` (a string, or a list of
     /// `{name, template}` whose `default` entry is used), else `chat_template.jinja`.
-    /// `bos_token`/`eos_token` come from `tokenizer_config.json` (empty when absent).
+    /// The special-token variables (`bos_token`, `eos_token`, `unk_token`, `sep_token`,
+    /// `pad_token`, `cls_token`, `mask_token`: transformers' `special_tokens_map`) come from
+    /// `tokenizer_config.json` (left undefined when absent).
     ///
     /// Errors: no template in either place (the message names the folder); compile errors.
     pub fn chat_template(&self) -> Result<ChatTemplate> {
-        let bos = token_text(self.config.get("bos_token")).unwrap_or_default();
-        let eos = token_text(self.config.get("eos_token")).unwrap_or_default();
+        let names = [
+            "bos_token",
+            "eos_token",
+            "unk_token",
+            "sep_token",
+            "pad_token",
+            "cls_token",
+            "mask_token",
+        ];
+        let texts: Vec<(&str, String)> = names
+            .iter()
+            .map(|n| (*n, token_text(self.config.get(*n)).unwrap_or_default()))
+            .collect();
         let src = match self.config.get("chat_template") {
             Some(serde_json::Value::String(s)) => Some(s.clone()),
             Some(serde_json::Value::Array(a)) => a
@@ -194,7 +207,8 @@ impl HfTokenizer {
                 })?
             }
         };
-        ChatTemplate::new(&src, &bos, &eos)
+        let tokens: Vec<(&str, &str)> = texts.iter().map(|(n, t)| (*n, t.as_str())).collect();
+        ChatTemplate::with_special_tokens(&src, &tokens)
     }
 }
 

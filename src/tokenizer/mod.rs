@@ -20,6 +20,7 @@
 mod bpe;
 mod byte_bpe;
 pub mod chat;
+pub mod chat_py;
 pub mod hf;
 mod literal;
 mod model_tokenizer;

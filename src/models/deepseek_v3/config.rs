@@ -86,6 +86,20 @@ pub struct Config {
 }
 
 
+/// The values transformers 5.24's `DeepseekV3Config` gives the fields this config reads when
+/// `config.json` omits them (its `__init__` defaults; Kimi K2 ships the same class as remote
+/// code). Checked field by field against transformers by this module's tests.
+fn transformers_defaults() -> serde_json::Value {
+    serde_json::json!({"vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+        "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+        "n_shared_experts": 1, "n_routed_experts": 256, "routed_scaling_factor": 2.5,
+        "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3, "norm_topk_prob": true, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096, "rope_interleave": true, "num_nextn_predict_layers": 1,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}})
+}
+
 impl Config {
     /// Parses and checks `config.json` (`label` names the file in errors).
     ///
@@ -97,7 +111,8 @@ impl Config {
     /// `topk_method` other than `noaux_tc`, `scoring_func` other than `sigmoid`, a
     /// `quantization_config` other than FP8 E4M3 with 128×128 blocks.
     pub fn from_json(v: &serde_json::Value, label: &str) -> Result<Self> {
-        let c: Config = serde_json::from_value(v.clone()).map_err(|e| anyhow!("{label}: {e}"))?;
+        let v = crate::models::config::with_defaults(v, &transformers_defaults());
+        let c: Config = serde_json::from_value(v).map_err(|e| anyhow!("{label}: {e}"))?;
         let dims = [
             ("vocab_size", c.vocab_size),
             ("hidden_size", c.hidden_size),
@@ -276,6 +291,36 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[test]
+    fn omitted_fields_get_transformers_defaults() {
+        use crate::models::config::default_mismatches;
+        for mt in ["deepseek_v3", "kimi_k2"] {
+            let c = Config::from_json(&json!({ "model_type": mt }), "c.json").unwrap();
+            let view = json!({"vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+                "intermediate_size": c.intermediate_size,
+                "moe_intermediate_size": c.moe_intermediate_size,
+                "num_hidden_layers": c.num_hidden_layers,
+                "num_attention_heads": c.num_attention_heads,
+                "n_routed_experts": c.n_routed_experts, "n_shared_experts": c.n_shared_experts,
+                "num_experts_per_tok": c.num_experts_per_tok, "n_group": c.n_group,
+                "topk_group": c.topk_group, "routed_scaling_factor": c.routed_scaling_factor,
+                "norm_topk_prob": c.norm_topk_prob,
+                "first_k_dense_replace": c.first_k_dense_replace, "q_lora_rank": c.q_lora_rank,
+                "kv_lora_rank": c.kv_lora_rank, "qk_rope_head_dim": c.qk_rope_head_dim,
+                "qk_nope_head_dim": c.qk_nope_head_dim, "v_head_dim": c.v_head_dim,
+                "rms_norm_eps": c.rms_norm_eps, "rope_interleave": c.rope_interleave,
+                "max_position_embeddings": c.max_position_embeddings,
+                "tie_word_embeddings": c.tie_word_embeddings,
+                "attention_bias": c.attention_bias, "hidden_act": c.hidden_act,
+                "num_nextn_predict_layers": c.num_nextn_predict_layers,
+                "rope_parameters": {"rope_theta": c.rope_base(), "rope_type": c.rope_type()}});
+            let view = view.as_object().unwrap();
+            assert_eq!(view.len(), 27);
+            let bad = default_mismatches(mt, view, "defaults");
+            assert!(bad.is_empty(), "{}", bad.join("\n"));
+        }
+    }
+
     fn fixture() -> serde_json::Value {
         let p = concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -329,10 +374,8 @@ mod tests {
             Config::from_json(&v, "c.json").unwrap_err().to_string()
         };
         assert_eq!(
-            err(&|v| {
-                v.as_object_mut().unwrap().remove("kv_lora_rank");
-            }),
-            "c.json: missing field `kv_lora_rank`"
+            err(&|v| v["kv_lora_rank"] = json!("x")),
+            "c.json: invalid type: string \"x\", expected usize"
         );
         assert_eq!(
             err(&|v| v["n_group"] = json!(3)),

@@ -60,6 +60,19 @@ pub struct Config {
     pub quantization_config: Option<serde_json::Value>,
 }
 
+/// The values transformers 5.24's `GptOssConfig` gives the fields this config reads when
+/// `config.json` omits them (its `__init__` defaults, RoPE included: YaRN with factor 32 over
+/// 4096 positions, base 150000). Checked field by field against transformers by this module's
+/// tests.
+fn transformers_defaults() -> serde_json::Value {
+    serde_json::json!({"num_hidden_layers": 36, "num_local_experts": 128, "vocab_size": 201088,
+        "hidden_size": 2880, "intermediate_size": 2880, "head_dim": 64,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "num_experts_per_tok": 4,
+        "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "truncate": false, "original_max_position_embeddings": 4096,
+            "rope_theta": 150000.0}})
+}
+
 fn default_alpha() -> f64 {
     1.702
 }
@@ -77,7 +90,8 @@ impl Config {
     /// activation other than `silu`, `attention_bias = false`, expert count or top-k out of
     /// range, a `quant_method` other than `mxfp4`.
     pub fn from_json(v: &serde_json::Value, label: &str) -> Result<Self> {
-        let c: Config = serde_json::from_value(v.clone()).map_err(|e| anyhow!("{label}: {e}"))?;
+        let v = crate::models::config::with_defaults(v, &transformers_defaults());
+        let c: Config = serde_json::from_value(v).map_err(|e| anyhow!("{label}: {e}"))?;
         let dims = [
             ("vocab_size", c.vocab_size),
             ("hidden_size", c.hidden_size),
@@ -214,6 +228,45 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[test]
+    fn omitted_fields_get_transformers_defaults() {
+        use crate::models::config::default_mismatches;
+        let c = Config::from_json(&json!({"model_type": "gpt_oss"}), "c.json").unwrap();
+        let layer_types: Vec<&str> = (0..c.num_hidden_layers)
+            .map(|l| match c.window(l) {
+                Some(_) => "sliding_attention",
+                None => "full_attention",
+            })
+            .collect();
+        let y = c.yarn().unwrap();
+        let view = json!({"vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_hidden_layers,
+            "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim(),
+            "rms_norm_eps": c.rms_norm_eps, "max_position_embeddings": c.max_position_embeddings,
+            "tie_word_embeddings": c.tie_word_embeddings, "attention_bias": c.attention_bias,
+            "hidden_act": c.hidden_act, "num_local_experts": c.num_local_experts,
+            "num_experts_per_tok": c.num_experts_per_tok, "sliding_window": c.sliding_window,
+            "swiglu_alpha": c.swiglu_alpha, "swiglu_limit": c.swiglu_limit,
+            "layer_types": layer_types,
+            "rope_parameters": {"rope_type": c.rope_type(), "factor": y.factor,
+                "beta_fast": y.beta_fast, "beta_slow": y.beta_slow, "truncate": y.truncate,
+                "original_max_position_embeddings": y.original_max_position_embeddings,
+                "rope_theta": c.rope_base()}});
+        let view = view.as_object().unwrap();
+        assert_eq!(view.len(), 19);
+        let bad = default_mismatches("gpt_oss", view, "defaults");
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+        let d = Config::from_json(
+            &json!({"model_type": "gpt_oss", "hidden_size": 1024, "num_attention_heads": 64}),
+            "c.json",
+        )
+        .unwrap();
+        let derived = json!({"num_key_value_heads": d.num_key_value_heads, "head_dim": d.head_dim()});
+        let bad = default_mismatches("gpt_oss", derived.as_object().unwrap(), "derived_1024_64");
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+    }
+
     fn base() -> serde_json::Value {
         json!({"model_type": "gpt_oss", "vocab_size": 489, "hidden_size": 64,
                "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -254,9 +307,9 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let mut v = base();
-        v.as_object_mut().unwrap().remove("num_local_experts");
+        v["num_local_experts"] = json!("x");
         let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
-        assert_eq!(e, "c.json: missing field `num_local_experts`");
+        assert_eq!(e, "c.json: invalid type: string \"x\", expected usize");
         let mut v = base();
         v["layer_types"] = json!(["sliding_attention"]);
         let e = Config::from_json(&v, "c.json").unwrap_err().to_string();

@@ -80,6 +80,35 @@ pub struct Config {
 
 use crate::models::config::CONFIG_DIM_MAX as DIM_MAX;
 
+/// The values transformers 5.24's `Qwen3Config`, `Qwen3MoeConfig`, `LlamaConfig` and
+/// `MixtralConfig` give the fields this config reads when `config.json` omits them (the
+/// classes' `__init__` defaults; fields a class derives, such as Llama's
+/// `num_key_value_heads` and `head_dim`, are left to [`Config::n_kv_heads`] and
+/// [`Config::head_dim`]). Checked field by field against transformers by this module's tests.
+fn transformers_defaults(model_type: &str) -> serde_json::Value {
+    use serde_json::json;
+    let rope = |theta: f64| json!({"rope_theta": theta, "rope_type": "default"});
+    match model_type {
+        "qwen3" => json!({"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+            "head_dim": 128, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
+            "rope_parameters": rope(10_000.0)}),
+        "qwen3_moe" => json!({"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+            "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 4,
+            "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "decoder_sparse_step": 1,
+            "moe_intermediate_size": 768, "num_experts_per_tok": 8, "norm_topk_prob": false,
+            "rope_parameters": rope(10_000.0)}),
+        "llama" => json!({"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 2048, "rope_parameters": rope(10_000.0)}),
+        "mixtral" => json!({"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "num_experts_per_tok": 2,
+            "num_local_experts": 8, "rope_parameters": rope(1e6)}),
+        _ => json!({}),
+    }
+}
+
 impl Config {
     /// Parses and checks `config.json` (`label` names the file in errors).
     ///
@@ -89,7 +118,18 @@ impl Config {
     /// `attention_bias`, `mlp_bias` or `use_sliding_window` (not implemented), a zero
     /// `sliding_window`, a MoE config without expert count, top-k or expert width.
     pub fn from_json(v: &serde_json::Value, label: &str) -> Result<Self> {
-        let c: Config = serde_json::from_value(v.clone()).map_err(|e| anyhow!("{label}: {e}"))?;
+        let model_type = v.get("model_type").and_then(|m| m.as_str()).unwrap_or("");
+        let mut v = crate::models::config::with_defaults(v, &transformers_defaults(model_type));
+        // Qwen3-MoE's expert count goes by either name: default it only when both are absent.
+        if let Some(o) = v.as_object_mut() {
+            if model_type == "qwen3_moe"
+                && !o.contains_key("num_experts")
+                && !o.contains_key("num_local_experts")
+            {
+                o.insert("num_local_experts".into(), 128.into());
+            }
+        }
+        let c: Config = serde_json::from_value(v).map_err(|e| anyhow!("{label}: {e}"))?;
         let dims = [
             ("vocab_size", c.vocab_size),
             ("hidden_size", c.hidden_size),
@@ -101,7 +141,7 @@ impl Config {
         ];
         crate::models::config::check_config_dims(label, &dims)?;
         crate::models::config::check_gqa(label, c.num_attention_heads, c.n_kv_heads(), c.head_dim())?;
-        crate::models::config::check_rope_theta_and_eps(label, &c.hf_rope(), 10_000.0, c.rms_norm_eps)?;
+        crate::models::config::check_rope_theta_and_eps(label, &c.hf_rope(), c.default_theta(), c.rms_norm_eps)?;
         c.hf_rope()
             .scaling(c.max_position_embeddings, &["default", "llama3"])
             .map_err(|e| anyhow!("{label}: {e}"))?;
@@ -170,10 +210,18 @@ impl Config {
         }
     }
 
-    /// RoPE base: `rope_parameters.rope_theta`, else `rope_theta`, else 10000 (transformers'
-    /// default).
+    /// RoPE base: `rope_parameters.rope_theta`, else `rope_theta`, else transformers' default
+    /// (1e6 for Mixtral, 10000 for the others).
     pub fn rope_base(&self) -> f64 {
-        self.hf_rope().theta(10_000.0)
+        self.hf_rope().theta(self.default_theta())
+    }
+
+    /// transformers' default `rope_theta` for this `model_type`.
+    fn default_theta(&self) -> f64 {
+        match self.model_type.as_str() {
+            "mixtral" => 1e6,
+            _ => 10_000.0,
+        }
     }
 
     /// RoPE inverse frequencies (`head_dim / 2`, radians per token): `base^(-2i/head_dim)`,
@@ -240,6 +288,85 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// What the parsed config uses for each field transformers defaults, as JSON.
+    fn view(c: &Config) -> serde_json::Map<String, serde_json::Value> {
+        let mut v = json!({"vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_hidden_layers,
+            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.n_kv_heads(),
+            "head_dim": c.head_dim(), "rms_norm_eps": c.rms_norm_eps,
+            "max_position_embeddings": c.max_position_embeddings,
+            "tie_word_embeddings": c.tie_word_embeddings, "attention_bias": c.attention_bias,
+            "hidden_act": c.hidden_act,
+            "rope_parameters": {"rope_theta": c.rope_base(), "rope_type": c.hf_rope().rope_type()}});
+        let o = v.as_object_mut().unwrap();
+        match c.model_type.as_str() {
+            "qwen3" => {
+                o.insert("use_sliding_window".into(), c.use_sliding_window.into());
+                o.insert("sliding_window".into(), json!(c.sliding_window));
+            }
+            "qwen3_moe" => {
+                for (k, x) in [
+                    ("use_sliding_window", json!(c.use_sliding_window)),
+                    ("sliding_window", json!(c.sliding_window)),
+                    ("num_local_experts", json!(c.n_experts())),
+                    ("num_experts_per_tok", json!(c.num_experts_per_tok)),
+                    ("moe_intermediate_size", json!(c.moe_intermediate_size)),
+                    ("norm_topk_prob", json!(c.norm_topk_prob)),
+                    ("decoder_sparse_step", json!(c.decoder_sparse_step)),
+                    ("mlp_only_layers", json!(c.mlp_only_layers)),
+                ] {
+                    o.insert(k.into(), x);
+                }
+            }
+            "llama" => {
+                o.insert("mlp_bias".into(), c.mlp_bias.into());
+            }
+            _ => {
+                // Mixtral's class has no attention_bias (its attention has none).
+                o.remove("attention_bias");
+                o.insert("sliding_window".into(), json!(c.sliding_window));
+                o.insert("num_local_experts".into(), json!(c.n_experts()));
+                o.insert("num_experts_per_tok".into(), json!(c.num_experts_per_tok));
+            }
+        }
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn omitted_fields_get_transformers_defaults() {
+        use crate::models::config::default_mismatches;
+        let mut bad = Vec::new();
+        let mut checked = 0;
+        for mt in ["qwen3", "qwen3_moe", "llama", "mixtral"] {
+            let c = Config::from_json(&json!({ "model_type": mt }), "c.json").unwrap();
+            let v = view(&c);
+            checked += v.len();
+            bad.extend(default_mismatches(mt, &v, "defaults"));
+            // Derived fields: only hidden_size 1024 and 64 heads given.
+            let c = Config::from_json(
+                &json!({"model_type": mt, "hidden_size": 1024, "num_attention_heads": 64}),
+                "c.json",
+            )
+            .unwrap();
+            let d: serde_json::Map<_, _> = [
+                ("num_key_value_heads".to_string(), json!(c.n_kv_heads())),
+                ("head_dim".to_string(), json!(c.head_dim())),
+            ]
+            .into_iter()
+            .collect();
+            bad.extend(default_mismatches(mt, &d, "derived_1024_64"));
+        }
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+        assert_eq!(checked, 15 + 21 + 14 + 15);
+        // A config with its own RoPE fields keeps them; the family's theta fills in.
+        let c = Config::from_json(
+            &json!({"model_type": "mixtral", "rope_scaling": null}),
+            "c.json",
+        )
+        .unwrap();
+        assert_eq!(c.rope_base(), 1e6);
+    }
+
     fn base() -> serde_json::Value {
         json!({"model_type": "qwen3_moe", "vocab_size": 512, "hidden_size": 64,
                "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -280,9 +407,9 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let mut v = base();
-        v.as_object_mut().unwrap().remove("hidden_size");
+        v["hidden_size"] = json!("x");
         let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
-        assert_eq!(e, "c.json: missing field `hidden_size`");
+        assert_eq!(e, "c.json: invalid type: string \"x\", expected usize");
         let mut v = base();
         v["num_local_experts"] = json!(8);
         v["rope_scaling"] = json!({"type": "yarn", "factor": 4.0});
@@ -291,10 +418,12 @@ mod tests {
             e,
             "c.json: rope type 'yarn' is not supported (only default, llama3)"
         );
-        let e = Config::from_json(&base(), "c.json")
-            .unwrap_err()
-            .to_string();
+        let mut v = base();
+        v["num_experts_per_tok"] = json!(0);
+        let e = Config::from_json(&v, "c.json").unwrap_err().to_string();
         assert!(e.starts_with("c.json: MoE needs num_experts"), "{e}");
+        // Without an expert count, Qwen3-MoE gets transformers' 128.
+        assert_eq!(Config::from_json(&base(), "c.json").unwrap().n_experts(), 128);
     }
 
     #[test]
