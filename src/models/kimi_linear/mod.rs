@@ -9,6 +9,8 @@
 //! [`super::moe::route_sigmoid_grouped`], renormalized and times `routed_scaling_factor`, plus
 //! the shared experts as one SwiGLU); final RMSNorm and LM head.
 //!
+//! llama.cpp's `kimi-linear` GGUF files load into the same forward pass ([`self::gguf`]).
+//!
 //! The session's cache holds, per MLA layer, one latent row per position (`kv_lora_rank +
 //! qk_rope_head_dim` floats) and, per KDA layer, its recurrent state
 //! ([`Config::kda_state`] floats: the short convolutions' last inputs and one
