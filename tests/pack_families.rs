@@ -1,6 +1,6 @@
 //! Packs of every MoE family besides Qwen3 (whose packs `tests/pack.rs` tests): DeepSeek V3
 //! from Hugging Face (BF16, and FP8 with `weight_scale_inv` block scales) and from a
-//! `deepseek2` GGUF (Q8_0), Kimi Linear from Hugging Face (BF16), GPT-OSS from Hugging Face (stacked BF16 experts, and stacked MXFP4
+//! `deepseek2` GGUF (Q8_0), Kimi Linear from Hugging Face (BF16) and from a `kimi-linear` GGUF (F32), GPT-OSS from Hugging Face (stacked BF16 experts, and stacked MXFP4
 //! blocks and scales) and from a `gpt-oss` GGUF (MXFP4, stacked biases), all tiny fixtures
 //! under `tests/fixtures`. Each is packed into tempdirs standing for drives (`stripe` and
 //! `spread`, 1 to 3 drives): logits bit-identical to the source's with every expert resident
@@ -39,7 +39,7 @@ struct Case {
     moe_layer: usize,
 }
 
-const CASES: [Case; 7] = [
+const CASES: [Case; 8] = [
     Case {
         rel: "hf/deepseek_v3",
         records: 2 * 8,
@@ -81,6 +81,13 @@ const CASES: [Case; 7] = [
         rel: "hf/kimi_linear",
         records: 3 * 8,
         checked: 108,
+        moe_layer: 1,
+    },
+    // the same from a `kimi-linear` GGUF (F32, stacked experts): the header, 80 spine tensors
+    Case {
+        rel: "gguf/kimi_linear/kimi_linear-f32.gguf",
+        records: 3 * 8,
+        checked: 105,
         moe_layer: 1,
     },
 ];

@@ -80,6 +80,7 @@ FAMILIES = {
     # the converter keeps the MXFP4 experts as they are (the "f32" file is F32 + MXFP4); requantizing
     # them is refused, MXFP4_MOE keeps them and makes the rest Q8_0.
     "gpt_oss": ("gpt_oss_mxfp4", {"mxfp4_moe": llama_cpp.LLAMA_FTYPE_MOSTLY_MXFP4_MOE}),
+    "kimi_linear": ("kimi_linear", {}),
 }
 
 # Keys the published config.json of a family carries but transformers 5 does not write, added to
@@ -88,7 +89,59 @@ FAMILIES = {
 # models with a softmax (its default for old DeepSeek-V2 files).
 PUBLISHED_CONFIG_KEYS = {
     "deepseek_v3": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
+    # Kimi Linear: the converter reads the published `linear_attn_config` (1-based MLA layer list,
+    # KDA head size and count, short-conv kernel), `first_k_dense_replace` and the router's
+    # activation; transformers 5 writes `layer_types` / `mlp_layer_types` instead. Filled in from
+    # the fixture's own config by `kimi_linear_config` below.
+    "kimi_linear": {"moe_router_activation_func": "sigmoid"},
 }
+
+# Tensor renames applied to a copy of the fixture's safetensors before conversion: transformers
+# 5.24 writes Kimi Linear's leading dense MLP as `block_sparse_moe.{gate,up,down}_proj`, the
+# published checkpoints (and llama.cpp's converter) name it `mlp.{gate,up,down}_proj`.
+RENAMES = {
+    "kimi_linear": [(f".block_sparse_moe.{p}_proj.", f".mlp.{p}_proj.") for p in ("gate", "up", "down")],
+}
+
+
+def kimi_linear_config(cfg):
+    """The published Kimi Linear keys derived from a transformers 5 config (see above)."""
+    n = cfg["num_hidden_layers"]
+    full = [i + 1 for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"]
+    dense = [i for i, t in enumerate(cfg["mlp_layer_types"]) if t == "dense"]
+    assert dense == list(range(len(dense))), "dense MLP layers must lead"
+    return {
+        "linear_attn_config": {
+            "full_attn_layers": full,
+            "kda_layers": [i for i in range(1, n + 1) if i not in full],
+            "head_dim": cfg["linear_head_dim"],
+            "num_heads": cfg["linear_num_heads"],
+            "short_conv_kernel_size": cfg["linear_conv_kernel_dim"],
+        },
+        "first_k_dense_replace": len(dense),
+    }
+
+
+DERIVED_CONFIG = {"kimi_linear": kimi_linear_config}
+
+
+def rename_safetensors(src, dst, renames):
+    """Copy a .safetensors file with tensor names rewritten (header only; data bytes unchanged)."""
+    with open(src, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in header.items():
+        for a, b in renames:
+            k = k.replace(a, b)
+        out[k] = v
+    raw = json.dumps(out, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(dst, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        f.write(data)
 
 CONVERT_WRAPPER = """
 import runpy, sys
@@ -118,6 +171,11 @@ def pre_tokenizer_of(hf_dir):
     if pattern not in PRE_OF_PATTERN:
         raise SystemExit(f"{hf_dir}: no llama.cpp pre-tokenizer known for split regex {pattern!r}")
     return PRE_OF_PATTERN[pattern]
+
+
+def hf_config(hf_dir):
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        return json.load(f)
 
 
 def convert(args, hf_dir, pre, out):
@@ -236,10 +294,15 @@ def build(family, out_root):
         src = os.path.join(tmp, "hf")
         os.makedirs(src)
         for f in os.listdir(hf_dir):
-            os.symlink(os.path.abspath(os.path.join(hf_dir, f)), os.path.join(src, f))
+            if f.endswith(".safetensors") and family in RENAMES:
+                rename_safetensors(os.path.join(hf_dir, f), os.path.join(src, f), RENAMES[family])
+            else:
+                os.symlink(os.path.abspath(os.path.join(hf_dir, f)), os.path.join(src, f))
         with open(os.path.join(hf_dir, "config.json")) as f:
             cfg = json.load(f)
         cfg.update(PUBLISHED_CONFIG_KEYS[family])
+        if family in DERIVED_CONFIG:
+            cfg.update(DERIVED_CONFIG[family](cfg))
         os.unlink(os.path.join(src, "config.json"))
         with open(os.path.join(src, "config.json"), "w") as f:
             json.dump(cfg, f, indent=2)
@@ -257,7 +320,9 @@ def build(family, out_root):
         variants[q] = (dst, deq)
     result = dict(
         family=family, hf_fixture=f"tests/fixtures/hf/{hf_name}", pre_tokenizer=pre,
-        config_keys_added=PUBLISHED_CONFIG_KEYS.get(family, {}),
+        config_keys_added={**PUBLISHED_CONFIG_KEYS.get(family, {}),
+                           **(DERIVED_CONFIG[family](hf_config(hf_dir)) if family in DERIVED_CONFIG else {})},
+        tensor_renames=RENAMES.get(family, []),
         versions=dict(llama_cpp_python=llama_cpp.__version__, numpy=np.__version__),
         settings=dict(threads=THREADS, n_ctx=N_CTX, n_batch=N_CTX, type_k="F32", type_v="F32",
                       flash_attn=False, logits_all=True,

@@ -134,7 +134,10 @@ pub struct MlaLayer<'a> {
     pub q: Matrix<'a>,
     pub kv_a: Matrix<'a>,
     pub kv_a_norm: &'a [f32],
+    /// `kv_b_proj` (joint), or llama.cpp's `attn_k_b` when `v_b` is `Some` (`attn_v_b`): the
+    /// two forms of [`MlaWeights`].
     pub kv_b: Matrix<'a>,
+    pub v_b: Option<Matrix<'a>>,
     pub o: Matrix<'a>,
 }
 
@@ -176,6 +179,10 @@ pub fn mla_mixer(
     }
     cache[pos0 * width..(pos0 + n) * width].copy_from_slice(&kv);
     let mut att = vec![0f32; n * nh * s.v];
-    mla_attention(s, &q, MlaWeights::Joint(&w.kv_b), &cache[..(pos0 + n) * width], pos0, &mut att);
+    let kvw = match &w.v_b {
+        Some(v) => MlaWeights::Split { k: &w.kv_b, v },
+        None => MlaWeights::Joint(&w.kv_b),
+    };
+    mla_attention(s, &q, kvw, &cache[..(pos0 + n) * width], pos0, &mut att);
     mm(&w.o, &att, n, out);
 }

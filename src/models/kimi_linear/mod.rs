@@ -9,6 +9,8 @@
 //! [`super::moe::route_sigmoid_grouped`], renormalized and times `routed_scaling_factor`, plus
 //! the shared experts as one SwiGLU); final RMSNorm and LM head.
 //!
+//! llama.cpp's `kimi-linear` GGUF files load into the same forward pass ([`self::gguf`]).
+//!
 //! The session's cache holds, per MLA layer, one latent row per position (`kv_lora_rank +
 //! qk_rope_head_dim` floats) and, per KDA layer, its recurrent state
 //! ([`Config::kda_state`] floats: the short convolutions' last inputs and one
@@ -21,6 +23,7 @@
 //! (`models/budget.rs`); routed experts go through the expert store when they do not all fit.
 
 mod config;
+pub mod gguf;
 pub mod kda;
 pub mod mixer;
 mod tensors;
@@ -30,7 +33,7 @@ use anyhow::Result;
 pub use self::config::{Config, Mixer};
 
 use self::mixer::{kda_mixer, mla_mixer, KdaShape, KdaWeights, MlaLayer};
-use self::tensors::{hf_checkpoint, Checkpoint, FfnTensors, MixTensors};
+use self::tensors::{hf_checkpoint, Checkpoint, FfnTensors, KvB, MixTensors};
 use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
 use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
 use super::deepseek_v3::mla::MlaShape;
@@ -42,19 +45,19 @@ use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
 use crate::store::{Unit, UnitBytes, WeightStore};
 
-/// `eps` of `q_a_layernorm` / `kv_a_layernorm` (transformers' `KimiLinearRMSNorm` default).
-const LORA_NORM_EPS: f32 = 1e-6;
 
 /// A layer's mixer matrices inside its spine unit.
 enum Mix {
     /// `q`, `k`, `v`, `f_a`, `f_b`, `b`, `g_a`, `g_b`, `o`.
     Kda([MatRef; 9]),
-    /// `q_a` (with `q_b` as `q`) or `q`, `kv_a`, `kv_b`, `o`.
+    /// `q_a` (with `q_b` as `q`) or `q`, `kv_a`, `kv_b` (or llama.cpp's `k_b` with `v_b`),
+    /// `o`.
     Mla {
         q_a: Option<MatRef>,
         q: MatRef,
         kv_a: MatRef,
         kv_b: MatRef,
+        v_b: Option<MatRef>,
         o: MatRef,
     },
 }
@@ -94,6 +97,9 @@ pub struct KimiLinearBlocks {
     pub config: Config,
     vecs: Vec<Vecs>,
     experts: UnitExperts,
+    /// `eps` of the latent norms (1e-6 from Hugging Face folders, `rms_norm_eps` from GGUF as
+    /// llama.cpp).
+    lora_eps: f32,
 }
 
 impl KimiLinear {
@@ -128,6 +134,9 @@ impl KimiLinear {
                         conv.extend(vec_of(t)?);
                     }
                     a_log = vec_of(&k.a_log)?;
+                    if ck.a_neg_exp {
+                        a_log = a_log_of_neg_exp(&k.a_log.name, a_log)?;
+                    }
                     dt_bias = vec_of(&k.dt_bias)?;
                     o_norm = vec_of(&k.o_norm)?;
                 }
@@ -136,7 +145,12 @@ impl KimiLinear {
                         list.push(qa);
                         a_log = vec_of(qn)?;
                     }
-                    list.extend([&m.q, &m.kv_a, &m.kv_b, &m.o]);
+                    list.extend([&m.q, &m.kv_a]);
+                    match &m.kv_b {
+                        KvB::Joint(t) => list.push(t),
+                        KvB::Split { k, v } => list.extend([k, v]),
+                    }
+                    list.push(&m.o);
                     o_norm = vec_of(&m.kv_a_norm)?;
                 }
             }
@@ -167,6 +181,7 @@ impl KimiLinear {
                     q: next(),
                     kv_a: next(),
                     kv_b: next(),
+                    v_b: matches!(m.kv_b, KvB::Split { .. }).then(&mut next),
                     o: next(),
                 },
             };
@@ -256,9 +271,26 @@ impl KimiLinear {
             final_norm_eps: c.rms_norm_eps as f32,
             cache: CacheShape::Latent { width: c.latent_dim() },
         };
-        let blocks = KimiLinearBlocks { config: c, vecs, experts };
+        let blocks = KimiLinearBlocks {
+            config: c,
+            vecs,
+            experts,
+            lora_eps: ck.lora_eps,
+        };
         Ok(Decoder::placed(blocks, dims, layers, final_norm, placed))
     }
+}
+
+/// `A_log` from llama.cpp's `ssm_a` (`−exp(A_log)` per head): `ln(−a)`.
+///
+/// Errors: a value that is not negative and finite (named with the tensor).
+fn a_log_of_neg_exp(name: &str, a: Vec<f32>) -> Result<Vec<f32>> {
+    a.into_iter()
+        .map(|x| match x < 0.0 && x.is_finite() {
+            true => Ok((-x).ln()),
+            false => Err(anyhow::anyhow!("tensor '{name}' holds {x}: −exp(A_log) must be negative and finite")),
+        })
+        .collect()
 }
 
 impl KimiLinearBlocks {
@@ -333,16 +365,24 @@ impl Blocks for KimiLinearBlocks {
                 };
                 kda_mixer(&self.kda_shape(), &kw, &s.xn, &mut cache.state[l], n > 1, &mut o);
             }
-            Mix::Mla { q_a, q, kv_a, kv_b, o: om } => {
+            Mix::Mla {
+                q_a,
+                q,
+                kv_a,
+                kv_b,
+                v_b,
+                o: om,
+            } => {
                 let ml = MlaLayer {
                     q_a: q_a.as_ref().map(|m| (m.view(u), v.a_log.as_slice())),
                     q: q.view(u),
                     kv_a: kv_a.view(u),
                     kv_a_norm: &v.o_norm,
                     kv_b: kv_b.view(u),
+                    v_b: v_b.as_ref().map(|m| m.view(u)),
                     o: om.view(u),
                 };
-                mla_mixer(&self.mla_shape(), &ml, LORA_NORM_EPS, &s.xn, &mut cache.k[l], pos0, &mut o);
+                mla_mixer(&self.mla_shape(), &ml, self.lora_eps, &s.xn, &mut cache.k[l], pos0, &mut o);
             }
         }
         add_into(x, &o);
@@ -411,11 +451,11 @@ pub const EXPERTS: crate::models::registry::ExpertNames = crate::models::registr
 pub const FAMILY: crate::models::Family = crate::models::Family {
     name: "kimi_linear",
     model_types: &["kimi_linear"],
-    gguf_architectures: &[],
+    gguf_architectures: &[gguf::ARCH],
     load_hf: Some(|hf, o| KimiLinear::load(hf, o).map(crate::models::registry::boxed)),
-    load_gguf: None,
+    load_gguf: Some(|g, o| gguf::load(g, o).map(crate::models::registry::boxed)),
     check_hf: Some(|hf| Config::from_json(&hf.config, &hf.config_path().display().to_string()).map(drop)),
-    check_gguf: None,
+    check_gguf: Some(|g| gguf::config_from_gguf(g).map(drop)),
     experts: Some(EXPERTS),
     packable: true,
     synth: &["kimi_linear"],

@@ -31,6 +31,7 @@ pub(crate) struct KdaTensors {
     pub mats: [TensorInfo; 9],
     /// `q_conv1d`, `k_conv1d`, `v_conv1d`.
     pub conv: [TensorInfo; 3],
+    /// `A_log` (Hugging Face) or `−exp(A_log)` (GGUF `ssm_a`), as [`Checkpoint::a_neg_exp`] says.
     pub a_log: TensorInfo,
     pub dt_bias: TensorInfo,
     pub o_norm: TensorInfo,
@@ -43,8 +44,16 @@ pub(crate) struct MlaTensors {
     pub q: TensorInfo,
     pub kv_a: TensorInfo,
     pub kv_a_norm: TensorInfo,
-    pub kv_b: TensorInfo,
+    pub kv_b: KvB,
     pub o: TensorInfo,
+}
+
+/// An MLA layer's `kv_b_proj`: joint (Hugging Face) or split as llama.cpp's converter writes it
+/// (`attn_k_b`, each head's key rows transposed, and `attn_v_b`; see
+/// [`crate::models::deepseek_v3::mla::MlaWeights`]).
+pub(crate) enum KvB {
+    Joint(TensorInfo),
+    Split { k: TensorInfo, v: TensorInfo },
 }
 
 /// A layer's token mixer.
@@ -83,7 +92,15 @@ pub(crate) struct Checkpoint {
     pub head: TensorInfo,
     pub final_norm: TensorInfo,
     pub layers: Vec<LayerTensors>,
+    /// The KDA layers' `a_log` tensors hold `−exp(A_log)` (llama.cpp's converter applies it).
+    pub a_neg_exp: bool,
+    /// `eps` of the latent norms (`q_a_layernorm`, `kv_a_layernorm`).
+    pub lora_eps: f32,
 }
+
+/// `eps` of `q_a_layernorm` / `kv_a_layernorm` in Hugging Face checkpoints (transformers'
+/// `KimiLinearRMSNorm` default).
+pub(crate) const HF_LORA_NORM_EPS: f32 = 1e-6;
 
 /// Resolves the tensors of a Kimi Linear folder for `c`: presence, shape (GGML order) and a
 /// type with kernels for each.
@@ -156,10 +173,10 @@ pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
                 },
                 kv_a: get(&a("kv_a_proj_with_mqa.weight"), &[d, c.latent_dim()])?,
                 kv_a_norm: get(&a("kv_a_layernorm.weight"), &[c.kv_lora_rank])?,
-                kv_b: get(
+                kv_b: KvB::Joint(get(
                     &a("kv_b_proj.weight"),
                     &[c.kv_lora_rank, nh * (c.qk_nope_head_dim + c.v_head_dim)],
-                )?,
+                )?),
                 o: get(&a("o_proj.weight"), &[nh * c.v_head_dim, d])?,
             })),
         };
@@ -218,5 +235,7 @@ pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
         embd,
         head,
         layers,
+        a_neg_exp: false,
+        lora_eps: HF_LORA_NORM_EPS,
     })
 }
