@@ -417,6 +417,7 @@ fn kimi_linear_tiny_loads_and_runs_and_the_48b_shape_plans() {
         out.contains("27 layers (1 dense + 26 MoE × 256 experts of 13.50 MiB), hf bf16"),
         "{out}"
     );
+}
 
 /// Every low-bit encoding (`quant::EXT_TYPES`): the synthetic `qwen3_moe` GGUF is written in
 /// it (256-element rows; the 64-element `attn_output` rows fall back as llama.cpp's quantizer
