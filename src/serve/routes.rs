@@ -325,7 +325,12 @@ fn chat_prompt(s: &AppState, r: &ChatRequest) -> Result<Vec<u32>, ApiError> {
         .filter(|t| !t.is_empty())
         .map(|t| Value::Array(t.clone()));
     s.tok
-        .encode_messages_json(tmpl, &Value::Array(r.messages.clone()), tools.as_ref(), true)
+        .encode_messages_json(
+            tmpl,
+            &Value::Array(r.messages.clone()),
+            tools.as_ref(),
+            true,
+        )
         .map_err(|e| ApiError::invalid(Some("messages"), format!("{e:#}")))
 }
 
