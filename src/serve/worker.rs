@@ -1,11 +1,12 @@
 //! The model's one worker thread and its bounded FIFO queue. Handlers submit [`Job`]s with
 //! [`Queue::submit`] (refused at once when the queue is full); the worker runs them one at a
-//! time, sending [`Event`]s back. A job whose client has gone (its event receiver dropped) is
-//! skipped when it reaches the front, and a running one stops before its next decode step.
+//! time, sending [`Event`]s back. A queued job whose client has gone (its event receiver
+//! dropped) gives up its slot at the next submit and is never run; a running one stops
+//! before its next decode step.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -33,11 +34,36 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
 }
 
-/// The sending side of the queue.
+/// The sending side of the queue (cloned into every handler).
 #[derive(Clone)]
 pub struct Queue {
-    tx: SyncSender<Job>,
+    shared: Arc<Shared>,
     metrics: Arc<Metrics>,
+    /// Counts the live `Queue` values; the worker ends when the last is dropped.
+    _handle: Arc<Handle>,
+}
+
+/// The jobs waiting, their bound, and whether every `Queue` is gone.
+struct Shared {
+    state: Mutex<State>,
+    ready: Condvar,
+    capacity: usize,
+}
+
+struct State {
+    jobs: VecDeque<Job>,
+    closed: bool,
+}
+
+/// Dropped with the last [`Queue`]: closes the queue and wakes the worker.
+struct Handle(Arc<Shared>);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.closed = true;
+        self.0.ready.notify_all();
+    }
 }
 
 /// Why a job was not queued.
@@ -50,17 +76,73 @@ pub enum SubmitError {
 }
 
 impl Queue {
-    /// Queues `job`, or says why not at once.
-    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
-        self.metrics.queued.fetch_add(1, Ordering::SeqCst);
-        let r = self.tx.try_send(job);
-        if r.is_err() {
-            self.metrics.queued.fetch_sub(1, Ordering::SeqCst);
+    /// A queue of at most `capacity` waiting jobs (at least 1), with no worker yet.
+    fn new(capacity: usize, metrics: Arc<Metrics>) -> Queue {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                jobs: VecDeque::new(),
+                closed: false,
+            }),
+            ready: Condvar::new(),
+            capacity: capacity.max(1),
+        });
+        Queue {
+            _handle: Arc::new(Handle(Arc::clone(&shared))),
+            shared,
+            metrics,
         }
-        match r {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(SubmitError::Full),
-            Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
+    }
+
+    /// Queues `job`, or says why not at once. Queued jobs whose clients have disconnected are
+    /// dropped first (counted as cancelled), so they hold no slot.
+    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.closed {
+            return Err(SubmitError::Stopped);
+        }
+        let before = st.jobs.len();
+        st.jobs.retain(|j| !j.events.is_closed());
+        let gone = (before - st.jobs.len()) as u64;
+        if gone > 0 {
+            self.metrics.cancelled.fetch_add(gone, Ordering::Relaxed);
+            self.metrics.queued.fetch_sub(gone, Ordering::SeqCst);
+        }
+        if st.jobs.len() >= self.shared.capacity {
+            return Err(SubmitError::Full);
+        }
+        st.jobs.push_back(job);
+        self.metrics.queued.fetch_add(1, Ordering::SeqCst);
+        self.shared.ready.notify_one();
+        Ok(())
+    }
+
+    /// Jobs waiting now (abandoned ones included until the next submit).
+    pub fn len(&self) -> usize {
+        let st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.jobs.len()
+    }
+
+    /// Whether no job is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The worker's end: the next job, or `None` once every [`Queue`] is dropped and the queue
+/// is empty.
+struct Receiver(Arc<Shared>);
+
+impl Receiver {
+    fn recv(&self) -> Option<Job> {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(j) = st.jobs.pop_front() {
+                return Some(j);
+            }
+            if st.closed {
+                return None;
+            }
+            st = self.0.ready.wait(st).unwrap_or_else(|e| e.into_inner());
         }
     }
 }
@@ -74,17 +156,17 @@ pub fn start(
     metrics: Arc<Metrics>,
     stopping: Arc<AtomicBool>,
 ) -> (Queue, std::thread::JoinHandle<Engine>) {
-    let (tx, rx) = sync_channel(capacity.max(1));
-    let m = Arc::clone(&metrics);
+    let queue = Queue::new(capacity, Arc::clone(&metrics));
+    let rx = Receiver(Arc::clone(&queue.shared));
     let handle = std::thread::Builder::new()
         .name("deltafin-model".into())
-        .spawn(move || run(engine, rx, &m, &stopping))
+        .spawn(move || run(engine, rx, &metrics, &stopping))
         .expect("spawning the model thread");
-    (Queue { tx, metrics }, handle)
+    (queue, handle)
 }
 
-fn run(mut engine: Engine, rx: Receiver<Job>, m: &Metrics, stopping: &AtomicBool) -> Engine {
-    while let Ok(job) = rx.recv() {
+fn run(mut engine: Engine, rx: Receiver, m: &Metrics, stopping: &AtomicBool) -> Engine {
+    while let Some(job) = rx.recv() {
         m.queued.fetch_sub(1, Ordering::SeqCst);
         if job.events.is_closed() || stopping.load(Ordering::SeqCst) {
             m.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -136,4 +218,52 @@ fn record(engine: &Engine, m: &Metrics) {
         m.expert_misses.store(c.misses, Ordering::Relaxed);
     }
     m.bytes_read.store(bytes, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(events: UnboundedSender<Event>) -> Job {
+        Job {
+            prompt: vec![1],
+            params: Params {
+                sampler: Default::default(),
+                max_tokens: 1,
+                stop: Vec::new(),
+                logprobs: None,
+                tools: None,
+            },
+            events,
+        }
+    }
+
+    #[test]
+    fn a_disconnected_client_frees_its_queue_slot() {
+        let m = Arc::new(Metrics::default());
+        let q = Queue::new(1, Arc::clone(&m));
+        let (tx1, rx1) = tokio::sync::mpsc::unbounded_channel();
+        q.submit(job(tx1)).unwrap();
+        let (tx2, _rx2) = tokio::sync::mpsc::unbounded_channel();
+        assert_eq!(q.submit(job(tx2.clone())), Err(SubmitError::Full));
+        drop(rx1); // the first client disconnects while queued
+        q.submit(job(tx2)).unwrap();
+        assert_eq!(q.len(), 1);
+        assert_eq!(m.cancelled.load(Ordering::Relaxed), 1);
+        assert_eq!(m.queued.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn the_worker_end_sees_the_queue_close_with_the_last_sender() {
+        let m = Arc::new(Metrics::default());
+        let q = Queue::new(2, m);
+        let rx = Receiver(Arc::clone(&q.shared));
+        let (tx, _keep) = tokio::sync::mpsc::unbounded_channel();
+        q.submit(job(tx)).unwrap();
+        let q2 = q.clone();
+        drop(q);
+        assert!(rx.recv().is_some(), "queued work is still handed out");
+        drop(q2);
+        assert!(rx.recv().is_none());
+    }
 }
