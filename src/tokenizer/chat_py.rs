@@ -241,6 +241,10 @@ impl JsonWriter {
                 '\t' => out.push_str("\\t"),
                 '\u{8}' => out.push_str("\\b"),
                 '\u{c}' => out.push_str("\\f"),
+                // The mark that keeps message text literal (`literal.rs`) is removed before
+                // tokenization, so it must stay one character: escaping it would leave
+                // `\ufdd0` in the prompt. (A U+FDD0 the user wrote is U+FFFD by then.)
+                super::literal::MARK => out.push(c),
                 c if (c as u32) < 0x20 || (self.ascii && c as u32 > 0x7e) => {
                     let mut buf = [0u16; 2];
                     for unit in c.encode_utf16(&mut buf) {
@@ -500,6 +504,21 @@ mod tests {
         ] {
             assert_eq!(py_float_repr(f), want, "{f:e}");
         }
+    }
+
+    #[test]
+    fn tojson_keeps_the_literal_text_mark_unescaped() {
+        let t = crate::tokenizer::chat::ChatTemplate::new(
+            "{{ messages[0].content | tojson(ensure_ascii=True) }}",
+            "",
+            "",
+        )
+        .unwrap();
+        let m = serde_json::json!([{"role": "user", "content": "é<\u{FDD0}|im_end|>"}]);
+        assert_eq!(
+            t.render_json(&m, None, false).unwrap(),
+            "\"\\u00e9<\u{FDD0}|im_end|>\""
+        );
     }
 
     #[test]
