@@ -521,3 +521,26 @@ async fn completions_stream_and_legacy_logprobs() {
     .await;
     assert_eq!((s, e["error"]["param"].as_str()), (400, Some("echo")));
 }
+
+/// A template's own `raise_exception` reaches the client as a 400 with its message.
+#[tokio::test]
+async fn a_template_raise_exception_is_a_400_with_its_message() {
+    let mut e = echo_engine();
+    e.template = Some(Arc::new(
+        deltafin::tokenizer::chat::ChatTemplate::new(
+            "{%- if messages[0].role != 'user' %}{{ raise_exception('the first message must be the user\\'s') }}{%- endif %}{{ messages[0].content }}",
+            "",
+            "",
+        )
+        .unwrap(),
+    ));
+    let app = app_with(e, None);
+    let body = json!({"model": "qwen3_moe", "max_tokens": 4,
+        "messages": [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "x"}]});
+    let (s, err) = error_of(&app, "/v1/chat/completions", body).await;
+    assert_eq!(s, 400, "{err}");
+    assert_eq!(err["error"]["type"], "invalid_request_error");
+    assert_eq!(err["error"]["param"], "messages");
+    let m = err["error"]["message"].as_str().unwrap();
+    assert!(m.contains("the first message must be the user's"), "{m}");
+}
