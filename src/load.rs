@@ -195,10 +195,11 @@ pub fn load(path: Option<&Path>, opts: &Options) -> Result<Loaded> {
 
 /// The sampling settings in `dir/generation_config.json`, none when the file is absent.
 ///
-/// Errors: the file exists but is not valid JSON or has a bad field (named).
+/// Errors: the file exists but is not a regular file (a FIFO, a folder), is not valid JSON, or
+/// has a bad field (named).
 fn generation_config_sampling(dir: &Path) -> Result<ModelSampling> {
     let p = dir.join("generation_config.json");
-    if !p.is_file() {
+    if std::fs::symlink_metadata(&p).is_err() {
         return Ok(ModelSampling::default());
     }
     let v = crate::source::hf::read_json(&p)?;
@@ -208,6 +209,18 @@ fn generation_config_sampling(dir: &Path) -> Result<ModelSampling> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_generation_config_that_is_not_a_file_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("generation_config.json");
+        std::fs::create_dir(&p).unwrap();
+        let e = generation_config_sampling(dir.path()).unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            format!("{}: not a regular file (a folder)", p.display())
+        );
+    }
 
     #[test]
     fn reads_the_fixture_generation_config() {

@@ -229,7 +229,8 @@ impl HfModel {
         let single = dir.join("model.safetensors");
         let index_path = dir.join("model.safetensors.index.json");
         let (files, weight_map): (Vec<PathBuf>, Option<BTreeMap<String, String>>) =
-            if index_path.is_file() {
+            // present at all (a FIFO or a folder is then refused by `read_json`, by name)
+            if std::fs::symlink_metadata(&index_path).is_ok() {
                 let idx = read_json(&index_path)?;
                 let map = idx
                     .get("weight_map")
@@ -256,7 +257,7 @@ impl HfModel {
                 shards.sort();
                 shards.dedup();
                 (shards.iter().map(|s| dir.join(s)).collect(), Some(wm))
-            } else if single.is_file() {
+            } else if std::fs::symlink_metadata(&single).is_ok() {
                 (vec![single], None)
             } else {
                 bail!(
@@ -365,6 +366,22 @@ mod tests {
         assert_eq!(&bytes[o..o + 24], &a[..]);
         let o = tb.offset as usize;
         assert_eq!(&bytes[o..o + 8], &b[..]);
+    }
+
+    #[test]
+    fn an_index_or_weights_path_that_is_not_a_file_is_refused_by_name() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen3_moe");
+        for name in ["model.safetensors.index.json", "model.safetensors"] {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+            let p = dir.path().join(name);
+            std::fs::create_dir(&p).unwrap();
+            let e = HfModel::open(dir.path()).unwrap_err();
+            assert_eq!(
+                format!("{e:#}"),
+                format!("{}: not a regular file (a folder)", p.display())
+            );
+        }
     }
 
     #[test]

@@ -70,7 +70,8 @@ impl HfTokenizer {
         remove_marks_first(&mut inner)?;
         let opt_json = |name: &str| -> Result<serde_json::Value> {
             let p = dir.join(name);
-            if p.is_file() {
+            // present but not a regular file (a FIFO, a folder): refused by `read_json`
+            if std::fs::symlink_metadata(&p).is_ok() {
                 read_json(&p)
             } else {
                 Ok(serde_json::Value::Object(Default::default()))
@@ -288,6 +289,24 @@ impl<'t> HfStreamDecoder<'t> {
 mod tests {
     use super::*;
     use crate::tokenizer::Message;
+
+    #[test]
+    fn an_optional_config_that_is_not_a_file_is_refused_by_name() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen3_moe");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(
+            src.join("tokenizer.json"),
+            dir.path().join("tokenizer.json"),
+        )
+        .unwrap();
+        let p = dir.path().join("generation_config.json");
+        std::fs::create_dir(&p).unwrap();
+        let e = HfTokenizer::from_folder(dir.path()).unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            format!("{}: not a regular file (a folder)", p.display())
+        );
+    }
 
     fn fixture() -> (HfTokenizer, serde_json::Value) {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen3_moe");
