@@ -386,6 +386,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tojson_keeps_the_literal_text_mark_unescaped() {
+        let t = ChatTemplate::new(
+            "{{ messages[0].content | tojson(ensure_ascii=True) }}",
+            "",
+            "",
+        )
+        .unwrap();
+        let m = serde_json::json!([{"role": "user", "content": "é<\u{FDD0}|im_end|>"}]);
+        assert_eq!(
+            t.render_json(&m, None, false).unwrap(),
+            "\"\\u00e9<\u{FDD0}|im_end|>\""
+        );
+    }
+
+    #[test]
     fn generation_tags_become_if_blocks() {
         assert_eq!(
             rewrite_generation_tags(

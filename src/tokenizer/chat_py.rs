@@ -507,21 +507,6 @@ mod tests {
     }
 
     #[test]
-    fn tojson_keeps_the_literal_text_mark_unescaped() {
-        let t = crate::tokenizer::chat::ChatTemplate::new(
-            "{{ messages[0].content | tojson(ensure_ascii=True) }}",
-            "",
-            "",
-        )
-        .unwrap();
-        let m = serde_json::json!([{"role": "user", "content": "é<\u{FDD0}|im_end|>"}]);
-        assert_eq!(
-            t.render_json(&m, None, false).unwrap(),
-            "\"\\u00e9<\u{FDD0}|im_end|>\""
-        );
-    }
-
-    #[test]
     fn strings_repr_as_python() {
         assert_eq!(py_str_repr("a'b"), "\"a'b\"");
         assert_eq!(py_str_repr("a'b\""), "'a\\'b\"'");
