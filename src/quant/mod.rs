@@ -348,7 +348,7 @@ pub(crate) struct LevelKernels {
 }
 
 /// Number of types with kernels (the length of every kernel table).
-pub(crate) const N_SLOTS: usize = SLOT_TYPES.len();
+pub(crate) const N_SLOTS: usize = N_BASE + N_EXT;
 
 /// Number of types with kernels before the low-bit additions (slots `0..N_BASE`); the
 /// slots `N_BASE..N_SLOTS` are [`EXT_TYPES`].
@@ -450,8 +450,8 @@ pub(crate) const SCALAR_DECODE: [DeqFn; N_SLOTS] = [
     scalar_k::decode_tq2_0,
 ];
 
-/// The types with kernels, in kernel-table order (see `slot`).
-pub const SLOT_TYPES: [GgmlType; 25] = [
+/// The types with kernels before the low-bit additions (slots `0..N_BASE`).
+const BASE_TYPES: [GgmlType; N_BASE] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -461,23 +461,11 @@ pub const SLOT_TYPES: [GgmlType; 25] = [
     GgmlType::Q4_K,
     GgmlType::Q6_K,
     GgmlType::MXFP4,
-    GgmlType::Q4_1,
-    GgmlType::Q5_1,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q5_K,
-    GgmlType::IQ1_S,
-    GgmlType::IQ1_M,
-    GgmlType::IQ2_XXS,
-    GgmlType::IQ2_XS,
-    GgmlType::IQ2_S,
-    GgmlType::IQ3_XXS,
-    GgmlType::IQ3_S,
-    GgmlType::IQ4_NL,
-    GgmlType::IQ4_XS,
-    GgmlType::TQ1_0,
-    GgmlType::TQ2_0,
 ];
+
+/// The types with kernels, in kernel-table order (see `slot`): [`BASE_TYPES`], then
+/// [`EXT_TYPES`].
+pub const SLOT_TYPES: [GgmlType; N_SLOTS] = join(BASE_TYPES, EXT_TYPES);
 
 macro_rules! scalar_fns {
     ($($dot:ident, $deq:ident = $slot:expr);*) => {

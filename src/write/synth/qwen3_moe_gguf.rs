@@ -33,27 +33,18 @@ const TOKENIZER_SOURCE: &[u8] =
 
 /// The encodings a synthetic GGUF's matrices can use: Q4_0, Q8_0, Q4_K, then the low-bit
 /// types (`quant::EXT_TYPES`).
-pub const QUANTS: [GgmlType; 19] = [
-    GgmlType::Q4_0,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q4_1,
-    GgmlType::Q5_1,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q5_K,
-    GgmlType::IQ1_S,
-    GgmlType::IQ1_M,
-    GgmlType::IQ2_XXS,
-    GgmlType::IQ2_XS,
-    GgmlType::IQ2_S,
-    GgmlType::IQ3_XXS,
-    GgmlType::IQ3_S,
-    GgmlType::IQ4_NL,
-    GgmlType::IQ4_XS,
-    GgmlType::TQ1_0,
-    GgmlType::TQ2_0,
-];
+pub const QUANTS: [GgmlType; 3 + crate::quant::EXT_TYPES.len()] = {
+    let ext = crate::quant::EXT_TYPES;
+    let mut out = [GgmlType::Q4_0; 3 + crate::quant::EXT_TYPES.len()];
+    out[1] = GgmlType::Q8_0;
+    out[2] = GgmlType::Q4_K;
+    let mut i = 0;
+    while i < ext.len() {
+        out[3 + i] = ext[i];
+        i += 1;
+    }
+    out
+};
 
 /// llama.cpp's `general.file_type` (`enum llama_ftype` in `llama.h`) of a file whose
 /// matrices are `q` (the `_S` variant where llama.cpp has several mixes of one type).
