@@ -214,6 +214,77 @@ pub fn opt_gguf_count(
         .transpose()
 }
 
+/// The routed-MoE metadata of llama.cpp's DeepSeek-V3-style architectures (`deepseek2`,
+/// `kimi-linear`), keys `ARCH.*` as `src/llama-arch.cpp` names them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GgufSigmoidMoe {
+    /// `expert_count`: routed experts per MoE layer.
+    pub experts: usize,
+    /// `expert_used_count`: top-k.
+    pub used: usize,
+    /// `expert_feed_forward_length`: one routed (and shared) expert's FFN width.
+    pub expert_ff: usize,
+    /// `expert_shared_count`: shared experts per MoE layer.
+    pub shared: usize,
+    /// `leading_dense_block_count`: dense layers before the first MoE layer (default 0).
+    pub dense: usize,
+    /// `feed_forward_length`: the dense layers' FFN width (required when `dense` > 0; else
+    /// `expert_ff` when absent).
+    pub dense_ff: usize,
+    /// `expert_group_count` / `expert_group_used_count`: group-limited routing (default 1 / 1).
+    pub groups: usize,
+    /// See `groups`.
+    pub groups_used: usize,
+    /// `expert_weights_scale`: the routed-weight scale; llama.cpp skips the scaling when the
+    /// key is absent or 0, so both read as 1.
+    pub scale: f32,
+}
+
+/// Reads [`GgufSigmoidMoe`] from the keys `{arch}.*`. Errors name the file and the key: a
+/// missing required key, a count outside its range (`expert_used_count` above
+/// `expert_count`, group counts likewise), and an `expert_gating_func` other than 2
+/// (sigmoid; llama.cpp reads an absent key as softmax).
+pub fn gguf_sigmoid_moe(g: &GgufModel, arch: &str) -> Result<GgufSigmoidMoe> {
+    const DIM_MAX: u64 = 1 << 20;
+    // llama.cpp's `LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID`
+    const GATING_SIGMOID: u64 = 2;
+    let k = |s: &str| format!("{arch}.{s}");
+    let experts = gguf_count(g, &k("expert_count"), 1..=(1 << 16))?;
+    let used = gguf_count(g, &k("expert_used_count"), 1..=experts as u64)?;
+    let expert_ff = gguf_count(g, &k("expert_feed_forward_length"), 1..=DIM_MAX)?;
+    let shared = gguf_count(g, &k("expert_shared_count"), 1..=1024)?;
+    let dense = g.opt_u64(&k("leading_dense_block_count"))?.unwrap_or(0) as usize;
+    let dense_ff = match dense {
+        0 => opt_gguf_count(g, &k("feed_forward_length"), 1..=DIM_MAX)?.unwrap_or(expert_ff),
+        _ => gguf_count(g, &k("feed_forward_length"), 1..=DIM_MAX)?,
+    };
+    match g.opt_u64(&k("expert_gating_func"))? {
+        Some(GATING_SIGMOID) => {}
+        other => bail!(
+            "{}: metadata key '{arch}.expert_gating_func' = {} is not supported (only 2, sigmoid)",
+            g.file_name(),
+            other.map_or("missing (llama.cpp: softmax)".to_string(), |v| v
+                .to_string())
+        ),
+    }
+    let groups = opt_gguf_count(g, &k("expert_group_count"), 1..=(1 << 16))?.unwrap_or(1);
+    let groups_used =
+        opt_gguf_count(g, &k("expert_group_used_count"), 1..=groups as u64)?.unwrap_or(1);
+    let scale = g.opt_f32(&k("expert_weights_scale"))?.unwrap_or(0.0);
+    let scale = if scale == 0.0 { 1.0 } else { scale };
+    Ok(GgufSigmoidMoe {
+        experts,
+        used,
+        expert_ff,
+        shared,
+        dense,
+        dense_ff,
+        groups,
+        groups_used,
+        scale,
+    })
+}
+
 fn in_range(g: &GgufModel, key: &str, v: u64, range: RangeInclusive<u64>) -> Result<usize> {
     if !range.contains(&v) {
         bail!(

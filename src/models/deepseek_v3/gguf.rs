@@ -41,16 +41,13 @@ use serde_json::json;
 use super::{Config, DeepseekV3};
 use super::tensors::{Checkpoint, FfnTensors, KvB, LayerTensors, Lin};
 use crate::models::loading::Tensors;
-use crate::models::config::{gguf_count, opt_gguf_count};
+use crate::models::config::{gguf_count, gguf_sigmoid_moe, opt_gguf_count, GgufSigmoidMoe};
 use crate::models::LoadOptions;
 use crate::source::gguf::GgufModel;
 use crate::store::WeightStore;
 
 /// Dimension limit checked at load (a hostile file must not make us allocate terabytes).
 const DIM_MAX: u64 = 1 << 20;
-
-/// llama.cpp's `LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID`.
-const GATING_SIGMOID: u64 = 2;
 
 /// Reads the configuration of a `deepseek2` GGUF as a DeepSeek V3 [`Config`]
 /// (`model_type: deepseek_v3`). `n_shared_experts` is `expert_shared_count`,
@@ -101,27 +98,8 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
             bail!("{file}: metadata key '{arch}.{key}' = {v} must be a positive finite number");
         }
     }
-    let ne = gguf_count(g, &k("expert_count"), 1..=(1 << 16))?;
-    let used = gguf_count(g, &k("expert_used_count"), 1..=ne as u64)?;
-    let eff = gguf_count(g, &k("expert_feed_forward_length"), 1..=DIM_MAX)?;
-    let shared = gguf_count(g, &k("expert_shared_count"), 1..=1024)?;
-    let dense = g.opt_u64(&k("leading_dense_block_count"))?.unwrap_or(0) as usize;
-    let dff = match dense {
-        0 => opt_gguf_count(g, &k("feed_forward_length"), 1..=DIM_MAX)?.unwrap_or(eff),
-        _ => gguf_count(g, &k("feed_forward_length"), 1..=DIM_MAX)?,
-    };
-    match g.opt_u64(&k("expert_gating_func"))? {
-        Some(GATING_SIGMOID) => {}
-        other => bail!(
-            "{file}: metadata key '{arch}.expert_gating_func' = {} is not supported (only 2, sigmoid)",
-            other.map_or("missing (llama.cpp: softmax)".to_string(), |v| v.to_string())
-        ),
-    }
-    let groups = opt_gguf_count(g, &k("expert_group_count"), 1..=(1 << 16))?.unwrap_or(1);
-    let groups_used = opt_gguf_count(g, &k("expert_group_used_count"), 1..=groups as u64)?.unwrap_or(1);
-    let scale = g.opt_f32(&k("expert_weights_scale"))?.unwrap_or(0.0);
-    // llama.cpp skips the scaling when the key is absent or 0
-    let scale = if scale == 0.0 { 1.0 } else { scale };
+    let GgufSigmoidMoe { experts: ne, used, expert_ff: eff, shared, dense, dense_ff: dff, groups, groups_used, scale } =
+        gguf_sigmoid_moe(g, &arch)?;
     let norm = g.opt_bool(&k("expert_weights_norm"))?.unwrap_or(false);
     let max_pos = gguf_count(g, &k("context_length"), 1..=(1 << 24))?;
     let rope_parameters = match g.opt_str(&k("rope.scaling.type"))? {
