@@ -495,12 +495,6 @@ pub(crate) const SCALAR_DEQ: [DeqFn; N_SLOTS] = [
     sq17, sq18, sq19, sq20, sq21, sq22, sq23, sq24,
 ];
 
-/// The low-bit part of [`SCALAR_DEQ`] (the x86 levels' dequantization of [`EXT_TYPES`]
-/// where they have no in-register decoder).
-pub(crate) const SCALAR_DEQ_EXT: [DeqFn; N_EXT] = [
-    sq9, sq10, sq11, sq12, sq13, sq14, sq15, sq16, sq17, sq18, sq19, sq20, sq21, sq22, sq23, sq24,
-];
-
 static SCALAR: LevelKernels = LevelKernels {
     dot: [
         sd0, sd1, sd2, sd3, sd4, sd5, sd6, sd7, sd8, sd9, sd10, sd11, sd12, sd13, sd14, sd15, sd16,

@@ -47,10 +47,26 @@ fn edge_blocks_match_gguf_python_exactly() {
         let hash = u64::from_le_bytes(data[o + 12 + nb..o + 20 + nb].try_into().unwrap());
         o += 20 + nb;
         assert_eq!(ty.row_bytes(n), Some(nb), "{ty}");
+        let x = random_x(n, &mut Rng::new(n as u64));
         for level in SimdLevel::available() {
             let mut got = vec![0f32; n];
             dequantize_row_at(level, ty, bytes, &mut got);
             assert_eq!(fnv1a(&got), hash, "{ty} at {level:?}");
+            // the fused dot over every scale byte, grid index and sign pattern equals the
+            // level's f32 dot of the dequantized row (what matmul's scratch row gives)
+            let dot = dot_row_at(level, ty, bytes, &x);
+            let want = dot_f32_at(level, &got, &x);
+            assert_eq!(dot.to_bits(), want.to_bits(), "{ty} dot at {level:?}");
+            let mag: f64 = got
+                .iter()
+                .zip(&x)
+                .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                .sum();
+            let exact: f64 = got.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
+            assert!(
+                (dot as f64 - exact).abs() <= 1e-5 * mag,
+                "{ty} at {level:?}"
+            );
         }
     }
     assert_eq!(o, data.len());

@@ -248,10 +248,9 @@ kernels!(avx512; dot_q4_k, deq_q4_k, blk_q4_k, 144, 256, 0, no_tail);
 kernels!(avx512; dot_q6_k, deq_q6_k, blk_q6_k, 210, 256, 0, no_tail);
 kernels!(avx512; dot_mxfp4, deq_mxfp4, blk_mxfp4, 17, 32, 0, no_tail);
 
-/// The low-bit types' dots (`EXT_TYPES` order).
-const EXT_DOT: [crate::quant::DotFn; crate::quant::N_EXT] = super::lowbit::AVX512_DOT;
-/// The low-bit types' dequantization (the scalar decoders).
-const EXT_DEQ: [crate::quant::DeqFn; crate::quant::N_EXT] = crate::quant::SCALAR_DEQ_EXT;
+// The low-bit types' dots and dequantization (`EXT_TYPES` order): the AVX2 level's
+// in-register block decoders (256-bit registers), accumulated in this level's 16 lanes.
+use super::lowbit::{AVX512_DEQ as EXT_DEQ, AVX512_DOT as EXT_DOT};
 
 /// f32 · f32 in this level's order (F32 rows are the same computation).
 fn dot_f32(w: &[f32], x: &[f32]) -> f32 {

@@ -1,94 +1,193 @@
-//! The low-bit types' ([`EXT_TYPES`](crate::quant::EXT_TYPES)) fused dots at the AVX2 and
-//! AVX-512 levels for the types without an in-register decoder: each 256-element chunk (or
-//! block) is decoded by the scalar reference decoder into a stack buffer (exact values), then
-//! accumulated in the level's lanes and order (the same as the level's f32 dot, so
-//! `dot_f32(dequantized, x)` equals the fused dot bit for bit). Their dequantization is the
-//! scalar one.
+//! What the low-bit block decoders ([`EXT_TYPES`](crate::quant::EXT_TYPES): `lowbit_k`,
+//! `lowbit_iq`) share, and their kernel tables at the AVX2 and AVX-512 levels.
+//!
+//! Every decoder turns the bytes of one block into 32 values at a time in four 8-lane
+//! registers (never through memory) with the scalar decoders' roundings (`quant::scalar_k`,
+//! `quant::scalar_iq`), then hands them to a [`Lanes`] accumulator, which either stores them
+//! (dequantization) or multiplies them with the activations in its level's order: AVX2
+//! element `32k + j` into accumulator `j / 8`, lane `j % 8`; AVX-512 element `32k + j` into
+//! accumulator `j / 16`, lane `j % 16` (two 8-lane halves joined into one 16-lane register).
+//! So each dot equals the level's `dot_f32(dequantized, x)` bit for bit, and the batched
+//! GEMM (`row_plan`: the row decoded once into the per-thread scratch row, then the level's
+//! f32 dot per token) reproduces it exactly.
+//!
+//! The decoders and [`Lanes::emit`] are `#[inline(always)]` without target features of their
+//! own: they are compiled inside the level's row wrapper (`common::kernels!`), whose target
+//! features (AVX2, or AVX-512) they take.
 
 use std::arch::x86_64::*;
 
-use super::common::{finish_avx2, finish_avx512};
-use crate::quant::scalar::{dot_decoded, Accum};
-use crate::quant::{DotFn, N_BASE, N_EXT, SCALAR_DECODE, SLOT_TYPES};
+use crate::quant::{DeqFn, DotFn, N_EXT};
 
-/// The AVX2 accumulation: element `32k + j` into accumulator `j / 8`, lane `j % 8` (fma).
-pub(super) struct Avx2Acc([__m256; 4]);
+/// The accumulators of a level: `[__m256; 4]` (AVX2) or `[__m512; 2]` (AVX-512).
+pub(super) trait Lanes {
+    /// Stores the 32 values `w` at `dst` (`STORE`) or accumulates them against the 32
+    /// activations at `x` (fma, in the level's lanes).
+    ///
+    /// # Safety
+    /// The level's target features are enabled; `dst` (`STORE`) or `x` (otherwise) is
+    /// valid for 32 f32s.
+    unsafe fn emit<const STORE: bool>(&mut self, w: [__m256; 4], x: *const f32, dst: *mut f32);
+}
 
-/// The AVX-512 accumulation: element `32k + j` into accumulator `j / 16`, lane `j % 16` (fma).
-pub(super) struct Avx512Acc([__m512; 2]);
+impl Lanes for [__m256; 4] {
+    #[inline(always)]
+    unsafe fn emit<const STORE: bool>(&mut self, w: [__m256; 4], x: *const f32, dst: *mut f32) {
+        for k in 0..4 {
+            if STORE {
+                _mm256_storeu_ps(dst.add(8 * k), w[k]);
+            } else {
+                self[k] = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x.add(8 * k)), self[k]);
+            }
+        }
+    }
+}
 
+impl Lanes for [__m512; 2] {
+    #[inline(always)]
+    unsafe fn emit<const STORE: bool>(&mut self, w: [__m256; 4], x: *const f32, dst: *mut f32) {
+        for k in 0..2 {
+            if STORE {
+                _mm256_storeu_ps(dst.add(16 * k), w[2 * k]);
+                _mm256_storeu_ps(dst.add(16 * k + 8), w[2 * k + 1]);
+            } else {
+                let lo = _mm512_castpd256_pd512(_mm256_castps_pd(w[2 * k]));
+                let v = _mm512_insertf64x4::<1>(lo, _mm256_castps_pd(w[2 * k + 1]));
+                let v = _mm512_castpd_ps(v);
+                self[k] = _mm512_fmadd_ps(v, _mm512_loadu_ps(x.add(16 * k)), self[k]);
+            }
+        }
+    }
+}
+
+/// The 16 bytes of `v` as f32: bytes 0..8 and 8..16 (unsigned).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn add_avx2(acc: &mut [__m256; 4], w: &[f32], x: &[f32]) {
-    let (wp, xp) = (w.as_ptr(), x.as_ptr());
-    for r in 0..w.len() / 32 {
-        for (k, a) in acc.iter_mut().enumerate() {
-            let o = 32 * r + 8 * k;
-            *a = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(o)), _mm256_loadu_ps(xp.add(o)), *a);
-        }
-    }
+pub(super) fn u8_f32(v: __m128i) -> (__m256, __m256) {
+    (
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(v))),
+    )
 }
 
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn add_avx512(acc: &mut [__m512; 2], w: &[f32], x: &[f32]) {
-    let (wp, xp) = (w.as_ptr(), x.as_ptr());
-    for r in 0..w.len() / 32 {
-        for (k, a) in acc.iter_mut().enumerate() {
-            let o = 32 * r + 16 * k;
-            *a = _mm512_fmadd_ps(_mm512_loadu_ps(wp.add(o)), _mm512_loadu_ps(xp.add(o)), *a);
-        }
-    }
+/// The 16 bytes of `v` as f32: bytes 0..8 and 8..16 (signed).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn i8_f32(v: __m128i) -> (__m256, __m256) {
+    (
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(v))),
+    )
 }
 
-impl Accum for Avx2Acc {
-    fn new() -> Self {
-        // SAFETY: an all-zero bit pattern is a valid __m256 (eight +0.0).
-        Self(unsafe { std::mem::zeroed() })
-    }
-    #[inline(always)]
-    fn add(&mut self, w: &[f32], x: &[f32]) {
-        assert!(w.len() == x.len() && w.len().is_multiple_of(32));
-        // SAFETY: only reachable through the AVX2 table, handed out after runtime detection;
-        // every load reads 8 floats inside `w` / `x` (lengths checked above).
-        unsafe { add_avx2(&mut self.0, w, x) }
-    }
-    fn finish(&self) -> f32 {
-        // SAFETY: as for `add`.
-        unsafe { finish_avx2(&self.0) }
-    }
+/// The 8 bytes of `g` (byte `j` is lane `j`) as f32, unsigned.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn u8x8_f32(g: u64) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(g as i64)))
 }
 
-impl Accum for Avx512Acc {
-    fn new() -> Self {
-        // SAFETY: an all-zero bit pattern is a valid __m512 (sixteen +0.0).
-        Self(unsafe { std::mem::zeroed() })
-    }
-    #[inline(always)]
-    fn add(&mut self, w: &[f32], x: &[f32]) {
-        assert!(w.len() == x.len() && w.len().is_multiple_of(32));
-        // SAFETY: only reachable through the AVX-512 tables, handed out after runtime
-        // detection; every load reads 16 floats inside `w` / `x` (lengths checked above).
-        unsafe { add_avx512(&mut self.0, w, x) }
-    }
-    fn finish(&self) -> f32 {
-        // SAFETY: as for `add`.
-        unsafe { finish_avx512(&self.0) }
-    }
+/// Bytes `(v >> s) & m` of a 16-byte vector (shift within 16-bit lanes, then mask).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn bits(v: __m128i, s: i32, m: i8) -> __m128i {
+    _mm_and_si128(_mm_srl_epi16(v, _mm_cvtsi32_si128(s)), _mm_set1_epi8(m))
 }
 
-/// Defines `$name: [DotFn; N_EXT]`, the decode-then-accumulate dots of every low-bit slot in
-/// the scheme `$acc`.
-macro_rules! ext_dots {
-    ($name:ident, $acc:ty; $($f:ident = $i:expr),*) => {
-        $(fn $f(row: &[u8], x: &[f32]) -> f32 {
-            let ty = SLOT_TYPES[N_BASE + $i];
-            dot_decoded::<$acc>(row, x, ty.block_bytes(), ty.block_elems(), SCALAR_DECODE[N_BASE + $i])
-        })*
-        /// The decode-then-accumulate dots of the low-bit slots, in `EXT_TYPES` order.
-        pub(super) const $name: [DotFn; N_EXT] = [$($f),*];
-    };
+/// Byte `j` of the result is `0xFF` when bit `j` of `h` is set, else 0 (16 bit masks).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn bit_bytes(h: u16) -> __m128i {
+    let v = _mm_shuffle_epi8(
+        _mm_set1_epi16(h as i16),
+        _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+    );
+    let bit = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+    _mm_cmpeq_epi8(_mm_and_si128(v, bit), bit)
 }
 
-ext_dots!(AVX2_DOT, Avx2Acc; a0 = 0, a1 = 1, a2 = 2, a3 = 3, a4 = 4, a5 = 5, a6 = 6, a7 = 7,
-    a8 = 8, a9 = 9, a10 = 10, a11 = 11, a12 = 12, a13 = 13, a14 = 14, a15 = 15);
-ext_dots!(AVX512_DOT, Avx512Acc; b0 = 0, b1 = 1, b2 = 2, b3 = 3, b4 = 4, b5 = 5, b6 = 6, b7 = 7,
-    b8 = 8, b9 = 9, b10 = 10, b11 = 11, b12 = 12, b13 = 13, b14 = 14, b15 = 15);
+/// `a * q - b` with one rounding each (no fma), as the scalar decoders compute.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn mul_sub(a: f32, q: __m256, b: f32) -> __m256 {
+    _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(a), q), _mm256_set1_ps(b))
+}
+
+/// A row's dot and dequantization `(DotFn, DeqFn)` at a level (`avx2`, `avx512`) from a
+/// block decoder `$blk` of `$bb` bytes and `$be` elements (`common::kernels!`).
+macro_rules! pair {
+    ($lvl:ident; $blk:ident, $bb:expr, $be:expr) => {{
+        $crate::quant::x86::common::kernels!($lvl; dot, deq, $blk, $bb, $be, 0,
+            $crate::quant::x86::common::no_tail);
+        (dot as $crate::quant::DotFn, deq as $crate::quant::DeqFn)
+    }};
+}
+pub(super) use pair;
+
+/// `a * q + b` with one rounding each (no fma), as the scalar decoders compute.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn mul_add(a: f32, q: __m256, b: f32) -> __m256 {
+    _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(a), q), _mm256_set1_ps(b))
+}
+
+/// Lane `j` of the result has bit 31 set when bit `j` of `signs` is (sign masks of 8 lanes,
+/// applied by xor: an exact negation, as the scalar decoders' `-w`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn sign_mask(signs: u8) -> __m256 {
+    let bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    let set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(signs as i32), bit), bit);
+    _mm256_castsi256_ps(_mm256_slli_epi32::<31>(_mm256_srli_epi32::<31>(set)))
+}
+
+/// `db * grid`, negated in the lanes whose bit of `signs` is set: 8 elements of the IQ2 /
+/// IQ3 codebook types (`scalar_iq::put8`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn signed8(db: __m256, grid: u64, signs: u8) -> __m256 {
+    _mm256_xor_ps(_mm256_mul_ps(db, u8x8_f32(grid)), sign_mask(signs))
+}
+
+use super::{lowbit_iq, lowbit_k};
+
+/// One level's low-bit (dot, dequantization) pairs in `EXT_TYPES` order, from the k-quant /
+/// legacy / ternary pairs `k` (Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, TQ1_0, TQ2_0) and the IQ pairs
+/// `iq` (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS).
+type Pairs = ([DotFn; N_EXT], [DeqFn; N_EXT]);
+
+const fn ext(k: [(DotFn, DeqFn); 7], iq: [(DotFn, DeqFn); 9]) -> Pairs {
+    let mut all = [k[0]; N_EXT];
+    let mut i = 0;
+    while i < N_EXT {
+        all[i] = if i < 5 {
+            k[i]
+        } else if i < 14 {
+            iq[i - 5]
+        } else {
+            k[i - 9]
+        };
+        i += 1;
+    }
+    let mut dot = [all[0].0; N_EXT];
+    let mut deq = [all[0].1; N_EXT];
+    let mut j = 0;
+    while j < N_EXT {
+        dot[j] = all[j].0;
+        deq[j] = all[j].1;
+        j += 1;
+    }
+    (dot, deq)
+}
+
+const AVX2: Pairs = ext(lowbit_k::AVX2, lowbit_iq::AVX2);
+const AVX512: Pairs = ext(lowbit_k::AVX512, lowbit_iq::AVX512);
+
+/// The AVX2 low-bit dots, `EXT_TYPES` order (every type decoded in registers).
+pub(super) const AVX2_DOT: [DotFn; N_EXT] = AVX2.0;
+/// The AVX2 low-bit dequantization, `EXT_TYPES` order.
+pub(super) const AVX2_DEQ: [DeqFn; N_EXT] = AVX2.1;
+/// The AVX-512 low-bit dots, `EXT_TYPES` order (the same decoders, 16-lane accumulation).
+pub(super) const AVX512_DOT: [DotFn; N_EXT] = AVX512.0;
+/// The AVX-512 low-bit dequantization, `EXT_TYPES` order.
+pub(super) const AVX512_DEQ: [DeqFn; N_EXT] = AVX512.1;
