@@ -1,0 +1,239 @@
+//! Speculative decoding (src/engine/speculative.rs, src/engine/draft.rs): greedy output equal
+//! token for token to plain decoding on the demo model and the MoE fixtures, with prompt
+//! lookup and with a draft model, streamed and resident; the KV cache after a rejection equals
+//! the cache of the accepted prefix; sampled speculation follows the target's distribution
+//! (chi-squared); seeded runs repeat; models that cannot roll back are refused.
+
+mod common;
+
+use std::path::Path;
+
+use common::gguf::{gguf_path, reference, session_at, smallest_budget};
+use common::hf::u32s;
+use deltafin::engine::draft::{Draft, LookupDraft, ModelDraft};
+use deltafin::engine::speculative::{check_rollback, verify};
+use deltafin::engine::{
+    GenStats, GenerateOptions, Sampler, SamplerConfig, Session, SpecConfig, Speculator,
+};
+use deltafin::models::Logits;
+
+fn greedy() -> SamplerConfig {
+    SamplerConfig {
+        temperature: 0.0,
+        ..Default::default()
+    }
+}
+
+/// Generates `n` tokens (end-of-generation ignored), speculating through `spec` when given.
+fn gen(
+    s: &mut Session,
+    prompt: &[u32],
+    n: usize,
+    cfg: &SamplerConfig,
+    spec: Option<&mut Speculator>,
+) -> (Vec<u32>, GenStats) {
+    let never = |_: u32| false;
+    let o = GenerateOptions {
+        max_tokens: n,
+        stop: &[],
+        is_eog: &never,
+    };
+    let mut sampler = Sampler::new(cfg.clone());
+    let (ids, _, st) = s
+        .generate_with(
+            prompt,
+            &mut sampler,
+            &o,
+            spec,
+            &mut |_| String::new(),
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!(ids.len(), n);
+    (ids, st)
+}
+
+fn lookup() -> Speculator {
+    Speculator::new(Box::new(LookupDraft::default()), SpecConfig::default())
+}
+
+/// The first 20 prompt ids of a fixture, twice (so prompt lookup finds matches).
+fn repeated_prompt(family: &str) -> Vec<u32> {
+    let ids = u32s(&reference(family)["prompt_ids"]);
+    let mut p = ids[..20].to_vec();
+    p.extend_from_slice(&ids[..20]);
+    p
+}
+
+/// (family, sibling variant used as draft model) of every MoE fixture that can roll back.
+const MOE: &[(&str, &str)] = &[
+    ("qwen3_moe", "q8_0"),
+    ("mixtral", "q8_0"),
+    ("deepseek_v3", "q8_0"),
+    ("gpt_oss", "mxfp4_moe"),
+];
+
+#[test]
+fn greedy_speculation_equals_plain_decoding_on_every_moe_fixture() {
+    for &(family, sibling) in MOE {
+        let path = gguf_path(family, "f32");
+        let prompt = repeated_prompt(family);
+        let want = gen(&mut session_at(&path, None), &prompt, 32, &greedy(), None).0;
+        for budget in [None, Some(smallest_budget(&path))] {
+            let label = format!("{family} budget {budget:?}");
+            let mut s = session_at(&path, budget);
+            let mut sp = lookup();
+            let (got, st) = gen(&mut s, &prompt, 32, &greedy(), Some(&mut sp));
+            assert_eq!(got, want, "{label}: lookup");
+            let sst = st.speculative.unwrap();
+            assert!(sst.drafted > 0 && sst.verify_passes > 0, "{label}: {sst:?}");
+            assert_eq!(
+                sst.verify_tokens + sst.plain_passes,
+                31,
+                "{label}: every token after the first from one pass kind: {sst:?}"
+            );
+            if budget.is_some() {
+                assert!(sst.verify_bytes > 0, "{label}: streamed: {sst:?}");
+            }
+            for draft in ["f32", sibling] {
+                let d = session_at(&gguf_path(family, draft), None);
+                let md = ModelDraft::new(d, &greedy()).unwrap();
+                let mut sp = Speculator::new(Box::new(md), SpecConfig::default());
+                let mut s = session_at(&path, budget);
+                let (got, st) = gen(&mut s, &prompt, 32, &greedy(), Some(&mut sp));
+                assert_eq!(got, want, "{label}: draft model {draft}");
+                let sst = st.speculative.unwrap();
+                assert!(sst.drafted > 0, "{label} {draft}: {sst:?}");
+                if draft == "f32" {
+                    // the model drafting for itself: every draft is the target's argmax
+                    assert_eq!(sst.accepted, sst.drafted, "{label}: self-draft {sst:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn greedy_lookup_equals_plain_decoding_on_the_demo_model() {
+    let g = common::demo_model();
+    let tok = deltafin::tokenizer::Tokenizer::from_gguf(&g).unwrap();
+    let text = "Repeat this list exactly: apple, banana, cherry, date, elderberry, fig, grape. \
+                Again: apple, banana, cherry, date, elderberry, fig, grape. Again:";
+    let prompt = tok.encode(text, true, true).unwrap();
+    let n_ctx = prompt.len() + 40;
+    let mut plain = common::demo_session(&g, None, n_ctx, 64);
+    let (want, _) = gen(&mut plain, &prompt, 40, &greedy(), None);
+    for budget in [None, Some(96 << 20)] {
+        let mut s = common::demo_session(&g, budget, n_ctx, 64);
+        let mut sp = lookup();
+        let (got, st) = gen(&mut s, &prompt, 40, &greedy(), Some(&mut sp));
+        assert_eq!(got, want, "budget {budget:?}");
+        let sst = st.speculative.unwrap();
+        // the list repeats: most drafts are accepted and passes are few
+        assert!(sst.accepted * 10 >= sst.drafted * 8, "{sst:?}");
+        assert!(sst.target_passes() <= 12, "{sst:?}");
+    }
+}
+
+#[test]
+fn the_cache_after_a_rejection_equals_the_cache_of_the_accepted_prefix() {
+    let path = gguf_path("mixtral", "f32");
+    let prompt = u32s(&reference("mixtral")["prompt_ids"]);
+    // plain: single-token passes
+    let mut b = session_at(&path, None);
+    let mut l = b.prefill(&prompt, Logits::Last).unwrap();
+    let mut truth = Vec::new();
+    let mut rows = Vec::new();
+    for _ in 0..4 {
+        let t = deltafin::engine::sampler::argmax(&l) as u32;
+        truth.push(t);
+        l = b
+            .model
+            .forward(&mut b.store, &mut b.cache, &[t], Logits::Last)
+            .unwrap();
+        rows.push(l.clone());
+    }
+    // speculative: the right first draft, a wrong second one, then two more
+    let v = b.model.vocab_size() as u32;
+    let wrong = (truth[1] + 1) % v;
+    let mut a = session_at(&path, Some(smallest_budget(&path)));
+    a.prefill(&prompt, Logits::Last).unwrap();
+    let mut sampler = Sampler::new(greedy());
+    let mut h = prompt.clone();
+    h.push(truth[0]);
+    let d = Draft {
+        tokens: vec![truth[1], wrong, truth[2], truth[3]],
+        q: None,
+    };
+    let verdict = verify(&mut a, &mut sampler, &h, &d).unwrap();
+    assert_eq!((verdict.accepted, verdict.next), (1, truth[2]));
+    assert_eq!(
+        a.cache.len,
+        prompt.len() + 2,
+        "rolled back past the rejection"
+    );
+    // the next pass sees the accepted prefix only: the same logits, bit for bit
+    let next = a
+        .model
+        .forward(&mut a.store, &mut a.cache, &[truth[2]], Logits::Last)
+        .unwrap();
+    assert_eq!(next, rows[2]);
+    for l in 0..a.cache.k.len() {
+        let n = a.cache.len * a.cache.kv_dim;
+        assert_eq!(a.cache.k[l][..n], b.cache.k[l][..n], "layer {l} keys");
+        assert_eq!(a.cache.v[l][..n], b.cache.v[l][..n], "layer {l} values");
+    }
+}
+
+#[test]
+fn a_seeded_sampled_run_repeats() {
+    let path = gguf_path("qwen3_moe", "f32");
+    let prompt = repeated_prompt("qwen3_moe");
+    let cfg = SamplerConfig {
+        temperature: 0.9,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 7,
+        ..Default::default()
+    };
+    let run = || {
+        let mut s = session_at(&path, None);
+        let md = ModelDraft::new(session_at(&gguf_path("qwen3_moe", "q8_0"), None), &cfg).unwrap();
+        let mut sp = Speculator::new(Box::new(md), SpecConfig::default());
+        let (ids, st) = gen(&mut s, &prompt, 24, &cfg, Some(&mut sp));
+        (ids, st.speculative.unwrap())
+    };
+    let (a, sa) = run();
+    let (b, sb) = run();
+    assert_eq!(a, b);
+    assert_eq!(sa, sb);
+    assert!(sa.drafted > 0);
+}
+
+#[test]
+fn models_that_cannot_roll_back_are_refused() {
+    let s = session_at(Path::new(&gguf_path("kimi_linear", "f32")), None);
+    let e = check_rollback(&s.cache).unwrap_err().to_string();
+    assert!(
+        e.contains("recurrent state (Kimi Delta Attention layers)"),
+        "{e}"
+    );
+    let mut s = s;
+    let never = |_: u32| false;
+    let o = GenerateOptions {
+        max_tokens: 4,
+        stop: &[],
+        is_eog: &never,
+    };
+    let mut sp = lookup();
+    let r = s.generate_with(
+        &[1, 2, 3],
+        &mut Sampler::new(greedy()),
+        &o,
+        Some(&mut sp),
+        &mut |_| String::new(),
+        &mut |_| {},
+    );
+    assert!(r.unwrap_err().to_string().contains("cannot be"));
+}
