@@ -237,3 +237,144 @@ fn models_that_cannot_roll_back_are_refused() {
     );
     assert!(r.unwrap_err().to_string().contains("cannot be"));
 }
+
+/// Chi-squared statistic of `counts` (of `n` draws) against probabilities `p` per cell; a
+/// draw in a cell of probability 0 makes it infinite.
+fn chi2(
+    counts: &std::collections::HashMap<(u32, u32), u32>,
+    p: &[((u32, u32), f64)],
+    n: u32,
+) -> f64 {
+    let mut x = 0.0;
+    for (cell, &c) in counts {
+        if !p.iter().any(|e| e.0 == *cell) {
+            assert!(c == 0, "draws in {cell:?}, a cell of probability 0");
+        }
+    }
+    for &(cell, pi) in p {
+        let e = pi * n as f64;
+        let o = *counts.get(&cell).unwrap_or(&0) as f64;
+        x += (o - e) * (o - e) / e;
+    }
+    x
+}
+
+#[test]
+fn sampled_speculation_follows_the_target_distribution() {
+    use deltafin::engine::sampler::Rng;
+    use std::collections::HashMap;
+    let path = gguf_path("qwen3_moe", "f32");
+    let prompt = u32s(&reference("qwen3_moe")["prompt_ids"]);
+    let n = prompt.len();
+    let cfg = SamplerConfig {
+        temperature: 1.0,
+        top_k: 4,
+        top_p: 1.0,
+        min_p: 0.0,
+        ..Default::default()
+    };
+    let mut s = session_at(&path, None);
+    let probe = Sampler::new(cfg.clone());
+    // the exact joint distribution of the first two tokens: p1(a) p2(b | a), 16 cells
+    let l0 = s.prefill(&prompt, Logits::Last).unwrap();
+    let p1 = probe.distribution(&l0);
+    assert_eq!(p1.len(), 4);
+    let mut p2 = HashMap::new();
+    let mut joint = Vec::new();
+    for &(a, pa) in &p1 {
+        s.cache.truncate(n);
+        let l = s
+            .model
+            .forward(&mut s.store, &mut s.cache, &[a], Logits::Last)
+            .unwrap();
+        let d = probe.distribution(&l);
+        for &(b, pb) in &d {
+            joint.push(((a, b), pa * pb));
+        }
+        p2.insert(a, d);
+    }
+    assert_eq!(joint.len(), 16);
+    // verification runs the last prompt token with the drafts: keep the rest cached
+    s.cache.truncate(n - 1);
+    // an off-support token for the sampled drafts' q
+    let extra = (0..).find(|t| !p1.iter().any(|e| e.0 == *t)).unwrap();
+    let uniform = |d: &[(u32, f64)]| -> Vec<(u32, f64)> {
+        let mut q: Vec<(u32, f64)> = d.iter().map(|e| (e.0, 0.2)).collect();
+        q.push((extra, 0.2));
+        q
+    };
+    let draws = 3000u32;
+    for sampled_q in [false, true] {
+        let mut counts: HashMap<(u32, u32), u32> = HashMap::new();
+        let mut proposals: HashMap<(u32, u32), u32> = HashMap::new();
+        for i in 0..draws {
+            let mut sampler = Sampler::new(SamplerConfig {
+                seed: i as u64,
+                ..cfg.clone()
+            });
+            let mut rng = Rng::new(1_000_000 + i as u64);
+            let pick = |q: &[(u32, f64)], rng: &mut Rng| {
+                let r = rng.next_f64();
+                let mut acc = 0.0;
+                for &(id, p) in q {
+                    acc += p;
+                    if r < acc {
+                        return id;
+                    }
+                }
+                q[q.len() - 1].0
+            };
+            let draft = if sampled_q {
+                let q1 = uniform(&p1);
+                let d1 = pick(&q1, &mut rng);
+                let q2 = uniform(p2.get(&d1).map_or(&p1, |d| d));
+                let d2 = pick(&q2, &mut rng);
+                Draft {
+                    tokens: vec![d1, d2],
+                    q: Some(vec![q1, q2]),
+                }
+            } else {
+                // the second most likely first token, then its most likely follower
+                let d1 = p1[1].0;
+                Draft {
+                    tokens: vec![d1, p2[&d1][0].0],
+                    q: None,
+                }
+            };
+            *proposals
+                .entry((draft.tokens[0], draft.tokens[1]))
+                .or_default() += 1;
+            s.cache.truncate(n - 1);
+            let v = verify(&mut s, &mut sampler, &prompt, &draft).unwrap();
+            let pair = match v.accepted {
+                2 => (draft.tokens[0], draft.tokens[1]),
+                1 => (draft.tokens[0], v.next),
+                _ => {
+                    let mut h = prompt.clone();
+                    h.push(v.next);
+                    let mut l = s
+                        .model
+                        .forward(&mut s.store, &mut s.cache, &[v.next], Logits::Last)
+                        .unwrap();
+                    (v.next, sampler.sample(&mut l, &h))
+                }
+            };
+            *counts.entry(pair).or_default() += 1;
+        }
+        // 15 degrees of freedom: P(chi2 > 37.7) = 0.001
+        let x = chi2(&counts, &joint, draws);
+        eprintln!("sampled q {sampled_q}: chi2 {x:.2} over 16 cells");
+        assert!(
+            x < 37.7,
+            "sampled q {sampled_q}: chi2 {x}, counts {counts:?}, p {joint:?}"
+        );
+        if sampled_q {
+            // the test has power: the drafts' own distribution is far from the target's
+            let mut off = proposals.clone();
+            off.retain(|c, _| joint.iter().any(|e| e.0 == *c));
+            let covered: u32 = off.values().sum();
+            let y = chi2(&off, &joint, covered);
+            assert!(y > 100.0, "drafts alone: chi2 {y}");
+        }
+    }
+}
