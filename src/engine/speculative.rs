@@ -325,7 +325,7 @@ impl Policy {
         );
         self.rounds += 1;
         if self.plain.1 == 0.0 {
-            if self.rounds % 4 == 0 {
+            if self.rounds.is_multiple_of(4) {
                 self.plain_left = 1;
             }
             return false;
