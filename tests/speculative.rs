@@ -378,3 +378,158 @@ fn sampled_speculation_follows_the_target_distribution() {
         }
     }
 }
+
+fn deltafin(args: &[&str]) -> std::process::Output {
+    common::output_or_kill(std::process::Command::new(env!("CARGO_BIN_EXE_deltafin")).args(args))
+}
+
+fn stderr_of(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn run_speculates_with_the_same_output_and_reports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = gguf_path("qwen3_moe", "f32");
+    let text = reference("qwen3_moe")["prompt_text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let prompt = format!("{text} {text}");
+    let base = [
+        "run",
+        "-m",
+        target.to_str().unwrap(),
+        "-p",
+        &prompt,
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--ram-budget",
+        "800K",
+    ];
+    let plain = deltafin(&base);
+    assert!(plain.status.success(), "{}", stderr_of(&plain));
+    // a dense sibling with the same vocabulary as draft model, and prompt lookup
+    let qwen3 = gguf_path("qwen3", "f32");
+    for (extra, source) in [
+        (vec!["--lookup"], "lookup"),
+        (
+            vec!["--draft-model", qwen3.to_str().unwrap()],
+            "draft-model",
+        ),
+    ] {
+        let json = dir.path().join(format!("{source}.json"));
+        let mut args = base.to_vec();
+        args.extend(&extra);
+        args.extend(["--stats-json", json.to_str().unwrap()]);
+        let o = deltafin(&args);
+        assert!(o.status.success(), "{source}: {}", stderr_of(&o));
+        assert_eq!(o.stdout, plain.stdout, "{source}");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let sp = &v["speculative"];
+        assert_eq!(sp["source"], source);
+        let (drafted, accepted) = (
+            sp["drafted"].as_u64().unwrap(),
+            sp["accepted"].as_u64().unwrap(),
+        );
+        assert!(drafted > 0 && accepted <= drafted, "{sp}");
+        assert_eq!(
+            sp["target_passes"].as_u64().unwrap(),
+            sp["verify_passes"].as_u64().unwrap() + sp["plain_passes"].as_u64().unwrap()
+        );
+        let gen = v["generated_tokens"].as_u64().unwrap();
+        assert_eq!(gen, 24);
+        assert_eq!(
+            sp["verify_tokens"].as_u64().unwrap() + sp["plain_passes"].as_u64().unwrap(),
+            gen - 1
+        );
+        assert!(sp["verify_bytes"].as_u64().unwrap() > 0, "streamed: {sp}");
+    }
+}
+
+#[test]
+fn speculation_refusals_name_the_reason() {
+    let f = |fam: &str| gguf_path(fam, "f32").to_str().unwrap().to_string();
+    let (qm, mx) = (f("qwen3_moe"), f("mixtral"));
+    let o = deltafin(&[
+        "run",
+        "-m",
+        &qm,
+        "-p",
+        "hi",
+        "-n",
+        "2",
+        "--draft-model",
+        &mx,
+    ]);
+    assert_eq!(
+        stderr_of(&o).trim(),
+        format!("error: --draft-model {mx}: its vocabulary has 485 tokens but the model's has 512; a draft model needs the same vocabulary")
+    );
+    // same size, one token's text changed
+    let dir = tempfile::tempdir().unwrap();
+    let edited = dir.path().join("edited.gguf");
+    common::gguf::edited_gguf(
+        Path::new(&f("qwen3")),
+        &edited,
+        |m| {
+            for (k, v) in m.iter_mut() {
+                if k == "tokenizer.ggml.tokens" {
+                    if let deltafin::source::gguf::Value::Array(a) = v {
+                        a[300] = deltafin::source::gguf::Value::String("<|edited|>".into());
+                    }
+                }
+            }
+        },
+        |_| true,
+    );
+    let o = deltafin(&[
+        "run",
+        "-m",
+        &qm,
+        "-p",
+        "hi",
+        "-n",
+        "2",
+        "--draft-model",
+        edited.to_str().unwrap(),
+    ]);
+    let e = stderr_of(&o);
+    assert!(
+        e.contains("token 300 is '<|edited|>' there but '")
+            && e.ends_with("in the model; a draft model needs the same vocabulary\n"),
+        "{e}"
+    );
+    let o = deltafin(&[
+        "run",
+        "-m",
+        &f("kimi_linear"),
+        "-p",
+        "hi",
+        "-n",
+        "2",
+        "--lookup",
+    ]);
+    assert!(stderr_of(&o).contains("keeps a recurrent state (Kimi Delta Attention layers)"));
+    let o = deltafin(&[
+        "run",
+        "-m",
+        &qm,
+        "-p",
+        "hi",
+        "--lookup",
+        "--draft-max",
+        "2",
+        "--draft-min",
+        "3",
+    ]);
+    assert_eq!(
+        stderr_of(&o).trim(),
+        "error: --draft-min 3 is above --draft-max 2"
+    );
+    let o = deltafin(&["serve", "-m", &qm, "--lookup"]);
+    assert!(stderr_of(&o).contains("wired into `deltafin run` and `deltafin bench` only"));
+}
