@@ -272,9 +272,10 @@ const DECAY: f64 = 0.9;
 
 /// How many tokens to draft next. Adaptive: the length grows by one after a round where every
 /// draft was accepted and drops to one more than the accepted count after a rejection, within
-/// `[draft_min, draft_max]`. Running (exponentially weighted) averages of bytes per token of
-/// verification and plain passes are kept; when the former exceeds the latter (and bytes are
-/// read at all), [`FALLBACK_PASSES`] plain passes follow. Before any plain pass was measured,
+/// `[draft_min, draft_max]`. Running (exponentially weighted) averages of the cost per token
+/// ([`Cost`]: bytes read when streaming, else seconds when greedy) of verification and plain
+/// passes are kept; when the former exceeds the latter, [`FALLBACK_PASSES`] plain passes
+/// follow. Before any plain pass was measured,
 /// every fourth verification is followed by one plain pass to measure it.
 #[derive(Clone, Debug)]
 pub struct Policy {
@@ -308,9 +309,9 @@ impl Policy {
         self.k
     }
 
-    /// Records a verification of `drafted` tokens with `accepted` accepted, which read
-    /// `bytes`; returns whether it switched to plain passes (a fallback).
-    pub fn record_verify(&mut self, drafted: usize, accepted: usize, bytes: u64) -> bool {
+    /// Records a verification of `drafted` tokens with `accepted` accepted, which cost `cost`
+    /// ([`Cost`]); returns whether it switched to plain passes (a fallback).
+    pub fn record_verify(&mut self, drafted: usize, accepted: usize, cost: f64) -> bool {
         if !self.cfg.adaptive {
             return false;
         }
@@ -320,7 +321,7 @@ impl Policy {
             (accepted + 1).clamp(self.cfg.draft_min.max(1), self.cfg.draft_max)
         };
         self.verify = (
-            self.verify.0 * DECAY + bytes as f64,
+            self.verify.0 * DECAY + cost,
             self.verify.1 * DECAY + (accepted + 1) as f64,
         );
         self.rounds += 1;
@@ -341,12 +342,9 @@ impl Policy {
         false
     }
 
-    /// Records a plain pass that read `bytes`.
-    pub fn record_plain(&mut self, bytes: u64) {
-        self.plain = (
-            self.plain.0 * DECAY + bytes as f64,
-            self.plain.1 * DECAY + 1.0,
-        );
+    /// Records a plain pass that cost `cost` ([`Cost`]).
+    pub fn record_plain(&mut self, cost: f64) {
+        self.plain = (self.plain.0 * DECAY + cost, self.plain.1 * DECAY + 1.0);
     }
 }
 
@@ -360,6 +358,35 @@ pub struct Speculator {
     pub config: SpecConfig,
     /// Counters of the current generation.
     pub stats: SpecStats,
+    /// What the policy compares, chosen at the first step.
+    cost: Option<Cost>,
+}
+
+/// What [`Policy`] compares per token between verification and plain passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cost {
+    /// Bytes read from disk: the target streams weights or experts.
+    Bytes,
+    /// Wall-clock seconds: every weight is resident and decoding is greedy, so the policy's
+    /// choices (which follow the machine's speed) cannot change the output.
+    Seconds,
+    /// Nothing: resident and sampled. Seeded runs must repeat, and the policy's choices
+    /// decide which random numbers are drawn, so only the acceptance-based draft length adapts.
+    None,
+}
+
+impl Cost {
+    /// The cost measure for `s` decoding with `sampler`.
+    pub fn of(s: &Session, sampler: &Sampler) -> Self {
+        let streams = s.model.placement().streamed_bytes > 0 || s.store.experts().is_some();
+        if streams {
+            Cost::Bytes
+        } else if sampler.config.temperature <= 0.0 {
+            Cost::Seconds
+        } else {
+            Cost::None
+        }
+    }
 }
 
 impl Speculator {
@@ -374,6 +401,7 @@ impl Speculator {
             policy: Policy::new(config.clone()),
             config,
             stats,
+            cost: None,
         }
     }
 
@@ -392,6 +420,13 @@ impl Speculator {
     ) -> Result<Vec<u32>> {
         let bytes = |s: &Session| s.store.stats().snapshot().0;
         let b0 = bytes(s);
+        let t0 = std::time::Instant::now();
+        let kind = *self.cost.get_or_insert_with(|| Cost::of(s, sampler));
+        let cost = |b: u64| match kind {
+            Cost::Bytes => b as f64,
+            Cost::Seconds => t0.elapsed().as_secs_f64(),
+            Cost::None => 0.0,
+        };
         let room = s.cache.n_ctx - s.cache.len - 1;
         let k = self.policy.next_k().min(room).min(left.saturating_sub(1));
         let min = self.config.draft_min.max(1);
@@ -410,7 +445,10 @@ impl Speculator {
                 st.verify_passes += 1;
                 st.verify_tokens += v.accepted as u64 + 1;
                 st.verify_bytes += b;
-                if self.policy.record_verify(d.tokens.len(), v.accepted, b) {
+                if self
+                    .policy
+                    .record_verify(d.tokens.len(), v.accepted, cost(b))
+                {
                     st.fallbacks += 1;
                 }
                 let mut out = d.tokens[..v.accepted].to_vec();
@@ -426,7 +464,7 @@ impl Speculator {
         let b = bytes(s) - b0;
         self.stats.plain_passes += 1;
         self.stats.plain_bytes += b;
-        self.policy.record_plain(b);
+        self.policy.record_plain(cost(b));
         Ok(vec![t])
     }
 }
@@ -460,18 +498,18 @@ mod tests {
             adaptive: true,
         });
         assert_eq!(p.next_k(), 6);
-        assert!(!p.record_verify(6, 1, 1000));
+        assert!(!p.record_verify(6, 1, 1000.0));
         assert_eq!(p.next_k(), 2, "one more than accepted, at least draft_min");
-        assert!(!p.record_verify(2, 2, 1000));
+        assert!(!p.record_verify(2, 2, 1000.0));
         assert_eq!(p.next_k(), 3, "all accepted: one longer");
-        p.record_verify(3, 0, 1000);
-        p.record_verify(2, 0, 1000);
+        p.record_verify(3, 0, 1000.0);
+        p.record_verify(2, 0, 1000.0);
         // fourth round with no plain measurement: one plain pass to measure it
         assert_eq!(p.next_k(), 0);
-        p.record_plain(100);
+        p.record_plain(100.0);
         assert_eq!(p.next_k(), 2);
         // verification at 1000 bytes per token vs plain 100: fall back for 32 plain passes
-        assert!(p.record_verify(2, 0, 1000));
+        assert!(p.record_verify(2, 0, 1000.0));
         for _ in 0..FALLBACK_PASSES {
             assert_eq!(p.next_k(), 0);
         }
