@@ -53,6 +53,9 @@ pub struct BenchArgs {
     pub threads: Option<usize>,
     #[command(flatten)]
     pub store: StoreArgs,
+    /// Speculative decoding in the decode scenarios (greedy, as without it).
+    #[command(flatten)]
+    pub spec: super::spec_args::SpecArgs,
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -91,7 +94,11 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
         direct_io: true,
         experts: a.store.options(Some(&a.model)),
     };
-    // token ids only: no tokenizer, no sampling defaults
+    // token ids only (a draft model's vocabulary check needs the tokenizer), no sampling defaults
+    let tok = match a.spec.enabled() {
+        true => Some(opened.tokenizer()?),
+        false => None,
+    };
     let loaded = opened
         .load(&Options {
             weights,
@@ -105,7 +112,7 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
     let placement = loaded.model.placement().clone();
     let vocab = loaded.model.vocab_size();
     let mut session = Session::new(loaded.model, loaded.store, n_ctx, decode_p.max(1));
-    let mut sampler = Sampler::new(SamplerConfig {
+    let sampling = SamplerConfig {
         temperature: 0.0,
         top_k: 0,
         top_p: 1.0,
@@ -116,7 +123,12 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
         frequency_penalty: 0.0,
         seed: 0,
         order: crate::engine::SamplerOrder::LlamaCpp,
-    });
+    };
+    let mut spec = match &tok {
+        Some(t) if name != "prefill" => a.spec.speculator(&session, t, &sampling, true)?,
+        _ => None,
+    };
+    let mut sampler = Sampler::new(sampling);
     let never = |_: u32| false;
     let gen = GenerateOptions {
         max_tokens: n_gen,
@@ -125,7 +137,20 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
     };
     let ids = prompt(decode_p, vocab);
     let mut go = |s: &mut Session, ids: &[u32]| {
-        s.generate(ids, &mut sampler, &gen, &mut |_| String::new(), &mut |_| {})
+        if let Some(sp) = spec.as_mut() {
+            sp.stats = crate::engine::SpecStats {
+                source: sp.stats.source.clone(),
+                ..Default::default()
+            };
+        }
+        s.generate_with(
+            ids,
+            &mut sampler,
+            &gen,
+            spec.as_mut(),
+            &mut |_| String::new(),
+            &mut |_| {},
+        )
     };
     if warm {
         let (out, _, _) = go(&mut session, &ids).context("warm-up generation")?;

@@ -9,6 +9,7 @@ pub mod pack;
 pub mod pull;
 pub mod run;
 pub mod serve;
+pub mod spec_args;
 pub mod store_args;
 pub mod synth;
 pub mod tokenize;

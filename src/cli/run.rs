@@ -88,6 +88,8 @@ pub struct RunArgs {
     pub no_direct_io: bool,
     #[command(flatten)]
     pub store: super::store_args::StoreArgs,
+    #[command(flatten)]
+    pub spec: super::spec_args::SpecArgs,
     /// Print statistics to standard error when done.
     #[arg(long)]
     pub stats: bool,
@@ -264,7 +266,11 @@ pub fn run(mut a: RunArgs) -> Result<()> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
     });
-    let mut sampler = Sampler::new(sampler_config(&a, &model_sampling, seed));
+    let sampling = sampler_config(&a, &model_sampling, seed);
+    let mut spec = a
+        .spec
+        .speculator(&session, &tok, &sampling, !a.no_direct_io)?;
+    let mut sampler = Sampler::new(sampling);
     let mut dec = tok.decoder();
     let is_eog = |t: u32| tok.is_eog(t);
     let gen_opts = GenerateOptions {
@@ -281,10 +287,11 @@ pub fn run(mut a: RunArgs) -> Result<()> {
         let _ = write!(stdout, "{s}");
         let _ = stdout.flush();
     };
-    let (_, finish, stats) = session.generate(
+    let (_, finish, stats) = session.generate_with(
         &ids,
         &mut sampler,
         &gen_opts,
+        spec.as_mut(),
         &mut |t| dec.push(t),
         &mut emit,
     )?;
@@ -294,6 +301,9 @@ pub fn run(mut a: RunArgs) -> Result<()> {
     if a.stats {
         eprint!("{}", stats_table(&stats, &placement, &finish, seed, load_s));
         eprint!("{}", expert_table(&stats, a.store.drive_bandwidth));
+        if let Some(sp) = &stats.speculative {
+            eprint!("{}", sp.table());
+        }
     }
     if let Some(p) = &a.stats_json {
         std::fs::write(
@@ -345,6 +355,9 @@ pub fn load_engine(
 ) -> Result<(crate::serve::generate::Engine, String)> {
     if a.prompt.is_some() || a.chat {
         bail!("--prompt and --chat belong to `deltafin run`; this command takes its prompts from its clients");
+    }
+    if a.spec.enabled() {
+        bail!("--lookup and --draft-model are wired into `deltafin run` and `deltafin bench` only, not yet into `serve` and `chat`");
     }
     super::init_threads(a.threads);
     let opened = open_any(a.model.as_deref())?;

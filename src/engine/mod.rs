@@ -1,8 +1,12 @@
-//! Sessions (owning a model's KV cache, [`crate::models::KvCache`]), prefill and decode, sampling and stop conditions.
+//! Sessions (owning a model's KV cache, [`crate::models::KvCache`]), prefill and decode, sampling and stop conditions,
+//! and speculative decoding (draft sources, verification, rollback).
 
+pub mod draft;
 pub mod report;
 pub mod sampler;
 pub mod session;
+pub mod speculative;
 
 pub use sampler::{Sampler, SamplerConfig, SamplerOrder};
 pub use session::{Finish, GenStats, GenerateOptions, Session};
+pub use speculative::{SpecConfig, SpecStats, Speculator};

@@ -60,6 +60,9 @@ pub fn stats_json(
     bandwidth: Option<u64>,
 ) -> serde_json::Value {
     let mut v = stats_json_base(s, p, finish, seed, load_s);
+    if let Some(sp) = &s.speculative {
+        v["speculative"] = sp.json();
+    }
     if let Some(e) = &s.experts {
         let (b, b_source) = limit_bandwidth(s, bandwidth);
         let limit = e.limit_tok_s(b, s.generated_tokens.saturating_sub(1));

@@ -208,15 +208,28 @@ impl Sampler {
             return argmax(logits) as u32;
         }
         let cand = self.distribution(logits);
+        self.draw(&cand)
+    }
+
+    /// Draws one token from `cand` (`(id, probability)` pairs summing to 1, as
+    /// [`Sampler::distribution`] returns them) with one uniform number of the PRNG: the first
+    /// token whose cumulative probability exceeds it (the last one on rounding).
+    pub fn draw(&mut self, cand: &[(u32, f64)]) -> u32 {
         let r = self.rng.next_f64();
         let mut acc = 0.0;
-        for &(id, p) in &cand {
+        for &(id, p) in cand {
             acc += p;
             if r < acc {
                 return id;
             }
         }
         cand[cand.len() - 1].0
+    }
+
+    /// A uniform number in [0, 1) from the sampler's PRNG (speculative sampling's acceptance
+    /// test draws from the same stream, so a seeded run repeats).
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
     }
 
     /// Applies the repetition penalty to `logits` in place: each distinct token among the last

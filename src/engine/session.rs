@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::Result;
 
 use super::sampler::Sampler;
+use super::speculative::{SpecStats, Speculator};
 use crate::models::KvCache;
 use crate::models::{Logits, Model};
 use crate::store::telemetry::{ExpertRunStats, Snapshot, TokenIo};
@@ -51,6 +52,8 @@ pub struct GenStats {
     pub peak_rss: u64,
     /// The expert store's statistics, when the model's experts are read on demand.
     pub experts: Option<ExpertRunStats>,
+    /// Speculative decoding's counters, when it ran.
+    pub speculative: Option<SpecStats>,
 }
 
 impl GenStats {
@@ -88,6 +91,68 @@ pub fn peak_rss_bytes() -> u64 {
             })
         })
         .map_or(0, |kb| kb * 1024)
+}
+
+/// The text side of a generation: detokenizes each new token, holds back a tail that could
+/// still start a stop string, and emits the rest as it becomes final.
+pub(crate) struct TextOut<'a> {
+    pending: String,
+    hold: usize,
+    stop: &'a [String],
+}
+
+impl<'a> TextOut<'a> {
+    /// Text output watching for the strings of `stop`.
+    pub(crate) fn new(stop: &'a [String]) -> Self {
+        Self {
+            pending: String::new(),
+            hold: stop.iter().map(|s| s.len()).max().unwrap_or(0),
+            stop,
+        }
+    }
+
+    /// Takes one generated token: `Some(why)` when it ends generation (an end-of-generation
+    /// token, or a stop string, whose text and what follows are not emitted).
+    pub(crate) fn push(
+        &mut self,
+        tok: u32,
+        opts: &GenerateOptions,
+        detok: &mut dyn FnMut(u32) -> String,
+        emit: &mut dyn FnMut(&str),
+    ) -> Option<Finish> {
+        if (opts.is_eog)(tok) {
+            return Some(Finish::Eos);
+        }
+        let pending = &mut self.pending;
+        pending.push_str(&detok(tok));
+        if let Some((pos, s)) = self
+            .stop
+            .iter()
+            .filter_map(|s| pending.find(s.as_str()).map(|p| (p, s)))
+            .min_by_key(|x| x.0)
+        {
+            emit(&pending[..pos]);
+            pending.clear();
+            return Some(Finish::Stop(s.clone()));
+        }
+        // emit all but a tail that could still start a stop string
+        let mut cut = pending.len().saturating_sub(self.hold.saturating_sub(1));
+        while !pending.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        if cut > 0 {
+            emit(&pending[..cut]);
+            pending.drain(..cut);
+        }
+        None
+    }
+
+    /// Emits the text still held.
+    pub(crate) fn finish(self, emit: &mut dyn FnMut(&str)) {
+        if !self.pending.is_empty() {
+            emit(&self.pending);
+        }
+    }
 }
 
 /// What a generation does besides sampling.
@@ -143,6 +208,28 @@ impl Session {
         detok: &mut dyn FnMut(u32) -> String,
         emit: &mut dyn FnMut(&str),
     ) -> Result<(Vec<u32>, Finish, GenStats)> {
+        self.generate_with(prompt, sampler, opts, None, detok, emit)
+    }
+
+    /// [`Session::generate`], decoding speculatively through `spec` when given: each step
+    /// after the first token is one [`Speculator::step`] (a verification pass of drafted
+    /// tokens, or a plain pass), which may yield several tokens. The speculation's counters
+    /// are returned in [`GenStats::speculative`].
+    ///
+    /// Errors: as [`Session::generate`]; and speculation over a cache that cannot be rolled
+    /// back ([`super::speculative::check_rollback`]).
+    pub fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        opts: &GenerateOptions,
+        mut spec: Option<&mut Speculator>,
+        detok: &mut dyn FnMut(u32) -> String,
+        emit: &mut dyn FnMut(&str),
+    ) -> Result<(Vec<u32>, Finish, GenStats)> {
+        if spec.is_some() {
+            super::speculative::check_rollback(&self.cache)?;
+        }
         let io0 = self.store.stats().snapshot();
         let snap = |s: &Self| s.store.experts().map(Snapshot::of);
         let es0 = snap(self);
@@ -160,66 +247,54 @@ impl Session {
         }
         let es_first = es_prev.clone();
         let mut out = Vec::new();
-        let mut pending = String::new();
-        let hold = opts.stop.iter().map(|s| s.len()).max().unwrap_or(0);
-        let mut t_first = None;
-        let mut io_first = io0;
+        let mut text = TextOut::new(opts.stop);
+
         let mut finish = Finish::Length;
-        while out.len() < opts.max_tokens {
-            let tok = sampler.sample(&mut logits, &history);
-            if t_first.is_none() {
-                t_first = Some(Instant::now());
-                io_first = self.store.stats().snapshot();
-            }
-            out.push(tok);
-            history.push(tok);
-            if (opts.is_eog)(tok) {
-                finish = Finish::Eos;
-                break;
-            }
-            pending.push_str(&detok(tok));
-            if let Some((pos, s)) = opts
-                .stop
-                .iter()
-                .filter_map(|s| pending.find(s.as_str()).map(|p| (p, s)))
-                .min_by_key(|x| x.0)
-            {
-                emit(&pending[..pos]);
-                pending.clear();
-                finish = Finish::Stop(s.clone());
-                break;
-            }
-            // emit all but a tail that could still start a stop string
-            let mut cut = pending.len().saturating_sub(hold.saturating_sub(1));
-            while !pending.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            if cut > 0 {
-                emit(&pending[..cut]);
-                pending.drain(..cut);
-            }
-            if out.len() >= opts.max_tokens {
-                break;
+        let mut next = Vec::new();
+        if opts.max_tokens > 0 {
+            next.push(sampler.sample(&mut logits, &history));
+        }
+        let t_first = Instant::now();
+        let io_first = self.store.stats().snapshot();
+        'gen: while out.len() < opts.max_tokens {
+            for tok in next.drain(..) {
+                out.push(tok);
+                history.push(tok);
+                if let Some(f) = text.push(tok, opts, detok, emit) {
+                    finish = f;
+                    break 'gen;
+                }
+                if out.len() >= opts.max_tokens {
+                    break 'gen;
+                }
             }
             if self.cache.len >= self.cache.n_ctx {
                 finish = Finish::ContextFull;
                 break;
             }
-            logits = self
-                .model
-                .forward(&mut self.store, &mut self.cache, &[tok], Logits::Last)?;
+            match spec.as_deref_mut() {
+                Some(sp) => next = sp.step(self, sampler, &history, opts.max_tokens - out.len())?,
+                None => {
+                    let tok = *history.last().expect("a token was generated");
+                    let mut l = self.model.forward(
+                        &mut self.store,
+                        &mut self.cache,
+                        &[tok],
+                        Logits::Last,
+                    )?;
+                    next.push(sampler.sample(&mut l, &history));
+                }
+            }
             let now = snap(self);
             if let (Some(a), Some(b)) = (&es_prev, &now) {
                 per_token.push(TokenIo::between("decode", a, b));
             }
             es_prev = now;
         }
-        if !pending.is_empty() {
-            emit(&pending);
-        }
+        text.finish(emit);
         let t_end = Instant::now();
         let io_end = self.store.stats().snapshot();
-        let t_first = t_first.unwrap_or(t_end);
+        stats.speculative = spec.map(|sp| sp.stats.clone());
         stats.generated_tokens = out.len();
         stats.ttft_s = (t_first - t0).as_secs_f64();
         stats.decode_s = (t_end - t_first).as_secs_f64();

@@ -1,0 +1,518 @@
+//! Speculative decoding: a [`DraftSource`] proposes `k` tokens, the target model verifies the
+//! last accepted token plus the drafts in ONE forward pass ([`verify`]: each layer routes all
+//! `k + 1` rows and the expert store reads the union of their experts once), and the KV cache
+//! is rolled back past the rejected drafts ([`crate::models::KvCache::truncate`]).
+//!
+//! Acceptance:
+//! - greedy (temperature 0): the longest prefix of drafts equal to the target's argmax (after
+//!   the same penalties as plain decoding), then the target's own next token, so the output is
+//!   the one plain decoding gives, token for token;
+//! - sampled: the rule of Leviathan et al. 2023 ("Fast inference from transformers via
+//!   speculative decoding", Algorithm 1) and Chen et al. 2023 ("Accelerating large language
+//!   model decoding with speculative sampling", Algorithm 2): draft `x` drawn from `q` is
+//!   accepted with probability `min(1, p(x) / q(x))`, `p` being the target's distribution after
+//!   the sampler's penalties, filters and temperature; on rejection the token is drawn from
+//!   `norm(max(0, p − q))`; after `k` acceptances one more from `p`. The output then follows
+//!   `p` exactly. A deterministic draft (prompt lookup) has `q` one-hot: `x` is accepted with
+//!   probability `p(x)`, else drawn from `p` without `x`. Every random number comes from the
+//!   target sampler's seeded PRNG, so a seeded run repeats.
+//!
+//! [`Speculator`] runs one decode step at a time, choosing the draft length from recent
+//! acceptance and falling back to plain passes while speculation reads more bytes per token
+//! than plain decoding ([`Policy`]).
+
+use anyhow::Result;
+use serde::Serialize;
+
+use super::draft::{Draft, DraftSource};
+use super::sampler::Sampler;
+use super::session::Session;
+use crate::models::{KvCache, Logits};
+
+/// Refuses speculation over a cache holding a recurrent state (Kimi Delta Attention): that
+/// state cannot be rolled back past rejected drafts ([`KvCache::truncate`] clears it).
+///
+/// Errors: the cache has a recurrent state.
+pub fn check_rollback(cache: &KvCache) -> Result<()> {
+    if cache.state.iter().any(|s| !s.is_empty()) {
+        anyhow::bail!(
+            "speculative decoding (--lookup, --draft-model) needs a KV cache that can be rolled back past rejected drafts, \
+             but this model keeps a recurrent state (Kimi Delta Attention layers) that cannot be; run it without speculation"
+        );
+    }
+    Ok(())
+}
+
+/// The outcome of one verification pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// How many drafts were accepted (a prefix of them).
+    pub accepted: usize,
+    /// The target's own token after the accepted drafts (a correction, or a bonus token when
+    /// every draft was accepted).
+    pub next: u32,
+}
+
+/// The probability of `id` in a sparse distribution (0 when absent).
+fn prob(d: &[(u32, f64)], id: u32) -> f64 {
+    d.iter().find(|e| e.0 == id).map_or(0.0, |e| e.1)
+}
+
+/// `norm(max(0, p − q))` over `p`'s support, `q` being `Some` distribution or one-hot on `x`
+/// (`None`); `p` itself when nothing is left (p ≤ q everywhere, which acceptance makes
+/// unreachable up to rounding).
+pub fn residual(p: &[(u32, f64)], q: Option<&[(u32, f64)]>, x: u32) -> Vec<(u32, f64)> {
+    let qv = |id: u32| match q {
+        Some(q) => prob(q, id),
+        None => f64::from(u8::from(id == x)),
+    };
+    let mut r: Vec<(u32, f64)> = p
+        .iter()
+        .map(|&(id, pi)| (id, (pi - qv(id)).max(0.0)))
+        .filter(|e| e.1 > 0.0)
+        .collect();
+    let s: f64 = r.iter().map(|e| e.1).sum();
+    if s <= 0.0 {
+        return p.to_vec();
+    }
+    r.iter_mut().for_each(|e| e.1 /= s);
+    r
+}
+
+/// One acceptance decision on the target's logits `row` for draft `x` (with draft
+/// distribution `q`, `None` for one-hot), given the sequence so far `h`: `Ok(())` to accept,
+/// `Err(token)` with the target's token instead. Greedy samplers compare with the argmax;
+/// others follow the accept/reject rule of the module header.
+pub fn accept_or_replace(
+    sampler: &mut Sampler,
+    row: &mut [f32],
+    h: &[u32],
+    x: u32,
+    q: Option<&[(u32, f64)]>,
+) -> std::result::Result<(), u32> {
+    if sampler.config.temperature <= 0.0 {
+        let t = sampler.sample(row, h);
+        return if t == x { Ok(()) } else { Err(t) };
+    }
+    sampler.penalize(row, h);
+    let p = sampler.distribution(row);
+    let px = prob(&p, x);
+    let qx = q.map_or(1.0, |q| prob(q, x));
+    let u = sampler.uniform();
+    if qx > 0.0 && u < px / qx {
+        return Ok(());
+    }
+    Err(sampler.draw(&residual(&p, q, x)))
+}
+
+/// Verifies `draft` after `history` (whose last token is not yet in the cache) in one forward
+/// pass of `1 + k` rows over the target, accepts a prefix of the drafts and draws the target's
+/// next token, then rolls the cache back to hold `history` and the accepted drafts.
+///
+/// Errors: the forward pass failed (the cache is then left as the failed pass left it; the
+/// generation ends there).
+pub fn verify(
+    s: &mut Session,
+    sampler: &mut Sampler,
+    history: &[u32],
+    draft: &Draft,
+) -> Result<Verdict> {
+    let last = *history.last().expect("a token to continue from");
+    let base = s.cache.len;
+    let mut batch = Vec::with_capacity(draft.tokens.len() + 1);
+    batch.push(last);
+    batch.extend_from_slice(&draft.tokens);
+    let all = s
+        .model
+        .forward(&mut s.store, &mut s.cache, &batch, Logits::All)?;
+    let v = s.model.vocab_size();
+    let mut h = history.to_vec();
+    let mut accepted = 0;
+    let mut next = None;
+    for (i, &x) in draft.tokens.iter().enumerate() {
+        let mut row = all[i * v..(i + 1) * v].to_vec();
+        let q = draft.q.as_ref().map(|q| q[i].as_slice());
+        match accept_or_replace(sampler, &mut row, &h, x, q) {
+            Ok(()) => {
+                accepted += 1;
+                h.push(x);
+            }
+            Err(t) => {
+                next = Some(t);
+                break;
+            }
+        }
+    }
+    let next = match next {
+        Some(t) => t,
+        None => {
+            let k = draft.tokens.len();
+            let mut row = all[k * v..(k + 1) * v].to_vec();
+            sampler.sample(&mut row, &h)
+        }
+    };
+    s.cache.truncate(base + 1 + accepted);
+    Ok(Verdict { accepted, next })
+}
+
+/// Settings of speculative decoding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecConfig {
+    /// Most tokens drafted per verification pass (llama.cpp's `--draft-max`).
+    pub draft_max: usize,
+    /// Fewest drafted tokens worth a verification pass; with fewer, the step is a plain pass
+    /// (llama.cpp's `--draft-min`).
+    pub draft_min: usize,
+    /// Adapt the draft length to recent acceptance and fall back to plain passes while
+    /// speculation reads more bytes per token ([`Policy`]); else always draft `draft_max`.
+    pub adaptive: bool,
+}
+
+impl Default for SpecConfig {
+    /// Up to 8 drafts, at least 1, adaptive.
+    fn default() -> Self {
+        Self {
+            draft_max: 8,
+            draft_min: 1,
+            adaptive: true,
+        }
+    }
+}
+
+/// What speculation did in one generation. Bytes are bytes the target read from disk
+/// (aligned spans; 0 when every weight is resident).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct SpecStats {
+    /// The draft source (`lookup`, `draft-model`).
+    pub source: String,
+    /// Tokens drafted and sent to verification.
+    pub drafted: u64,
+    /// Drafted tokens accepted.
+    pub accepted: u64,
+    /// Verification passes of the target.
+    pub verify_passes: u64,
+    /// Plain (one-token) passes of the target: no draft, or fallback.
+    pub plain_passes: u64,
+    /// Tokens the verification passes yielded (accepted drafts plus one each).
+    pub verify_tokens: u64,
+    /// Bytes read by verification passes.
+    pub verify_bytes: u64,
+    /// Bytes read by plain passes.
+    pub plain_bytes: u64,
+    /// Times the policy switched to plain passes because speculation read more per token.
+    pub fallbacks: u64,
+}
+
+impl SpecStats {
+    /// Accepted ÷ drafted (0 with no draft).
+    pub fn acceptance_rate(&self) -> f64 {
+        ratio(self.accepted, self.drafted)
+    }
+    /// Accepted drafts per verification pass.
+    pub fn mean_accepted(&self) -> f64 {
+        ratio(self.accepted, self.verify_passes)
+    }
+    /// Target forward passes after the prompt.
+    pub fn target_passes(&self) -> u64 {
+        self.verify_passes + self.plain_passes
+    }
+    /// Bytes per token yielded by verification passes.
+    pub fn verify_bytes_per_token(&self) -> f64 {
+        ratio(self.verify_bytes, self.verify_tokens)
+    }
+    /// Bytes per token of plain passes (one token each).
+    pub fn plain_bytes_per_token(&self) -> f64 {
+        ratio(self.plain_bytes, self.plain_passes)
+    }
+    /// The `--stats` lines.
+    pub fn table(&self) -> String {
+        format!(
+            "--- speculative ---\n\
+             source               {}\n\
+             drafted / accepted   {} / {} ({:.1}% accepted, {:.2} per verification)\n\
+             target passes        {} ({} verification, {} plain; {} fallbacks)\n\
+             bytes / token        {:.1} KiB verified, {:.1} KiB plain\n",
+            self.source,
+            self.drafted,
+            self.accepted,
+            100.0 * self.acceptance_rate(),
+            self.mean_accepted(),
+            self.target_passes(),
+            self.verify_passes,
+            self.plain_passes,
+            self.fallbacks,
+            self.verify_bytes_per_token() / 1024.0,
+            self.plain_bytes_per_token() / 1024.0,
+        )
+    }
+    /// The `--stats-json` object: the counters and the ratios.
+    pub fn json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).expect("serializable");
+        v["acceptance_rate"] = self.acceptance_rate().into();
+        v["mean_accepted"] = self.mean_accepted().into();
+        v["target_passes"] = self.target_passes().into();
+        v["verify_bytes_per_token"] = self.verify_bytes_per_token().into();
+        v["plain_bytes_per_token"] = self.plain_bytes_per_token().into();
+        v
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// Plain passes after speculation measured costlier per token, before it is tried again.
+pub const FALLBACK_PASSES: usize = 32;
+/// Weight of the past in the running byte averages (per pass).
+const DECAY: f64 = 0.9;
+
+/// How many tokens to draft next. Adaptive: the length grows by one after a round where every
+/// draft was accepted and drops to one more than the accepted count after a rejection, within
+/// `[draft_min, draft_max]`. Running (exponentially weighted) averages of the cost per token
+/// ([`Cost`]: bytes read when streaming, else seconds when greedy) of verification and plain
+/// passes are kept; when the former exceeds the latter, [`FALLBACK_PASSES`] plain passes
+/// follow. Before any plain pass was measured,
+/// every fourth verification is followed by one plain pass to measure it.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    cfg: SpecConfig,
+    k: usize,
+    verify: (f64, f64),
+    plain: (f64, f64),
+    rounds: usize,
+    plain_left: usize,
+}
+
+impl Policy {
+    /// A policy starting at `cfg.draft_max` drafts.
+    pub fn new(cfg: SpecConfig) -> Self {
+        Self {
+            k: cfg.draft_max,
+            cfg,
+            verify: (0.0, 0.0),
+            plain: (0.0, 0.0),
+            rounds: 0,
+            plain_left: 0,
+        }
+    }
+
+    /// Drafts to ask for now; 0 for a plain pass.
+    pub fn next_k(&mut self) -> usize {
+        if self.plain_left > 0 {
+            self.plain_left -= 1;
+            return 0;
+        }
+        self.k
+    }
+
+    /// Records a verification of `drafted` tokens with `accepted` accepted, which cost `cost`
+    /// ([`Cost`]); returns whether it switched to plain passes (a fallback).
+    pub fn record_verify(&mut self, drafted: usize, accepted: usize, cost: f64) -> bool {
+        if !self.cfg.adaptive {
+            return false;
+        }
+        self.k = if accepted == drafted {
+            (self.k + 1).min(self.cfg.draft_max)
+        } else {
+            (accepted + 1).clamp(self.cfg.draft_min.max(1), self.cfg.draft_max)
+        };
+        self.verify = (
+            self.verify.0 * DECAY + cost,
+            self.verify.1 * DECAY + (accepted + 1) as f64,
+        );
+        self.rounds += 1;
+        if self.plain.1 == 0.0 {
+            if self.rounds.is_multiple_of(4) {
+                self.plain_left = 1;
+            }
+            return false;
+        }
+        let (v, p) = (self.verify.0 / self.verify.1, self.plain.0 / self.plain.1);
+        if v > p && self.rounds >= 4 {
+            self.plain_left = FALLBACK_PASSES;
+            self.verify = (0.0, 0.0);
+            self.rounds = 0;
+            self.k = self.cfg.draft_max;
+            return true;
+        }
+        false
+    }
+
+    /// Records a plain pass that cost `cost` ([`Cost`]).
+    pub fn record_plain(&mut self, cost: f64) {
+        self.plain = (self.plain.0 * DECAY + cost, self.plain.1 * DECAY + 1.0);
+    }
+}
+
+/// Speculative decoding over a draft source: one [`Speculator::step`] per decode step.
+pub struct Speculator {
+    /// Where drafts come from.
+    pub source: Box<dyn DraftSource>,
+    /// The draft length and fallback policy.
+    pub policy: Policy,
+    /// Settings.
+    pub config: SpecConfig,
+    /// Counters of the current generation.
+    pub stats: SpecStats,
+    /// What the policy compares, chosen at the first step.
+    cost: Option<Cost>,
+}
+
+/// What [`Policy`] compares per token between verification and plain passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cost {
+    /// Bytes read from disk: the target streams weights or experts.
+    Bytes,
+    /// Wall-clock seconds: every weight is resident and decoding is greedy, so the policy's
+    /// choices (which follow the machine's speed) cannot change the output.
+    Seconds,
+    /// Nothing: resident and sampled. Seeded runs must repeat, and the policy's choices
+    /// decide which random numbers are drawn, so only the acceptance-based draft length adapts.
+    None,
+}
+
+impl Cost {
+    /// The cost measure for `s` decoding with `sampler`.
+    pub fn of(s: &Session, sampler: &Sampler) -> Self {
+        let streams = s.model.placement().streamed_bytes > 0 || s.store.experts().is_some();
+        if streams {
+            Cost::Bytes
+        } else if sampler.config.temperature <= 0.0 {
+            Cost::Seconds
+        } else {
+            Cost::None
+        }
+    }
+}
+
+impl Speculator {
+    /// Speculation from `source` with `config`.
+    pub fn new(source: Box<dyn DraftSource>, config: SpecConfig) -> Self {
+        let stats = SpecStats {
+            source: source.name().to_string(),
+            ..Default::default()
+        };
+        Self {
+            source,
+            policy: Policy::new(config.clone()),
+            config,
+            stats,
+            cost: None,
+        }
+    }
+
+    /// One decode step after `history` (whose last token is not yet in the target's cache,
+    /// which must have room for it), yielding at most `left` (≥ 1) tokens: a verification pass
+    /// when the policy asks for drafts and the source gives at least `draft_min`, else a plain
+    /// pass. Returns the new tokens (accepted drafts, then the target's own).
+    ///
+    /// Errors: a forward pass of the target or the draft model failed.
+    pub fn step(
+        &mut self,
+        s: &mut Session,
+        sampler: &mut Sampler,
+        history: &[u32],
+        left: usize,
+    ) -> Result<Vec<u32>> {
+        let bytes = |s: &Session| s.store.stats().snapshot().0;
+        let b0 = bytes(s);
+        let t0 = std::time::Instant::now();
+        let kind = *self.cost.get_or_insert_with(|| Cost::of(s, sampler));
+        let cost = |b: u64| match kind {
+            Cost::Bytes => b as f64,
+            Cost::Seconds => t0.elapsed().as_secs_f64(),
+            Cost::None => 0.0,
+        };
+        let room = s.cache.n_ctx - s.cache.len - 1;
+        let k = self.policy.next_k().min(room).min(left.saturating_sub(1));
+        let min = self.config.draft_min.max(1);
+        if k >= min {
+            let mut d = self.source.draft(history, k)?;
+            d.tokens.truncate(k);
+            if let Some(q) = d.q.as_mut() {
+                q.truncate(k);
+            }
+            if d.tokens.len() >= min {
+                let v = verify(s, sampler, history, &d)?;
+                let b = bytes(s) - b0;
+                let st = &mut self.stats;
+                st.drafted += d.tokens.len() as u64;
+                st.accepted += v.accepted as u64;
+                st.verify_passes += 1;
+                st.verify_tokens += v.accepted as u64 + 1;
+                st.verify_bytes += b;
+                if self
+                    .policy
+                    .record_verify(d.tokens.len(), v.accepted, cost(b))
+                {
+                    st.fallbacks += 1;
+                }
+                let mut out = d.tokens[..v.accepted].to_vec();
+                out.push(v.next);
+                return Ok(out);
+            }
+        }
+        let last = *history.last().expect("a token to continue from");
+        let mut l = s
+            .model
+            .forward(&mut s.store, &mut s.cache, &[last], Logits::Last)?;
+        let t = sampler.sample(&mut l, history);
+        let b = bytes(s) - b0;
+        self.stats.plain_passes += 1;
+        self.stats.plain_bytes += b;
+        self.policy.record_plain(cost(b));
+        Ok(vec![t])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn residual_removes_the_draft_mass() {
+        let p = [(3, 0.5), (1, 0.3), (2, 0.2)];
+        // one-hot q on 3: p without 3, renormalized
+        let r = residual(&p, None, 3);
+        assert_eq!(r.len(), 2);
+        assert!((r[0].1 - 0.6).abs() < 1e-12 && r[0].0 == 1);
+        assert!((r[1].1 - 0.4).abs() < 1e-12 && r[1].0 == 2);
+        // q = (3: 0.2, 1: 0.5, 7: 0.3): max(0, p - q) = (3: 0.3, 1: 0, 2: 0.2)
+        let q = [(1, 0.5), (7, 0.3), (3, 0.2)];
+        let r = residual(&p, Some(&q), 1);
+        assert_eq!(r.iter().map(|e| e.0).collect::<Vec<_>>(), vec![3, 2]);
+        assert!((r[0].1 - 0.6).abs() < 1e-12 && (r[1].1 - 0.4).abs() < 1e-12);
+        // p == q: nothing left, p itself
+        assert_eq!(residual(&p, Some(&p), 3), p.to_vec());
+    }
+
+    #[test]
+    fn policy_adapts_and_falls_back_when_verification_reads_more() {
+        let mut p = Policy::new(SpecConfig {
+            draft_max: 6,
+            draft_min: 2,
+            adaptive: true,
+        });
+        assert_eq!(p.next_k(), 6);
+        assert!(!p.record_verify(6, 1, 1000.0));
+        assert_eq!(p.next_k(), 2, "one more than accepted, at least draft_min");
+        assert!(!p.record_verify(2, 2, 1000.0));
+        assert_eq!(p.next_k(), 3, "all accepted: one longer");
+        p.record_verify(3, 0, 1000.0);
+        p.record_verify(2, 0, 1000.0);
+        // fourth round with no plain measurement: one plain pass to measure it
+        assert_eq!(p.next_k(), 0);
+        p.record_plain(100.0);
+        assert_eq!(p.next_k(), 2);
+        // verification at 1000 bytes per token vs plain 100: fall back for 32 plain passes
+        assert!(p.record_verify(2, 0, 1000.0));
+        for _ in 0..FALLBACK_PASSES {
+            assert_eq!(p.next_k(), 0);
+        }
+        assert_eq!(p.next_k(), 6);
+    }
+}

@@ -1,0 +1,535 @@
+//! Speculative decoding (src/engine/speculative.rs, src/engine/draft.rs): greedy output equal
+//! token for token to plain decoding on the demo model and the MoE fixtures, with prompt
+//! lookup and with a draft model, streamed and resident; the KV cache after a rejection equals
+//! the cache of the accepted prefix; sampled speculation follows the target's distribution
+//! (chi-squared); seeded runs repeat; models that cannot roll back are refused.
+
+mod common;
+
+use std::path::Path;
+
+use common::gguf::{gguf_path, reference, session_at, smallest_budget};
+use common::hf::u32s;
+use deltafin::engine::draft::{Draft, LookupDraft, ModelDraft};
+use deltafin::engine::speculative::{check_rollback, verify};
+use deltafin::engine::{
+    GenStats, GenerateOptions, Sampler, SamplerConfig, Session, SpecConfig, Speculator,
+};
+use deltafin::models::Logits;
+
+fn greedy() -> SamplerConfig {
+    SamplerConfig {
+        temperature: 0.0,
+        ..Default::default()
+    }
+}
+
+/// Generates `n` tokens (end-of-generation ignored), speculating through `spec` when given.
+fn gen(
+    s: &mut Session,
+    prompt: &[u32],
+    n: usize,
+    cfg: &SamplerConfig,
+    spec: Option<&mut Speculator>,
+) -> (Vec<u32>, GenStats) {
+    let never = |_: u32| false;
+    let o = GenerateOptions {
+        max_tokens: n,
+        stop: &[],
+        is_eog: &never,
+    };
+    let mut sampler = Sampler::new(cfg.clone());
+    let (ids, _, st) = s
+        .generate_with(
+            prompt,
+            &mut sampler,
+            &o,
+            spec,
+            &mut |_| String::new(),
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!(ids.len(), n);
+    (ids, st)
+}
+
+fn lookup() -> Speculator {
+    Speculator::new(Box::new(LookupDraft::default()), SpecConfig::default())
+}
+
+/// The first 20 prompt ids of a fixture, twice (so prompt lookup finds matches).
+fn repeated_prompt(family: &str) -> Vec<u32> {
+    let ids = u32s(&reference(family)["prompt_ids"]);
+    let mut p = ids[..20].to_vec();
+    p.extend_from_slice(&ids[..20]);
+    p
+}
+
+/// (family, sibling variant used as draft model) of every MoE fixture that can roll back.
+const MOE: &[(&str, &str)] = &[
+    ("qwen3_moe", "q8_0"),
+    ("mixtral", "q8_0"),
+    ("deepseek_v3", "q8_0"),
+    ("gpt_oss", "mxfp4_moe"),
+];
+
+#[test]
+fn greedy_speculation_equals_plain_decoding_on_every_moe_fixture() {
+    for &(family, sibling) in MOE {
+        let path = gguf_path(family, "f32");
+        let prompt = repeated_prompt(family);
+        let want = gen(&mut session_at(&path, None), &prompt, 32, &greedy(), None).0;
+        for budget in [None, Some(smallest_budget(&path))] {
+            let label = format!("{family} budget {budget:?}");
+            let mut s = session_at(&path, budget);
+            let mut sp = lookup();
+            let (got, st) = gen(&mut s, &prompt, 32, &greedy(), Some(&mut sp));
+            assert_eq!(got, want, "{label}: lookup");
+            let sst = st.speculative.unwrap();
+            assert!(sst.drafted > 0 && sst.verify_passes > 0, "{label}: {sst:?}");
+            assert_eq!(
+                sst.verify_tokens + sst.plain_passes,
+                31,
+                "{label}: every token after the first from one pass kind: {sst:?}"
+            );
+            if budget.is_some() {
+                assert!(sst.verify_bytes > 0, "{label}: streamed: {sst:?}");
+            }
+            for draft in ["f32", sibling] {
+                let d = session_at(&gguf_path(family, draft), None);
+                let md = ModelDraft::new(d, &greedy()).unwrap();
+                let mut sp = Speculator::new(Box::new(md), SpecConfig::default());
+                let mut s = session_at(&path, budget);
+                let (got, st) = gen(&mut s, &prompt, 32, &greedy(), Some(&mut sp));
+                assert_eq!(got, want, "{label}: draft model {draft}");
+                let sst = st.speculative.unwrap();
+                assert!(sst.drafted > 0, "{label} {draft}: {sst:?}");
+                if draft == "f32" {
+                    // the model drafting for itself: every draft is the target's argmax
+                    assert_eq!(sst.accepted, sst.drafted, "{label}: self-draft {sst:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn greedy_lookup_equals_plain_decoding_on_the_demo_model() {
+    let g = common::demo_model();
+    let tok = deltafin::tokenizer::Tokenizer::from_gguf(&g).unwrap();
+    let text = "Repeat this list exactly: apple, banana, cherry, date, elderberry, fig, grape. \
+                Again: apple, banana, cherry, date, elderberry, fig, grape. Again:";
+    let prompt = tok.encode(text, true, true).unwrap();
+    let n_ctx = prompt.len() + 40;
+    let mut plain = common::demo_session(&g, None, n_ctx, 64);
+    let (want, _) = gen(&mut plain, &prompt, 40, &greedy(), None);
+    for budget in [None, Some(96 << 20)] {
+        let mut s = common::demo_session(&g, budget, n_ctx, 64);
+        let mut sp = lookup();
+        let (got, st) = gen(&mut s, &prompt, 40, &greedy(), Some(&mut sp));
+        assert_eq!(got, want, "budget {budget:?}");
+        let sst = st.speculative.unwrap();
+        // the list repeats: most drafts are accepted and passes are few
+        assert!(sst.accepted * 10 >= sst.drafted * 8, "{sst:?}");
+        assert!(sst.target_passes() <= 12, "{sst:?}");
+    }
+}
+
+#[test]
+fn the_cache_after_a_rejection_equals_the_cache_of_the_accepted_prefix() {
+    let path = gguf_path("mixtral", "f32");
+    let prompt = u32s(&reference("mixtral")["prompt_ids"]);
+    // plain: single-token passes
+    let mut b = session_at(&path, None);
+    let mut l = b.prefill(&prompt, Logits::Last).unwrap();
+    let mut truth = Vec::new();
+    let mut rows = Vec::new();
+    for _ in 0..4 {
+        let t = deltafin::engine::sampler::argmax(&l) as u32;
+        truth.push(t);
+        l = b
+            .model
+            .forward(&mut b.store, &mut b.cache, &[t], Logits::Last)
+            .unwrap();
+        rows.push(l.clone());
+    }
+    // speculative: the right first draft, a wrong second one, then two more
+    let v = b.model.vocab_size() as u32;
+    let wrong = (truth[1] + 1) % v;
+    let mut a = session_at(&path, Some(smallest_budget(&path)));
+    a.prefill(&prompt, Logits::Last).unwrap();
+    let mut sampler = Sampler::new(greedy());
+    let mut h = prompt.clone();
+    h.push(truth[0]);
+    let d = Draft {
+        tokens: vec![truth[1], wrong, truth[2], truth[3]],
+        q: None,
+    };
+    let verdict = verify(&mut a, &mut sampler, &h, &d).unwrap();
+    assert_eq!((verdict.accepted, verdict.next), (1, truth[2]));
+    assert_eq!(
+        a.cache.len,
+        prompt.len() + 2,
+        "rolled back past the rejection"
+    );
+    // the next pass sees the accepted prefix only: the same logits, bit for bit
+    let next = a
+        .model
+        .forward(&mut a.store, &mut a.cache, &[truth[2]], Logits::Last)
+        .unwrap();
+    assert_eq!(next, rows[2]);
+    for l in 0..a.cache.k.len() {
+        let n = a.cache.len * a.cache.kv_dim;
+        assert_eq!(a.cache.k[l][..n], b.cache.k[l][..n], "layer {l} keys");
+        assert_eq!(a.cache.v[l][..n], b.cache.v[l][..n], "layer {l} values");
+    }
+}
+
+#[test]
+fn a_seeded_sampled_run_repeats() {
+    let path = gguf_path("qwen3_moe", "f32");
+    let prompt = repeated_prompt("qwen3_moe");
+    let cfg = SamplerConfig {
+        temperature: 0.9,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 7,
+        ..Default::default()
+    };
+    let run = || {
+        let mut s = session_at(&path, None);
+        let md = ModelDraft::new(session_at(&gguf_path("qwen3_moe", "q8_0"), None), &cfg).unwrap();
+        let mut sp = Speculator::new(Box::new(md), SpecConfig::default());
+        let (ids, st) = gen(&mut s, &prompt, 24, &cfg, Some(&mut sp));
+        (ids, st.speculative.unwrap())
+    };
+    let (a, sa) = run();
+    let (b, sb) = run();
+    assert_eq!(a, b);
+    assert_eq!(sa, sb);
+    assert!(sa.drafted > 0);
+}
+
+#[test]
+fn models_that_cannot_roll_back_are_refused() {
+    let s = session_at(Path::new(&gguf_path("kimi_linear", "f32")), None);
+    let e = check_rollback(&s.cache).unwrap_err().to_string();
+    assert!(
+        e.contains("recurrent state (Kimi Delta Attention layers)"),
+        "{e}"
+    );
+    let mut s = s;
+    let never = |_: u32| false;
+    let o = GenerateOptions {
+        max_tokens: 4,
+        stop: &[],
+        is_eog: &never,
+    };
+    let mut sp = lookup();
+    let r = s.generate_with(
+        &[1, 2, 3],
+        &mut Sampler::new(greedy()),
+        &o,
+        Some(&mut sp),
+        &mut |_| String::new(),
+        &mut |_| {},
+    );
+    assert!(r.unwrap_err().to_string().contains("cannot be"));
+}
+
+/// Chi-squared statistic of `counts` (of `n` draws) against probabilities `p` per cell; a
+/// draw in a cell of probability 0 makes it infinite.
+fn chi2(
+    counts: &std::collections::HashMap<(u32, u32), u32>,
+    p: &[((u32, u32), f64)],
+    n: u32,
+) -> f64 {
+    let mut x = 0.0;
+    for (cell, &c) in counts {
+        if !p.iter().any(|e| e.0 == *cell) {
+            assert!(c == 0, "draws in {cell:?}, a cell of probability 0");
+        }
+    }
+    for &(cell, pi) in p {
+        let e = pi * n as f64;
+        let o = *counts.get(&cell).unwrap_or(&0) as f64;
+        x += (o - e) * (o - e) / e;
+    }
+    x
+}
+
+#[test]
+fn sampled_speculation_follows_the_target_distribution() {
+    use deltafin::engine::sampler::Rng;
+    use std::collections::HashMap;
+    let path = gguf_path("qwen3_moe", "f32");
+    let prompt = u32s(&reference("qwen3_moe")["prompt_ids"]);
+    let n = prompt.len();
+    let cfg = SamplerConfig {
+        temperature: 1.0,
+        top_k: 4,
+        top_p: 1.0,
+        min_p: 0.0,
+        ..Default::default()
+    };
+    let mut s = session_at(&path, None);
+    let probe = Sampler::new(cfg.clone());
+    // the exact joint distribution of the first two tokens: p1(a) p2(b | a), 16 cells
+    let l0 = s.prefill(&prompt, Logits::Last).unwrap();
+    let p1 = probe.distribution(&l0);
+    assert_eq!(p1.len(), 4);
+    let mut p2 = HashMap::new();
+    let mut joint = Vec::new();
+    for &(a, pa) in &p1 {
+        s.cache.truncate(n);
+        let l = s
+            .model
+            .forward(&mut s.store, &mut s.cache, &[a], Logits::Last)
+            .unwrap();
+        let d = probe.distribution(&l);
+        for &(b, pb) in &d {
+            joint.push(((a, b), pa * pb));
+        }
+        p2.insert(a, d);
+    }
+    assert_eq!(joint.len(), 16);
+    // verification runs the last prompt token with the drafts: keep the rest cached
+    s.cache.truncate(n - 1);
+    // an off-support token for the sampled drafts' q
+    let extra = (0..).find(|t| !p1.iter().any(|e| e.0 == *t)).unwrap();
+    let uniform = |d: &[(u32, f64)]| -> Vec<(u32, f64)> {
+        let mut q: Vec<(u32, f64)> = d.iter().map(|e| (e.0, 0.2)).collect();
+        q.push((extra, 0.2));
+        q
+    };
+    let draws = 3000u32;
+    for sampled_q in [false, true] {
+        let mut counts: HashMap<(u32, u32), u32> = HashMap::new();
+        let mut proposals: HashMap<(u32, u32), u32> = HashMap::new();
+        for i in 0..draws {
+            let mut sampler = Sampler::new(SamplerConfig {
+                seed: i as u64,
+                ..cfg.clone()
+            });
+            let mut rng = Rng::new(1_000_000 + i as u64);
+            let pick = |q: &[(u32, f64)], rng: &mut Rng| {
+                let r = rng.next_f64();
+                let mut acc = 0.0;
+                for &(id, p) in q {
+                    acc += p;
+                    if r < acc {
+                        return id;
+                    }
+                }
+                q[q.len() - 1].0
+            };
+            let draft = if sampled_q {
+                let q1 = uniform(&p1);
+                let d1 = pick(&q1, &mut rng);
+                let q2 = uniform(p2.get(&d1).map_or(&p1, |d| d));
+                let d2 = pick(&q2, &mut rng);
+                Draft {
+                    tokens: vec![d1, d2],
+                    q: Some(vec![q1, q2]),
+                }
+            } else {
+                // the second most likely first token, then its most likely follower
+                let d1 = p1[1].0;
+                Draft {
+                    tokens: vec![d1, p2[&d1][0].0],
+                    q: None,
+                }
+            };
+            *proposals
+                .entry((draft.tokens[0], draft.tokens[1]))
+                .or_default() += 1;
+            s.cache.truncate(n - 1);
+            let v = verify(&mut s, &mut sampler, &prompt, &draft).unwrap();
+            let pair = match v.accepted {
+                2 => (draft.tokens[0], draft.tokens[1]),
+                1 => (draft.tokens[0], v.next),
+                _ => {
+                    let mut h = prompt.clone();
+                    h.push(v.next);
+                    let mut l = s
+                        .model
+                        .forward(&mut s.store, &mut s.cache, &[v.next], Logits::Last)
+                        .unwrap();
+                    (v.next, sampler.sample(&mut l, &h))
+                }
+            };
+            *counts.entry(pair).or_default() += 1;
+        }
+        // 15 degrees of freedom: P(chi2 > 37.7) = 0.001
+        let x = chi2(&counts, &joint, draws);
+        eprintln!("sampled q {sampled_q}: chi2 {x:.2} over 16 cells");
+        assert!(
+            x < 37.7,
+            "sampled q {sampled_q}: chi2 {x}, counts {counts:?}, p {joint:?}"
+        );
+        if sampled_q {
+            // the test has power: the drafts' own distribution is far from the target's
+            let mut off = proposals.clone();
+            off.retain(|c, _| joint.iter().any(|e| e.0 == *c));
+            let covered: u32 = off.values().sum();
+            let y = chi2(&off, &joint, covered);
+            assert!(y > 100.0, "drafts alone: chi2 {y}");
+        }
+    }
+}
+
+fn deltafin(args: &[&str]) -> std::process::Output {
+    common::output_or_kill(std::process::Command::new(env!("CARGO_BIN_EXE_deltafin")).args(args))
+}
+
+fn stderr_of(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn run_speculates_with_the_same_output_and_reports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = gguf_path("qwen3_moe", "f32");
+    let text = reference("qwen3_moe")["prompt_text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let prompt = format!("{text} {text}");
+    let base = [
+        "run",
+        "-m",
+        target.to_str().unwrap(),
+        "-p",
+        &prompt,
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--ram-budget",
+        "800K",
+    ];
+    let plain = deltafin(&base);
+    assert!(plain.status.success(), "{}", stderr_of(&plain));
+    // a dense sibling with the same vocabulary as draft model, and prompt lookup
+    let qwen3 = gguf_path("qwen3", "f32");
+    for (extra, source) in [
+        (vec!["--lookup"], "lookup"),
+        (
+            vec!["--draft-model", qwen3.to_str().unwrap()],
+            "draft-model",
+        ),
+    ] {
+        let json = dir.path().join(format!("{source}.json"));
+        let mut args = base.to_vec();
+        args.extend(&extra);
+        args.extend(["--stats-json", json.to_str().unwrap()]);
+        let o = deltafin(&args);
+        assert!(o.status.success(), "{source}: {}", stderr_of(&o));
+        assert_eq!(o.stdout, plain.stdout, "{source}");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let sp = &v["speculative"];
+        assert_eq!(sp["source"], source);
+        let (drafted, accepted) = (
+            sp["drafted"].as_u64().unwrap(),
+            sp["accepted"].as_u64().unwrap(),
+        );
+        assert!(drafted > 0 && accepted <= drafted, "{sp}");
+        assert_eq!(
+            sp["target_passes"].as_u64().unwrap(),
+            sp["verify_passes"].as_u64().unwrap() + sp["plain_passes"].as_u64().unwrap()
+        );
+        let gen = v["generated_tokens"].as_u64().unwrap();
+        assert_eq!(gen, 24);
+        assert_eq!(
+            sp["verify_tokens"].as_u64().unwrap() + sp["plain_passes"].as_u64().unwrap(),
+            gen - 1
+        );
+        assert!(sp["verify_bytes"].as_u64().unwrap() > 0, "streamed: {sp}");
+    }
+}
+
+#[test]
+fn speculation_refusals_name_the_reason() {
+    let f = |fam: &str| gguf_path(fam, "f32").to_str().unwrap().to_string();
+    let (qm, mx) = (f("qwen3_moe"), f("mixtral"));
+    let o = deltafin(&[
+        "run",
+        "-m",
+        &qm,
+        "-p",
+        "hi",
+        "-n",
+        "2",
+        "--draft-model",
+        &mx,
+    ]);
+    assert_eq!(
+        stderr_of(&o).trim(),
+        format!("error: --draft-model {mx}: its vocabulary has 485 tokens but the model's has 512; a draft model needs the same vocabulary")
+    );
+    // same size, one token's text changed
+    let dir = tempfile::tempdir().unwrap();
+    let edited = dir.path().join("edited.gguf");
+    common::gguf::edited_gguf(
+        Path::new(&f("qwen3")),
+        &edited,
+        |m| {
+            for (k, v) in m.iter_mut() {
+                if k == "tokenizer.ggml.tokens" {
+                    if let deltafin::source::gguf::Value::Array(a) = v {
+                        a[300] = deltafin::source::gguf::Value::String("<|edited|>".into());
+                    }
+                }
+            }
+        },
+        |_| true,
+    );
+    let o = deltafin(&[
+        "run",
+        "-m",
+        &qm,
+        "-p",
+        "hi",
+        "-n",
+        "2",
+        "--draft-model",
+        edited.to_str().unwrap(),
+    ]);
+    let e = stderr_of(&o);
+    assert!(
+        e.contains("token 300 is '<|edited|>' there but '")
+            && e.ends_with("in the model; a draft model needs the same vocabulary\n"),
+        "{e}"
+    );
+    let o = deltafin(&[
+        "run",
+        "-m",
+        &f("kimi_linear"),
+        "-p",
+        "hi",
+        "-n",
+        "2",
+        "--lookup",
+    ]);
+    assert!(stderr_of(&o).contains("keeps a recurrent state (Kimi Delta Attention layers)"));
+    let o = deltafin(&[
+        "run",
+        "-m",
+        &qm,
+        "-p",
+        "hi",
+        "--lookup",
+        "--draft-max",
+        "2",
+        "--draft-min",
+        "3",
+    ]);
+    assert_eq!(
+        stderr_of(&o).trim(),
+        "error: --draft-min 3 is above --draft-max 2"
+    );
+    let o = deltafin(&["serve", "-m", &qm, "--lookup"]);
+    assert!(stderr_of(&o).contains("wired into `deltafin run` and `deltafin bench` only"));
+}
