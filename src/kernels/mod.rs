@@ -154,6 +154,8 @@ pub fn matmul_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_gemm;
 
 /// `Y = X W` for a weight stored input-major (`w.rows` = inputs, `w.cols` = outputs, as
 /// Hugging Face stores GPT-OSS's BF16 expert matrices `[in, out]`): `n` rows of `x`
