@@ -1,6 +1,7 @@
 //! CPU math: matrix × vector and matrix × matrix over encoded weights, multi-threaded by
 //! output rows so the thread count never changes a result.
 
+pub mod attn;
 mod gemm;
 pub mod ops;
 
