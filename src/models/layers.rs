@@ -23,8 +23,15 @@ pub fn mm(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
 /// RMSNorm of every `d`-wide row of `x` into `out` (same shape) with weight `w` (`d`).
 pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let d = w.len();
-    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        rms_norm(xr, w, eps, or);
+    if x.len() <= d {
+        for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+            rms_norm(xr, w, eps, or);
+        }
+    } else {
+        // rows are independent: split a prompt's rows over threads (same values per row)
+        x.par_chunks_exact(d)
+            .zip(out.par_chunks_exact_mut(d))
+            .for_each(|(xr, or)| rms_norm(xr, w, eps, or));
     }
 }
 

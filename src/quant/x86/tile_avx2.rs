@@ -11,6 +11,8 @@
 //!   one pass over the even blocks, one over the odd, then the level's reduction of
 //!   `[acc0, acc1, 0, 0]`.
 
+// Register tiles are indexed by row, token and accumulator: index loops say which is which.
+#![allow(clippy::needless_range_loop)]
 use super::common::finish_avx2;
 use crate::quant::tile::{tail_dot, tile_len, TileFn, TileKernel};
 use crate::quant::ROUND;

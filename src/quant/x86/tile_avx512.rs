@@ -8,6 +8,8 @@
 //!   `s = q0 * x0`, `s = fma(q1, x1, s)`, `acc[b % 2] = fma(d, s, acc[b % 2])`); 16
 //!   accumulators.
 
+// Register tiles are indexed by row, token and accumulator: index loops say which is which.
+#![allow(clippy::needless_range_loop)]
 use super::common::finish_avx512;
 use crate::quant::tile::{tail_dot, tile_len, TileFn, TileKernel};
 use crate::quant::ROUND;
