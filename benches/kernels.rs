@@ -269,8 +269,43 @@ fn bench_fp8(c: &mut Criterion) {
     g.finish();
 }
 
+/// Prompt prefill at the demo model's shapes: 400 tokens through each of Gemma 3 270M's
+/// matrices (rows × cols, its own encodings: Q5_0 gate/up 2048×640 and q 1024×640, Q8_0 v
+/// 256×640, Q4_K attn_output 640×1024, Q6_K down 640×2048; plus F32 2048×640 for the plain
+/// f32 tile), on one thread and on the pool. Throughput in elements is `2 · n · rows · cols`,
+/// so criterion's elem/s are FLOP/s (one multiply-add = 2).
+/// Run: `cargo bench --bench kernels -- prefill400 --warm-up-time 1 --measurement-time 3`.
+fn bench_prefill(c: &mut Criterion) {
+    let pool1 = one_thread();
+    let mut g = c.benchmark_group("prefill400");
+    let n = 400;
+    for (ty, rows, cols) in [
+        (GgmlType::Q5_0, 2048, 640),
+        (GgmlType::Q5_0, 1024, 640),
+        (GgmlType::Q8_0, 256, 640),
+        (GgmlType::Q4_K, 640, 1024),
+        (GgmlType::Q6_K, 640, 2048),
+        (GgmlType::F32, 2048, 640),
+    ] {
+        let data = weights(ty, rows, cols, 8);
+        let w = Matrix::new(ty, rows, cols, &data).unwrap();
+        let x: Vec<f32> = (0..n * cols).map(|i| (i % 7) as f32 * 0.1).collect();
+        let mut y = vec![0f32; n * rows];
+        g.throughput(Throughput::Elements((2 * n * rows * cols) as u64));
+        let id = format!("{ty}/{rows}x{cols}");
+        g.bench_function(BenchmarkId::new("1t", &id), |b| {
+            pool1.install(|| b.iter(|| matmul(&w, black_box(&x), n, &mut y)))
+        });
+        g.bench_function(BenchmarkId::new("all", &id), |b| {
+            b.iter(|| matmul(&w, black_box(&x), n, &mut y))
+        });
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
+    bench_prefill,
     bench_memory,
     bench_dot_row,
     bench_matvec,

@@ -1,11 +1,12 @@
 //! CPU math: matrix × vector and matrix × matrix over encoded weights, multi-threaded by
 //! output rows so the thread count never changes a result.
 
+pub mod attn;
+mod gemm;
 pub mod ops;
 
-use crate::quant::{self, GgmlType, RowPlan, SimdLevel};
+use crate::quant::{self, GgmlType, SimdLevel};
 use rayon::prelude::*;
-use std::cell::RefCell;
 
 /// A row-major weight matrix of `rows` × `cols` elements in its stored encoding
 /// (GGML order: `cols` is `ne[0]`, the contiguous dimension). `data.len()` is
@@ -129,18 +130,13 @@ impl OutPtr {
     }
 }
 
-thread_local! {
-    /// Per-thread prepared weight row for `matmul`: dequantized values, or integer values
-    /// and block scales (grows to the widest row seen).
-    static ROW_SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
-}
-
 /// `Y = X Wᵀ` for a batch: `x` is `n × w.cols` (row-major), `y` is `n × w.rows`. Each
 /// `y[t * w.rows + r]` equals `quant::dot_row(w.ty, w.row(r), &x[t * w.cols..][..w.cols])` exactly,
 /// so a prompt batch gives the same numbers as token-by-token decode. Each weight row is
-/// decoded once into a per-thread scratch row (dequantized, or integer values plus block
-/// scales for the levels' block-scale types) and dotted with all `n` tokens by a dot whose
-/// accumulation order equals the fused `dot_row`'s.
+/// decoded once into a per-thread scratch panel (dequantized, or integer values plus block
+/// scales for the levels' block-scale types) and dotted with all `n` tokens by register-blocked
+/// tiles (several rows × several tokens) whose every output follows the fused `dot_row`'s
+/// accumulation order (`gemm.rs`). Split over threads by ranges of rows.
 pub fn matmul(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
     matmul_at(SimdLevel::detect(), w, x, n, y)
 }
@@ -154,52 +150,13 @@ pub fn matmul_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32
     if n == 0 || w.rows == 0 {
         return;
     }
-    let plan = quant::row_plan(level, w.ty);
-    let (rows, cols) = (w.rows, w.cols);
-    let rb = w.ty.row_bytes(cols).unwrap_or(0);
-    let nb = cols / w.ty.block_elems();
-    let per = rows_per_task(rows, rb);
-    let out = OutPtr(y.as_mut_ptr());
-    let run = |first: usize| {
-        ROW_SCRATCH.with(|s| {
-            let mut s = s.borrow_mut();
-            let (wbuf, dbuf) = &mut *s;
-            if wbuf.len() < cols {
-                wbuf.resize(cols, 0.0);
-            }
-            if dbuf.len() < nb {
-                dbuf.resize(nb, 0.0);
-            }
-            let (wrow, drow) = (&mut wbuf[..cols], &mut dbuf[..nb]);
-            for r in first..(first + per).min(rows) {
-                let src = &w.data[r * rb..(r + 1) * rb];
-                match plan {
-                    RowPlan::Dequant(deq, _) => deq(src, wrow),
-                    RowPlan::Prepared(prep, _) => prep(src, wrow, drow),
-                }
-                for t in 0..n {
-                    let xt = &x[t * cols..(t + 1) * cols];
-                    let v = match plan {
-                        RowPlan::Dequant(_, dotf) => dotf(wrow, xt),
-                        RowPlan::Prepared(_, dotp) => dotp(wrow, drow, xt),
-                    };
-                    // SAFETY: `t * rows + r < n * rows == y.len()` (checked), and row `r`
-                    // belongs to this task only.
-                    unsafe { *out.get().add(t * rows + r) = v };
-                }
-            }
-        })
-    };
-    let tasks = rows.div_ceil(per);
-    if tasks == 1 {
-        run(0);
-    } else {
-        (0..tasks).into_par_iter().for_each(|i| run(i * per));
-    }
+    gemm::matmul_tiled(level, w, x, n, y)
 }
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_gemm;
 
 /// `Y = X W` for a weight stored input-major (`w.rows` = inputs, `w.cols` = outputs, as
 /// Hugging Face stores GPT-OSS's BF16 expert matrices `[in, out]`): `n` rows of `x`

@@ -5,6 +5,7 @@
 use super::rope::RopeStyle;
 use rayon::prelude::*;
 
+use crate::kernels::attn::{weighted_rows, KeysT};
 use crate::kernels::ops::{
     rms_norm, rms_norm_inplace, rope_interleaved, rope_neox, softcap, softmax_inplace,
 };
@@ -22,8 +23,15 @@ pub fn mm(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
 /// RMSNorm of every `d`-wide row of `x` into `out` (same shape) with weight `w` (`d`).
 pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let d = w.len();
-    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        rms_norm(xr, w, eps, or);
+    if x.len() <= d {
+        for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+            rms_norm(xr, w, eps, or);
+        }
+    } else {
+        // rows are independent: split a prompt's rows over threads (same values per row)
+        x.par_chunks_exact(d)
+            .zip(out.par_chunks_exact_mut(d))
+            .for_each(|(xr, or)| rms_norm(xr, w, eps, or));
     }
 }
 
@@ -225,21 +233,55 @@ pub fn attention_with_sinks(
     sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
+    let n = q.len() / (s.n_heads * s.head_dim).max(1);
+    let group = s.n_heads / s.n_kv_heads;
+    let transposed = n * group >= TRANSPOSE_MIN_QUERIES;
+    attention_at(s, q, k_cache, v_cache, pos0, sinks, transposed, out)
+}
+
+/// Queries per key head from which [`attention_with_sinks`] transposes the keys once
+/// (`kernels::attn::KeysT`) and scores a block of keys at a time; the scores are the same
+/// sequential sums bit for bit either way, only faster for prompts.
+const TRANSPOSE_MIN_QUERIES: usize = 8;
+
+/// [`attention_with_sinks`], scoring through transposed keys or one key at a time.
+#[allow(clippy::too_many_arguments)]
+fn attention_at(
+    s: &AttnShape,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos0: usize,
+    sinks: Option<&[f32]>,
+    transposed: bool,
+    out: &mut [f32],
+) {
     let (nh, hd) = (s.n_heads, s.head_dim);
     let (qd, kvd, group) = (nh * hd, s.n_kv_heads * hd, nh / s.n_kv_heads);
+    let n = q.len() / qd.max(1);
+    let kt = transposed.then(|| KeysT::new(k_cache, pos0 + n, s.n_kv_heads, hd));
     out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
         let (t, h) = (i / nh, i % nh);
         let p = pos0 + t;
         let lo = s.window.map_or(0, |w| (p + 1).saturating_sub(w));
         let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
         let kv_off = (h / group) * hd;
-        let mut scores: Vec<f32> = (lo..=p)
-            .map(|j| {
-                let kj = &k_cache[j * kvd + kv_off..j * kvd + kv_off + hd];
-                let dot = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>();
-                s.softcap.map_or(dot, |c| softcap(dot, c))
-            })
-            .collect();
+        let mut scores: Vec<f32> = match &kt {
+            Some(kt) => {
+                let mut v = Vec::with_capacity(p + 1 - lo);
+                kt.scores(h / group, qh, lo, p, &mut v);
+                v
+            }
+            None => (lo..=p)
+                .map(|j| {
+                    let kj = &k_cache[j * kvd + kv_off..j * kvd + kv_off + hd];
+                    qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>()
+                })
+                .collect(),
+        };
+        if let Some(c) = s.softcap {
+            scores.iter_mut().for_each(|v| *v = softcap(*v, c));
+        }
         match sinks {
             None => softmax_inplace(&mut scores),
             Some(sk) => {
@@ -248,13 +290,7 @@ pub fn attention_with_sinks(
                 scores.pop();
             }
         }
-        o.iter_mut().for_each(|v| *v = 0.0);
-        for (j, &wgt) in (lo..=p).zip(&scores) {
-            let vj = &v_cache[j * kvd + kv_off..j * kvd + kv_off + hd];
-            for (ov, &vv) in o.iter_mut().zip(vj) {
-                *ov += wgt * vv;
-            }
-        }
+        weighted_rows(&scores, &v_cache[lo * kvd + kv_off..], kvd, o);
     });
 }
 
@@ -294,5 +330,37 @@ mod tests {
         // a sink of logit 1 next to the one visible score 1 takes half the weight
         attention_with_sinks(&win, &q, &k, &v, 2, Some(&[1.0]), &mut o);
         assert_eq!(o, [1.0, 1.0]);
+    }
+
+    /// Scoring through transposed keys gives the outputs of scoring one key at a time, bit
+    /// for bit: a 70-token prompt after 9 cached positions, grouped heads, a window, a cap.
+    #[test]
+    fn transposed_keys_change_no_bit() {
+        let s = AttnShape {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 48,
+            window: Some(50),
+            softcap: Some(30.0),
+        };
+        let (pos0, n) = (9, 70);
+        let total = pos0 + n;
+        let mut x = 1u32;
+        let mut next = move || {
+            x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+            (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        let kvd = s.n_kv_heads * s.head_dim;
+        let k: Vec<f32> = (0..total * kvd).map(|_| 3.0 * next()).collect();
+        let v: Vec<f32> = (0..total * kvd).map(|_| next()).collect();
+        let q: Vec<f32> = (0..n * s.n_heads * s.head_dim).map(|_| next()).collect();
+        let run = |transposed: bool| {
+            let mut o = vec![0f32; q.len()];
+            attention_at(&s, &q, &k, &v, pos0, None, transposed, &mut o);
+            o
+        };
+        let (a, b) = (run(false), run(true));
+        assert!(a.iter().any(|v| *v != 0.0));
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
     }
 }

@@ -252,6 +252,7 @@ mod scalar_k;
 pub(crate) mod tests;
 #[cfg(test)]
 mod tests_lowbit;
+pub(crate) mod tile;
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -345,6 +346,10 @@ pub(crate) struct LevelKernels {
     /// Where the level's dot uses the block-scale scheme (not `dot_f32` over the dequantized
     /// row), the row preparation and prepared dot that reproduce it.
     pub prep: [Option<(PrepFn, PrepDotFn)>; N_SLOTS],
+    /// The batch tile over dequantized rows (`dot_f32`'s operations), if the level has one.
+    pub f32_tile: Option<tile::TileKernel>,
+    /// The batch tile over prepared rows (`prep`'s dot's operations), if the level has one.
+    pub prep_tile: Option<tile::TileKernel>,
 }
 
 /// Number of types with kernels (the length of every kernel table).
@@ -503,6 +508,8 @@ static SCALAR: LevelKernels = LevelKernels {
     deq: SCALAR_DEQ,
     dot_f32: scalar::dot_f32::<scalar::Scalar8>,
     prep: [None; N_SLOTS],
+    f32_tile: tile::SCALAR_F32_TILE,
+    prep_tile: None,
 };
 
 /// The kernels of `level`. Panics when this CPU cannot run it (the tables of SIMD levels

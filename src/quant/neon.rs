@@ -90,4 +90,6 @@ pub(crate) static KERNELS: LevelKernels = LevelKernels {
     deq: SCALAR_DEQ,
     dot_f32: dot_f32_generic::<Neon8>,
     prep: [None; N_SLOTS],
+    f32_tile: None,
+    prep_tile: None,
 };

@@ -199,6 +199,14 @@ pub(crate) trait Accum {
 /// roundings); the reduction is `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
 pub(crate) struct Scalar8([f32; 8]);
 
+impl Scalar8 {
+    /// The scheme's state from its eight accumulators (the batch tiles accumulate them
+    /// themselves and reduce here).
+    pub(crate) fn from_lanes(a: [f32; 8]) -> Self {
+        Self(a)
+    }
+}
+
 impl Accum for Scalar8 {
     fn new() -> Self {
         Self([0.0; 8])

@@ -21,6 +21,10 @@ use super::moe::ExpertStep;
 use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions, Placement};
 use crate::kernels::ops::{gelu_tanh, rope_inv_freq, softcap};
+use rayon::prelude::*;
+
+/// Elements per parallel GeGLU task (a decode token's 2048-wide row stays on one thread).
+const GELU_CHUNK: usize = 8192;
 use crate::source::gguf::GgufModel;
 use crate::store::plan::{choose_resident, Candidate};
 use crate::store::{Unit, UnitBytes, WeightStore};
@@ -362,9 +366,14 @@ impl Blocks for Gemma3Blocks {
         let mut up = vec![0f32; n * ff];
         mm(&w.gate.view(u), xn, n, &mut g);
         mm(&w.up.view(u), xn, n, &mut up);
-        g.iter_mut()
-            .zip(&up)
-            .for_each(|(a, b)| *a = gelu_tanh(*a) * b);
+        // element-wise, so split over threads for a prompt (same values per element)
+        g.par_chunks_mut(GELU_CHUNK)
+            .zip(up.par_chunks(GELU_CHUNK))
+            .for_each(|(gc, uc)| {
+                gc.iter_mut()
+                    .zip(uc)
+                    .for_each(|(a, b)| *a = gelu_tanh(*a) * b)
+            });
         mm(&w.down.view(u), &g, n, &mut o);
         add_post_normed(x, &mut o, &nrm.post_ffw, eps);
     }

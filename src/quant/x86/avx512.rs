@@ -9,6 +9,7 @@ use super::common::{
     bit_matrix, deq_kernel, dot_f32_as_row, dot_kernel, f16s, kernels, level_table, load16,
     mxfp4_values, no_tail, q32_prep, q4k_factors, q6k_factors,
 };
+use super::tile_avx512 as tile;
 use crate::quant::scalar::{decode_bf16, decode_f16, decode_f32, e8m0_half};
 use crate::quant::LevelKernels;
 use std::arch::x86_64::*;

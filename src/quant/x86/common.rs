@@ -375,7 +375,8 @@ pub(super) use q32_kernels;
 /// The kernel table of a level file (a `LevelKernels`): its kernels named by type
 /// (`dot_f32row`, `dot_f16`, ..., `deq_mxfp4`), its low-bit tables `EXT_DOT` / `EXT_DEQ`
 /// (in `EXT_TYPES` order) and `dot_f32`, with the block-scale dots and
-/// row preparations of its `q32` module for Q8_0, Q4_0 and Q5_0 (in `slot` order).
+/// row preparations of its `q32` module for Q8_0, Q4_0 and Q5_0 (in `slot` order), and the
+/// batch tiles of its `tile` module.
 macro_rules! level_table {
     () => {
         $crate::quant::LevelKernels {
@@ -407,6 +408,8 @@ macro_rules! level_table {
                 q32::prep_q5_0,
                 q32::prep_dot,
             ),
+            f32_tile: tile::F32_TILE,
+            prep_tile: tile::PREP_TILE,
         }
     };
 }

@@ -1,0 +1,228 @@
+//! Attention scores of many queries against the same keys, exact: the keys of a prompt are
+//! transposed once per call so that `KEY_BLOCK` keys' dot products run side by side in
+//! vector lanes, each still the sequential sum `Σ_e q[e] · k_j[e]` (a product then an add,
+//! in ascending `e`, from `-0.0` as `Iterator::sum` starts), so the scores equal the
+//! one-key-at-a-time `q.iter().zip(k).map(|(a, b)| a * b).sum()` bit for bit (AVX2 where
+//! the CPU has it, a portable loop otherwise).
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
+use crate::quant::SimdLevel;
+
+/// Keys scored together (lanes of one block).
+pub const KEY_BLOCK: usize = 64;
+
+/// Keys of `heads` heads transposed: element `e` of head `h` at position `j` is
+/// `data[(h * dim + e) * stride + j]`; `stride` covers the positions plus a whole block of
+/// zero padding, so any block starting at a valid position can be read whole.
+pub struct KeysT {
+    data: Vec<f32>,
+    stride: usize,
+    dim: usize,
+}
+
+impl KeysT {
+    /// Transposes `positions` cached key rows (`k`: position-major, `heads × dim` floats per
+    /// position). Panics if `k` is shorter than `positions * heads * dim`.
+    pub fn new(k: &[f32], positions: usize, heads: usize, dim: usize) -> Self {
+        let stride = positions.div_ceil(KEY_BLOCK) * KEY_BLOCK + KEY_BLOCK;
+        let mut data = vec![0f32; heads * dim * stride];
+        for j in 0..positions {
+            for h in 0..heads {
+                let src = &k[(j * heads + h) * dim..][..dim];
+                for (e, &v) in src.iter().enumerate() {
+                    data[(h * dim + e) * stride + j] = v;
+                }
+            }
+        }
+        Self { data, stride, dim }
+    }
+
+    /// Appends to `out` the scores `q · k_j` of head `h` for `j` in `lo..=hi` (`hi` < the
+    /// positions given to [`KeysT::new`], `q.len() == dim`), each the sequential sum.
+    pub fn scores(&self, h: usize, q: &[f32], lo: usize, hi: usize, out: &mut Vec<f32>) {
+        #[cfg(target_arch = "x86_64")]
+        let simd = matches!(SimdLevel::detect(), SimdLevel::Avx2 | SimdLevel::Avx512);
+        #[cfg(not(target_arch = "x86_64"))]
+        let simd = false;
+        self.scores_at(simd, h, q, lo, hi, out)
+    }
+
+    /// [`KeysT::scores`], through AVX2 (`simd`, only where detected) or the portable loop.
+    fn scores_at(&self, simd: bool, h: usize, q: &[f32], lo: usize, hi: usize, out: &mut Vec<f32>) {
+        assert!(
+            q.len() == self.dim && hi + KEY_BLOCK < self.stride,
+            "score range"
+        );
+        let base = h * self.dim * self.stride;
+        let mut j0 = lo;
+        while j0 <= hi {
+            let m = KEY_BLOCK.min(hi + 1 - j0);
+            let mut acc = [-0.0f32; KEY_BLOCK];
+            let col = &self.data[base + j0..];
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                // SAFETY: AVX2 detected (`simd` is only set then); `col` holds `(dim - 1) * stride + KEY_BLOCK`
+                // elements (`hi + KEY_BLOCK < stride`, asserted above).
+                unsafe { block_avx2(q, col, self.stride, &mut acc) };
+                out.extend_from_slice(&acc[..m]);
+                j0 += m;
+                continue;
+            }
+            for (e, &qe) in q.iter().enumerate() {
+                let row = &col[e * self.stride..][..KEY_BLOCK];
+                for (a, &kv) in acc.iter_mut().zip(row) {
+                    *a += qe * kv;
+                }
+            }
+            out.extend_from_slice(&acc[..m]);
+            j0 += m;
+        }
+    }
+}
+
+/// One block of keys: `acc[l] += q[e] * col[e * stride + l]` for ascending `e`, a rounded
+/// product then a rounded add per lane (no fma), as the portable loop.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn block_avx2(q: &[f32], col: &[f32], stride: usize, acc: &mut [f32; KEY_BLOCK]) {
+    use std::arch::x86_64::*;
+    const V: usize = KEY_BLOCK / 8;
+    let mut a = [_mm256_set1_ps(-0.0); V];
+    for (e, &qe) in q.iter().enumerate() {
+        let qv = _mm256_set1_ps(qe);
+        let p = col.as_ptr().add(e * stride);
+        for (k, ak) in a.iter_mut().enumerate() {
+            *ak = _mm256_add_ps(*ak, _mm256_mul_ps(qv, _mm256_loadu_ps(p.add(8 * k))));
+        }
+    }
+    for (k, ak) in a.iter().enumerate() {
+        _mm256_storeu_ps(acc.as_mut_ptr().add(8 * k), *ak);
+    }
+}
+
+/// `out[i] = Σ_j w[j] · v[j * stride + i]` for `i < out.len()`, each a sequential sum over
+/// ascending `j` from `+0.0` (a rounded product then a rounded add, no fma): the attention
+/// output of weights `w` over value rows `stride` apart. AVX2 where the CPU has it, keeping
+/// 64 outputs in registers across all rows; the same values either way. Panics if `v` is too
+/// short.
+pub fn weighted_rows(w: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    let simd = matches!(SimdLevel::detect(), SimdLevel::Avx2 | SimdLevel::Avx512);
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = false;
+    weighted_rows_at(simd, w, v, stride, out)
+}
+
+fn weighted_rows_at(simd: bool, w: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
+    let d = out.len();
+    if w.is_empty() {
+        out.fill(0.0);
+        return;
+    }
+    assert!(
+        v.len() >= (w.len() - 1) * stride + d,
+        "value rows too short"
+    );
+    let mut c = 0;
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        while c + 64 <= d {
+            // SAFETY: AVX2 detected (`simd` is only set then); reads stay inside `v`
+            // (asserted above) and writes inside `out[c..c + 64]`.
+            unsafe { weighted_avx2(w, &v[c..], stride, &mut out[c..c + 64]) };
+            c += 64;
+        }
+    }
+    out[c..].fill(0.0);
+    for (j, &wj) in w.iter().enumerate() {
+        let row = &v[j * stride + c..j * stride + d];
+        for (o, &x) in out[c..].iter_mut().zip(row) {
+            *o += wj * x;
+        }
+    }
+    let _ = simd;
+}
+
+/// 64 outputs of [`weighted_rows`] in eight registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn weighted_avx2(w: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let mut a = [_mm256_setzero_ps(); 8];
+    for (j, &wj) in w.iter().enumerate() {
+        let wv = _mm256_set1_ps(wj);
+        let p = v.as_ptr().add(j * stride);
+        for (k, ak) in a.iter_mut().enumerate() {
+            *ak = _mm256_add_ps(*ak, _mm256_mul_ps(wv, _mm256_loadu_ps(p.add(8 * k))));
+        }
+    }
+    for (k, ak) in a.iter().enumerate() {
+        _mm256_storeu_ps(out.as_mut_ptr().add(8 * k), *ak);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scores_equal_the_sequential_sum_bit_for_bit() {
+        let (pos, heads, dim) = (77, 2, 40);
+        let mut s = 3u64;
+        let mut next = move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * if s & 1 == 0 { 1e4 } else { 1.0 }
+        };
+        let mut k: Vec<f32> = (0..pos * heads * dim).map(|_| next()).collect();
+        // one key of negative zeros against a positive query: the sum is -0.0
+        for e in 0..dim {
+            k[(5 * heads) * dim + e] = -0.0;
+        }
+        let q: Vec<f32> = (0..dim).map(|_| next().abs()).collect();
+        let kt = KeysT::new(&k, pos, heads, dim);
+        for h in 0..heads {
+            for (lo, hi) in [(0, pos - 1), (5, 5), (3, 40), (33, 76)] {
+                let mut got = Vec::new();
+                kt.scores(h, &q, lo, hi, &mut got);
+                let mut portable = Vec::new();
+                kt.scores_at(false, h, &q, lo, hi, &mut portable);
+                assert!(got
+                    .iter()
+                    .zip(&portable)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+                assert_eq!(got.len(), hi + 1 - lo);
+                for (j, g) in (lo..=hi).zip(&got) {
+                    let kj = &k[(j * heads + h) * dim..][..dim];
+                    let want = q.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>();
+                    assert_eq!(g.to_bits(), want.to_bits(), "h{h} j{j}");
+                }
+            }
+        }
+        // weighted rows: both paths equal the plain ordered loop (72 = 64 + a portable rest)
+        let (rows, d, stride) = (19, 72, 80);
+        let wts: Vec<f32> = (0..rows).map(|_| next()).collect();
+        let v: Vec<f32> = (0..rows * stride).map(|_| next()).collect();
+        let mut want = vec![0f32; d];
+        for (j, &wj) in wts.iter().enumerate() {
+            for i in 0..d {
+                want[i] += wj * v[j * stride + i];
+            }
+        }
+        for simd in [false, true] {
+            let mut o = vec![f32::NAN; d];
+            weighted_rows_at(
+                simd && cfg!(target_arch = "x86_64") && std::arch::is_x86_feature_detected!("avx2"),
+                &wts,
+                &v,
+                stride,
+                &mut o,
+            );
+            assert!(o.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+        let mut z = Vec::new();
+        kt.scores(0, &q, 5, 5, &mut z);
+        assert!(z[0] == 0.0 && z[0].is_sign_negative());
+    }
+}
