@@ -138,6 +138,10 @@ pub struct MlaLayer<'a> {
     /// two forms of [`MlaWeights`].
     pub kv_b: Matrix<'a>,
     pub v_b: Option<Matrix<'a>>,
+    /// Kimi K3's output gate (`n_heads·v_head_dim × hidden`, llama.cpp `attn_gate`): the
+    /// attention output times `sigmoid(gate · xn)` before `o_proj` (`kimi-k3.cpp`,
+    /// `build_mla_layer`); `None` for Kimi Linear.
+    pub gate: Option<Matrix<'a>>,
     pub o: Matrix<'a>,
 }
 
@@ -145,7 +149,7 @@ pub struct MlaLayer<'a> {
 /// (`n × hidden`): the new tokens' latent rows (`kv_a_layernorm`ed latent, unrotated shared
 /// key) go into `cache` (rows of `width = rank + rope` floats for positions `0..pos0 + n`),
 /// then DeepSeek's absorbed latent attention ([`mla_attention`]) with softmax scale
-/// `(nope + rope)^-½`, then `o_proj`. `lora_eps`: `eps` of the latent norms (transformers'
+/// `(nope + rope)^-½`, then the optional sigmoid gate ([`MlaLayer::gate`]), then `o_proj`. `lora_eps`: `eps` of the latent norms (transformers'
 /// `KimiLinearRMSNorm` default, 1e-6).
 #[allow(clippy::too_many_arguments)]
 pub fn mla_mixer(
@@ -184,5 +188,10 @@ pub fn mla_mixer(
         None => MlaWeights::Joint(&w.kv_b),
     };
     mla_attention(s, &q, kvw, &cache[..(pos0 + n) * width], pos0, &mut att);
+    if let Some(gw) = &w.gate {
+        let mut g = vec![0f32; att.len()];
+        mm(gw, xn, n, &mut g);
+        att.iter_mut().zip(&g).for_each(|(a, &z)| *a *= sigmoid(z));
+    }
     mm(&w.o, &att, n, out);
 }
