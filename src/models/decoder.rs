@@ -169,7 +169,8 @@ pub trait Blocks: Send + Sync {
     /// Layer `l`'s tail over its unit's bytes `u`: the routed experts' summed output `routed`
     /// (`n × routed_width`) into `out` (`n × hidden`). Called only when
     /// [`Blocks::tail_unit`] is `Some`; the default does nothing.
-    fn tail(&self, _l: usize, _w: &Self::Layer, _u: &UnitBytes, _routed: &[f32], _out: &mut [f32]) {}
+    fn tail(&self, _l: usize, _w: &Self::Layer, _u: &UnitBytes, _routed: &[f32], _out: &mut [f32]) {
+    }
     /// Adjusts the residual stream `x` (`n × hidden`) after the last layer, before the final
     /// norm (Kimi K3's last attention-residual mix over `s.bank`). Default: nothing.
     fn finish_hidden(&self, _x: &mut [f32], _s: &mut Scratch) {}

@@ -289,6 +289,8 @@ impl KimiK3Blocks {
             conv: c.conv_kernel,
             eps: c.rms_norm_eps,
             lower_bound: c.gate_lower_bound,
+            // llama.cpp's build_gdn_l2_norm: x / √(Σx² + rms_norm_eps)
+            l2_eps: c.rms_norm_eps,
         }
     }
 

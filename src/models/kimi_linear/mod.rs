@@ -302,6 +302,7 @@ impl KimiLinearBlocks {
             conv: c.linear_conv_kernel_dim,
             eps: c.rms_norm_eps as f32,
             lower_bound: None,
+            l2_eps: kda::L2_EPS,
         }
     }
 
