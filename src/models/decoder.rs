@@ -162,7 +162,8 @@ pub trait Blocks: Send + Sync {
     }
     /// The unit (id in the store) holding what layer `w` applies to its routed experts'
     /// output ([`Blocks::tail`]); planned right after the experts, before the next layer's
-    /// spine. `None` (the default): no tail.
+    /// spine. `None` (the default): no tail. A family with tails must keep
+    /// [`Blocks::plan_whole_pass`] false (the whole-pass plan does not list them).
     fn tail_unit(&self, _w: &Self::Layer) -> Option<usize> {
         None
     }
