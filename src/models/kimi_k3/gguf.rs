@@ -41,6 +41,8 @@ pub(crate) enum MixTensors {
 }
 
 /// A layer's feed-forward tensors.
+// one per layer, built once at load: the size difference does not matter
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum FfnTensors {
     /// gate, up, down.
     Dense(Box<[TensorInfo; 3]>),

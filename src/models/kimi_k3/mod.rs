@@ -372,7 +372,7 @@ impl Blocks for KimiK3Blocks {
         let mut cur = vec![0f32; n * d];
         let mut xn = vec![0f32; n * d];
         res_mix(&s.bank, x, &v.attn_res, eps, &mut cur);
-        let banked = bs > 0 && l % bs == 0;
+        let banked = bs > 0 && l.is_multiple_of(bs);
         if banked {
             s.bank.push(x.to_vec());
         }
