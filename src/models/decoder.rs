@@ -39,6 +39,9 @@ pub struct Scratch {
     /// Shared experts' output (`n × hidden`) of a MoE layer, when the family has shared
     /// experts; left empty otherwise.
     pub shared: Vec<f32>,
+    /// Residual-stream checkpoints a family banks during one pass (Kimi K3's attention
+    /// residuals: one `n × hidden` copy per block); empty at the start of every pass.
+    pub bank: Vec<Vec<f32>>,
 }
 
 /// A MoE layer's router as a family describes it (the skeleton adds the spine unit).
@@ -150,6 +153,28 @@ pub trait Blocks: Send + Sync {
     fn recurrent_state(&self, _l: usize) -> usize {
         0
     }
+    /// Width of the routed experts' rows when they run in a space other than the residual
+    /// stream (Kimi K3's latent MoE): the spine then leaves `n × width` rows in `s.xn`, the
+    /// experts write `n × width`, and [`Blocks::tail`] maps that back to `n × hidden`.
+    /// `None` (the default): experts read and write `hidden`-wide rows.
+    fn routed_width(&self) -> Option<usize> {
+        None
+    }
+    /// The unit (id in the store) holding what layer `w` applies to its routed experts'
+    /// output ([`Blocks::tail`]); planned right after the experts, before the next layer's
+    /// spine. `None` (the default): no tail. A family with tails must keep
+    /// [`Blocks::plan_whole_pass`] false (the whole-pass plan does not list them).
+    fn tail_unit(&self, _w: &Self::Layer) -> Option<usize> {
+        None
+    }
+    /// Layer `l`'s tail over its unit's bytes `u`: the routed experts' summed output `routed`
+    /// (`n × routed_width`) into `out` (`n × hidden`). Called only when
+    /// [`Blocks::tail_unit`] is `Some`; the default does nothing.
+    fn tail(&self, _l: usize, _w: &Self::Layer, _u: &UnitBytes, _routed: &[f32], _out: &mut [f32]) {
+    }
+    /// Adjusts the residual stream `x` (`n × hidden`) after the last layer, before the final
+    /// norm (Kimi K3's last attention-residual mix over `s.bank`). Default: nothing.
+    fn finish_hidden(&self, _x: &mut [f32], _s: &mut Scratch) {}
 }
 
 /// A loaded decoder of any family: its [`Blocks`], the spine units of its layers, the
@@ -249,7 +274,8 @@ impl<B: Blocks> Decoder<B> {
             if moe {
                 let routes = route_rows(self, l, &s.router, b.n_experts());
                 let first = keep_first(&mut first_routes, &routes);
-                let mut out = vec![0f32; n * d];
+                let tail = b.tail_unit(w);
+                let mut out = vec![0f32; n * b.routed_width().unwrap_or(d)];
                 b.experts(ExpertStep {
                     store,
                     layer: l,
@@ -257,18 +283,27 @@ impl<B: Blocks> Decoder<B> {
                     xn: &s.xn,
                     out: &mut out,
                     after_plan: &mut |st| {
+                        if let Some(t) = tail {
+                            st.plan([t]);
+                        }
                         if !whole {
                             self.plan_after(st, l);
                         }
                         prefetch_next(self, st, l, &x, first);
                     },
                 })?;
+                if let Some(t) = tail {
+                    let mut full = vec![0f32; n * d];
+                    store.with_unit(t, |u| b.tail(l, w, u, &out, &mut full))?;
+                    out = full;
+                }
                 if !s.shared.is_empty() {
                     add_into(&mut out, &s.shared);
                 }
                 add_into(&mut x, &out);
             }
         }
+        b.finish_hidden(&mut x, &mut s);
         let mut out = self.head.final_logits(
             store,
             &x,

@@ -74,8 +74,17 @@ pub fn short_conv_silu(x: &mut [f32], ch: usize, w: &[f32], k: usize, state: &mu
 
 /// L2 normalisation as transformers' `l2norm` (and FLA's): `x / √(Σx² + 1e-6)`, in place.
 pub fn l2norm(x: &mut [f32]) {
+    l2norm_eps(x, L2_EPS);
+}
+
+/// The epsilon of transformers' `l2norm`.
+pub const L2_EPS: f32 = 1e-6;
+
+/// L2 normalisation `x / √(Σx² + eps)` in place (llama.cpp's `build_gdn_l2_norm` in
+/// `src/models/models.h` uses `rms_norm_eps` as `eps`).
+pub fn l2norm_eps(x: &mut [f32], eps: f32) {
     let ss: f32 = x.iter().map(|v| v * v).sum();
-    let inv = 1.0 / (ss + 1e-6).sqrt();
+    let inv = 1.0 / (ss + eps).sqrt();
     x.iter_mut().for_each(|v| *v *= inv);
 }
 

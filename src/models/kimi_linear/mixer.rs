@@ -3,7 +3,7 @@
 //! ([`mla_mixer`], `KimiLinearAttention.forward`: DeepSeek's latent attention with the shared
 //! "rotary" key used as is, never rotated).
 
-use super::kda::{decay, delta_rule, l2norm, short_conv_silu, sigmoid, DeltaInputs};
+use super::kda::{decay, delta_rule, l2norm_eps, short_conv_silu, sigmoid, DeltaInputs};
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
 use crate::models::deepseek_v3::mla::{mla_attention, MlaShape, MlaWeights};
@@ -21,6 +21,9 @@ pub struct KdaShape {
     pub eps: f32,
     /// Kimi K3's decay lower bound (`None` for Kimi Linear).
     pub lower_bound: Option<f32>,
+    /// `eps` of the q/k L2 norms ([`super::kda::l2norm_eps`]): transformers' 1e-6
+    /// ([`super::kda::L2_EPS`]); llama.cpp's `kimi-k3.cpp` uses `rms_norm_eps`.
+    pub l2_eps: f32,
 }
 
 impl KdaShape {
@@ -89,9 +92,9 @@ pub fn kda_mixer(sh: &KdaShape, w: &KdaWeights<'_>, xn: &[f32], state: &mut [f32
         v[r * dim..(r + 1) * dim].copy_from_slice(&row[2 * dim..]);
     }
     for (qh, kh) in q.chunks_exact_mut(hd).zip(k.chunks_exact_mut(hd)) {
-        l2norm(qh);
+        l2norm_eps(qh, sh.l2_eps);
         qh.iter_mut().for_each(|x| *x *= scale);
-        l2norm(kh);
+        l2norm_eps(kh, sh.l2_eps);
     }
     // decay and beta
     let mut fa = vec![0f32; n * w.f_a.rows];
@@ -138,6 +141,10 @@ pub struct MlaLayer<'a> {
     /// two forms of [`MlaWeights`].
     pub kv_b: Matrix<'a>,
     pub v_b: Option<Matrix<'a>>,
+    /// Kimi K3's output gate (`n_heads·v_head_dim × hidden`, llama.cpp `attn_gate`): the
+    /// attention output times `sigmoid(gate · xn)` before `o_proj` (`kimi-k3.cpp`,
+    /// `build_mla_layer`); `None` for Kimi Linear.
+    pub gate: Option<Matrix<'a>>,
     pub o: Matrix<'a>,
 }
 
@@ -145,7 +152,7 @@ pub struct MlaLayer<'a> {
 /// (`n × hidden`): the new tokens' latent rows (`kv_a_layernorm`ed latent, unrotated shared
 /// key) go into `cache` (rows of `width = rank + rope` floats for positions `0..pos0 + n`),
 /// then DeepSeek's absorbed latent attention ([`mla_attention`]) with softmax scale
-/// `(nope + rope)^-½`, then `o_proj`. `lora_eps`: `eps` of the latent norms (transformers'
+/// `(nope + rope)^-½`, then the optional sigmoid gate ([`MlaLayer::gate`]), then `o_proj`. `lora_eps`: `eps` of the latent norms (transformers'
 /// `KimiLinearRMSNorm` default, 1e-6).
 #[allow(clippy::too_many_arguments)]
 pub fn mla_mixer(
@@ -184,5 +191,10 @@ pub fn mla_mixer(
         None => MlaWeights::Joint(&w.kv_b),
     };
     mla_attention(s, &q, kvw, &cache[..(pos0 + n) * width], pos0, &mut att);
+    if let Some(gw) = &w.gate {
+        let mut g = vec![0f32; att.len()];
+        mm(gw, xn, n, &mut g);
+        att.iter_mut().zip(&g).for_each(|(a, &z)| *a *= sigmoid(z));
+    }
     mm(&w.o, &att, n, out);
 }

@@ -284,7 +284,7 @@ impl KimiLinear {
 /// `A_log` from llama.cpp's `ssm_a` (`−exp(A_log)` per head): `ln(−a)`.
 ///
 /// Errors: a value that is not negative and finite (named with the tensor).
-fn a_log_of_neg_exp(name: &str, a: Vec<f32>) -> Result<Vec<f32>> {
+pub(crate) fn a_log_of_neg_exp(name: &str, a: Vec<f32>) -> Result<Vec<f32>> {
     a.into_iter()
         .map(|x| match x < 0.0 && x.is_finite() {
             true => Ok((-x).ln()),
@@ -302,6 +302,7 @@ impl KimiLinearBlocks {
             conv: c.linear_conv_kernel_dim,
             eps: c.rms_norm_eps as f32,
             lower_bound: None,
+            l2_eps: kda::L2_EPS,
         }
     }
 
@@ -380,6 +381,7 @@ impl Blocks for KimiLinearBlocks {
                     kv_a_norm: &v.o_norm,
                     kv_b: kv_b.view(u),
                     v_b: v_b.as_ref().map(|m| m.view(u)),
+                    gate: None,
                     o: om.view(u),
                 };
                 mla_mixer(&self.mla_shape(), &ml, self.lora_eps, &s.xn, &mut cache.k[l], pos0, &mut o);
