@@ -317,7 +317,7 @@ fn load_errors_name_the_key_or_tensor() {
         |_| true,
     );
     assert!(load_err(&p).ends_with(
-        "architecture 'deepseek4' is not supported (supported: gemma3, qwen3moe, qwen3, llama, gpt-oss, deepseek2, kimi-linear)"
+        "architecture 'deepseek4' is not supported (supported: gemma3, qwen3moe, qwen3, llama, gpt-oss, deepseek2, kimi-linear, kimi-k3)"
     ));
 }
 
