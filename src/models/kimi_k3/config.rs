@@ -2,9 +2,10 @@
 //! `kimi-k3.*`, named in `src/llama-arch.cpp` and read by `src/models/kimi-k3.cpp`,
 //! `load_arch_hparams`).
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 
 use crate::models::config::{gguf_count, gguf_sigmoid_moe, opt_gguf_count, GgufSigmoidMoe};
+use crate::models::kimi_linear::gguf::gguf_hybrid_attn;
 use crate::models::kimi_linear::Mixer;
 use crate::source::gguf::GgufModel;
 
@@ -100,24 +101,7 @@ impl Config {
             bail!("{file}: architecture '{arch}' is not {ARCH}");
         }
         let k = |s: &str| format!("{arch}.{s}");
-        let n = gguf_count(g, &k("block_count"), 1..=4096)?;
-        let d = gguf_count(g, &k("embedding_length"), 1..=DIM_MAX)?;
-        let nh = gguf_count(g, &k("attention.head_count"), 1..=4096)?;
-        let kv_key = k("attention.head_count_kv");
-        let kv = g
-            .get(&kv_key)
-            .and_then(|v| v.as_array())
-            .and_then(|a| a.iter().map(|x| x.as_u64()).collect::<Option<Vec<u64>>>())
-            .ok_or_else(|| anyhow!("{file}: metadata key '{kv_key}' is not an array of counts (one per layer: 0 for KDA, else MLA)"))?;
-        if kv.len() != n {
-            bail!("{file}: metadata key '{kv_key}' has {} entries for {n} blocks", kv.len());
-        }
-        let mixers = kv.iter().map(|&h| if h == 0 { Mixer::Kda } else { Mixer::Mla }).collect();
-        let rope = gguf_count(g, &k("rope.dimension_count"), 0..=512)?;
-        let qk = gguf_count(g, &k("attention.key_length_mla"), 1..=8192)?;
-        if qk <= rope {
-            bail!("{file}: metadata key '{arch}.attention.key_length_mla' = {qk} leaves no room beside '{arch}.rope.dimension_count' = {rope}");
-        }
+        let h = gguf_hybrid_attn(g, &arch)?;
         let positive = |key: &str| -> Result<f32> {
             let v = g.get_f32(&k(key))?;
             if !(v.is_finite() && v > 0.0) {
@@ -131,33 +115,25 @@ impl Config {
                 bail!("{file}: metadata key '{arch}.kda.gate_lower_bound' = {lb} must be finite");
             }
         }
-        let embd = g
-            .tensor("token_embd.weight")
-            .ok_or_else(|| anyhow!("{file}: tensor 'token_embd.weight' is missing"))?;
-        let vocab = embd.shape.get(1).copied().unwrap_or(0);
-        if vocab == 0 || vocab > 1 << 24 {
-            bail!("{file}: tensor 'token_embd.weight' has {vocab} rows (vocabulary size)");
-        }
         // a non-positive linear beta disables the transform of the up branch (kimi-k3.cpp)
         let situ_linear_beta = g.get_f32(&k("activation.situ_linear_beta"))?;
         if !situ_linear_beta.is_finite() {
             bail!("{file}: metadata key '{arch}.activation.situ_linear_beta' = {situ_linear_beta} must be finite");
         }
         Ok(Self {
-            vocab_size: vocab as usize,
-            hidden_size: d,
-            num_hidden_layers: n,
+            vocab_size: h.vocab,
+            hidden_size: h.hidden,
+            num_hidden_layers: h.layers,
             max_position_embeddings: gguf_count(g, &k("context_length"), 1..=(1 << 24))?,
-            num_heads: nh,
-            mixers,
-            kda_head_dim: gguf_count(g, &k("kda.head_dim"), 1..=8192)?,
-            conv_kernel: gguf_count(g, &k("ssm.conv_kernel"), 1..=1024)?,
+            num_heads: h.heads,
+            kda_head_dim: h.kda_head_dim,
+            conv_kernel: h.conv_kernel,
             gate_lower_bound: lower,
-            q_lora_rank: opt_gguf_count(g, &k("attention.q_lora_rank"), 1..=DIM_MAX)?,
-            kv_lora_rank: gguf_count(g, &k("attention.kv_lora_rank"), 1..=DIM_MAX)?,
-            qk_rope_head_dim: rope,
-            qk_nope_head_dim: qk - rope,
-            v_head_dim: gguf_count(g, &k("attention.value_length_mla"), 1..=8192)?,
+            q_lora_rank: h.q_lora_rank,
+            kv_lora_rank: h.kv_lora_rank,
+            qk_rope_head_dim: h.rope,
+            qk_nope_head_dim: h.qk_nope,
+            v_head_dim: h.v_head_dim,
             moe: gguf_sigmoid_moe(g, &arch)?,
             norm_topk_prob: g.opt_bool(&k("expert_weights_norm"))?.unwrap_or(false),
             latent: opt_gguf_count(g, &k("expert_latent_length"), 0..=DIM_MAX)?.filter(|&l| l > 0),
@@ -166,6 +142,7 @@ impl Config {
             attn_res_block_size: gguf_count(g, &k("attn_res.block_size"), 0..=4096)?,
             rms_norm_eps: positive("attention.layer_norm_rms_epsilon")?,
             tie_word_embeddings: g.tensor("output.weight").is_none(),
+            mixers: h.mixers,
         })
     }
 }

@@ -61,31 +61,14 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
         bail!("{file}: architecture '{arch}' is not {ARCH}");
     }
     let k = |s: &str| format!("{arch}.{s}");
-    let n = gguf_count(g, &k("block_count"), 1..=4096)?;
-    let d = gguf_count(g, &k("embedding_length"), 1..=DIM_MAX)?;
-    let n_head = gguf_count(g, &k("attention.head_count"), 1..=4096)?;
-    let kv_key = k("attention.head_count_kv");
-    let kv = g
-        .get(&kv_key)
-        .and_then(|v| v.as_array())
-        .map(|a| a.iter().map(|x| x.as_u64()).collect::<Option<Vec<u64>>>())
-        .ok_or_else(|| anyhow!("{file}: metadata key '{kv_key}' is not an array of counts (one per layer: 0 for KDA, else MLA)"))?
-        .ok_or_else(|| anyhow!("{file}: metadata key '{kv_key}' is not an array of counts"))?;
-    if kv.len() != n {
-        bail!("{file}: metadata key '{kv_key}' has {} entries for {n} blocks", kv.len());
-    }
-    let full: Vec<usize> = (0..n).filter(|&i| kv[i] > 0).map(|i| i + 1).collect();
-    let kda: Vec<usize> = (0..n).filter(|&i| kv[i] == 0).map(|i| i + 1).collect();
-    let rank = gguf_count(g, &k("attention.kv_lora_rank"), 1..=DIM_MAX)?;
-    let q_rank = opt_gguf_count(g, &k("attention.q_lora_rank"), 1..=DIM_MAX)?;
-    let rope = gguf_count(g, &k("rope.dimension_count"), 0..=512)?;
-    let qk = gguf_count(g, &k("attention.key_length_mla"), 1..=8192)?;
-    let vd = gguf_count(g, &k("attention.value_length_mla"), 1..=8192)?;
-    if qk <= rope {
-        bail!("{file}: metadata key '{arch}.attention.key_length_mla' = {qk} leaves no room beside '{arch}.rope.dimension_count' = {rope}");
-    }
-    let kda_hd = gguf_count(g, &k("kda.head_dim"), 1..=8192)?;
-    let conv = gguf_count(g, &k("ssm.conv_kernel"), 1..=1024)?;
+    let h = gguf_hybrid_attn(g, &arch)?;
+    let (n, d, n_head) = (h.layers, h.hidden, h.heads);
+    let mla = |i: &usize| h.mixers[*i] == Mixer::Mla;
+    let full: Vec<usize> = (0..n).filter(mla).map(|i| i + 1).collect();
+    let kda: Vec<usize> = (0..n).filter(|i| !mla(i)).map(|i| i + 1).collect();
+    let (rank, q_rank, rope, vd) = (h.kv_lora_rank, h.q_lora_rank, h.rope, h.v_head_dim);
+    let qk = h.qk_nope + rope;
+    let (kda_hd, conv) = (h.kda_head_dim, h.conv_kernel);
     let eps = g.get_f32(&k("attention.layer_norm_rms_epsilon"))?;
     if !(eps.is_finite() && eps > 0.0) {
         bail!("{file}: metadata key '{arch}.attention.layer_norm_rms_epsilon' = {eps} must be a positive finite number");
@@ -93,13 +76,7 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
     let GgufSigmoidMoe { experts: ne, used, expert_ff: eff, shared, dense, dense_ff: dff, groups, groups_used, scale } =
         gguf_sigmoid_moe(g, &arch)?;
     let max_pos = gguf_count(g, &k("context_length"), 1..=(1 << 24))?;
-    let embd = g
-        .tensor("token_embd.weight")
-        .ok_or_else(|| anyhow!("{file}: tensor 'token_embd.weight' is missing"))?;
-    let vocab = embd.shape.get(1).copied().unwrap_or(0);
-    if vocab == 0 || vocab > 1 << 24 {
-        bail!("{file}: tensor 'token_embd.weight' has {vocab} rows (vocabulary size)");
-    }
+    let vocab = h.vocab;
     let v = json!({
         "model_type": "kimi_linear",
         "vocab_size": vocab,
@@ -135,6 +112,88 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
         },
     });
     Config::from_json(&v, &file)
+}
+
+/// The layer map and attention widths that llama.cpp's hybrid KDA + MLA architectures
+/// (`kimi-linear`, `kimi-k3`) write under the same keys `ARCH.*`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct GgufHybridAttn {
+    /// `block_count`.
+    pub layers: usize,
+    /// `embedding_length`.
+    pub hidden: usize,
+    /// `attention.head_count`: the heads of both mixers (llama.cpp has one count).
+    pub heads: usize,
+    /// Per layer, from the array `attention.head_count_kv` (0: KDA, else MLA).
+    pub mixers: Vec<Mixer>,
+    /// `attention.kv_lora_rank`.
+    pub kv_lora_rank: usize,
+    /// `attention.q_lora_rank` (absent: a full-rank query projection).
+    pub q_lora_rank: Option<usize>,
+    /// `rope.dimension_count`: the rotary part of an MLA key head.
+    pub rope: usize,
+    /// `attention.key_length_mla` minus `rope`.
+    pub qk_nope: usize,
+    /// `attention.value_length_mla`.
+    pub v_head_dim: usize,
+    /// `kda.head_dim`.
+    pub kda_head_dim: usize,
+    /// `ssm.conv_kernel`: taps of the KDA short convolutions.
+    pub conv_kernel: usize,
+    /// Rows of `token_embd.weight`.
+    pub vocab: usize,
+}
+
+/// Reads [`GgufHybridAttn`] from the keys `{arch}.*` and the token table. Errors name the
+/// file and the key or tensor: a missing key, a count out of range, a `head_count_kv` that
+/// is not an array of one count per block, a `key_length_mla` not above
+/// `rope.dimension_count`, a token table of no rows (or over 2^24).
+pub(crate) fn gguf_hybrid_attn(g: &GgufModel, arch: &str) -> Result<GgufHybridAttn> {
+    let file = g.file_name();
+    let k = |s: &str| format!("{arch}.{s}");
+    let n = gguf_count(g, &k("block_count"), 1..=4096)?;
+    let hidden = gguf_count(g, &k("embedding_length"), 1..=DIM_MAX)?;
+    let heads = gguf_count(g, &k("attention.head_count"), 1..=4096)?;
+    let kv_key = k("attention.head_count_kv");
+    let kv = g
+        .get(&kv_key)
+        .and_then(|v| v.as_array())
+        .and_then(|a| a.iter().map(|x| x.as_u64()).collect::<Option<Vec<u64>>>())
+        .ok_or_else(|| anyhow!("{file}: metadata key '{kv_key}' is not an array of counts (one per layer: 0 for KDA, else MLA)"))?;
+    if kv.len() != n {
+        bail!("{file}: metadata key '{kv_key}' has {} entries for {n} blocks", kv.len());
+    }
+    let kv_lora_rank = gguf_count(g, &k("attention.kv_lora_rank"), 1..=DIM_MAX)?;
+    let q_lora_rank = opt_gguf_count(g, &k("attention.q_lora_rank"), 1..=DIM_MAX)?;
+    let rope = gguf_count(g, &k("rope.dimension_count"), 0..=512)?;
+    let qk = gguf_count(g, &k("attention.key_length_mla"), 1..=8192)?;
+    let v_head_dim = gguf_count(g, &k("attention.value_length_mla"), 1..=8192)?;
+    if qk <= rope {
+        bail!("{file}: metadata key '{arch}.attention.key_length_mla' = {qk} leaves no room beside '{arch}.rope.dimension_count' = {rope}");
+    }
+    let kda_head_dim = gguf_count(g, &k("kda.head_dim"), 1..=8192)?;
+    let conv_kernel = gguf_count(g, &k("ssm.conv_kernel"), 1..=1024)?;
+    let embd = g
+        .tensor("token_embd.weight")
+        .ok_or_else(|| anyhow!("{file}: tensor 'token_embd.weight' is missing"))?;
+    let vocab = embd.shape.get(1).copied().unwrap_or(0);
+    if vocab == 0 || vocab > 1 << 24 {
+        bail!("{file}: tensor 'token_embd.weight' has {vocab} rows (vocabulary size)");
+    }
+    Ok(GgufHybridAttn {
+        layers: n,
+        hidden,
+        heads,
+        mixers: kv.iter().map(|&h| if h == 0 { Mixer::Kda } else { Mixer::Mla }).collect(),
+        kv_lora_rank,
+        q_lora_rank,
+        rope,
+        qk_nope: qk - rope,
+        v_head_dim,
+        kda_head_dim,
+        conv_kernel,
+        vocab: vocab as usize,
+    })
 }
 
 /// A tensor that llama.cpp accepts in either of two GGML shapes (`a`, else `b`).
