@@ -313,7 +313,8 @@ pub fn rewrite_generation_tags(src: &str) -> String {
     while let Some(i) = rest.find("{%") {
         out.push_str(&rest[..i]);
         let tag = &rest[i..];
-        let Some(end) = tag.find("%}") else {
+        // The closing `%}` starts after the opening `{%` (in `{%}` the two overlap).
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             out.push_str(tag);
             return out;
         };
@@ -408,6 +409,23 @@ mod tests {
             ),
             "a{%- if true -%}b{% endif %}{% if x %}{%+ endif +%}"
         );
+    }
+
+    /// `{%}` (an opening tag whose `%` could also start a closing one; found by the `chat`
+    /// fuzz target) passes through unchanged and fails as a template syntax error, not a panic.
+    #[test]
+    fn overlapping_tag_delimiters_pass_through() {
+        assert_eq!(
+            rewrite_generation_tags("{%}{{ i }}{% endfor %}"),
+            "{%}{{ i }}{% endfor %}"
+        );
+        assert_eq!(rewrite_generation_tags("x{%}"), "x{%}");
+        assert_eq!(
+            rewrite_generation_tags("{%}{% generation %}"),
+            "{%}{% generation %}"
+        );
+        let err = ChatTemplate::new("{%}{{ i }}{% endfor %}", "<s>", "</s>").unwrap_err();
+        assert!(err.to_string().contains("syntax error"), "{err}");
     }
 
     #[test]
