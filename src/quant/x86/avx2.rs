@@ -214,7 +214,7 @@ kernels!(avx2; dot_q6_k, deq_q6_k, blk_q6_k, 210, 256, 0, no_tail);
 kernels!(avx2; dot_mxfp4, deq_mxfp4, blk_mxfp4, 17, 32, 0, no_tail);
 
 // The low-bit types' dots and dequantization (`EXT_TYPES` order).
-use super::lowbit::{AVX2_DEQ as EXT_DEQ, AVX2_DOT as EXT_DOT};
+use super::lowbit_tables::{AVX2_DEQ as EXT_DEQ, AVX2_DOT as EXT_DOT};
 
 /// f32 · f32 in this level's order (F32 rows are the same computation).
 fn dot_f32(w: &[f32], x: &[f32]) -> f32 {

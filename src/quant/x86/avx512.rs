@@ -251,7 +251,7 @@ kernels!(avx512; dot_mxfp4, deq_mxfp4, blk_mxfp4, 17, 32, 0, no_tail);
 
 // The low-bit types' dots and dequantization (`EXT_TYPES` order): the AVX2 level's
 // in-register block decoders (256-bit registers), accumulated in this level's 16 lanes.
-use super::lowbit::{AVX512_DEQ as EXT_DEQ, AVX512_DOT as EXT_DOT};
+use super::lowbit_tables::{AVX512_DEQ as EXT_DEQ, AVX512_DOT as EXT_DOT};
 
 /// f32 · f32 in this level's order (F32 rows are the same computation).
 fn dot_f32(w: &[f32], x: &[f32]) -> f32 {

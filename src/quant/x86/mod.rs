@@ -2,7 +2,8 @@
 //! block-scale dots of the 32-element one-scale types (`avx2_q32`, `avx512_q32`), and the
 //! FP8 kernels (`fp8`), and the low-bit types' in-register block decoders for both levels
 //! (`lowbit_k`: Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, TQ1_0, TQ2_0; `lowbit_iq`: the IQ types),
-//! whose shared accumulators, helpers and tables are `lowbit`, and the batch tiles of both
+//! whose shared accumulators and helpers are `lowbit` and whose tables `lowbit_tables` joins,
+//! and the batch tiles of both
 //! levels (`tile_avx2`, `tile_avx512`). What all share (loads,
 //! reductions, block factors, the row-wrapper macros) is the leaf `common`; no kernel file
 //! imports another except a level's table naming its block-scale or low-bit kernels.
@@ -17,5 +18,6 @@ pub(super) mod fp8;
 mod lowbit;
 mod lowbit_iq;
 mod lowbit_k;
+mod lowbit_tables;
 mod tile_avx2;
 mod tile_avx512;
