@@ -493,6 +493,6 @@ pub const FAMILY: crate::models::Family = crate::models::Family {
     check_hf: None,
     check_gguf: Some(|g| Config::from_gguf(g).map(drop)),
     experts: Some(crate::models::registry::SWIGLU_EXPERTS),
-    packable: false,
-    synth: &[],
+    packable: true,
+    synth: &["kimi_k3"],
 };
