@@ -563,8 +563,9 @@ mod tests {
         assert_eq!(full.expert_bytes, 3 * 3584 * 3072 / 32 * 17);
         assert_eq!(full.expert_bytes, 17_547_264);
         assert_eq!((full.layers, full.moe_layers, full.experts), (93, 92, 896));
-        // the routed experts alone: 92 × 896 × 17.5 MB = 1.446 TB
-        assert_eq!(full.tensor_bytes / 1_000_000_000, 1_446 + 95);
+        // 1.446 TB of routed experts (92 × 896 × 17.5 MB), 85 GB of BF16 spine
+        assert_eq!(92 * 896 * full.expert_bytes, 1_446_456_066_048);
+        assert_eq!(full.tensor_bytes / 1_000_000_000, 1_531);
         shape.set_layers(Some(2), Some(0)).unwrap();
         shape.set_experts(Some(64)).unwrap();
         let p = plan(&shape, Encoding::Gguf(GgmlType::MXFP4), 0).unwrap();
