@@ -110,27 +110,64 @@ fn kimi_k3_synth_is_the_kimi_k3_layout_with_mxfp4_experts() {
     assert_eq!(t.n_bytes, 32 * 64 * 2 * 17);
     // layer 1 KDA, layer 2 (the last) MLA with its output gate
     assert!(g.tensor("blk.1.ssm_g.weight").is_some());
-    assert_eq!(g.tensor("blk.2.attn_gate.weight").unwrap().ty, GgmlType::BF16);
-    assert_eq!(g.tensor("blk.1.ffn_gate_inp.weight").unwrap().ty, GgmlType::F32);
-    assert_eq!(g.total_tensor_bytes(), plan(&Shape::KimiK3(shape()), MXFP4, 0).unwrap().tensor_bytes);
+    assert_eq!(
+        g.tensor("blk.2.attn_gate.weight").unwrap().ty,
+        GgmlType::BF16
+    );
+    assert_eq!(
+        g.tensor("blk.1.ffn_gate_inp.weight").unwrap().ty,
+        GgmlType::F32
+    );
+    assert_eq!(
+        g.total_tensor_bytes(),
+        plan(&Shape::KimiK3(shape()), MXFP4, 0)
+            .unwrap()
+            .tensor_bytes
+    );
 }
 
 #[test]
 fn kimi_k3_mxfp4_experts_streamed_and_packed_equal_resident_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     let path = written(dir.path());
-    let want = bits(&prompt_and_greedy_logits(&mut sess(&path, None), &PROMPT, 3));
+    let want = bits(&prompt_and_greedy_logits(
+        &mut sess(&path, None),
+        &PROMPT,
+        3,
+    ));
     assert!(want.iter().all(|b| f32::from_bits(*b).is_finite()));
     let b = streamed_budget(&path);
-    let got = bits(&prompt_and_greedy_logits(&mut sess(&path, Some(b)), &PROMPT, 3));
+    let got = bits(&prompt_and_greedy_logits(
+        &mut sess(&path, Some(b)),
+        &PROMPT,
+        3,
+    ));
     assert!(got == want, "GGUF streamed differs");
-    for (n, placement) in [(1, PackPlacement::Stripe), (2, PackPlacement::Stripe), (2, PackPlacement::Spread)] {
+    for (n, placement) in [
+        (1, PackPlacement::Stripe),
+        (2, PackPlacement::Stripe),
+        (2, PackPlacement::Spread),
+    ] {
         let (_t, o) = pack_of(&path, n, placement);
-        let resident = bits(&prompt_and_greedy_logits(&mut sess(&o.out, None), &PROMPT, 3));
-        assert!(resident == want, "pack on {n} drives ({placement:?}), resident, differs");
+        let resident = bits(&prompt_and_greedy_logits(
+            &mut sess(&o.out, None),
+            &PROMPT,
+            3,
+        ));
+        assert!(
+            resident == want,
+            "pack on {n} drives ({placement:?}), resident, differs"
+        );
         let b = streamed_budget(&o.out);
-        let got = bits(&prompt_and_greedy_logits(&mut sess(&o.out, Some(b)), &PROMPT, 3));
-        assert!(got == want, "pack on {n} drives ({placement:?}), streamed, differs");
+        let got = bits(&prompt_and_greedy_logits(
+            &mut sess(&o.out, Some(b)),
+            &PROMPT,
+            3,
+        ));
+        assert!(
+            got == want,
+            "pack on {n} drives ({placement:?}), streamed, differs"
+        );
     }
 }
 
@@ -140,12 +177,17 @@ fn decode_step(s: &mut Session) -> (Vec<Vec<usize>>, deltafin::store::ExpertCoun
     s.prefill(&PROMPT, Logits::Last).unwrap();
     let es = s.store.experts().unwrap();
     let (h0, c0) = (es.heat().counts.clone(), es.counters());
-    s.model.forward(&mut s.store, &mut s.cache, &[7], Logits::Last).unwrap();
+    s.model
+        .forward(&mut s.store, &mut s.cache, &[7], Logits::Last)
+        .unwrap();
     let es = s.store.experts().unwrap();
     let (h1, c1) = (es.heat().counts.clone(), es.counters());
     let chosen = (0..h1.len())
         .map(|l| {
-            assert!(h1[l].iter().zip(&h0[l]).all(|(a, b)| a - b <= 1), "layer {l}: an expert used twice");
+            assert!(
+                h1[l].iter().zip(&h0[l]).all(|(a, b)| a - b <= 1),
+                "layer {l}: an expert used twice"
+            );
             (0..h1[l].len()).filter(|&e| h1[l][e] > h0[l][e]).collect()
         })
         .collect();
@@ -173,12 +215,20 @@ fn kimi_k3_decode_step_reads_only_the_chosen_experts() {
     let mut s = sess(&o.out, Some(streamed_budget(&o.out)));
     let (chosen, d) = decode_step(&mut s);
     let n: Vec<usize> = chosen.iter().map(|c| c.len()).collect();
-    assert_eq!(n, [0, 4, 4], "k = 4 experts in each MoE layer, none in the dense one");
+    assert_eq!(
+        n,
+        [0, 4, 4],
+        "k = 4 experts in each MoE layer, none in the dense one"
+    );
     assert_eq!((d.misses, d.hits), (8, 0));
     let (mut want, mut reads) = (0, 0);
     for (l, ids) in chosen.iter().enumerate() {
         for &e in ids {
-            let r = m.experts.iter().find(|r| (r.layer, r.expert) == (l, e)).unwrap();
+            let r = m
+                .experts
+                .iter()
+                .find(|r| (r.layer, r.expert) == (l, e))
+                .unwrap();
             assert_eq!(r.len, 2 * 4096 + EXPERT_BYTES / 3);
             for x in &r.extents {
                 let end = (x.offset + x.len).div_ceil(a) * a;
@@ -196,7 +246,10 @@ fn kimi_k3_decode_step_reads_only_the_chosen_experts() {
     // each read as its 4 KiB-aligned span
     let mut s = sess(&path, Some(streamed_budget(&path)));
     let (chosen_gguf, d) = decode_step(&mut s);
-    assert_eq!(chosen_gguf, chosen, "the same choices from the file and its pack");
+    assert_eq!(
+        chosen_gguf, chosen,
+        "the same choices from the file and its pack"
+    );
     assert_eq!((d.misses, d.hits), (8, 0));
     let g = GgufModel::open(&path).unwrap();
     let mut want = 0;
@@ -217,8 +270,15 @@ fn kimi_k3_decode_step_reads_only_the_chosen_experts() {
 }
 
 fn deltafin(args: &[&str]) -> std::process::Output {
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin")).args(args).output().unwrap();
-    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     o
 }
 
@@ -226,25 +286,85 @@ fn deltafin(args: &[&str]) -> std::process::Output {
 fn kimi_k3_cli_synth_run_and_pack() {
     let dir = tempfile::tempdir().unwrap();
     let p = |x: &str| dir.path().join(x).to_str().unwrap().to_string();
-    let o = deltafin(&["synth", "--arch", "kimi_k3", "--preset", "kimi-k3", "--format", "gguf", "--dry-run"]);
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("93 layers (1 dense + 92 MoE × 896 experts of 16.73 MiB), gguf mxfp4"), "{out}");
     let o = deltafin(&[
-        "synth", "--arch", "kimi_k3", "--preset", "kimi-k3", "--format", "gguf", "--layers", "2", "--dense-layers", "0",
-        "--experts", "32", "--dry-run",
+        "synth",
+        "--arch",
+        "kimi_k3",
+        "--preset",
+        "kimi-k3",
+        "--format",
+        "gguf",
+        "--dry-run",
     ]);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("2 layers (2 MoE × 32 experts of 16.73 MiB), gguf mxfp4"), "{out}");
-    deltafin(&["synth", "--arch", "kimi_k3", "--preset", "tiny", "--format", "gguf", "--out", &p("t.gguf")]);
+    assert!(
+        out.contains("93 layers (1 dense + 92 MoE × 896 experts of 16.73 MiB), gguf mxfp4"),
+        "{out}"
+    );
+    let o = deltafin(&[
+        "synth",
+        "--arch",
+        "kimi_k3",
+        "--preset",
+        "kimi-k3",
+        "--format",
+        "gguf",
+        "--layers",
+        "2",
+        "--dense-layers",
+        "0",
+        "--experts",
+        "32",
+        "--dry-run",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("2 layers (2 MoE × 32 experts of 16.73 MiB), gguf mxfp4"),
+        "{out}"
+    );
+    deltafin(&[
+        "synth",
+        "--arch",
+        "kimi_k3",
+        "--preset",
+        "tiny",
+        "--format",
+        "gguf",
+        "--out",
+        &p("t.gguf"),
+    ]);
     for d in ["d0", "d1"] {
         std::fs::create_dir(p(d)).unwrap();
     }
-    deltafin(&["pack", "-m", &p("t.gguf"), "--out", &p("pack"), "--drives", &format!("{},{}", p("d0"), p("d1"))]);
+    deltafin(&[
+        "pack",
+        "-m",
+        &p("t.gguf"),
+        "--out",
+        &p("pack"),
+        "--drives",
+        &format!("{},{}", p("d0"), p("d1")),
+    ]);
     let run = |m: &str| {
-        let o = deltafin(&["run", "-m", m, "-p", "hello", "-n", "6", "--temp", "0", "--ram-budget", "1M"]);
+        let o = deltafin(&[
+            "run",
+            "-m",
+            m,
+            "-p",
+            "hello",
+            "-n",
+            "6",
+            "--temp",
+            "0",
+            "--ram-budget",
+            "1M",
+        ]);
         String::from_utf8_lossy(&o.stdout).to_string()
     };
     let (file, pack) = (run(&p("t.gguf")), run(&p("pack")));
-    assert!(file.starts_with("hello") && file.len() > "hello".len(), "{file:?}");
+    assert!(
+        file.starts_with("hello") && file.len() > "hello".len(),
+        "{file:?}"
+    );
     assert_eq!(file, pack);
 }

@@ -22,7 +22,8 @@ use crate::source::gguf::Value;
 use crate::write::gguf_writer::{streamed_len, write_streamed, StreamTensor};
 
 /// The fixture whose tokenizer metadata synthetic K3 files reuse.
-const TOKENIZER_SOURCE: &[u8] = include_bytes!("../../../tests/fixtures/gguf/kimi_k3/kimi_k3-f32.gguf");
+const TOKENIZER_SOURCE: &[u8] =
+    include_bytes!("../../../tests/fixtures/gguf/kimi_k3/kimi_k3-f32.gguf");
 
 /// llama.cpp's `LLAMA_FTYPE_MOSTLY_MXFP4_MOE` (`include/llama.h`), the file type the converter
 /// gives a K3 with MXFP4 experts.
@@ -156,7 +157,11 @@ struct Spec {
 
 fn specs(s: &KimiK3Shape) -> Vec<Spec> {
     let d = s.hidden_size as u64;
-    let spec = |name: String, ty, shape: Vec<u64>, fill| Spec { t: StreamTensor { name, ty, shape }, fill, experts: 0 };
+    let spec = |name: String, ty, shape: Vec<u64>, fill| Spec {
+        t: StreamTensor { name, ty, shape },
+        fill,
+        experts: 0,
+    };
     // a BF16 matrix `[fan_in, rows]` (GGML order), values in ±1/√fan_in
     let m = |name: String, shape: Vec<u64>| {
         let sc = 1.0 / (shape[0] as f32).sqrt();
@@ -167,13 +172,27 @@ fn specs(s: &KimiK3Shape) -> Vec<Spec> {
     let res = s.attn_res_block_size > 0;
     let (nh, hd) = (s.num_heads as u64, s.kda_head_dim as u64);
     let dim = nh * hd;
-    let (qr, rank, nope, rope, vd) =
-        (s.q_lora_rank as u64, s.kv_lora_rank as u64, s.qk_nope_head_dim as u64, s.qk_rope_head_dim as u64, s.v_head_dim as u64);
-    let (ne, eff, lat) = (s.n_routed_experts as u64, s.moe_intermediate_size as u64, s.latent as u64);
+    let (qr, rank, nope, rope, vd) = (
+        s.q_lora_rank as u64,
+        s.kv_lora_rank as u64,
+        s.qk_nope_head_dim as u64,
+        s.qk_rope_head_dim as u64,
+        s.v_head_dim as u64,
+    );
+    let (ne, eff, lat) = (
+        s.n_routed_experts as u64,
+        s.moe_intermediate_size as u64,
+        s.latent as u64,
+    );
     let sff = eff * s.n_shared_experts.max(1) as u64;
     let vocab = s.vocab_size as u64;
     let mut out = vec![
-        spec("token_embd.weight".into(), GgmlType::BF16, vec![d, vocab], Fill::Uniform(1.0)),
+        spec(
+            "token_embd.weight".into(),
+            GgmlType::BF16,
+            vec![d, vocab],
+            Fill::Uniform(1.0),
+        ),
         ones("output_norm.weight".into(), d),
         m("output.weight".into(), vec![d, vocab]),
     ];
@@ -203,7 +222,12 @@ fn specs(s: &KimiK3Shape) -> Vec<Spec> {
         } else {
             for x in ["q", "k", "v"] {
                 let conv = vec![s.conv_kernel as u64, 1, dim];
-                out.push(spec(n(&format!("ssm_conv1d_{x}")), GgmlType::F32, conv, Fill::Uniform(0.5)));
+                out.push(spec(
+                    n(&format!("ssm_conv1d_{x}")),
+                    GgmlType::F32,
+                    conv,
+                    Fill::Uniform(0.5),
+                ));
                 out.push(m(n(&format!("attn_{x}")), vec![d, dim]));
             }
             out.extend([
@@ -219,16 +243,29 @@ fn specs(s: &KimiK3Shape) -> Vec<Spec> {
         }
         if l < s.first_k_dense_replace {
             let ff = s.intermediate_size as u64;
-            out.extend([m(n("ffn_gate"), vec![d, ff]), m(n("ffn_up"), vec![d, ff]), m(n("ffn_down"), vec![ff, d])]);
+            out.extend([
+                m(n("ffn_gate"), vec![d, ff]),
+                m(n("ffn_up"), vec![d, ff]),
+                m(n("ffn_down"), vec![ff, d]),
+            ]);
             continue;
         }
         let exps = |name: String, fan_in: u64, rows: u64| Spec {
-            t: StreamTensor { name, ty: GgmlType::MXFP4, shape: vec![fan_in, rows, ne] },
+            t: StreamTensor {
+                name,
+                ty: GgmlType::MXFP4,
+                shape: vec![fan_in, rows, ne],
+            },
             fill: Fill::Mxfp4(fan_in as usize),
             experts: ne as usize,
         };
         out.extend([
-            spec(n("ffn_gate_inp"), GgmlType::F32, vec![d, ne], Fill::Uniform(1.0 / (d as f32).sqrt())),
+            spec(
+                n("ffn_gate_inp"),
+                GgmlType::F32,
+                vec![d, ne],
+                Fill::Uniform(1.0 / (d as f32).sqrt()),
+            ),
             v(format!("blk.{l}.exp_probs_b.bias"), ne, Fill::Uniform(0.1)),
             exps(n("ffn_gate_exps"), lat, eff),
             exps(n("ffn_up_exps"), lat, eff),
@@ -246,19 +283,35 @@ fn specs(s: &KimiK3Shape) -> Vec<Spec> {
 
 /// The metadata of a `kimi-k3` file of shape `s` (keys as `conversion/kimi_k3.py` writes them).
 fn metadata(s: &KimiK3Shape) -> Result<Vec<(String, Value)>> {
-    let src = crate::source::gguf_parse::parse(std::io::Cursor::new(TOKENIZER_SOURCE), TOKENIZER_SOURCE.len() as u64, "kimi_k3-f32.gguf")
-        .context("parsing the embedded tokenizer fixture")?;
-    let n_tokens = src.metadata.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).map_or(0, |a| a.len());
+    let src = crate::source::gguf_parse::parse(
+        std::io::Cursor::new(TOKENIZER_SOURCE),
+        TOKENIZER_SOURCE.len() as u64,
+        "kimi_k3-f32.gguf",
+    )
+    .context("parsing the embedded tokenizer fixture")?;
+    let n_tokens = src
+        .metadata
+        .get("tokenizer.ggml.tokens")
+        .and_then(|v| v.as_array())
+        .map_or(0, |a| a.len());
     if n_tokens != s.vocab_size {
         bail!("the synthetic GGUF tokenizer has {n_tokens} tokens, the shape asks for a vocabulary of {}", s.vocab_size);
     }
     let u = |v: usize| Value::U32(v as u32);
     let a = |k: &str| format!("kimi-k3.{k}");
-    let kv: Vec<Value> = (0..s.num_hidden_layers).map(|l| Value::I32(s.is_mla(l) as i32)).collect();
+    let kv: Vec<Value> = (0..s.num_hidden_layers)
+        .map(|l| Value::I32(s.is_mla(l) as i32))
+        .collect();
     let mut m: Vec<(String, Value)> = vec![
-        ("general.architecture".into(), Value::String("kimi-k3".into())),
+        (
+            "general.architecture".into(),
+            Value::String("kimi-k3".into()),
+        ),
         ("general.type".into(), Value::String("model".into())),
-        ("general.name".into(), Value::String("Deltafin synthetic kimi-k3".into())),
+        (
+            "general.name".into(),
+            Value::String("Deltafin synthetic kimi-k3".into()),
+        ),
         (a("block_count"), u(s.num_hidden_layers)),
         (a("context_length"), u(131072)),
         (a("embedding_length"), u(s.hidden_size)),
@@ -273,9 +326,15 @@ fn metadata(s: &KimiK3Shape) -> Result<Vec<(String, Value)>> {
         (a("attention.q_lora_rank"), u(s.q_lora_rank)),
         (a("attention.kv_lora_rank"), u(s.kv_lora_rank)),
         (a("rope.dimension_count"), u(s.qk_rope_head_dim)),
-        (a("attention.key_length"), u(s.kv_lora_rank + s.qk_rope_head_dim)),
+        (
+            a("attention.key_length"),
+            u(s.kv_lora_rank + s.qk_rope_head_dim),
+        ),
         (a("attention.value_length"), u(s.kv_lora_rank)),
-        (a("attention.key_length_mla"), u(s.qk_nope_head_dim + s.qk_rope_head_dim)),
+        (
+            a("attention.key_length_mla"),
+            u(s.qk_nope_head_dim + s.qk_rope_head_dim),
+        ),
         (a("attention.value_length_mla"), u(s.v_head_dim)),
         (a("expert_count"), u(s.n_routed_experts)),
         (a("expert_used_count"), u(s.num_experts_per_tok)),
@@ -305,10 +364,18 @@ fn metadata(s: &KimiK3Shape) -> Result<Vec<(String, Value)>> {
 /// multiples of 32, and the shape leaves a MoE layer.
 fn check(s: &KimiK3Shape) -> Result<()> {
     if s.latent % 32 != 0 || s.moe_intermediate_size % 32 != 0 {
-        bail!("latent width {} and expert FFN width {} must be multiples of 32 for MXFP4", s.latent, s.moe_intermediate_size);
+        bail!(
+            "latent width {} and expert FFN width {} must be multiples of 32 for MXFP4",
+            s.latent,
+            s.moe_intermediate_size
+        );
     }
     if s.num_hidden_layers <= s.first_k_dense_replace {
-        bail!("{} layers leave no MoE layer after {} dense ones", s.num_hidden_layers, s.first_k_dense_replace);
+        bail!(
+            "{} layers leave no MoE layer after {} dense ones",
+            s.num_hidden_layers,
+            s.first_k_dense_replace
+        );
     }
     Ok(())
 }
@@ -322,7 +389,11 @@ pub fn plan(s: &KimiK3Shape) -> Result<Planned> {
     let specs = specs(s);
     let tensors: Vec<StreamTensor> = specs.iter().map(|x| x.t.clone()).collect();
     let moe_layers = s.num_hidden_layers - s.first_k_dense_replace;
-    let routed: u64 = specs.iter().filter(|x| x.experts > 0).map(|x| x.t.n_bytes()).sum();
+    let routed: u64 = specs
+        .iter()
+        .filter(|x| x.experts > 0)
+        .map(|x| x.t.n_bytes())
+        .sum();
     Ok(Planned {
         files: vec![(String::new(), streamed_len(&metadata(s)?, &tensors))],
         tensor_bytes: tensors.iter().map(|t| t.n_bytes()).sum(),
@@ -354,7 +425,12 @@ fn fill_tensor(rng: &mut Rng, ty: GgmlType, f: Fill, out: &mut [u8]) {
 ///
 /// Errors: `path` exists, the shape fails [`check`], or a write fails (the message names the
 /// file).
-pub fn write_kimi_k3_gguf(s: &KimiK3Shape, path: &Path, seed: u64, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+pub fn write_kimi_k3_gguf(
+    s: &KimiK3Shape,
+    path: &Path,
+    seed: u64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<()> {
     check(s)?;
     if path.exists() {
         bail!("{}: already exists", path.display());
