@@ -363,7 +363,7 @@ fn metadata(s: &KimiK3Shape) -> Result<Vec<(String, Value)>> {
 /// Errors unless every MXFP4 and BF16 row is whole: the latent width and expert FFN width
 /// multiples of 32, and the shape leaves a MoE layer.
 fn check(s: &KimiK3Shape) -> Result<()> {
-    if s.latent % 32 != 0 || s.moe_intermediate_size % 32 != 0 {
+    if !s.latent.is_multiple_of(32) || !s.moe_intermediate_size.is_multiple_of(32) {
         bail!(
             "latent width {} and expert FFN width {} must be multiples of 32 for MXFP4",
             s.latent,

@@ -586,6 +586,16 @@ mod tests {
             shape.set_experts(Some(8)).unwrap_err().to_string(),
             "--experts 8: fewer than the 16 experts each token uses"
         );
+        let Shape::KimiK3(s) = &mut shape else {
+            panic!()
+        };
+        s.latent = 3600;
+        assert_eq!(
+            plan(&shape, Encoding::Gguf(GgmlType::MXFP4), 0)
+                .unwrap_err()
+                .to_string(),
+            "latent width 3600 and expert FFN width 3072 must be multiples of 32 for MXFP4"
+        );
         let mut q = catalog()[0].shape.clone();
         assert_eq!(
             q.set_experts(Some(64)).unwrap_err().to_string(),
