@@ -575,7 +575,7 @@ fn other_architectures_are_refused_by_name_and_a_pack_opens_as_its_source_kind()
     for (src, want) in [
         (
             gemma,
-            "packing GGUF architecture 'gemma3' is not supported yet (supported: qwen3moe, qwen3, llama, gpt-oss, deepseek2, kimi-linear)",
+            "packing GGUF architecture 'gemma3' is not supported yet (supported: qwen3moe, qwen3, llama, gpt-oss, deepseek2, kimi-linear, kimi-k3)",
         ),
         (
             other,

@@ -1,6 +1,6 @@
 //! Packs of every MoE family besides Qwen3 (whose packs `tests/pack.rs` tests): DeepSeek V3
 //! from Hugging Face (BF16, and FP8 with `weight_scale_inv` block scales) and from a
-//! `deepseek2` GGUF (Q8_0), Kimi Linear from Hugging Face (BF16) and from a `kimi-linear` GGUF (F32), GPT-OSS from Hugging Face (stacked BF16 experts, and stacked MXFP4
+//! `deepseek2` GGUF (Q8_0), Kimi Linear from Hugging Face (BF16) and from a `kimi-linear` GGUF (F32), Kimi K3 from a `kimi-k3` GGUF (F32), GPT-OSS from Hugging Face (stacked BF16 experts, and stacked MXFP4
 //! blocks and scales) and from a `gpt-oss` GGUF (MXFP4, stacked biases), all tiny fixtures
 //! under `tests/fixtures`. Each is packed into tempdirs standing for drives (`stripe` and
 //! `spread`, 1 to 3 drives): logits bit-identical to the source's with every expert resident
@@ -39,7 +39,7 @@ struct Case {
     moe_layer: usize,
 }
 
-const CASES: [Case; 8] = [
+const CASES: [Case; 9] = [
     Case {
         rel: "hf/deepseek_v3",
         records: 2 * 8,
@@ -88,6 +88,14 @@ const CASES: [Case; 8] = [
         rel: "gguf/kimi_linear/kimi_linear-f32.gguf",
         records: 3 * 8,
         checked: 105,
+        moe_layer: 1,
+    },
+    // Kimi K3's `kimi-k3` GGUF (F32; latent MoE with tail units, attention residuals): the
+    // header, 93 spine tensors
+    Case {
+        rel: "gguf/kimi_k3/kimi_k3-f32.gguf",
+        records: 3 * 8,
+        checked: 118,
         moe_layer: 1,
     },
 ];

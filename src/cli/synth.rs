@@ -17,10 +17,13 @@ Architectures, presets and encodings (--preset list describes each preset):
   deepseek_v3  tiny, deepseek-v3            hf: bf16 (default), fp8 (E4M3, 128x128 block scales)
   gpt_oss      tiny, gpt-oss-20b            hf: mxfp4 (default), bf16
   kimi_linear  tiny, kimi-linear-48b-a3b    hf: bf16
+  kimi_k3      tiny, kimi-k3                gguf: mxfp4 (MXFP4 routed experts, BF16 elsewhere;
+               llama.cpp's kimi-k3 layout; --experts cuts the experts per layer)
 Matrices whose rows are not whole 256-element super-blocks fall back as llama.cpp's
 quantizer does: q4_k to q5_0, q5_k to q5_1, q2_k/q3_k/tq1_0/tq2_0 to q4_0, iq* to iq4_nl.")]
 pub struct SynthArgs {
-    /// Architecture (Hugging Face `model_type`): qwen3_moe, deepseek_v3, gpt_oss or kimi_linear.
+    /// Architecture (Hugging Face `model_type`): qwen3_moe, deepseek_v3, gpt_oss, kimi_linear
+    /// or kimi_k3.
     #[arg(long, default_value = "qwen3_moe")]
     pub arch: String,
     /// Shape preset of the architecture (`--preset list` prints them all).
@@ -32,10 +35,14 @@ pub struct SynthArgs {
     /// Number of decoder layers (dense ones included), overriding the preset's.
     #[arg(long)]
     pub layers: Option<usize>,
-    /// deepseek_v3, kimi_linear: leading dense layers (`first_k_dense_replace`), overriding the
-    /// preset's.
+    /// deepseek_v3, kimi_linear, kimi_k3: leading dense layers (`first_k_dense_replace`),
+    /// overriding the preset's.
     #[arg(long)]
     pub dense_layers: Option<usize>,
+    /// kimi_k3: routed experts per MoE layer, overriding the preset's (each expert keeps its
+    /// size and each token its top-k, so a decode step reads the same bytes).
+    #[arg(long)]
+    pub experts: Option<usize>,
     /// Approximate size of each safetensors shard.
     #[arg(long, default_value = "4G", value_parser = parse_size)]
     pub shard_size: u64,
@@ -43,7 +50,7 @@ pub struct SynthArgs {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Output format: `hf` (a Hugging Face folder) or `gguf` (one llama.cpp GGUF file, `--out`
-    /// is then the file path; qwen3_moe only).
+    /// is then the file path; qwen3_moe and kimi_k3).
     #[arg(long, default_value = "hf")]
     pub format: String,
     /// Weight encoding: bf16, fp8 (deepseek_v3), mxfp4 (gpt_oss experts) for `hf`; q4_0, q8_0,
@@ -98,6 +105,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
     };
     let mut shape: Shape = preset.shape.clone();
     shape.set_layers(a.layers, a.dense_layers)?;
+    shape.set_experts(a.experts)?;
     let enc = Encoding::parse(&shape, &a.format, a.quant.as_deref())?;
     if a.dry_run {
         let p = plan(&shape, enc, a.shard_size)?;

@@ -25,6 +25,9 @@
 //! Kimi Linear. Weight units: per layer a spine unit (mixer, dense MLP or router, shared
 //! experts and `ffn_routed_down`), a tail unit (`ffn_routed_up`) for latent MoE layers, and one
 //! unit per (layer, routed expert), placed under the RAM budget as the other MoE families.
+//! Routed experts are computed in their stored type (F32 in the reference fixture, MXFP4 as
+//! llama.cpp's converter repacks K3's compressed-tensors experts and as `synth --arch kimi_k3`
+//! writes them); packs of K3 hold one record per expert as for the other families.
 
 pub mod config;
 pub mod ffn;
@@ -493,6 +496,6 @@ pub const FAMILY: crate::models::Family = crate::models::Family {
     check_hf: None,
     check_gguf: Some(|g| Config::from_gguf(g).map(drop)),
     experts: Some(crate::models::registry::SWIGLU_EXPERTS),
-    packable: false,
-    synth: &[],
+    packable: true,
+    synth: &["kimi_k3"],
 };

@@ -8,6 +8,7 @@
 //! | `deepseek_v3` ([`deepseek_v3`]) | `tiny`, `deepseek-v3` | Hugging Face BF16, FP8 E4M3 with 128×128 block scales |
 //! | `gpt_oss` ([`gpt_oss`]) | `tiny`, `gpt-oss-20b` | Hugging Face MXFP4 experts, BF16 |
 //! | `kimi_linear` ([`kimi_linear`]) | `tiny`, `kimi-linear-48b-a3b` | Hugging Face BF16 |
+//! | `kimi_k3` ([`kimi_k3`]) | `tiny`, `kimi-k3` | llama.cpp `kimi-k3` GGUF, MXFP4 routed experts, BF16 elsewhere |
 //!
 //! Hugging Face folders are laid out as published checkpoints are: `config.json` in the
 //! published dialect (`rope_theta` + `rope_scaling`, `torch_dtype`), sharded
@@ -25,6 +26,7 @@ mod fill;
 mod fill_lowbit;
 pub mod gpt_oss;
 mod hf_checkpoint;
+pub mod kimi_k3;
 pub mod kimi_linear;
 mod planned;
 pub mod qwen3_moe;
@@ -36,6 +38,7 @@ use anyhow::{bail, Result};
 
 pub use deepseek_v3::DeepseekV3Shape;
 pub use gpt_oss::GptOssShape;
+pub use kimi_k3::KimiK3Shape;
 pub use kimi_linear::KimiLinearShape;
 pub use planned::Planned;
 pub use qwen3_moe::{config_json, presets, write_qwen3_moe, Qwen3MoeShape};
@@ -60,6 +63,7 @@ pub enum Shape {
     DeepseekV3(DeepseekV3Shape),
     GptOss(GptOssShape),
     KimiLinear(KimiLinearShape),
+    KimiK3(KimiK3Shape),
 }
 
 /// How the weights are stored.
@@ -74,7 +78,8 @@ pub enum Encoding {
     /// publishes gpt-oss (`gpt_oss`).
     Mxfp4,
     /// One llama.cpp GGUF file with matrices in this type (`qwen3_moe`: Q4_0, Q8_0, Q4_K and
-    /// the low-bit types, `qwen3_moe_gguf::QUANTS`).
+    /// the low-bit types, `qwen3_moe_gguf::QUANTS`; `kimi_k3`: MXFP4 routed experts, the rest
+    /// BF16).
     Gguf(GgmlType),
 }
 
@@ -157,6 +162,7 @@ impl Shape {
             Shape::DeepseekV3(_) => "deepseek_v3",
             Shape::GptOss(_) => "gpt_oss",
             Shape::KimiLinear(_) => "kimi_linear",
+            Shape::KimiK3(_) => "kimi_k3",
         }
     }
 
@@ -167,11 +173,13 @@ impl Shape {
             Shape::DeepseekV3(_) => &[Encoding::Bf16, Encoding::Fp8],
             Shape::GptOss(_) => &[Encoding::Mxfp4, Encoding::Bf16],
             Shape::KimiLinear(_) => &[Encoding::Bf16],
+            Shape::KimiK3(_) => &[Encoding::Gguf(GgmlType::MXFP4)],
         }
     }
 
     /// Overrides the number of decoder layers (`num_hidden_layers`, dense ones included) and,
-    /// for `deepseek_v3` and `kimi_linear`, the leading dense layers (`first_k_dense_replace`).
+    /// for `deepseek_v3`, `kimi_linear` and `kimi_k3`, the leading dense layers
+    /// (`first_k_dense_replace`).
     ///
     /// Errors: zero layers; `dense` for another architecture; no MoE layer left
     /// (`layers <= first_k_dense_replace`).
@@ -183,6 +191,18 @@ impl Shape {
             Shape::Qwen3Moe(s) => s.num_hidden_layers = layers.unwrap_or(s.num_hidden_layers),
             Shape::GptOss(s) => s.num_hidden_layers = layers.unwrap_or(s.num_hidden_layers),
             Shape::KimiLinear(s) => {
+                s.num_hidden_layers = layers.unwrap_or(s.num_hidden_layers);
+                s.first_k_dense_replace = dense.unwrap_or(s.first_k_dense_replace);
+                if s.num_hidden_layers <= s.first_k_dense_replace {
+                    bail!(
+                        "--layers {} leaves no MoE layer after the {} dense layers (first_k_dense_replace); lower --dense-layers",
+                        s.num_hidden_layers,
+                        s.first_k_dense_replace
+                    );
+                }
+                return Ok(());
+            }
+            Shape::KimiK3(s) => {
                 s.num_hidden_layers = layers.unwrap_or(s.num_hidden_layers);
                 s.first_k_dense_replace = dense.unwrap_or(s.first_k_dense_replace);
                 if s.num_hidden_layers <= s.first_k_dense_replace {
@@ -208,8 +228,30 @@ impl Shape {
             }
         }
         if dense.is_some() {
-            bail!("--dense-layers applies to deepseek_v3 and kimi_linear only");
+            bail!("--dense-layers applies to deepseek_v3, kimi_linear and kimi_k3 only");
         }
+        Ok(())
+    }
+
+    /// Overrides the number of routed experts per MoE layer (`kimi_k3` only: the expert
+    /// shape, top-k and so the bytes a decode step reads stay those of the preset, the file
+    /// shrinks).
+    ///
+    /// Errors: another architecture; fewer experts than the top-k.
+    pub fn set_experts(&mut self, experts: Option<usize>) -> Result<()> {
+        let Some(n) = experts else {
+            return Ok(());
+        };
+        let Shape::KimiK3(s) = self else {
+            bail!("--experts applies to kimi_k3 only");
+        };
+        if n < s.num_experts_per_tok {
+            bail!(
+                "--experts {n}: fewer than the {} experts each token uses",
+                s.num_experts_per_tok
+            );
+        }
+        s.n_routed_experts = n;
         Ok(())
     }
 }
@@ -252,7 +294,18 @@ pub fn catalog() -> Vec<Preset> {
             description,
             shape: Shape::KimiLinear(s),
         });
-    qwen.chain(deepseek).chain(gpt_oss).chain(kimi).collect()
+    let k3 = kimi_k3::presets()
+        .into_iter()
+        .map(|(name, description, s)| Preset {
+            name,
+            description,
+            shape: Shape::KimiK3(s),
+        });
+    qwen.chain(deepseek)
+        .chain(gpt_oss)
+        .chain(kimi)
+        .chain(k3)
+        .collect()
 }
 
 /// The files [`write()`] would write for `shape` in `enc`, with `shard_bytes` shards (Hugging
@@ -264,6 +317,7 @@ pub fn plan(shape: &Shape, enc: Encoding, shard_bytes: u64) -> Result<Planned> {
     check_encoding(shape, enc)?;
     match (shape, enc) {
         (Shape::Qwen3Moe(s), Encoding::Gguf(q)) => qwen3_moe_gguf::plan(s, q),
+        (Shape::KimiK3(s), _) => kimi_k3::plan(s),
         _ => Ok(hf_checkpoint(shape, enc).plan(shard_bytes as usize)),
     }
 }
@@ -288,6 +342,7 @@ pub fn write(
         (Shape::Qwen3Moe(s), Encoding::Gguf(q)) => {
             qwen3_moe_gguf::write_qwen3moe_gguf(s, q, out, seed, progress)?
         }
+        (Shape::KimiK3(s), _) => kimi_k3::write_kimi_k3_gguf(s, out, seed, progress)?,
         _ => hf_checkpoint(shape, enc).write(out, shard_bytes as usize, seed, progress)?,
     }
     Ok(planned)
@@ -311,6 +366,7 @@ fn hf_checkpoint(shape: &Shape, enc: Encoding) -> HfCheckpoint {
         Shape::DeepseekV3(s) => deepseek_v3::checkpoint(s, enc == Encoding::Fp8),
         Shape::GptOss(s) => gpt_oss::checkpoint(s, enc == Encoding::Mxfp4),
         Shape::KimiLinear(s) => kimi_linear::checkpoint(s),
+        Shape::KimiK3(_) => unreachable!("kimi_k3 is written as GGUF only"),
     }
 }
 
@@ -405,7 +461,7 @@ mod tests {
         let e = q.set_layers(Some(2), Some(1)).unwrap_err().to_string();
         assert_eq!(
             e,
-            "--dense-layers applies to deepseek_v3 and kimi_linear only"
+            "--dense-layers applies to deepseek_v3, kimi_linear and kimi_k3 only"
         );
         assert_eq!(
             q.set_layers(Some(0), None).unwrap_err().to_string(),
@@ -491,6 +547,59 @@ mod tests {
         assert_eq!(
             p.tensor_bytes,
             spine + 3 * kda + mla + 4 * 2 * 2 * d + dense + 3 * moe
+        );
+    }
+
+    #[test]
+    fn kimi_k3_expert_sizes_and_layer_kinds_are_planned_without_writing() {
+        let mut shape = Shape::KimiK3(kimi_k3::presets().remove(1).2);
+        let Shape::KimiK3(s) = &shape else { panic!() };
+        let mla: Vec<usize> = (0..93).filter(|&l| s.is_mla(l)).map(|l| l + 1).collect();
+        assert_eq!(mla.len(), 24);
+        assert_eq!(&mla[..3], [4, 8, 12]);
+        assert_eq!(&mla[21..], [88, 92, 93]);
+        let full = plan(&shape, Encoding::Gguf(GgmlType::MXFP4), 0).unwrap();
+        // gate and up [3584 → 3072], down [3072 → 3584], MXFP4: 17 bytes per 32 values
+        assert_eq!(full.expert_bytes, 3 * 3584 * 3072 / 32 * 17);
+        assert_eq!(full.expert_bytes, 17_547_264);
+        assert_eq!((full.layers, full.moe_layers, full.experts), (93, 92, 896));
+        // 1.446 TB of routed experts (92 × 896 × 17.5 MB), 85 GB of BF16 spine
+        assert_eq!(92 * 896 * full.expert_bytes, 1_446_456_066_048);
+        assert_eq!(full.tensor_bytes / 1_000_000_000, 1_531);
+        shape.set_layers(Some(2), Some(0)).unwrap();
+        shape.set_experts(Some(64)).unwrap();
+        let p = plan(&shape, Encoding::Gguf(GgmlType::MXFP4), 0).unwrap();
+        assert_eq!((p.layers, p.moe_layers, p.experts), (2, 2, 64));
+        assert_eq!(p.expert_bytes, 17_547_264);
+        // layer 0 KDA, layer 1 (the last) MLA, both MoE; BF16 matrices, F32 vectors and router
+        let (d, dim, lat, sff) = (7168u64, 8192u64, 3584u64, 6144u64);
+        let kda = 2 * (4 * d * dim + d * 128 + 128 * dim + d * 64 + dim * d)
+            + 4 * (3 * 4 * dim + 64 + dim + 128);
+        let mla = 2
+            * (d * 1536 + 1536 * 64 * 192 + d * 576 + 2 * 128 * 512 * 64 + 2 * d * 64 * 128)
+            + 4 * (1536 + 512);
+        let moe = 4 * (d * 64 + 64 + lat) + 2 * (2 * d * lat + 3 * d * sff) + 64 * 17_547_264;
+        let layer = 4 * 4 * d;
+        let top = 2 * 2 * 512 * d + 4 * 2 * d;
+        assert_eq!(p.tensor_bytes, top + kda + mla + 2 * (moe + layer));
+        assert_eq!(
+            shape.set_experts(Some(8)).unwrap_err().to_string(),
+            "--experts 8: fewer than the 16 experts each token uses"
+        );
+        let Shape::KimiK3(s) = &mut shape else {
+            panic!()
+        };
+        s.latent = 3600;
+        assert_eq!(
+            plan(&shape, Encoding::Gguf(GgmlType::MXFP4), 0)
+                .unwrap_err()
+                .to_string(),
+            "latent width 3600 and expert FFN width 3072 must be multiples of 32 for MXFP4"
+        );
+        let mut q = catalog()[0].shape.clone();
+        assert_eq!(
+            q.set_experts(Some(64)).unwrap_err().to_string(),
+            "--experts applies to kimi_k3 only"
         );
     }
 
