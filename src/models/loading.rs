@@ -213,6 +213,26 @@ impl<'a> Tensors<'a> {
             .collect()
     }
 
+    /// The tensor `name` holding `n` values in a shape padded with dimensions of 1 (Kimi's
+    /// `A_log` is `[1, 1, heads, 1]` in Hugging Face files and `[1, heads, 1, 1]` after
+    /// llama.cpp's converter; a hand-written GGUF may hold `[heads]`), with a type with kernels.
+    /// Errors name the file and the tensor.
+    pub fn vector(&self, name: &str, n: usize) -> Result<&'a TensorInfo> {
+        let t = self
+            .by_name
+            .get(name)
+            .copied()
+            .ok_or_else(|| anyhow!("{}: tensor '{name}' is missing", self.label))?;
+        let got: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+        if got.iter().product::<usize>() != n || got.iter().filter(|&&d| d != 1).count() > 1 {
+            bail!(
+                "{}: tensor '{name}' has shape {got:?}, expected {n} values",
+                self.label
+            );
+        }
+        self.get(name, &got)
+    }
+
     /// The tensor `name`, checked to have `shape` (GGML order) and type `ty` exactly, for
     /// tensors read as bytes (e.g. MXFP4 blocks and scales, indexed as `I8`).
     /// Errors name the file and the tensor.

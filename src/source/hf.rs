@@ -56,10 +56,12 @@ pub fn ggml_type(tensor: &str, file: &Path, d: Dtype) -> Result<GgmlType> {
         Dtype::BF16 => GgmlType::BF16,
         // raw bytes (MXFP4 blocks and scales): indexed as I8, read only as bytes
         Dtype::U8 => GgmlType::I8,
+        // E8M0 exponents (compressed-tensors MXFP4 `weight_scale`): raw bytes as U8
+        Dtype::F8_E8M0 => GgmlType::I8,
         // raw E4M3 bytes; architectures pair them with their block scales
         Dtype::F8_E4M3 => GgmlType::F8_E4M3,
         other => bail!(
-            "{}: tensor '{tensor}' has dtype {other:?}, which Deltafin cannot read yet (supported: F32, F16, BF16, F8_E4M3, U8)",
+            "{}: tensor '{tensor}' has dtype {other:?}, which Deltafin cannot read yet (supported: F32, F16, BF16, F8_E4M3, F8_E8M0, U8)",
             file.display()
         ),
     })
@@ -202,6 +204,38 @@ fn check_tensor_entries(header: &serde_json::Value) -> Result<()> {
     Ok(())
 }
 
+/// The prefix under which multimodal checkpoints (`…ForConditionalGeneration`, e.g. Kimi K3)
+/// keep their text model; [`HfModel::open`] removes it, so the text model's tensors carry the
+/// names a text-only checkpoint gives them (`model.layers.L.…`, `lm_head.weight`). The other
+/// towers (`vision_tower.…`, `mm_projector.…`) keep their names and are never read.
+pub const TEXT_MODEL_PREFIX: &str = "language_model.";
+
+/// Removes [`TEXT_MODEL_PREFIX`] from the tensor names that start with it.
+///
+/// Errors: a tensor present both with and without the prefix (naming both and the folder).
+fn strip_text_prefix(tensors: &mut [TensorInfo], dir: &Path) -> Result<()> {
+    if !tensors
+        .iter()
+        .any(|t| t.name.starts_with(TEXT_MODEL_PREFIX))
+    {
+        return Ok(());
+    }
+    let names: std::collections::HashSet<String> = tensors.iter().map(|t| t.name.clone()).collect();
+    for t in tensors.iter_mut() {
+        if let Some(rest) = t.name.strip_prefix(TEXT_MODEL_PREFIX) {
+            if names.contains(rest) {
+                bail!(
+                    "{}: tensors '{}' and '{rest}' would both be the text model's '{rest}'",
+                    dir.display(),
+                    t.name
+                );
+            }
+            t.name = rest.to_string();
+        }
+    }
+    Ok(())
+}
+
 /// Reads a JSON file. Errors name the file (one that is not a regular file is not opened).
 pub fn read_json(path: &Path) -> Result<serde_json::Value> {
     super::check_regular(path)?;
@@ -293,6 +327,7 @@ impl HfModel {
                 }
             }
         }
+        strip_text_prefix(&mut tensors, dir)?;
         Ok(HfModel {
             dir: dir.to_path_buf(),
             config,
@@ -468,6 +503,59 @@ mod tests {
         assert!(
             e.contains("tensor 'q.weight' has dtype I8, which Deltafin cannot read yet"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn text_model_prefix_is_removed_and_collisions_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write(d, "config.json", br#"{"model_type":"kimi_k3"}"#);
+        let tensors = [
+            (
+                "language_model.model.norm.weight",
+                Dtype::BF16,
+                vec![2],
+                vec![0; 4],
+            ),
+            ("vision_tower.w", Dtype::BF16, vec![2], vec![0; 4]),
+            (
+                "language_model.model.layers.0.mlp.experts.1.w1.weight_scale",
+                Dtype::F8_E8M0,
+                vec![2, 1],
+                vec![127; 2],
+            ),
+        ];
+        write(d, "model.safetensors", &st_file(&tensors));
+        let m = HfModel::open(d).unwrap();
+        let mut names: Vec<(&str, GgmlType)> =
+            m.tensors.iter().map(|t| (t.name.as_str(), t.ty)).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                ("model.layers.0.mlp.experts.1.w1.weight_scale", GgmlType::I8),
+                ("model.norm.weight", GgmlType::BF16),
+                ("vision_tower.w", GgmlType::BF16),
+            ]
+        );
+        let clash = [
+            (
+                "language_model.lm_head.weight",
+                Dtype::BF16,
+                vec![2],
+                vec![0; 4],
+            ),
+            ("lm_head.weight", Dtype::BF16, vec![2], vec![0; 4]),
+        ];
+        write(d, "model.safetensors", &st_file(&clash));
+        let e = HfModel::open(d).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "{}: tensors 'language_model.lm_head.weight' and 'lm_head.weight' would both be the text model's 'lm_head.weight'",
+                d.display()
+            )
         );
     }
 

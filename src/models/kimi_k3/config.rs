@@ -1,16 +1,25 @@
-//! Kimi K3's hyper-parameters as llama.cpp's `kimi-k3` GGUF metadata states them (keys
+//! Kimi K3's hyper-parameters, as llama.cpp's `kimi-k3` GGUF metadata states them (keys
 //! `kimi-k3.*`, named in `src/llama-arch.cpp` and read by `src/models/kimi-k3.cpp`,
-//! `load_arch_hparams`).
+//! `load_arch_hparams`) and as a Hugging Face `config.json` does (the fields llama.cpp's
+//! converter `conversion/kimi_k3.py` reads, with `text_config` merged over the top level).
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
+use serde_json::Value;
 
 use crate::models::config::{gguf_count, gguf_sigmoid_moe, opt_gguf_count, GgufSigmoidMoe};
+use crate::models::kimi_linear::config::{mixers, Fields};
 use crate::models::kimi_linear::gguf::gguf_hybrid_attn;
 use crate::models::kimi_linear::Mixer;
 use crate::source::gguf::GgufModel;
 
 /// The `general.architecture` llama.cpp gives Kimi K3.
 pub const ARCH: &str = "kimi-k3";
+
+/// The `config.json` `model_type` of a Kimi K3 checkpoint (`KimiK3ForConditionalGeneration`).
+/// No K3 checkpoint is published to check it against: this is the name Deltafin's fixture
+/// (`tools/reference/k3_hf_fixtures.py`) and `synth` give it, following `kimi_k2` and
+/// `kimi_linear`.
+pub const MODEL_TYPE: &str = "kimi_k3";
 
 /// Dimension limit checked at load (a hostile file must not make us allocate terabytes).
 const DIM_MAX: u64 = 1 << 20;
@@ -87,6 +96,181 @@ impl Config {
         l >= self.moe.dense
     }
 
+    /// Reads a Kimi K3 Hugging Face `config.json` (`KimiK3ForConditionalGeneration`: the text
+    /// model's fields in `text_config`, merged over the top level as llama.cpp's converter
+    /// does; a top-level-only config reads the same). Fields: `vocab_size`, `hidden_size`,
+    /// `num_hidden_layers`, `max_position_embeddings` (or `model_max_length`),
+    /// `num_attention_heads` (which must equal `linear_attn_config.num_heads` when given: one
+    /// head count serves both mixers), `linear_attn_config` (`full_attn_layers` and
+    /// `kda_layers`, 1-based; `head_dim`, `short_conv_kernel_size`, `gate_lower_bound`),
+    /// `q_lora_rank`, `kv_lora_rank`, `qk_{nope,rope}_head_dim`, `v_head_dim`, `mla_use_nope`
+    /// (must be true), `num_experts`, `num_experts_per_token` (or `_tok`),
+    /// `moe_intermediate_size`, `num_shared_experts`, `first_k_dense_replace`,
+    /// `intermediate_size` (the dense layers), `num_expert_group` (or `n_group`, default 1),
+    /// `topk_group` (1), `routed_scaling_factor`, `moe_renormalize` (or `norm_topk_prob`,
+    /// default true), `moe_router_activation_func` (sigmoid only), `routed_expert_hidden_size`
+    /// (the latent width; absent or 0: none), `hidden_act` (situ only),
+    /// `activation_situ_beta`, `activation_situ_linear_beta`, `attn_res_block_size` (default
+    /// 0), `rms_norm_eps` (every RMSNorm, as llama.cpp), `tie_word_embeddings`.
+    ///
+    /// Errors name `label` and the field: missing or mistyped, out of range, an unsupported
+    /// activation, router function or RoPE MLA, differing head counts, layer lists that do not
+    /// cover the layers once.
+    pub fn from_hf_json(root: &Value, label: &str) -> Result<Self> {
+        let v = merged_text_config(root);
+        let f = Fields { v: &v, label };
+        let la = v.get("linear_attn_config").filter(|x| x.is_object());
+        let la_get = |k: &str| la.and_then(|o| o.get(k)).filter(|x| !x.is_null());
+        let la_count = |k: &str| -> Result<usize> {
+            let x = la_get(k).ok_or_else(|| anyhow!("{label}: missing field 'linear_attn_config.{k}'"))?;
+            x.as_u64()
+                .map(|n| n as usize)
+                .ok_or_else(|| anyhow!("{label}: 'linear_attn_config.{k}' = {x} is not a count"))
+        };
+        let n_layers = f.count(&["num_hidden_layers"], None)?;
+        let heads = f.count(&["num_attention_heads"], None)?;
+        if let Some(x) = la_get("num_heads") {
+            if x.as_u64() != Some(heads as u64) {
+                bail!("{label}: 'linear_attn_config.num_heads' = {x} differs from 'num_attention_heads' = {heads}");
+            }
+        }
+        for (k, want) in [("hidden_act", "situ"), ("moe_router_activation_func", "sigmoid")] {
+            match v.get(k).and_then(Value::as_str) {
+                Some(x) if x == want => {}
+                _ => bail!(
+                    "{label}: '{k}' = {} is not supported (Kimi K3 needs {want})",
+                    v.get(k).map_or("missing".to_string(), |x| x.to_string())
+                ),
+            }
+        }
+        if v.get("mla_use_nope").and_then(Value::as_bool) != Some(true) {
+            bail!("{label}: 'mla_use_nope' must be true (Kimi K3's MLA has no RoPE)");
+        }
+        let lower = match la_get("gate_lower_bound") {
+            None => None,
+            Some(x) => Some(
+                x.as_f64()
+                    .filter(|b| b.is_finite())
+                    .ok_or_else(|| anyhow!("{label}: 'linear_attn_config.gate_lower_bound' = {x} is not a finite number"))?
+                    as f32,
+            ),
+        };
+        let positive = |k: &str| -> Result<f32> {
+            match f.find(&[k]) {
+                None => bail!("{label}: missing field '{k}'"),
+                Some((_, x)) => x
+                    .as_f64()
+                    .filter(|b| b.is_finite() && *b > 0.0)
+                    .map(|b| b as f32)
+                    .ok_or_else(|| anyhow!("{label}: '{k}' = {x} must be a positive finite number")),
+            }
+        };
+        let situ_linear_beta = match f.find(&["activation_situ_linear_beta"]) {
+            None => bail!("{label}: missing field 'activation_situ_linear_beta'"),
+            Some((_, x)) => x
+                .as_f64()
+                .filter(|b| b.is_finite())
+                .ok_or_else(|| anyhow!("{label}: 'activation_situ_linear_beta' = {x} is not a finite number"))?
+                as f32,
+        };
+        let experts = f.count(&["num_experts", "n_routed_experts"], None)?;
+        let used = f.count(&["num_experts_per_token", "num_experts_per_tok"], None)?;
+        let expert_ff = f.count(&["moe_intermediate_size"], None)?;
+        let dense = f.count(&["first_k_dense_replace"], Some(0))?;
+        let moe = GgufSigmoidMoe {
+            experts,
+            used,
+            expert_ff,
+            shared: f.count(&["num_shared_experts", "n_shared_experts"], Some(0))?,
+            dense,
+            dense_ff: match dense {
+                0 => f.count(&["intermediate_size"], Some(expert_ff))?,
+                _ => f.count(&["intermediate_size"], None)?,
+            },
+            groups: f.count(&["num_expert_group", "n_group"], Some(1))?,
+            groups_used: f.count(&["topk_group"], Some(1))?,
+            scale: match f.float(&["routed_scaling_factor"], 1.0)? {
+                s if s.is_finite() && s > 0.0 => s as f32,
+                s => bail!("{label}: 'routed_scaling_factor' = {s} must be a positive finite number"),
+            },
+        };
+        let c = Config {
+            vocab_size: f.count(&["vocab_size"], None)?,
+            hidden_size: f.count(&["hidden_size"], None)?,
+            num_hidden_layers: n_layers,
+            max_position_embeddings: f.count(&["max_position_embeddings", "model_max_length"], None)?,
+            num_heads: heads,
+            mixers: mixers(&v, la, n_layers, label)?,
+            kda_head_dim: la_count("head_dim")?,
+            conv_kernel: la_count("short_conv_kernel_size")?,
+            gate_lower_bound: lower,
+            q_lora_rank: f.opt_count(&["q_lora_rank"])?,
+            kv_lora_rank: f.count(&["kv_lora_rank"], None)?,
+            qk_rope_head_dim: f.count(&["qk_rope_head_dim"], None)?,
+            qk_nope_head_dim: f.count(&["qk_nope_head_dim"], None)?,
+            v_head_dim: f.count(&["v_head_dim"], None)?,
+            moe,
+            norm_topk_prob: f.flag(&["moe_renormalize", "norm_topk_prob"], true)?,
+            latent: f.opt_count(&["routed_expert_hidden_size"])?.filter(|&l| l > 0),
+            situ_beta: positive("activation_situ_beta")?,
+            situ_linear_beta,
+            attn_res_block_size: f.count(&["attn_res_block_size"], Some(0))?,
+            rms_norm_eps: positive("rms_norm_eps")?,
+            tie_word_embeddings: f.flag(&["tie_word_embeddings"], false)?,
+        };
+        c.check_hf_dims(label)?;
+        Ok(c)
+    }
+
+    /// The range checks of [`Config::from_hf_json`] (the GGUF reader's bounds).
+    fn check_hf_dims(&self, label: &str) -> Result<()> {
+        let m = &self.moe;
+        let dims = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_heads),
+            ("linear_attn_config.head_dim", self.kda_head_dim),
+            ("kv_lora_rank", self.kv_lora_rank),
+            ("qk_nope_head_dim", self.qk_nope_head_dim),
+            ("qk_rope_head_dim", self.qk_rope_head_dim),
+            ("v_head_dim", self.v_head_dim),
+            ("q_lora_rank", self.q_lora_rank.unwrap_or(1)),
+            ("num_experts", m.experts),
+            ("num_experts_per_token", m.used),
+            ("moe_intermediate_size", m.expert_ff),
+            ("intermediate_size", m.dense_ff),
+            ("num_expert_group", m.groups),
+            ("topk_group", m.groups_used),
+            ("routed_expert_hidden_size", self.latent.unwrap_or(1)),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        crate::models::config::check_config_dims(label, &dims)?;
+        if !(2..=64).contains(&self.conv_kernel) {
+            bail!("{label}: 'linear_attn_config.short_conv_kernel_size' = {} is outside 2..=64", self.conv_kernel);
+        }
+        if m.used > m.experts || m.groups_used > m.groups || !m.experts.is_multiple_of(m.groups) {
+            bail!(
+                "{label}: 'num_experts_per_token' = {} / 'num_experts' = {} / 'num_expert_group' = {} / 'topk_group' = {} do not fit",
+                m.used,
+                m.experts,
+                m.groups,
+                m.groups_used
+            );
+        }
+        if m.dense > self.num_hidden_layers || self.attn_res_block_size > 4096 {
+            bail!(
+                "{label}: 'first_k_dense_replace' = {} or 'attn_res_block_size' = {} is out of range",
+                m.dense,
+                self.attn_res_block_size
+            );
+        }
+        if self.rms_norm_eps >= 1.0 {
+            bail!("{label}: 'rms_norm_eps' = {} is outside (0, 1)", self.rms_norm_eps);
+        }
+        Ok(())
+    }
+
     /// Reads the configuration of a `kimi-k3` GGUF.
     ///
     /// Errors name the file and the key: a wrong architecture; a missing required key (block
@@ -145,4 +329,16 @@ impl Config {
             mixers: h.mixers,
         })
     }
+}
+
+/// `config.json` with its `text_config` (when an object) merged over the top level, the text
+/// model's fields winning (as llama.cpp's converter reads a multimodal checkpoint).
+pub(crate) fn merged_text_config(root: &Value) -> Value {
+    let mut v = root.clone();
+    if let (Some(o), Some(t)) = (v.as_object_mut(), root.get("text_config").and_then(Value::as_object)) {
+        for (k, x) in t {
+            o.insert(k.clone(), x.clone());
+        }
+    }
+    v
 }

@@ -8,7 +8,7 @@
 //!   `attn_res_score`, `ffn_res_score` (`[d]`: the converter's fused `*_res_norm × *_res_proj`);
 //! - KDA layers: `attn_{q,k,v}` `[d, dim]`, `ssm_conv1d_{q,k,v}` `[kernel, 1, dim(, 1)]`,
 //!   `ssm_f_a` `[d, head_dim]`, `ssm_f_b` `[head_dim, dim]`, `ssm_beta` `[d, heads]`, `ssm_a`
-//!   `[heads]` (`−exp(A_log)`), `ssm_dt.bias` `[dim]`, the full-rank gate `ssm_g` `[d, dim]`,
+//!   (`−exp(A_log)`, `heads` values: `[1, heads, 1, 1]` from the converter), `ssm_dt.bias` `[dim]`, the full-rank gate `ssm_g` `[d, dim]`,
 //!   `ssm_norm` `[head_dim]`, `attn_output` `[dim, d]`;
 //! - MLA layers: `attn_q` (or `attn_q_a`, `attn_q_a_norm`, `attn_q_b`), `attn_kv_a_mqa`,
 //!   `attn_kv_a_norm`, `attn_k_b` + `attn_v_b` (or the joint `attn_kv_b`), the optional output
@@ -56,10 +56,18 @@ pub(crate) enum FfnTensors {
         /// `ffn_routed_up` (latent MoE; the layer's tail unit).
         routed_up: Option<TensorInfo>,
         routed_norm: Option<TensorInfo>,
-        /// Each routed expert's gate, up, down.
+        /// Each routed expert's gate, up, down (compressed-tensors MXFP4: their
+        /// `weight_packed` nibbles).
         experts: Vec<[TensorInfo; 3]>,
+        /// Compressed-tensors MXFP4 experts: each expert's gate, up, down `weight_scale`
+        /// (E8M0, one byte per 32 elements); empty for experts in a GGML type.
+        scales: Vec<[TensorInfo; 3]>,
     },
 }
+
+/// An attention-residual score vector `[d]`: the elementwise product of these tensors (GGUF:
+/// the converter's fused `*_res_score`; Hugging Face: `*_res_norm` and `*_res_proj`).
+pub(crate) type Score = Vec<TensorInfo>;
 
 /// One layer's tensors.
 pub(crate) struct LayerTensors {
@@ -67,8 +75,8 @@ pub(crate) struct LayerTensors {
     pub ffn: FfnTensors,
     pub attn_norm: TensorInfo,
     pub ffn_norm: TensorInfo,
-    /// `attn_res_score`, `ffn_res_score` (with attention residuals).
-    pub res: Option<(TensorInfo, TensorInfo)>,
+    /// The mixer's and the feed-forward block's scores (with attention residuals).
+    pub res: Option<(Score, Score)>,
 }
 
 /// A K3 GGUF's checked tensors.
@@ -76,8 +84,10 @@ pub(crate) struct Checkpoint {
     pub embd: TensorInfo,
     pub head: TensorInfo,
     pub final_norm: TensorInfo,
-    pub output_res: Option<TensorInfo>,
+    pub output_res: Option<Score>,
     pub layers: Vec<LayerTensors>,
+    /// The KDA layers' `a` tensors hold `−exp(A_log)` (GGUF `ssm_a`), not `A_log`.
+    pub a_neg_exp: bool,
 }
 
 /// Resolves the tensors of a `kimi-k3` GGUF for `c`, with shape and type checks; errors name
@@ -118,7 +128,8 @@ pub(crate) fn checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
                         get(&n("attn_output"), &[dim, d])?,
                     ]),
                     conv: Box::new([conv("q")?, conv("k")?, conv("v")?]),
-                    a: get(&format!("blk.{l}.ssm_a"), &[nh])?,
+                    // `[heads]`, or `[1, heads, 1, 1]` as the converter writes it
+                    a: ts.vector(&format!("blk.{l}.ssm_a"), nh)?.clone(),
                     dt_bias: get(&format!("blk.{l}.ssm_dt.bias"), &[dim])?,
                     o_norm: get(&n("ssm_norm"), &[hd])?,
                 }
@@ -181,6 +192,7 @@ pub(crate) fn checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
                 routed_up,
                 routed_norm,
                 experts: gate.into_iter().zip(up).zip(down).map(|((g, u), d)| [g, u, d]).collect(),
+                scales: Vec::new(),
             }
         } else {
             let ff = c.moe.dense_ff;
@@ -196,7 +208,7 @@ pub(crate) fn checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
             attn_norm: get(&n("attn_norm"), &[d])?,
             ffn_norm: get(&n("ffn_norm"), &[d])?,
             res: match res {
-                true => Some((get(&n("attn_res_score"), &[d])?, get(&n("ffn_res_score"), &[d])?)),
+                true => Some((vec![get(&n("attn_res_score"), &[d])?], vec![get(&n("ffn_res_score"), &[d])?])),
                 false => None,
             },
         });
@@ -204,11 +216,12 @@ pub(crate) fn checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
     Ok(Checkpoint {
         final_norm: get("output_norm.weight", &[d])?,
         output_res: match res {
-            true => Some(get("output_res_score.weight", &[d])?),
+            true => Some(vec![get("output_res_score.weight", &[d])?]),
             false => None,
         },
         embd,
         head,
         layers,
+        a_neg_exp: true,
     })
 }

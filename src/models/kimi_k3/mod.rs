@@ -32,13 +32,16 @@
 pub mod config;
 pub mod ffn;
 mod gguf;
+mod hf;
+mod mxfp4;
 
 use anyhow::Result;
 
 pub use self::config::Config;
 
 use self::ffn::{res_mix, situ_experts, Situ};
-use self::gguf::{Checkpoint, FfnTensors, MixTensors};
+use self::gguf::{Checkpoint, FfnTensors, MixTensors, Score};
+use self::mxfp4::{ExpertRepack, Mxfp4Experts};
 use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
 use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
 use super::deepseek_v3::mla::MlaShape;
@@ -49,6 +52,7 @@ use super::loading::{mat, unit_of, CheckpointFiles, MatRef};
 use super::moe::{route_sigmoid_grouped, ExpertMats, ExpertStep, UnitExperts};
 use super::{KvCache, LoadOptions};
 use crate::source::gguf::GgufModel;
+use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
 use crate::store::{Unit, UnitBytes, WeightStore};
 
@@ -121,6 +125,32 @@ pub fn load(g: &GgufModel, opts: &LoadOptions) -> Result<(KimiK3, WeightStore)> 
     build(c, ck, &g.files, g.pack.as_ref(), opts)
 }
 
+/// Loads a Kimi K3 Hugging Face folder (or a pack of one) under `opts`: the layout llama.cpp's
+/// converter reads (`conversion/kimi_k3.py`; see [`hf`]), BF16/F16/F32 weights with routed
+/// experts in the same types or as compressed-tensors MXFP4 (repacked to GGML MXFP4 as they
+/// land, or once at load when resident).
+///
+/// Errors: `config.json` errors ([`Config::from_hf_json`]), an unsupported
+/// `quantization_config`, a missing or mis-shaped tensor (named with the folder), a budget too
+/// small, an unreadable file.
+pub fn load_hf(h: &HfModel, opts: &LoadOptions) -> Result<(KimiK3, WeightStore)> {
+    let label = h.dir.join("config.json").display().to_string();
+    let c = Config::from_hf_json(&h.config, &label)?;
+    let ck = hf::checkpoint(&c, h)?;
+    build(c, ck, &h.files, h.pack.as_ref(), opts)
+}
+
+/// The product of a score's tensors ([`Score`]), read as f32 vectors.
+fn score_of(files: &CheckpointFiles, s: &Score) -> Result<Vec<f32>> {
+    let mut out = files.vector(&s[0])?;
+    for t in &s[1..] {
+        let v = files.vector(t)?;
+        anyhow::ensure!(v.len() == out.len(), "tensor '{}' has {} values, not {}", t.name, v.len(), out.len());
+        out.iter_mut().zip(v).for_each(|(a, b)| *a *= b);
+    }
+    Ok(out)
+}
+
 fn build(
     c: Config,
     ck: Checkpoint,
@@ -135,12 +165,13 @@ fn build(
     let mut vecs = Vec::with_capacity(ck.layers.len());
     let mut experts = UnitExperts { units: Vec::new() };
     let mut expert_units = Vec::new();
+    let mut mx = Mxfp4Experts::default();
     let n_layers = ck.layers.len();
     for lt in &ck.layers {
         let mut v = Vecs { attn_norm: vec_of(&lt.attn_norm)?, ffn_norm: vec_of(&lt.ffn_norm)?, ..Vecs::default() };
         if let Some((a, f)) = &lt.res {
-            v.attn_res = vec_of(a)?;
-            v.ffn_res = vec_of(f)?;
+            v.attn_res = score_of(&files, a)?;
+            v.ffn_res = score_of(&files, f)?;
         }
         let mut list: Vec<&TensorInfo> = Vec::new();
         match &lt.mix {
@@ -149,7 +180,10 @@ fn build(
                 for t in conv.iter() {
                     v.conv.extend(vec_of(t)?);
                 }
-                v.a_log = a_log_of_neg_exp(&a.name, vec_of(a)?)?;
+                v.a_log = match ck.a_neg_exp {
+                    true => a_log_of_neg_exp(&a.name, vec_of(a)?)?,
+                    false => vec_of(a)?,
+                };
                 v.dt_bias = vec_of(dt_bias)?;
                 v.o_norm = vec_of(o_norm)?;
             }
@@ -162,10 +196,11 @@ fn build(
             }
         }
         let mut routed: &[[TensorInfo; 3]] = &[];
+        let mut routed_scales: &[[TensorInfo; 3]] = &[];
         let mut tail_t = None;
         match &lt.ffn {
             FfnTensors::Dense(m) => list.extend(m.iter()),
-            FfnTensors::Moe { router, bias, shared, routed_down, routed_up, routed_norm, experts } => {
+            FfnTensors::Moe { router, bias, shared, routed_down, routed_up, routed_norm, experts, scales } => {
                 list.push(router);
                 list.extend(shared.iter().flat_map(|s| s.iter()));
                 list.extend(routed_down.iter());
@@ -175,6 +210,7 @@ fn build(
                 }
                 tail_t = routed_up.as_ref();
                 routed = experts;
+                routed_scales = scales;
             }
         }
         let (unit, place) = unit_of(&list);
@@ -211,12 +247,30 @@ fn build(
         units.push(unit);
         vecs.push(v);
         let mut le = Vec::new();
-        for [g, u, dn] in routed {
-            let (unit, p) = unit_of(&[g, u, dn]);
-            le.push((expert_units.len(), ExpertMats { gate: mat(g, p[0]), up: mat(u, p[1]), down: mat(dn, p[2]) }));
+        let mut lr = Vec::new();
+        for (i, [g, u, dn]) in routed.iter().enumerate() {
+            let (unit, mats) = match routed_scales.get(i) {
+                None => {
+                    let (unit, p) = unit_of(&[g, u, dn]);
+                    (unit, ExpertMats { gate: mat(g, p[0]), up: mat(u, p[1]), down: mat(dn, p[2]) })
+                }
+                Some([gs, us, ds]) => {
+                    let (unit, p) = unit_of(&[g, gs, u, us, dn, ds]);
+                    let r = ExpertRepack::new([
+                        (mat(g, p[0]), mat(gs, p[1])),
+                        (mat(u, p[2]), mat(us, p[3])),
+                        (mat(dn, p[4]), mat(ds, p[5])),
+                    ]);
+                    let m = r.mats();
+                    lr.push(r);
+                    (unit, m)
+                }
+            };
+            le.push((expert_units.len(), mats));
             expert_units.push(unit);
         }
         experts.units.push(le);
+        mx.layers.push(lr);
     }
     // tail units follow the spine units
     for (_, w) in &mut layers {
@@ -266,9 +320,12 @@ fn build(
             tied: c.tie_word_embeddings,
         },
         Reserved { kv_bytes, scratch_bytes: scratch_bytes + vec_bytes + 8 * d, n_ctx },
-        OnDemand { per_tok: c.moe.used, transform: None, pack: files.pack.clone() },
-        Notes::default(),
+        OnDemand { per_tok: c.moe.used, transform: mx.transform(), pack: files.pack.clone() },
+        Notes { experts: if mx.is_empty() { "" } else { " (MXFP4)" }, tail: "" },
     )?;
+    let mut placed = placed;
+    mx.repack_resident(&experts, &mut placed.store);
+    placed.placement.resident_bytes = placed.store.resident_bytes();
     let dims = Dims {
         hidden_size: d,
         vocab_size: c.vocab_size,
@@ -277,7 +334,7 @@ fn build(
         final_norm_eps: c.rms_norm_eps,
         cache: CacheShape::Latent { width: c.latent_dim() },
     };
-    let output_res = ck.output_res.as_ref().map(vec_of).transpose()?.unwrap_or_default();
+    let output_res = ck.output_res.as_ref().map(|s| score_of(&files, s)).transpose()?.unwrap_or_default();
     let final_norm = vec_of(&ck.final_norm)?;
     let blocks = KimiK3Blocks { config: c, vecs, output_res, experts };
     Ok(Decoder::placed(blocks, dims, layers, final_norm, placed))
@@ -486,14 +543,15 @@ impl Blocks for KimiK3Blocks {
     }
 }
 
-/// The registry entry of Kimi K3 (GGUF only).
+/// The registry entry of Kimi K3: Hugging Face `model_type` `kimi_k3` and llama.cpp's
+/// `kimi-k3` GGUF.
 pub const FAMILY: crate::models::Family = crate::models::Family {
     name: "kimi_k3",
-    model_types: &[],
+    model_types: &[config::MODEL_TYPE],
     gguf_architectures: &[config::ARCH],
-    load_hf: None,
+    load_hf: Some(|h, o| load_hf(h, o).map(crate::models::registry::boxed)),
     load_gguf: Some(|g, o| load(g, o).map(crate::models::registry::boxed)),
-    check_hf: None,
+    check_hf: Some(|h| hf::check(h)),
     check_gguf: Some(|g| Config::from_gguf(g).map(drop)),
     experts: Some(crate::models::registry::SWIGLU_EXPERTS),
     packable: true,

@@ -216,21 +216,22 @@ impl Config {
     }
 }
 
-/// Typed field lookup over alternative names, errors naming the file and the field.
-struct Fields<'a> {
-    v: &'a Value,
-    label: &'a str,
+/// Typed field lookup over alternative names, errors naming the file and the field (also
+/// used by Kimi K3's `config.json`, [`crate::models::kimi_k3::Config::from_hf_json`]).
+pub(crate) struct Fields<'a> {
+    pub v: &'a Value,
+    pub label: &'a str,
 }
 
 impl<'a> Fields<'a> {
     /// The first of `names` present (and not null).
-    fn find<'n>(&self, names: &[&'n str]) -> Option<(&'n str, &'a Value)> {
+    pub(crate) fn find<'n>(&self, names: &[&'n str]) -> Option<(&'n str, &'a Value)> {
         names
             .iter()
             .find_map(|n| self.v.get(*n).filter(|x| !x.is_null()).map(|x| (*n, x)))
     }
 
-    fn count(&self, names: &[&str], default: Option<usize>) -> Result<usize> {
+    pub(crate) fn count(&self, names: &[&str], default: Option<usize>) -> Result<usize> {
         match (self.find(names), default) {
             (Some((n, x)), _) => x
                 .as_u64()
@@ -241,14 +242,14 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn opt_count(&self, names: &[&str]) -> Result<Option<usize>> {
+    pub(crate) fn opt_count(&self, names: &[&str]) -> Result<Option<usize>> {
         match self.find(names) {
             None => Ok(None),
             Some(_) => self.count(names, None).map(Some),
         }
     }
 
-    fn float(&self, names: &[&str], default: f64) -> Result<f64> {
+    pub(crate) fn float(&self, names: &[&str], default: f64) -> Result<f64> {
         match self.find(names) {
             None => Ok(default),
             Some((n, x)) => x
@@ -257,7 +258,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn flag(&self, names: &[&str], default: bool) -> Result<bool> {
+    pub(crate) fn flag(&self, names: &[&str], default: bool) -> Result<bool> {
         match self.find(names) {
             None => Ok(default),
             Some((n, x)) => x
@@ -270,7 +271,7 @@ impl<'a> Fields<'a> {
 /// Per-layer mixers: `layer_types` (`linear_attention` / `full_attention`) when present, else
 /// `linear_attn_config.full_attn_layers` and `kda_layers` (1-based), else transformers'
 /// default (MLA at every 4th layer from layer 4, counting from 0: `i > 0 && i % 4 == 0`).
-fn mixers(v: &Value, la: Option<&Value>, n: usize, label: &str) -> Result<Vec<Mixer>> {
+pub(crate) fn mixers(v: &Value, la: Option<&Value>, n: usize, label: &str) -> Result<Vec<Mixer>> {
     if let Some(t) = v.get("layer_types").and_then(Value::as_array) {
         if t.len() != n {
             bail!("{label}: 'layer_types' has {} entries for {n} layers", t.len());

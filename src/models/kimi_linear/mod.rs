@@ -22,7 +22,7 @@
 //! one per (layer, routed expert), placed under the RAM budget as DeepSeek V3's
 //! (`models/budget.rs`); routed experts go through the expert store when they do not all fit.
 
-mod config;
+pub(crate) mod config;
 pub mod gguf;
 pub mod kda;
 pub mod mixer;
