@@ -105,7 +105,7 @@ fn load_errors_name_the_tensor_or_field() {
     assert_eq!(
         load_err(d.path()),
         format!(
-            "{}: model_type 'qwen9' is not supported (supported: qwen3, qwen3_moe, llama, mixtral, gpt_oss, deepseek_v3, kimi_k2, kimi_linear)",
+            "{}: model_type 'qwen9' is not supported (supported: qwen3, qwen3_moe, llama, mixtral, gpt_oss, deepseek_v3, kimi_k2, kimi_linear, kimi_k3)",
             d.path().join("config.json").display()
         )
     );

@@ -579,7 +579,7 @@ fn other_architectures_are_refused_by_name_and_a_pack_opens_as_its_source_kind()
         ),
         (
             other,
-            "packing model_type 'bert' is not supported yet (supported: qwen3, qwen3_moe, llama, mixtral, gpt_oss, deepseek_v3, kimi_k2, kimi_linear)",
+            "packing model_type 'bert' is not supported yet (supported: qwen3, qwen3_moe, llama, mixtral, gpt_oss, deepseek_v3, kimi_k2, kimi_linear, kimi_k3)",
         ),
     ] {
         let o = pack_opts(tmp.path(), 1, PackPlacement::Stripe);

@@ -530,7 +530,7 @@ mod tests {
         let m = HfModel::open(d).unwrap();
         let mut names: Vec<(&str, GgmlType)> =
             m.tensors.iter().map(|t| (t.name.as_str(), t.ty)).collect();
-        names.sort();
+        names.sort_by_key(|n| n.0);
         assert_eq!(
             names,
             [

@@ -53,8 +53,8 @@ fn token_text(v: Option<&serde_json::Value>) -> Option<String> {
 
 impl HfTokenizer {
     /// Loads `dir/tokenizer.json` (`tokenizers::Tokenizer::from_file`). End-of-generation ids:
-    /// the union of `eos_token_id` in `generation_config.json` and `config.json` and the id of
-    /// `tokenizer_config.json`'s `eos_token`.
+    /// the union of `eos_token_id` in `generation_config.json`, `config.json` and its
+    /// `text_config`, and the id of `tokenizer_config.json`'s `eos_token`.
     ///
     /// Errors: `tokenizer.json` missing or not a tokenizer the crate can load (the message
     /// names the file); an existing but invalid JSON config file.
@@ -82,6 +82,10 @@ impl HfTokenizer {
         let config = opt_json("tokenizer_config.json")?;
         let mut eog = ids_of(gen.get("eos_token_id"));
         eog.extend(ids_of(cfg.get("eos_token_id")));
+        // multimodal checkpoints (Kimi K3) keep the text model's fields in `text_config`
+        eog.extend(ids_of(
+            cfg.get("text_config").and_then(|t| t.get("eos_token_id")),
+        ));
         if let Some(id) = token_text(config.get("eos_token")).and_then(|t| inner.token_to_id(&t)) {
             eog.push(id);
         }

@@ -160,7 +160,8 @@ def weights(vocab):
             t[a + "f_b_proj.weight"] = mat(dim, KDA_HD)
             t[a + "b_proj.weight"] = mat(N_HEAD, D)
             t[a + "g_proj.weight"] = mat(dim, D)
-            t[a + "A_log"] = np.log(rng.uniform(1.0, 16.0, (1, 1, N_HEAD, 1))).astype(np.float32)
+            # `[heads]`: llama.cpp's kimi-k3 loader wants `ssm_a` 1-D, and the converter keeps the shape
+            t[a + "A_log"] = np.log(rng.uniform(1.0, 16.0, N_HEAD)).astype(np.float32)
             t[a + "dt_bias"] = (0.1 * rng.standard_normal(dim)).astype(np.float32)
             t[a + "o_norm.weight"] = vec(KDA_HD)
             t[a + "o_proj.weight"] = mat(D, dim)
