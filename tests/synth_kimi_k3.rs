@@ -368,3 +368,89 @@ fn kimi_k3_cli_synth_run_and_pack() {
     );
     assert_eq!(file, pack);
 }
+
+/// [`shape`] as a Hugging Face folder (compressed-tensors MXFP4 experts) in `dir/hf`.
+fn written_hf(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("hf");
+    let s = Shape::KimiK3(shape());
+    let p = plan(&s, Encoding::Mxfp4, 1 << 30).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    assert_eq!(
+        write(&s, Encoding::Mxfp4, &path, 1 << 30, 5, &mut |_, _| {}).unwrap(),
+        p
+    );
+    assert_eq!(
+        p.expert_bytes, EXPERT_BYTES,
+        "the same expert bytes as the GGUF form"
+    );
+    assert_eq!((p.layers, p.moe_layers, p.experts), (3, 2, 32));
+    for (name, bytes) in &p.files {
+        assert_eq!(
+            std::fs::metadata(path.join(name)).unwrap().len(),
+            *bytes,
+            "{name}"
+        );
+    }
+    path
+}
+
+#[test]
+fn kimi_k3_hf_synth_streams_packs_and_reads_only_the_chosen_experts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = written_hf(dir.path());
+    let h = deltafin::source::hf::HfModel::open(&path).unwrap();
+    assert_eq!(h.model_type().unwrap(), "kimi_k3");
+    let t = h
+        .tensors
+        .iter()
+        .find(|t| t.name == "model.layers.1.block_sparse_moe.experts.3.w2.weight_packed")
+        .expect("the text model's tensors without the language_model. prefix");
+    assert_eq!((t.ty, t.shape.clone()), (GgmlType::I8, vec![32, 64]));
+    let want = bits(&prompt_and_greedy_logits(
+        &mut sess(&path, None),
+        &PROMPT,
+        3,
+    ));
+    assert!(want.iter().all(|b| f32::from_bits(*b).is_finite()));
+    let got = bits(&prompt_and_greedy_logits(
+        &mut sess(&path, Some(streamed_budget(&path))),
+        &PROMPT,
+        3,
+    ));
+    assert!(got == want, "HF streamed differs");
+    let (_t, o) = pack_of(&path, 2, PackPlacement::Stripe);
+    for budget in [None, Some(streamed_budget(&o.out))] {
+        let got = bits(&prompt_and_greedy_logits(
+            &mut sess(&o.out, budget),
+            &PROMPT,
+            3,
+        ));
+        assert!(got == want, "pack ({budget:?}) differs");
+    }
+    // one decode step from the folder: the chosen experts only, each one read of its six
+    // contiguous tensors (packed and scale of w1, w2, w3) as their 4 KiB-aligned span
+    let mut s = sess(&path, Some(streamed_budget(&path)));
+    let (chosen, d) = decode_step(&mut s);
+    assert_eq!(chosen.iter().map(Vec::len).collect::<Vec<_>>(), [0, 4, 4]);
+    assert_eq!((d.misses, d.hits, d.reads), (8, 0, 8));
+    let a = IO_ALIGN as u64;
+    let mut want_bytes = 0;
+    for (l, ids) in chosen.iter().enumerate() {
+        for &e in ids {
+            let pre = format!("model.layers.{l}.block_sparse_moe.experts.{e}.");
+            let ts: Vec<_> = h
+                .tensors
+                .iter()
+                .filter(|t| t.name.starts_with(&pre))
+                .collect();
+            assert_eq!(ts.len(), 6);
+            let (lo, hi) = (
+                ts.iter().map(|t| t.offset).min().unwrap(),
+                ts.iter().map(|t| t.offset + t.n_bytes).max().unwrap(),
+            );
+            assert_eq!(hi - lo, EXPERT_BYTES, "contiguous");
+            want_bytes += hi.div_ceil(a) * a - lo / a * a;
+        }
+    }
+    assert_eq!(d.bytes, want_bytes);
+}

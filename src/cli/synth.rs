@@ -17,8 +17,9 @@ Architectures, presets and encodings (--preset list describes each preset):
   deepseek_v3  tiny, deepseek-v3            hf: bf16 (default), fp8 (E4M3, 128x128 block scales)
   gpt_oss      tiny, gpt-oss-20b            hf: mxfp4 (default), bf16
   kimi_linear  tiny, kimi-linear-48b-a3b    hf: bf16
-  kimi_k3      tiny, kimi-k3                gguf: mxfp4 (MXFP4 routed experts, BF16 elsewhere;
-               llama.cpp's kimi-k3 layout; --experts cuts the experts per layer)
+  kimi_k3      tiny, kimi-k3                hf: mxfp4 (default; compressed-tensors MXFP4 routed
+               experts), gguf: mxfp4 (llama.cpp's kimi-k3 layout); BF16 elsewhere;
+               --experts cuts the experts per layer
 Matrices whose rows are not whole 256-element super-blocks fall back as llama.cpp's
 quantizer does: q4_k to q5_0, q5_k to q5_1, q2_k/q3_k/tq1_0/tq2_0 to q4_0, iq* to iq4_nl.")]
 pub struct SynthArgs {

@@ -37,7 +37,7 @@ use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
 
 /// The compressed-tensors format of MXFP4 weights (`quantization_config.format`).
-pub(crate) const MXFP4_FORMAT: &str = "mxfp4-pack-quantized";
+pub const MXFP4_FORMAT: &str = "mxfp4-pack-quantized";
 
 /// How the routed experts are stored, from `quantization_config` (`text_config`'s over the top
 /// level's).

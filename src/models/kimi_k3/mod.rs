@@ -38,6 +38,7 @@ mod mxfp4;
 use anyhow::Result;
 
 pub use self::config::Config;
+pub use self::hf::MXFP4_FORMAT;
 
 use self::ffn::{res_mix, situ_experts, Situ};
 use self::gguf::{Checkpoint, FfnTensors, MixTensors, Score};

@@ -8,7 +8,7 @@
 //! | `deepseek_v3` ([`deepseek_v3`]) | `tiny`, `deepseek-v3` | Hugging Face BF16, FP8 E4M3 with 128×128 block scales |
 //! | `gpt_oss` ([`gpt_oss`]) | `tiny`, `gpt-oss-20b` | Hugging Face MXFP4 experts, BF16 |
 //! | `kimi_linear` ([`kimi_linear`]) | `tiny`, `kimi-linear-48b-a3b` | Hugging Face BF16 |
-//! | `kimi_k3` ([`kimi_k3`]) | `tiny`, `kimi-k3` | llama.cpp `kimi-k3` GGUF, MXFP4 routed experts, BF16 elsewhere |
+//! | `kimi_k3` ([`kimi_k3`], [`kimi_k3_hf`]) | `tiny`, `kimi-k3` | Hugging Face (`KimiK3ForConditionalGeneration`, compressed-tensors MXFP4 routed experts) or llama.cpp `kimi-k3` GGUF (MXFP4 routed experts); BF16 elsewhere |
 //!
 //! Hugging Face folders are laid out as published checkpoints are: `config.json` in the
 //! published dialect (`rope_theta` + `rope_scaling`, `torch_dtype`), sharded
@@ -27,6 +27,7 @@ mod fill_lowbit;
 pub mod gpt_oss;
 mod hf_checkpoint;
 pub mod kimi_k3;
+pub mod kimi_k3_hf;
 pub mod kimi_linear;
 mod planned;
 pub mod qwen3_moe;
@@ -173,7 +174,7 @@ impl Shape {
             Shape::DeepseekV3(_) => &[Encoding::Bf16, Encoding::Fp8],
             Shape::GptOss(_) => &[Encoding::Mxfp4, Encoding::Bf16],
             Shape::KimiLinear(_) => &[Encoding::Bf16],
-            Shape::KimiK3(_) => &[Encoding::Gguf(GgmlType::MXFP4)],
+            Shape::KimiK3(_) => &[Encoding::Mxfp4, Encoding::Gguf(GgmlType::MXFP4)],
         }
     }
 
@@ -317,7 +318,7 @@ pub fn plan(shape: &Shape, enc: Encoding, shard_bytes: u64) -> Result<Planned> {
     check_encoding(shape, enc)?;
     match (shape, enc) {
         (Shape::Qwen3Moe(s), Encoding::Gguf(q)) => qwen3_moe_gguf::plan(s, q),
-        (Shape::KimiK3(s), _) => kimi_k3::plan(s),
+        (Shape::KimiK3(s), Encoding::Gguf(_)) => kimi_k3::plan(s),
         _ => Ok(hf_checkpoint(shape, enc).plan(shard_bytes as usize)),
     }
 }
@@ -342,7 +343,9 @@ pub fn write(
         (Shape::Qwen3Moe(s), Encoding::Gguf(q)) => {
             qwen3_moe_gguf::write_qwen3moe_gguf(s, q, out, seed, progress)?
         }
-        (Shape::KimiK3(s), _) => kimi_k3::write_kimi_k3_gguf(s, out, seed, progress)?,
+        (Shape::KimiK3(s), Encoding::Gguf(_)) => {
+            kimi_k3::write_kimi_k3_gguf(s, out, seed, progress)?
+        }
         _ => hf_checkpoint(shape, enc).write(out, shard_bytes as usize, seed, progress)?,
     }
     Ok(planned)
@@ -366,7 +369,7 @@ fn hf_checkpoint(shape: &Shape, enc: Encoding) -> HfCheckpoint {
         Shape::DeepseekV3(s) => deepseek_v3::checkpoint(s, enc == Encoding::Fp8),
         Shape::GptOss(s) => gpt_oss::checkpoint(s, enc == Encoding::Mxfp4),
         Shape::KimiLinear(s) => kimi_linear::checkpoint(s),
-        Shape::KimiK3(_) => unreachable!("kimi_k3 is written as GGUF only"),
+        Shape::KimiK3(s) => kimi_k3_hf::checkpoint(s),
     }
 }
 
