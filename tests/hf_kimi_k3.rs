@@ -200,17 +200,66 @@ fn kimi_k3_folder_errors_name_the_field_or_tensor() {
             "{cfg}: 'quantization_config' (quant_method 'fp8', format 'float-quantized') is not supported for kimi_k3 (only compressed-tensors mxfp4-pack-quantized routed experts)"
         )
     );
-    // the BF16 folder declared MXFP4: the packed expert tensors are missing
-    edit_config(
-        d.path(),
-        |c| c["quantization_config"] = serde_json::json!({"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized"}),
+    // what llama.cpp's converter requires has no default here either
+    edit_config(d.path(), |c| {
+        c.as_object_mut().unwrap().remove("quantization_config");
+        c["text_config"]
+            .as_object_mut()
+            .unwrap()
+            .remove("num_shared_experts");
+    });
+    assert_eq!(
+        load_err(d.path()),
+        format!("{cfg}: missing field 'num_shared_experts'")
     );
+    edit_config(d.path(), |c| {
+        c["text_config"]["num_shared_experts"] = 2.into();
+        c["text_config"]["activation_situ_beta"] = serde_json::json!(1e39);
+    });
+    assert_eq!(
+        load_err(d.path()),
+        format!("{cfg}: 'activation_situ_beta' = 1e+39 is not a finite f32 number")
+    );
+    edit_config(d.path(), |c| {
+        c["text_config"]["activation_situ_beta"] = serde_json::json!(1.0);
+        c["text_config"]["latent_moe_use_norm"] = "true".into();
+    });
+    assert_eq!(
+        load_err(d.path()),
+        format!("{cfg}: 'latent_moe_use_norm' = \"true\" is not a boolean")
+    );
+    edit_config(d.path(), |c| {
+        c["text_config"]["latent_moe_use_norm"] = true.into();
+        c["text_config"] = serde_json::json!("oops");
+    });
+    assert_eq!(
+        load_err(d.path()),
+        format!("{cfg}: 'text_config' = \"oops\" is not an object")
+    );
+    // the BF16 folder declared MXFP4: the packed expert tensors are missing
+    let original: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("kimi_k3").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    edit_config(d.path(), |c| {
+        *c = original;
+        c["quantization_config"] = serde_json::json!({"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized"})
+    });
     assert_eq!(
         load_err(d.path()),
         format!(
             "{}: tensor 'model.layers.1.block_sparse_moe.experts.0.w1.weight_packed' is missing",
             d.path().display()
         )
+    );
+    let m = copy_of("kimi_k3_mxfp4");
+    let mcfg = m.path().join("config.json").display().to_string();
+    edit_config(m.path(), |c| {
+        c["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 64.into()
+    });
+    assert_eq!(
+        load_err(m.path()),
+        format!("{mcfg}: 'quantization_config.config_groups.group_0.weights.group_size' = 64 is not MXFP4's 32")
     );
     // the MXFP4 folder declared unquantized: its float expert tensors are missing
     let m = copy_of("kimi_k3_mxfp4");
@@ -279,4 +328,24 @@ fn kimi_k3_folder_runs_from_the_cli_and_packs() {
         let (b, _) = logits(&pack, Some(smallest_budget(&pack)));
         assert!(a == b, "{folder}: pack logits differ");
     }
+}
+
+#[test]
+fn kimi_k3_folder_reads_the_layer_kinds_and_the_latent_norm_as_llama_cpp_does() {
+    let (want, _) = logits(&fixture("kimi_k3"), None);
+    // `full_attn_layers` alone (llama.cpp's converter reads no other list): KDA elsewhere
+    let d = copy_of("kimi_k3");
+    edit_config(d.path(), |c| {
+        c["text_config"]["linear_attn_config"]
+            .as_object_mut()
+            .unwrap()
+            .remove("kda_layers");
+        // `routed_expert_norm` is used when present, whatever the flag says (kimi-k3.cpp)
+        c["text_config"]
+            .as_object_mut()
+            .unwrap()
+            .remove("latent_moe_use_norm");
+    });
+    let (got, _) = logits(d.path(), None);
+    assert!(got == want, "the same model read differently");
 }

@@ -119,7 +119,13 @@ pub fn read_safetensors_header(path: &Path, file: usize) -> Result<Vec<TensorInf
     let mut out = Vec::new();
     for key in meta.offset_keys() {
         let info = meta.info(&key).expect("key from the same metadata");
-        let ty = ggml_type(&key, path, info.dtype)?;
+        let ty = match ggml_type(&key, path, info.dtype) {
+            Ok(t) => t,
+            // a multimodal checkpoint's other towers are never read (text only): their
+            // integer buffers and the like need no type Deltafin computes with
+            Err(_) if OTHER_TOWERS.iter().any(|p| key.starts_with(p)) => continue,
+            Err(e) => return Err(e),
+        };
         let mut shape: Vec<u64> = info.shape.iter().rev().map(|&d| d as u64).collect();
         if shape.is_empty() {
             shape.push(1);
@@ -209,6 +215,17 @@ fn check_tensor_entries(header: &serde_json::Value) -> Result<()> {
 /// names a text-only checkpoint gives them (`model.layers.L.…`, `lm_head.weight`). The other
 /// towers (`vision_tower.…`, `mm_projector.…`) keep their names and are never read.
 pub const TEXT_MODEL_PREFIX: &str = "language_model.";
+
+/// Name prefixes of the non-text parts of multimodal checkpoints (Kimi K3's `vision_tower.`
+/// and `mm_projector.`, and the usual others): never read, so a tensor there in a dtype Deltafin
+/// does not compute with is left out of the index instead of refusing the folder.
+pub const OTHER_TOWERS: &[&str] = &[
+    "vision_tower.",
+    "mm_projector.",
+    "multi_modal_projector.",
+    "vision_model.",
+    "audio_tower.",
+];
 
 /// Removes [`TEXT_MODEL_PREFIX`] from the tensor names that start with it.
 ///
@@ -519,6 +536,8 @@ mod tests {
                 vec![0; 4],
             ),
             ("vision_tower.w", Dtype::BF16, vec![2], vec![0; 4]),
+            // a dtype Deltafin does not read, in a tower it never reads: left out
+            ("vision_tower.pos_ids", Dtype::I64, vec![2], vec![0; 16]),
             (
                 "language_model.model.layers.0.mlp.experts.1.w1.weight_scale",
                 Dtype::F8_E8M0,

@@ -107,17 +107,26 @@ impl Config {
     /// (must be true), `num_experts`, `num_experts_per_token` (or `_tok`),
     /// `moe_intermediate_size`, `num_shared_experts`, `first_k_dense_replace`,
     /// `intermediate_size` (the dense layers), `num_expert_group` (or `n_group`, default 1),
-    /// `topk_group` (1), `routed_scaling_factor`, `moe_renormalize` (or `norm_topk_prob`,
-    /// default true), `moe_router_activation_func` (sigmoid only), `routed_expert_hidden_size`
-    /// (the latent width; absent or 0: none), `hidden_act` (situ only),
-    /// `activation_situ_beta`, `activation_situ_linear_beta`, `attn_res_block_size` (default
-    /// 0), `rms_norm_eps` (every RMSNorm, as llama.cpp), `tie_word_embeddings`.
+    /// `topk_group` (1), `routed_scaling_factor`, `moe_renormalize`,
+    /// `moe_router_activation_func` (sigmoid only), `routed_expert_hidden_size` (the latent
+    /// width; absent or 0: none), `hidden_act` (situ only), `activation_situ_beta`,
+    /// `activation_situ_linear_beta`, `attn_res_block_size` (0: none), `rms_norm_eps` (every
+    /// RMSNorm, as llama.cpp), `tie_word_embeddings`. Required, as llama.cpp's converter
+    /// requires them (no default could be right for a checkpoint that omits them):
+    /// `num_shared_experts`, `first_k_dense_replace`, `routed_scaling_factor`,
+    /// `moe_renormalize`, `attn_res_block_size`. Numbers are range-checked as the f32 the
+    /// forward pass uses.
     ///
     /// Errors name `label` and the field: missing or mistyped, out of range, an unsupported
     /// activation, router function or RoPE MLA, differing head counts, layer lists that do not
     /// cover the layers once.
     pub fn from_hf_json(root: &Value, label: &str) -> Result<Self> {
         let v = merged_text_config(root);
+        for (k, x) in [("text_config", root.get("text_config")), ("linear_attn_config", v.get("linear_attn_config"))] {
+            if let Some(x) = x.filter(|x| !x.is_null() && !x.is_object()) {
+                bail!("{label}: '{k}' = {x} is not an object");
+            }
+        }
         let f = Fields { v: &v, label };
         let la = v.get("linear_attn_config").filter(|x| x.is_object());
         let la_get = |k: &str| la.and_then(|o| o.get(k)).filter(|x| !x.is_null());
@@ -130,8 +139,10 @@ impl Config {
         let n_layers = f.count(&["num_hidden_layers"], None)?;
         let heads = f.count(&["num_attention_heads"], None)?;
         if let Some(x) = la_get("num_heads") {
-            if x.as_u64() != Some(heads as u64) {
-                bail!("{label}: 'linear_attn_config.num_heads' = {x} differs from 'num_attention_heads' = {heads}");
+            match x.as_u64() {
+                Some(h) if h == heads as u64 => {}
+                Some(_) => bail!("{label}: 'linear_attn_config.num_heads' = {x} differs from 'num_attention_heads' = {heads}"),
+                None => bail!("{label}: 'linear_attn_config.num_heads' = {x} is not a count"),
             }
         }
         for (k, want) in [("hidden_act", "situ"), ("moe_router_activation_func", "sigmoid")] {
@@ -146,42 +157,39 @@ impl Config {
         if v.get("mla_use_nope").and_then(Value::as_bool) != Some(true) {
             bail!("{label}: 'mla_use_nope' must be true (Kimi K3's MLA has no RoPE)");
         }
+        // numbers are checked as the f32 the forward pass uses (1e39 is no finite f32)
+        let finite = |k: &str, x: &Value| -> Result<f32> {
+            x.as_f64()
+                .map(|b| b as f32)
+                .filter(|b| b.is_finite())
+                .ok_or_else(|| anyhow!("{label}: '{k}' = {x} is not a finite f32 number"))
+        };
         let lower = match la_get("gate_lower_bound") {
             None => None,
-            Some(x) => Some(
-                x.as_f64()
-                    .filter(|b| b.is_finite())
-                    .ok_or_else(|| anyhow!("{label}: 'linear_attn_config.gate_lower_bound' = {x} is not a finite number"))?
-                    as f32,
-            ),
+            Some(x) => Some(finite("linear_attn_config.gate_lower_bound", x)?),
         };
+        let required = |k: &str| -> Result<&Value> { f.find(&[k]).map(|(_, x)| x).ok_or_else(|| anyhow!("{label}: missing field '{k}'")) };
         let positive = |k: &str| -> Result<f32> {
-            match f.find(&[k]) {
-                None => bail!("{label}: missing field '{k}'"),
-                Some((_, x)) => x
-                    .as_f64()
-                    .filter(|b| b.is_finite() && *b > 0.0)
-                    .map(|b| b as f32)
-                    .ok_or_else(|| anyhow!("{label}: '{k}' = {x} must be a positive finite number")),
+            match finite(k, required(k)?)? {
+                b if b > 0.0 => Ok(b),
+                b => bail!("{label}: '{k}' = {b} must be a positive finite number"),
             }
         };
-        let situ_linear_beta = match f.find(&["activation_situ_linear_beta"]) {
-            None => bail!("{label}: missing field 'activation_situ_linear_beta'"),
-            Some((_, x)) => x
-                .as_f64()
-                .filter(|b| b.is_finite())
-                .ok_or_else(|| anyhow!("{label}: 'activation_situ_linear_beta' = {x} is not a finite number"))?
-                as f32,
-        };
+        let situ_linear_beta = finite("activation_situ_linear_beta", required("activation_situ_linear_beta")?)?;
+        // what llama.cpp's converter requires (`conversion/kimi_k3.py`): no defaults here, so a
+        // checkpoint never runs with parts of itself silently left out
+        for k in ["num_shared_experts", "first_k_dense_replace", "routed_scaling_factor", "moe_renormalize", "attn_res_block_size"] {
+            required(k)?;
+        }
         let experts = f.count(&["num_experts", "n_routed_experts"], None)?;
         let used = f.count(&["num_experts_per_token", "num_experts_per_tok"], None)?;
         let expert_ff = f.count(&["moe_intermediate_size"], None)?;
-        let dense = f.count(&["first_k_dense_replace"], Some(0))?;
+        let dense = f.count(&["first_k_dense_replace"], None)?;
         let moe = GgufSigmoidMoe {
             experts,
             used,
             expert_ff,
-            shared: f.count(&["num_shared_experts", "n_shared_experts"], Some(0))?,
+            shared: f.count(&["num_shared_experts"], None)?,
             dense,
             dense_ff: match dense {
                 0 => f.count(&["intermediate_size"], Some(expert_ff))?,
@@ -189,10 +197,7 @@ impl Config {
             },
             groups: f.count(&["num_expert_group", "n_group"], Some(1))?,
             groups_used: f.count(&["topk_group"], Some(1))?,
-            scale: match f.float(&["routed_scaling_factor"], 1.0)? {
-                s if s.is_finite() && s > 0.0 => s as f32,
-                s => bail!("{label}: 'routed_scaling_factor' = {s} must be a positive finite number"),
-            },
+            scale: positive("routed_scaling_factor")?,
         };
         let c = Config {
             vocab_size: f.count(&["vocab_size"], None)?,
@@ -210,11 +215,11 @@ impl Config {
             qk_nope_head_dim: f.count(&["qk_nope_head_dim"], None)?,
             v_head_dim: f.count(&["v_head_dim"], None)?,
             moe,
-            norm_topk_prob: f.flag(&["moe_renormalize", "norm_topk_prob"], true)?,
+            norm_topk_prob: f.flag(&["moe_renormalize"], true)?,
             latent: f.opt_count(&["routed_expert_hidden_size"])?.filter(|&l| l > 0),
             situ_beta: positive("activation_situ_beta")?,
             situ_linear_beta,
-            attn_res_block_size: f.count(&["attn_res_block_size"], Some(0))?,
+            attn_res_block_size: f.count(&["attn_res_block_size"], None)?,
             rms_norm_eps: positive("rms_norm_eps")?,
             tie_word_embeddings: f.flag(&["tie_word_embeddings"], false)?,
         };
@@ -243,9 +248,14 @@ impl Config {
             ("num_expert_group", m.groups),
             ("topk_group", m.groups_used),
             ("routed_expert_hidden_size", self.latent.unwrap_or(1)),
-            ("max_position_embeddings", self.max_position_embeddings),
+            ("num_shared_experts", m.shared.max(1)),
+            ("shared experts' width", m.expert_ff.saturating_mul(m.shared.max(1))),
         ];
         crate::models::config::check_config_dims(label, &dims)?;
+        // as the GGUF reader's `context_length`
+        if !(1..=1 << 24).contains(&self.max_position_embeddings) {
+            bail!("{label}: 'max_position_embeddings' = {} is outside 1..={}", self.max_position_embeddings, 1 << 24);
+        }
         if !(2..=64).contains(&self.conv_kernel) {
             bail!("{label}: 'linear_attn_config.short_conv_kernel_size' = {} is outside 2..=64", self.conv_kernel);
         }

@@ -21,7 +21,8 @@
 //! - MoE layers `block_sparse_moe.`: `gate.weight` `[experts, d]`,
 //!   `gate.e_score_correction_bias`, `shared_experts.{gate,up,down}_proj`, the latent
 //!   `routed_expert_down_proj` `[latent, d]`, `routed_expert_up_proj` `[d, latent]`,
-//!   `routed_expert_norm` (required when `latent_moe_use_norm`, else not read), and per expert
+//!   `routed_expert_norm` (used when present, as llama.cpp does; required when
+//!   `latent_moe_use_norm`), and per expert
 //!   `experts.E.{w1,w3,w2}` (gate, up, down) as `.weight`, or, with a compressed-tensors MXFP4
 //!   `quantization_config`, as `.weight_packed` + `.weight_scale` ([`super::mxfp4`]).
 
@@ -60,11 +61,23 @@ pub(crate) fn experts_mxfp4(root: &Value, label: &str) -> Result<bool> {
         Some(f) => f == MXFP4_FORMAT,
         None => !groups.is_empty() && groups.iter().all(|f| *f == MXFP4_FORMAT),
     };
+    let mxfp4 = mxfp4 && groups.iter().all(|f| *f == MXFP4_FORMAT);
     if method != "compressed-tensors" || !mxfp4 {
         bail!(
             "{label}: 'quantization_config' (quant_method '{method}', format '{}') is not supported for kimi_k3 (only compressed-tensors {MXFP4_FORMAT} routed experts)",
             format.map_or_else(|| groups.join(","), str::to_string)
         );
+    }
+    // MXFP4 is 4-bit floats in groups of 32 (OCP Microscaling v1.0): a group that says otherwise
+    // is not what the repack reads
+    for (name, g) in q.get("config_groups").and_then(Value::as_object).into_iter().flatten() {
+        let w = g.get("weights");
+        let field = |k: &str| w.and_then(|w| w.get(k)).filter(|x| !x.is_null());
+        for (k, want) in [("num_bits", serde_json::json!(4)), ("group_size", serde_json::json!(32)), ("type", serde_json::json!("float"))] {
+            if let Some(x) = field(k).filter(|x| **x != want) {
+                bail!("{label}: 'quantization_config.config_groups.{name}.weights.{k}' = {x} is not MXFP4's {want}");
+            }
+        }
     }
     Ok(true)
 }
@@ -81,7 +94,11 @@ pub(crate) fn check(h: &HfModel) -> Result<()> {
 pub(crate) fn checkpoint(c: &Config, h: &HfModel) -> Result<Checkpoint> {
     let label = h.dir.display().to_string();
     let mxfp4 = experts_mxfp4(&h.config, &h.dir.join("config.json").display().to_string())?;
-    let latent_norm = merged_text_config(&h.config).get("latent_moe_use_norm").and_then(Value::as_bool) == Some(true);
+    let latent_norm = match merged_text_config(&h.config).get("latent_moe_use_norm") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(x) => bail!("{}: 'latent_moe_use_norm' = {x} is not a boolean", h.dir.join("config.json").display()),
+    };
     let ts = Tensors::from_list(label.clone(), &h.tensors);
     let has = |name: &str| ts.by_name.contains_key(name);
     let d = c.hidden_size;
@@ -175,7 +192,9 @@ pub(crate) fn checkpoint(c: &Config, h: &HfModel) -> Result<Checkpoint> {
                 Some(lat) => (
                     Some(get(&m("routed_expert_down_proj.weight"), &[d, lat])?),
                     Some(get(&m("routed_expert_up_proj.weight"), &[lat, d])?),
-                    match latent_norm {
+                    // used whenever present, as llama.cpp does (`kimi-k3.cpp`); required when
+                    // the config says the latent MoE is normed
+                    match latent_norm || has(&m("routed_expert_norm.weight")) {
                         true => Some(get(&m("routed_expert_norm.weight"), &[lat])?),
                         false => None,
                     },

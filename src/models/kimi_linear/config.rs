@@ -269,7 +269,8 @@ impl<'a> Fields<'a> {
 }
 
 /// Per-layer mixers: `layer_types` (`linear_attention` / `full_attention`) when present, else
-/// `linear_attn_config.full_attn_layers` and `kda_layers` (1-based), else transformers'
+/// `linear_attn_config.full_attn_layers` and `kda_layers` (1-based; one of them alone: the
+/// other kind at every other layer), else transformers'
 /// default (MLA at every 4th layer from layer 4, counting from 0: `i > 0 && i % 4 == 0`).
 pub(crate) fn mixers(v: &Value, la: Option<&Value>, n: usize, label: &str) -> Result<Vec<Mixer>> {
     if let Some(t) = v.get("layer_types").and_then(Value::as_array) {
@@ -319,7 +320,11 @@ pub(crate) fn mixers(v: &Value, la: Option<&Value>, n: usize, label: &str) -> Re
                 })
                 .collect()
         }
-        _ => Ok((0..n)
+        // one list alone: the other kind everywhere else (llama.cpp's converters read
+        // `full_attn_layers` only)
+        (Some(full), None) => Ok((0..n).map(|l| if full.contains(&l) { Mixer::Mla } else { Mixer::Kda }).collect()),
+        (None, Some(kda)) => Ok((0..n).map(|l| if kda.contains(&l) { Mixer::Kda } else { Mixer::Mla }).collect()),
+        (None, None) => Ok((0..n)
             .map(|i| match i > 0 && i % 4 == 0 {
                 true => Mixer::Mla,
                 false => Mixer::Kda,
