@@ -530,6 +530,19 @@ fn speculation_refusals_name_the_reason() {
         stderr_of(&o).trim(),
         "error: --draft-min 3 is above --draft-max 2"
     );
-    let o = deltafin(&["serve", "-m", &qm, "--lookup"]);
-    assert!(stderr_of(&o).contains("wired into `deltafin run` and `deltafin bench` only"));
+    // serve and chat check the same way, before listening or reading standard input
+    for cmd in ["serve", "chat"] {
+        let o = deltafin(&[cmd, "-m", &f("kimi_linear"), "--lookup"]);
+        assert!(
+            stderr_of(&o).contains("keeps a recurrent state (Kimi Delta Attention layers)"),
+            "{cmd}: {}",
+            stderr_of(&o)
+        );
+        let o = deltafin(&[cmd, "-m", &qm, "--draft-model", &mx]);
+        assert_eq!(
+            stderr_of(&o).trim(),
+            format!("error: --draft-model {mx}: its vocabulary has 485 tokens but the model's has 512; a draft model needs the same vocabulary"),
+            "{cmd}"
+        );
+    }
 }

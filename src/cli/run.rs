@@ -344,20 +344,19 @@ pub fn describe_prompt(text: &str, ids: &[u32], tok: &crate::tokenizer::ModelTok
 /// Loads the model of `a` for `serve` and `chat`: tokenizer, chat template (when the model
 /// has one), weights under `a`'s budget with a KV cache of `--ctx-size` tokens (default
 /// `default_ctx`, at most the model's context), and the sampling defaults of `a` (flags, else
-/// the model's generation config, else Deltafin's). Returns the engine and the model's id
-/// (its file or folder name).
+/// the model's generation config, else Deltafin's), speculating when `a` asks for it
+/// (`--lookup`, `--draft-model`). Returns the engine and the model's id (its file or folder
+/// name).
 ///
 /// Errors: as `run`'s loading; a prompt flag (`--prompt`, `--chat`), which these commands
-/// take from their clients instead.
+/// take from their clients instead; speculation the model cannot do
+/// ([`super::spec_args::SpecArgs::speculator`]).
 pub fn load_engine(
     a: &RunArgs,
     default_ctx: usize,
 ) -> Result<(crate::serve::generate::Engine, String)> {
     if a.prompt.is_some() || a.chat {
         bail!("--prompt and --chat belong to `deltafin run`; this command takes its prompts from its clients");
-    }
-    if a.spec.enabled() {
-        bail!("--lookup and --draft-model are wired into `deltafin run` and `deltafin bench` only, not yet into `serve` and `chat`");
     }
     super::init_threads(a.threads);
     let opened = open_any(a.model.as_deref())?;
@@ -390,6 +389,9 @@ pub fn load_engine(
     crate::tokenizer::release_freed_memory();
     let session = Session::new(model, store, n_ctx, opts.n_batch);
     let defaults = sampler_config(a, &model_sampling, a.seed.unwrap_or(0));
+    let spec = a
+        .spec
+        .speculator(&session, &tok, &defaults, !a.no_direct_io)?;
     let id = a
         .model
         .as_deref()
@@ -397,12 +399,13 @@ pub fn load_engine(
         .map_or("deltafin-default".to_string(), |n| {
             n.to_string_lossy().into_owned()
         });
-    let engine = crate::serve::generate::Engine::new(
+    let mut engine = crate::serve::generate::Engine::new(
         session,
         std::sync::Arc::new(tok),
         template.map(std::sync::Arc::new),
         defaults,
     );
+    engine.spec = spec;
     Ok((engine, id))
 }
 

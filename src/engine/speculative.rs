@@ -117,6 +117,21 @@ pub fn verify(
     history: &[u32],
     draft: &Draft,
 ) -> Result<Verdict> {
+    verify_rows(s, sampler, history, draft).map(|r| r.0)
+}
+
+/// [`verify`], also returning the target's logits of the pass as they came out of the model
+/// (before penalties): `(accepted + 1) × vocab` floats, row `i` being the distribution the
+/// `i`-th yielded token was chosen from (the accepted drafts, then the target's own token).
+/// These are exactly the logits plain decoding computes for those positions.
+///
+/// Errors: as [`verify`].
+pub fn verify_rows(
+    s: &mut Session,
+    sampler: &mut Sampler,
+    history: &[u32],
+    draft: &Draft,
+) -> Result<(Verdict, Vec<f32>)> {
     let last = *history.last().expect("a token to continue from");
     let base = s.cache.len;
     let mut batch = Vec::with_capacity(draft.tokens.len() + 1);
@@ -152,7 +167,9 @@ pub fn verify(
         }
     };
     s.cache.truncate(base + 1 + accepted);
-    Ok(Verdict { accepted, next })
+    let mut all = all;
+    all.truncate((accepted + 1) * v);
+    Ok((Verdict { accepted, next }, all))
 }
 
 /// Settings of speculative decoding.
@@ -418,6 +435,37 @@ impl Speculator {
         history: &[u32],
         left: usize,
     ) -> Result<Vec<u32>> {
+        self.step_rows(s, sampler, history, left, false)
+            .map(|r| r.0)
+    }
+
+    /// Starts a new generation sampled with `sampling`: zeroes the counters, forgets what the
+    /// policy measured (so a request's output depends on the request only, whatever ran
+    /// before it) and lets the draft source follow `sampling` ([`DraftSource::configure`]).
+    pub fn begin(&mut self, sampling: &super::sampler::SamplerConfig) {
+        self.stats = SpecStats {
+            source: self.source.name().to_string(),
+            ..Default::default()
+        };
+        self.policy = Policy::new(self.config.clone());
+        self.cost = None;
+        self.source.configure(sampling);
+    }
+
+    /// [`Speculator::step`], also returning, when `rows` is set, the target's logits for each
+    /// yielded token as the model produced them (before penalties; `tokens × vocab` floats,
+    /// from the verification pass or the plain pass: the target's own logits, equal to plain
+    /// decoding's), else an empty vector.
+    ///
+    /// Errors: as [`Speculator::step`].
+    pub fn step_rows(
+        &mut self,
+        s: &mut Session,
+        sampler: &mut Sampler,
+        history: &[u32],
+        left: usize,
+        rows: bool,
+    ) -> Result<(Vec<u32>, Vec<f32>)> {
         let bytes = |s: &Session| s.store.stats().snapshot().0;
         let b0 = bytes(s);
         let t0 = std::time::Instant::now();
@@ -437,7 +485,7 @@ impl Speculator {
                 q.truncate(k);
             }
             if d.tokens.len() >= min {
-                let v = verify(s, sampler, history, &d)?;
+                let (v, all) = verify_rows(s, sampler, history, &d)?;
                 let b = bytes(s) - b0;
                 let st = &mut self.stats;
                 st.drafted += d.tokens.len() as u64;
@@ -453,19 +501,20 @@ impl Speculator {
                 }
                 let mut out = d.tokens[..v.accepted].to_vec();
                 out.push(v.next);
-                return Ok(out);
+                return Ok((out, if rows { all } else { Vec::new() }));
             }
         }
         let last = *history.last().expect("a token to continue from");
         let mut l = s
             .model
             .forward(&mut s.store, &mut s.cache, &[last], Logits::Last)?;
+        let raw = if rows { l.clone() } else { Vec::new() };
         let t = sampler.sample(&mut l, history);
         let b = bytes(s) - b0;
         self.stats.plain_passes += 1;
         self.stats.plain_bytes += b;
         self.policy.record_plain(cost(b));
-        Ok(vec![t])
+        Ok((vec![t], raw))
     }
 }
 
