@@ -86,9 +86,14 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
     let n_gen = if name == "prefill" { 1 } else { a.tokens };
     let n_ctx = decode_p + n_gen * if warm { 2 } else { 1 } + 1;
     let limit = crate::store::plan::MemoryLimit::of_this_process();
+    let budget = crate::store::plan::ram_budget(a.ram_budget, limit).map_err(anyhow::Error::msg)?;
+    let draft = match name {
+        "prefill" => None,
+        _ => a.spec.load_draft(n_ctx, decode_p.max(1), true)?,
+    };
+    let flag = a.ram_budget.is_some();
     let weights = crate::models::LoadOptions {
-        ram_budget: crate::store::plan::ram_budget(a.ram_budget, limit)
-            .map_err(anyhow::Error::msg)?,
+        ram_budget: super::spec_args::target_budget(budget, flag, draft.as_ref())?,
         n_ctx,
         n_batch: decode_p.max(1),
         direct_io: true,
@@ -104,6 +109,7 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
             weights,
             ..Default::default()
         })
+        .map_err(|e| super::spec_args::explain_budget(e, budget, flag, draft.as_ref()))
         .map_err(|e| match (a.ram_budget, &limit) {
             (None, Some(l)) => crate::models::BudgetTooSmall::under_limit(e, l),
             _ => e,
@@ -125,10 +131,10 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
         order: crate::engine::SamplerOrder::LlamaCpp,
     };
     let mut spec = match &tok {
-        Some(t) if name != "prefill" => a.spec.speculator(&session, t, &sampling, true)?,
+        Some(t) if name != "prefill" => a.spec.speculator(&session, t, &sampling, draft)?,
         _ => None,
     };
-    let mut sampler = Sampler::new(sampling);
+    let mut sampler = Sampler::new(sampling.clone());
     let never = |_: u32| false;
     let gen = GenerateOptions {
         max_tokens: n_gen,
@@ -138,10 +144,7 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
     let ids = prompt(decode_p, vocab);
     let mut go = |s: &mut Session, ids: &[u32]| {
         if let Some(sp) = spec.as_mut() {
-            sp.stats = crate::engine::SpecStats {
-                source: sp.stats.source.clone(),
-                ..Default::default()
-            };
+            sp.begin(&sampling);
         }
         s.generate_with(
             ids,

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
+use super::spec_args::{explain_budget, target_budget};
 use crate::engine::report::{expert_table, stats_json, stats_table};
 use crate::engine::sampler::{ModelSampling, SamplerOrder, WHOLE_SEQUENCE};
 use crate::engine::{GenerateOptions, Sampler, SamplerConfig, Session};
@@ -234,16 +235,20 @@ pub fn run(mut a: RunArgs) -> Result<()> {
         None => ids.len().saturating_add(a.max_tokens.max(1)),
     };
     let limit = MemoryLimit::of_this_process();
+    let budget = crate::store::plan::ram_budget(a.ram_budget, limit).map_err(anyhow::Error::msg)?;
+    let n_batch = a.batch_size.min(ids.len()).max(1);
+    let draft = a.spec.load_draft(n_ctx, n_batch, !a.no_direct_io)?;
+    let flag = a.ram_budget.is_some();
     let opts = LoadOptions {
-        ram_budget: crate::store::plan::ram_budget(a.ram_budget, limit)
-            .map_err(anyhow::Error::msg)?,
+        ram_budget: target_budget(budget, flag, draft.as_ref())?,
         n_ctx,
-        n_batch: a.batch_size.min(ids.len()).max(1),
+        n_batch,
         direct_io: !a.no_direct_io,
         experts: a.store.options(a.model.as_deref()),
     };
     let (model, store) = opened
         .load_weights(&opts)
+        .map_err(|e| explain_budget(e, budget, flag, draft.as_ref()))
         .map_err(|e| match (a.ram_budget, &limit) {
             (None, Some(l)) => crate::models::BudgetTooSmall::under_limit(e, l),
             _ => e,
@@ -267,9 +272,7 @@ pub fn run(mut a: RunArgs) -> Result<()> {
             .map_or(0, |d| d.as_nanos() as u64)
     });
     let sampling = sampler_config(&a, &model_sampling, seed);
-    let mut spec = a
-        .spec
-        .speculator(&session, &tok, &sampling, !a.no_direct_io)?;
+    let mut spec = a.spec.speculator(&session, &tok, &sampling, draft)?;
     let mut sampler = Sampler::new(sampling);
     let mut dec = tok.decoder();
     let is_eog = |t: u32| tok.is_eog(t);
@@ -371,9 +374,11 @@ pub fn load_engine(
     };
     let n_ctx = a.ctx_size.unwrap_or(default_ctx).max(2);
     let limit = MemoryLimit::of_this_process();
+    let budget = crate::store::plan::ram_budget(a.ram_budget, limit).map_err(anyhow::Error::msg)?;
+    let draft = a.spec.load_draft(n_ctx, a.batch_size, !a.no_direct_io)?;
+    let flag = a.ram_budget.is_some();
     let opts = LoadOptions {
-        ram_budget: crate::store::plan::ram_budget(a.ram_budget, limit)
-            .map_err(anyhow::Error::msg)?,
+        ram_budget: target_budget(budget, flag, draft.as_ref())?,
         n_ctx,
         n_batch: a.batch_size,
         direct_io: !a.no_direct_io,
@@ -381,6 +386,7 @@ pub fn load_engine(
     };
     let (model, store) = opened
         .load_weights(&opts)
+        .map_err(|e| explain_budget(e, budget, flag, draft.as_ref()))
         .map_err(|e| match (a.ram_budget, &limit) {
             (None, Some(l)) => crate::models::BudgetTooSmall::under_limit(e, l),
             _ => e,
@@ -389,9 +395,7 @@ pub fn load_engine(
     crate::tokenizer::release_freed_memory();
     let session = Session::new(model, store, n_ctx, opts.n_batch);
     let defaults = sampler_config(a, &model_sampling, a.seed.unwrap_or(0));
-    let spec = a
-        .spec
-        .speculator(&session, &tok, &defaults, !a.no_direct_io)?;
+    let spec = a.spec.speculator(&session, &tok, &defaults, draft)?;
     let id = a
         .model
         .as_deref()

@@ -218,6 +218,9 @@ pub struct SpecStats {
     pub plain_bytes: u64,
     /// Times the policy switched to plain passes because speculation read more per token.
     pub fallbacks: u64,
+    /// RAM the draft model holds (weights, KV cache, activations), taken out of the RAM
+    /// budget before the target was placed; 0 for prompt lookup.
+    pub draft_bytes: u64,
 }
 
 impl SpecStats {
@@ -248,7 +251,8 @@ impl SpecStats {
              source               {}\n\
              drafted / accepted   {} / {} ({:.1}% accepted, {:.2} per verification)\n\
              target passes        {} ({} verification, {} plain; {} fallbacks)\n\
-             bytes / token        {:.1} KiB verified, {:.1} KiB plain\n",
+             bytes / token        {:.1} KiB verified, {:.1} KiB plain\n\
+             draft model RAM      {:.1} MiB\n",
             self.source,
             self.drafted,
             self.accepted,
@@ -260,6 +264,7 @@ impl SpecStats {
             self.fallbacks,
             self.verify_bytes_per_token() / 1024.0,
             self.plain_bytes_per_token() / 1024.0,
+            self.draft_bytes as f64 / 1048576.0,
         )
     }
     /// The `--stats-json` object: the counters and the ratios.
@@ -439,12 +444,14 @@ impl Speculator {
             .map(|r| r.0)
     }
 
-    /// Starts a new generation sampled with `sampling`: zeroes the counters, forgets what the
+    /// Starts a new generation sampled with `sampling`: zeroes the counters (but
+    /// [`SpecStats::draft_bytes`]), forgets what the
     /// policy measured (so a request's output depends on the request only, whatever ran
     /// before it) and lets the draft source follow `sampling` ([`DraftSource::configure`]).
     pub fn begin(&mut self, sampling: &super::sampler::SamplerConfig) {
         self.stats = SpecStats {
             source: self.source.name().to_string(),
+            draft_bytes: self.stats.draft_bytes,
             ..Default::default()
         };
         self.policy = Policy::new(self.config.clone());
