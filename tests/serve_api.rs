@@ -648,7 +648,17 @@ async fn speculation_streams_exactly_what_plain_decoding_streams() {
 /// `<|im_end|>`.
 #[tokio::test]
 async fn speculation_counters_reach_usage_and_metrics() {
-    let app = app_with(with_lookup(echo_engine()), None);
+    // a fixed draft length of 8 (`--draft-fixed`): the adaptive policy times passes here
+    let mut e = echo_engine();
+    e.spec = Some(Speculator::new(
+        Box::new(LookupDraft::default()),
+        SpecConfig {
+            draft_max: 8,
+            draft_min: 1,
+            adaptive: false,
+        },
+    ));
+    let app = app_with(e, None);
     let mut accepted = 0;
     let mut drafted = 0;
     let mut passes = 0;

@@ -88,15 +88,20 @@ fn chat_speculates_with_the_same_answers() {
     );
     for extra in [
         &["--lookup"][..],
-        &["--draft-model", draft, "--draft-max", "3"][..],
+        &["--lookup", "--draft-fixed"][..],
+        &["--draft-model", draft, "--draft-max", "3", "--draft-fixed"][..],
     ] {
         let mut a = args.to_vec();
         a.extend_from_slice(extra);
         a.push("--stats");
         let (out, err) = deltafin(&a, input);
         assert_eq!(out, plain, "{extra:?}");
-        // one table per answer, and drafts were accepted in some answer
+        // one table per answer; with a fixed draft length (the adaptive one follows timings),
+        // drafts were accepted in some answer
         assert_eq!(err.matches("--- speculative ---").count(), 3, "{err}");
+        if extra.len() == 1 {
+            continue;
+        }
         assert!(
             err.lines()
                 .filter(|l| l.starts_with("drafted / accepted"))

@@ -31,6 +31,12 @@ pub trait DraftSource: Send {
     /// Follows the sampling settings of a new generation (a draft model samples its drafts
     /// with them, from its own seeded stream); nothing by default.
     fn configure(&mut self, _sampling: &SamplerConfig) {}
+    /// Whether drafting costs nothing worth counting (no model runs): the policy then drafts
+    /// even on steps it does not verify, to keep measuring acceptance
+    /// ([`super::spec_policy::Policy::record_shadow`]). False by default.
+    fn free(&self) -> bool {
+        false
+    }
 }
 
 /// Prompt-lookup decoding (Saxena 2023, "prompt lookup decoding"; llama.cpp's `lookup`
@@ -77,6 +83,10 @@ impl LookupDraft {
 impl DraftSource for LookupDraft {
     fn name(&self) -> &'static str {
         "lookup"
+    }
+
+    fn free(&self) -> bool {
+        true
     }
 
     fn draft(&mut self, history: &[u32], k: usize) -> Result<Draft> {
