@@ -396,7 +396,14 @@ impl Speculator {
         let bytes = |s: &Session| s.store.stats().snapshot().0;
         let b0 = bytes(s);
         let t0 = std::time::Instant::now();
-        let kind = *self.cost.get_or_insert_with(|| Cost::of(s, sampler));
+        if self.cost.is_none() {
+            let kind = Cost::of(s, sampler);
+            if kind != Cost::None {
+                self.policy.measure();
+            }
+            self.cost = Some(kind);
+        }
+        let kind = self.cost.expect("set");
         let cost = |b: u64| match kind {
             Cost::Bytes => Some(b as f64),
             Cost::Seconds => Some(t0.elapsed().as_secs_f64()),
