@@ -1,6 +1,6 @@
 //! The commands around serving, run as the real binary on the committed Qwen3-MoE fixture:
 //! `deltafin tokenize`, `run --verbose-prompt`, and `deltafin chat` reading standard input
-//! that is not a terminal (history, `/reset`, `/system`).
+//! that is not a terminal (history, `/reset`, `/system`), also decoding speculatively.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -72,4 +72,41 @@ fn chat_keeps_history_and_resets() {
     // without /reset, the second turn sees the first (its KV cache is reused)
     let (two, _) = deltafin(&args, "Hello\nHello\n");
     assert_eq!(two, ". netwSharJS\u{FFFD}\n.\u{30d3}\u{FFFD}en\n");
+}
+
+/// `chat` with `--lookup` or a draft model (the same fixture quantized to Q8_0, in GGUF) prints
+/// exactly what plain decoding prints, over turns that reuse the KV cache and a `/reset`.
+#[test]
+fn chat_speculates_with_the_same_answers() {
+    let args = ["chat", "-m", MODEL, "--temp", "0", "-n", "12"];
+    let input = "Hello Hello Hello\nHello again\n/reset\nabc abc abc\n";
+    let (plain, _) = deltafin(&args, input);
+    assert_eq!(plain.lines().count(), 3, "{plain}");
+    let draft = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/gguf/qwen3_moe/qwen3_moe-q8_0.gguf"
+    );
+    for extra in [
+        &["--lookup"][..],
+        &["--lookup", "--draft-fixed"][..],
+        &["--draft-model", draft, "--draft-max", "3", "--draft-fixed"][..],
+    ] {
+        let mut a = args.to_vec();
+        a.extend_from_slice(extra);
+        a.push("--stats");
+        let (out, err) = deltafin(&a, input);
+        assert_eq!(out, plain, "{extra:?}");
+        // one table per answer; with a fixed draft length (the adaptive one follows timings),
+        // drafts were accepted in some answer
+        assert_eq!(err.matches("--- speculative ---").count(), 3, "{err}");
+        if extra.len() == 1 {
+            continue;
+        }
+        assert!(
+            err.lines()
+                .filter(|l| l.starts_with("drafted / accepted"))
+                .any(|l| !l.contains("/ 0 (")),
+            "{err}"
+        );
+    }
 }

@@ -411,17 +411,21 @@ fn run_speculates_with_the_same_output_and_reports_it() {
     ];
     let plain = deltafin(&base);
     assert!(plain.status.success(), "{}", stderr_of(&plain));
-    // a dense sibling with the same vocabulary as draft model, and prompt lookup
+    // a dense sibling with the same vocabulary as draft model, and prompt lookup; the draft
+    // model's 925.5 KiB come out of the budget, so its run has that much more (the target
+    // streams under the same 800 KiB)
     let qwen3 = gguf_path("qwen3", "f32");
-    for (extra, source) in [
-        (vec!["--lookup"], "lookup"),
+    for (extra, source, budget) in [
+        (vec!["--lookup"], "lookup", "800K"),
         (
             vec!["--draft-model", qwen3.to_str().unwrap()],
             "draft-model",
+            "1726K",
         ),
     ] {
         let json = dir.path().join(format!("{source}.json"));
         let mut args = base.to_vec();
+        *args.last_mut().unwrap() = budget;
         args.extend(&extra);
         args.extend(["--stats-json", json.to_str().unwrap()]);
         let o = deltafin(&args);
@@ -530,6 +534,121 @@ fn speculation_refusals_name_the_reason() {
         stderr_of(&o).trim(),
         "error: --draft-min 3 is above --draft-max 2"
     );
-    let o = deltafin(&["serve", "-m", &qm, "--lookup"]);
-    assert!(stderr_of(&o).contains("wired into `deltafin run` and `deltafin bench` only"));
+    // serve and chat check the same way, before listening or reading standard input
+    for cmd in ["serve", "chat"] {
+        let o = deltafin(&[cmd, "-m", &f("kimi_linear"), "--lookup"]);
+        assert!(
+            stderr_of(&o).contains("keeps a recurrent state (Kimi Delta Attention layers)"),
+            "{cmd}: {}",
+            stderr_of(&o)
+        );
+        let o = deltafin(&[cmd, "-m", &qm, "--draft-model", &mx]);
+        assert_eq!(
+            stderr_of(&o).trim(),
+            format!("error: --draft-model {mx}: its vocabulary has 485 tokens but the model's has 512; a draft model needs the same vocabulary"),
+            "{cmd}"
+        );
+    }
+}
+
+/// The draft model's RAM (weights, KV cache, activations) comes out of `--ram-budget` before
+/// the target is placed: the target is placed exactly as a plain run under the budget less
+/// the draft's bytes, which are the draft model's own placement; a budget that cannot hold the
+/// draft, or the target beside it, is refused with both sizes named.
+#[test]
+fn a_draft_model_takes_its_share_of_the_ram_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = gguf_path("qwen3_moe", "f32");
+    let draft = gguf_path("qwen3", "f32");
+    let (t, d) = (target.to_str().unwrap(), draft.to_str().unwrap());
+    let stats = |model: &str, extra: &[&str]| {
+        let json = dir.path().join("s.json");
+        let mut args = vec![
+            "run",
+            "-m",
+            model,
+            "-p",
+            "hello hello",
+            "-n",
+            "8",
+            "--temp",
+            "0",
+            "--stats-json",
+            json.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = deltafin(&args);
+        assert!(o.status.success(), "{extra:?}: {}", stderr_of(&o));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        v
+    };
+    let u = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    // the draft model's own placement, loaded whole with the same context
+    let own = stats(d, &[]);
+    let (w, kv, act) = (
+        u(&own, "resident_bytes"),
+        u(&own, "kv_bytes"),
+        u(&own, "scratch_bytes"),
+    );
+    let budget = 900u64 << 10;
+    let with = stats(t, &["--ram-budget", "900K", "--draft-model", d]);
+    let share = u(&with["speculative"], "draft_bytes");
+    assert_eq!(share, w + kv + act);
+    let rest = (budget - share).to_string();
+    let plain = stats(t, &["--ram-budget", &rest]);
+    for k in [
+        "placement",
+        "resident_bytes",
+        "streamed_bytes_per_pass",
+        "stream_buffer_bytes",
+        "kv_bytes",
+        "scratch_bytes",
+    ] {
+        assert_eq!(with[k], plain[k], "{k}");
+    }
+    assert_eq!(
+        with["experts"]["cache_budget_bytes"],
+        plain["experts"]["cache_budget_bytes"]
+    );
+    assert!(u(&with, "streamed_bytes_per_pass") > 0, "{with}");
+    let kib = |b: u64| format!("{:.1} KiB", b as f64 / 1024.0);
+    let parts = format!(
+        "--draft-model {d} takes {} (weights {}, KV cache for 17 tokens {}, activations {})",
+        kib(share),
+        kib(w),
+        kib(kv),
+        kib(act)
+    );
+    let run_err = |b: &str| {
+        let o = deltafin(&[
+            "run",
+            "-m",
+            t,
+            "-p",
+            "hello hello",
+            "-n",
+            "8",
+            "--ram-budget",
+            b,
+            "--draft-model",
+            d,
+        ]);
+        assert!(!o.status.success());
+        stderr_of(&o).trim().to_string()
+    };
+    assert_eq!(
+        run_err("500K"),
+        format!(
+            "error: --ram-budget 500.0 KiB cannot hold the draft model: {parts}, and the model needs room of its own"
+        )
+    );
+    let e = run_err("600K");
+    assert!(
+        e.starts_with(&format!(
+            "error: --ram-budget 600.0 KiB is too small for the model and its draft model: {parts}, leaving {}, and the model needs at least ",
+            kib((600 << 10) - share)
+        )) && e.contains("for the KV cache for 17 tokens"),
+        "{e}"
+    );
 }

@@ -42,9 +42,13 @@ pub struct BenchArgs {
     /// Tokens to decode per decode scenario.
     #[arg(short = 'n', long, default_value_t = 32)]
     pub tokens: usize,
-    /// Prompt tokens of the decode scenarios.
+    /// Prompt tokens of the decode scenarios (synthetic ids).
     #[arg(long, default_value_t = 8)]
     pub decode_prompt_tokens: usize,
+    /// Prompt text of the decode scenarios, tokenized as `run` tokenizes a raw prompt, instead
+    /// of --decode-prompt-tokens synthetic ids (a real text makes speculation's acceptance real).
+    #[arg(long)]
+    pub prompt: Option<String>,
     /// Prompt tokens of the prefill scenario.
     #[arg(long, default_value_t = 128)]
     pub prompt_tokens: usize,
@@ -77,33 +81,48 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
     let dropped = name == "cold-decode" && drop_page_cache();
     let t = std::time::Instant::now();
     let opened = open_any(Some(a.model.as_path()))?;
+    // token ids only (a draft model's vocabulary check and --prompt need the tokenizer), no
+    // sampling defaults
+    let tok = match a.spec.enabled() || a.prompt.is_some() {
+        true => Some(opened.tokenizer()?),
+        false => None,
+    };
+    let text = match (&a.prompt, &tok) {
+        (Some(p), Some(t)) if name != "prefill" => Some(t.encode_prompt(p, true)?),
+        _ => None,
+    };
+    if text.as_ref().is_some_and(|t| t.is_empty()) {
+        bail!("--prompt gives no tokens");
+    }
+    let decode_tokens = text.as_ref().map_or(a.decode_prompt_tokens, |t| t.len());
     let (decode_p, warm) = match name {
-        "cold-decode" => (a.decode_prompt_tokens, false),
-        "warm-decode" => (a.decode_prompt_tokens, true),
+        "cold-decode" => (decode_tokens, false),
+        "warm-decode" => (decode_tokens, true),
         "prefill" => (a.prompt_tokens, false),
         other => bail!("unknown scenario '{other}' (expected cold-decode, warm-decode or prefill)"),
     };
     let n_gen = if name == "prefill" { 1 } else { a.tokens };
     let n_ctx = decode_p + n_gen * if warm { 2 } else { 1 } + 1;
     let limit = crate::store::plan::MemoryLimit::of_this_process();
+    let budget = crate::store::plan::ram_budget(a.ram_budget, limit).map_err(anyhow::Error::msg)?;
+    let draft = match name {
+        "prefill" => None,
+        _ => a.spec.load_draft(n_ctx, decode_p.max(1), true)?,
+    };
+    let flag = a.ram_budget.is_some();
     let weights = crate::models::LoadOptions {
-        ram_budget: crate::store::plan::ram_budget(a.ram_budget, limit)
-            .map_err(anyhow::Error::msg)?,
+        ram_budget: super::spec_args::target_budget(budget, flag, draft.as_ref())?,
         n_ctx,
         n_batch: decode_p.max(1),
         direct_io: true,
         experts: a.store.options(Some(&a.model)),
-    };
-    // token ids only (a draft model's vocabulary check needs the tokenizer), no sampling defaults
-    let tok = match a.spec.enabled() {
-        true => Some(opened.tokenizer()?),
-        false => None,
     };
     let loaded = opened
         .load(&Options {
             weights,
             ..Default::default()
         })
+        .map_err(|e| super::spec_args::explain_budget(e, budget, flag, draft.as_ref()))
         .map_err(|e| match (a.ram_budget, &limit) {
             (None, Some(l)) => crate::models::BudgetTooSmall::under_limit(e, l),
             _ => e,
@@ -125,23 +144,22 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
         order: crate::engine::SamplerOrder::LlamaCpp,
     };
     let mut spec = match &tok {
-        Some(t) if name != "prefill" => a.spec.speculator(&session, t, &sampling, true)?,
+        Some(t) if name != "prefill" && a.spec.enabled() => {
+            a.spec.speculator(&session, t, &sampling, draft)?
+        }
         _ => None,
     };
-    let mut sampler = Sampler::new(sampling);
+    let mut sampler = Sampler::new(sampling.clone());
     let never = |_: u32| false;
     let gen = GenerateOptions {
         max_tokens: n_gen,
         stop: &[],
         is_eog: &never,
     };
-    let ids = prompt(decode_p, vocab);
+    let ids = text.unwrap_or_else(|| prompt(decode_p, vocab));
     let mut go = |s: &mut Session, ids: &[u32]| {
         if let Some(sp) = spec.as_mut() {
-            sp.stats = crate::engine::SpecStats {
-                source: sp.stats.source.clone(),
-                ..Default::default()
-            };
+            sp.begin(&sampling);
         }
         s.generate_with(
             ids,

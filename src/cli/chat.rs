@@ -12,8 +12,9 @@ use serde_json::{json, Value};
 
 use crate::serve::generate::Params;
 
-/// Arguments of `deltafin chat`: those of `run` (model, budget, sampling; `-n` bounds each
-/// answer; `--system` sets the first system message).
+/// Arguments of `deltafin chat`: those of `run` (model, budget, sampling, speculative
+/// decoding; `-n` bounds each answer; `--system` sets the first system message; `--stats`
+/// prints speculation's counters after each answer).
 #[derive(clap::Args, Debug, Clone)]
 pub struct ChatArgs {
     #[command(flatten)]
@@ -118,7 +119,12 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
         );
         GENERATING.store(false, Ordering::SeqCst);
         println!();
-        r?;
+        let o = r?;
+        if a.run.stats {
+            if let Some(sp) = &o.speculative {
+                eprint!("{}", sp.table());
+            }
+        }
         history.push(json!({"role": "assistant", "content": answer}));
     }
     Ok(())

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
+use super::spec_args::{explain_budget, target_budget};
 use crate::engine::report::{expert_table, stats_json, stats_table};
 use crate::engine::sampler::{ModelSampling, SamplerOrder, WHOLE_SEQUENCE};
 use crate::engine::{GenerateOptions, Sampler, SamplerConfig, Session};
@@ -234,16 +235,20 @@ pub fn run(mut a: RunArgs) -> Result<()> {
         None => ids.len().saturating_add(a.max_tokens.max(1)),
     };
     let limit = MemoryLimit::of_this_process();
+    let budget = crate::store::plan::ram_budget(a.ram_budget, limit).map_err(anyhow::Error::msg)?;
+    let n_batch = a.batch_size.min(ids.len()).max(1);
+    let draft = a.spec.load_draft(n_ctx, n_batch, !a.no_direct_io)?;
+    let flag = a.ram_budget.is_some();
     let opts = LoadOptions {
-        ram_budget: crate::store::plan::ram_budget(a.ram_budget, limit)
-            .map_err(anyhow::Error::msg)?,
+        ram_budget: target_budget(budget, flag, draft.as_ref())?,
         n_ctx,
-        n_batch: a.batch_size.min(ids.len()).max(1),
+        n_batch,
         direct_io: !a.no_direct_io,
         experts: a.store.options(a.model.as_deref()),
     };
     let (model, store) = opened
         .load_weights(&opts)
+        .map_err(|e| explain_budget(e, budget, flag, draft.as_ref()))
         .map_err(|e| match (a.ram_budget, &limit) {
             (None, Some(l)) => crate::models::BudgetTooSmall::under_limit(e, l),
             _ => e,
@@ -267,9 +272,7 @@ pub fn run(mut a: RunArgs) -> Result<()> {
             .map_or(0, |d| d.as_nanos() as u64)
     });
     let sampling = sampler_config(&a, &model_sampling, seed);
-    let mut spec = a
-        .spec
-        .speculator(&session, &tok, &sampling, !a.no_direct_io)?;
+    let mut spec = a.spec.speculator(&session, &tok, &sampling, draft)?;
     let mut sampler = Sampler::new(sampling);
     let mut dec = tok.decoder();
     let is_eog = |t: u32| tok.is_eog(t);
@@ -344,20 +347,19 @@ pub fn describe_prompt(text: &str, ids: &[u32], tok: &crate::tokenizer::ModelTok
 /// Loads the model of `a` for `serve` and `chat`: tokenizer, chat template (when the model
 /// has one), weights under `a`'s budget with a KV cache of `--ctx-size` tokens (default
 /// `default_ctx`, at most the model's context), and the sampling defaults of `a` (flags, else
-/// the model's generation config, else Deltafin's). Returns the engine and the model's id
-/// (its file or folder name).
+/// the model's generation config, else Deltafin's), speculating when `a` asks for it
+/// (`--lookup`, `--draft-model`). Returns the engine and the model's id (its file or folder
+/// name).
 ///
 /// Errors: as `run`'s loading; a prompt flag (`--prompt`, `--chat`), which these commands
-/// take from their clients instead.
+/// take from their clients instead; speculation the model cannot do
+/// ([`super::spec_args::SpecArgs::speculator`]).
 pub fn load_engine(
     a: &RunArgs,
     default_ctx: usize,
 ) -> Result<(crate::serve::generate::Engine, String)> {
     if a.prompt.is_some() || a.chat {
         bail!("--prompt and --chat belong to `deltafin run`; this command takes its prompts from its clients");
-    }
-    if a.spec.enabled() {
-        bail!("--lookup and --draft-model are wired into `deltafin run` and `deltafin bench` only, not yet into `serve` and `chat`");
     }
     super::init_threads(a.threads);
     let opened = open_any(a.model.as_deref())?;
@@ -372,9 +374,11 @@ pub fn load_engine(
     };
     let n_ctx = a.ctx_size.unwrap_or(default_ctx).max(2);
     let limit = MemoryLimit::of_this_process();
+    let budget = crate::store::plan::ram_budget(a.ram_budget, limit).map_err(anyhow::Error::msg)?;
+    let draft = a.spec.load_draft(n_ctx, a.batch_size, !a.no_direct_io)?;
+    let flag = a.ram_budget.is_some();
     let opts = LoadOptions {
-        ram_budget: crate::store::plan::ram_budget(a.ram_budget, limit)
-            .map_err(anyhow::Error::msg)?,
+        ram_budget: target_budget(budget, flag, draft.as_ref())?,
         n_ctx,
         n_batch: a.batch_size,
         direct_io: !a.no_direct_io,
@@ -382,6 +386,7 @@ pub fn load_engine(
     };
     let (model, store) = opened
         .load_weights(&opts)
+        .map_err(|e| explain_budget(e, budget, flag, draft.as_ref()))
         .map_err(|e| match (a.ram_budget, &limit) {
             (None, Some(l)) => crate::models::BudgetTooSmall::under_limit(e, l),
             _ => e,
@@ -390,6 +395,7 @@ pub fn load_engine(
     crate::tokenizer::release_freed_memory();
     let session = Session::new(model, store, n_ctx, opts.n_batch);
     let defaults = sampler_config(a, &model_sampling, a.seed.unwrap_or(0));
+    let spec = a.spec.speculator(&session, &tok, &defaults, draft)?;
     let id = a
         .model
         .as_deref()
@@ -397,12 +403,13 @@ pub fn load_engine(
         .map_or("deltafin-default".to_string(), |n| {
             n.to_string_lossy().into_owned()
         });
-    let engine = crate::serve::generate::Engine::new(
+    let mut engine = crate::serve::generate::Engine::new(
         session,
         std::sync::Arc::new(tok),
         template.map(std::sync::Arc::new),
         defaults,
     );
+    engine.spec = spec;
     Ok((engine, id))
 }
 

@@ -1,14 +1,18 @@
-//! The speculative decoding flags of `run` and `bench` (`--lookup`, `--draft-model`,
-//! `--draft-max`, `--draft-min`, `--draft-fixed`) and the [`Speculator`] they build.
+//! The speculative decoding flags of `run`, `bench`, `serve` and `chat` (`--lookup`,
+//! `--draft-model`, `--draft-max`, `--draft-min`, `--draft-fixed`) and the [`Speculator`] they
+//! build. A draft model is loaded before the target and kept resident; its bytes (weights, KV
+//! cache, activations) are taken out of the RAM budget before the target is placed
+//! ([`target_budget`], [`explain_budget`]).
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::engine::draft::{LookupDraft, ModelDraft};
 use crate::engine::{SamplerConfig, Session, SpecConfig, Speculator};
 use crate::load::open_any;
-use crate::models::LoadOptions;
+use crate::models::{BudgetTooSmall, LoadOptions, Model};
+use crate::store::WeightStore;
 use crate::tokenizer::ModelTokenizer;
 
 /// Speculative decoding flags.
@@ -20,7 +24,8 @@ pub struct SpecArgs {
     pub lookup: bool,
     /// Speculative decoding with this draft model (any model `run` accepts, with the same
     /// vocabulary: the same number of tokens and the same token texts), kept resident with its
-    /// own KV cache.
+    /// own KV cache; its weights, KV cache and activations come out of --ram-budget before the
+    /// model is placed.
     #[arg(long)]
     pub draft_model: Option<PathBuf>,
     /// Most tokens drafted per verification pass.
@@ -58,20 +63,68 @@ impl SpecArgs {
         })
     }
 
+    /// The draft model of `--draft-model`, loaded whole (resident: every weight in RAM) with
+    /// a KV cache of `n_ctx` tokens and batches of `n_batch`, BEFORE the target, so that its
+    /// bytes can be taken out of the RAM budget ([`target_budget`]); `None` without
+    /// `--draft-model`.
+    ///
+    /// Errors: the flags conflict ([`SpecArgs::config`]); the draft model does not open or
+    /// load (the error names it).
+    pub fn load_draft(
+        &self,
+        n_ctx: usize,
+        n_batch: usize,
+        direct_io: bool,
+    ) -> Result<Option<LoadedDraft>> {
+        self.config()?;
+        let Some(path) = self.draft_model.as_deref() else {
+            return Ok(None);
+        };
+        let label = format!("--draft-model {}", path.display());
+        let opened = open_any(Some(path)).map_err(|e| e.context(label.clone()))?;
+        let tok = opened.tokenizer().map_err(|e| e.context(label.clone()))?;
+        let opts = LoadOptions {
+            ram_budget: None,
+            n_ctx,
+            n_batch,
+            direct_io,
+            ..Default::default()
+        };
+        let (model, store) = opened
+            .load_weights(&opts)
+            .map_err(|e| e.context(label.clone()))?;
+        let p = model.placement();
+        let (weight_bytes, kv_bytes, scratch_bytes) = (
+            (p.resident_bytes + p.stream_buffer_bytes) as u64,
+            p.kv_bytes as u64,
+            p.scratch_bytes as u64,
+        );
+        Ok(Some(LoadedDraft {
+            label,
+            model,
+            store,
+            tok,
+            weight_bytes,
+            kv_bytes,
+            scratch_bytes,
+            n_ctx,
+        }))
+    }
+
     /// The speculator these flags ask for over `target` (`None` without `--lookup` or
-    /// `--draft-model`). A draft model is loaded whole (no RAM budget) with a cache of the
-    /// target's size, and must share the target tokenizer `tok`'s vocabulary; it samples with
-    /// `sampling`.
+    /// `--draft-model`), with the draft model `draft` ([`SpecArgs::load_draft`]) when
+    /// `--draft-model` is given. The draft model gets a cache of the target's size, must
+    /// share the target tokenizer `tok`'s vocabulary, and samples with `sampling`.
     ///
     /// Errors: the flags conflict ([`SpecArgs::config`]); the target keeps a recurrent state
-    /// (Kimi Linear); the draft model does not load, keeps a recurrent state, or its
-    /// vocabulary differs (size, or the first token whose text differs, named).
+    /// (Kimi Linear); the draft model keeps a recurrent state, or its vocabulary differs
+    /// (size, or the first token whose text differs, named).
     pub fn speculator(
         &self,
         target: &Session,
         tok: &ModelTokenizer,
         sampling: &SamplerConfig,
-        direct_io: bool,
+        draft: Option<LoadedDraft>,
     ) -> Result<Option<Speculator>> {
         if !self.enabled() {
             return Ok(None);
@@ -81,20 +134,9 @@ impl SpecArgs {
         if self.lookup {
             return Ok(Some(Speculator::new(Box::new(LookupDraft::default()), cfg)));
         }
-        let path = self.draft_model.as_deref().expect("enabled");
-        let label = format!("--draft-model {}", path.display());
-        let opened = open_any(Some(path)).map_err(|e| e.context(label.clone()))?;
-        let dtok = opened.tokenizer()?;
-        let opts = LoadOptions {
-            ram_budget: None,
-            n_ctx: target.cache.n_ctx,
-            n_batch: target.n_batch,
-            direct_io,
-            ..Default::default()
-        };
-        let (model, store) = opened
-            .load_weights(&opts)
-            .map_err(|e| e.context(label.clone()))?;
+        let d = draft.context("--draft-model given but the draft model was not loaded")?;
+        let label = d.label;
+        let (dtok, model, store) = (d.tok, d.model, d.store);
         let (dv, tv) = (model.vocab_size(), target.model.vocab_size());
         if dv != tv {
             bail!("{label}: its vocabulary has {dv} tokens but the model's has {tv}; a draft model needs the same vocabulary");
@@ -106,8 +148,115 @@ impl SpecArgs {
                 tok.token_text(id).escape_debug()
             );
         }
+        let bytes = d.weight_bytes + d.kv_bytes + d.scratch_bytes;
         let session = Session::new(model, store, target.cache.n_ctx, target.n_batch);
         let draft = ModelDraft::new(session, sampling).map_err(|e| e.context(label))?;
-        Ok(Some(Speculator::new(Box::new(draft), cfg)))
+        let mut sp = Speculator::new(Box::new(draft), cfg);
+        sp.stats.draft_bytes = bytes;
+        Ok(Some(sp))
     }
+}
+
+/// A draft model loaded before the target ([`SpecArgs::load_draft`]), with what it holds in
+/// RAM: its share of the budget.
+pub struct LoadedDraft {
+    /// `--draft-model PATH`, for messages.
+    pub label: String,
+    model: Box<dyn Model>,
+    store: WeightStore,
+    tok: ModelTokenizer,
+    /// Bytes of its weights (all resident).
+    pub weight_bytes: u64,
+    /// Bytes of its KV cache for `n_ctx` tokens.
+    pub kv_bytes: u64,
+    /// Bytes of its activations.
+    pub scratch_bytes: u64,
+    /// Tokens its KV cache holds.
+    pub n_ctx: usize,
+}
+
+/// `b` bytes for messages: in MiB from 1 MiB up, else in KiB, one decimal.
+fn mib(b: u64) -> String {
+    match b >= 1 << 20 {
+        true => format!("{:.1} MiB", b as f64 / 1048576.0),
+        false => format!("{:.1} KiB", b as f64 / 1024.0),
+    }
+}
+
+impl LoadedDraft {
+    /// Its share of the RAM budget in bytes: weights, KV cache and activations.
+    pub fn bytes(&self) -> u64 {
+        self.weight_bytes + self.kv_bytes + self.scratch_bytes
+    }
+
+    /// `--draft-model PATH takes 12.3 MiB (weights 10.0 MiB, KV cache for 4096 tokens 2.0 MiB,
+    /// activations 0.3 MiB)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} takes {} (weights {}, KV cache for {} tokens {}, activations {})",
+            self.label,
+            mib(self.bytes()),
+            mib(self.weight_bytes),
+            self.n_ctx,
+            mib(self.kv_bytes),
+            mib(self.scratch_bytes)
+        )
+    }
+}
+
+/// How a budget is named in messages: `--ram-budget 64.0 MiB` when the flag gave it, else
+/// `the default RAM budget of 64.0 MiB`.
+fn budget_name(budget: u64, flag: bool) -> String {
+    match flag {
+        true => format!("--ram-budget {}", mib(budget)),
+        false => format!("the default RAM budget of {}", mib(budget)),
+    }
+}
+
+/// The RAM budget left for the target once `draft` takes its share of `budget` (`None`, no
+/// budget: everything resident, nothing to share); `flag` says whether `--ram-budget` gave it.
+///
+/// Errors: the draft model alone takes the whole budget or more, as `--ram-budget 8.0 MiB
+/// cannot hold the draft model: --draft-model PATH takes 9.1 MiB (weights …, KV cache for N
+/// tokens …, activations …), and the model needs room of its own`.
+pub fn target_budget(
+    budget: Option<u64>,
+    flag: bool,
+    draft: Option<&LoadedDraft>,
+) -> Result<Option<u64>> {
+    match (budget, draft) {
+        (Some(b), Some(d)) if d.bytes() >= b => bail!(
+            "{} cannot hold the draft model: {}, and the model needs room of its own",
+            budget_name(b, flag),
+            d.describe()
+        ),
+        (Some(b), Some(d)) => Ok(Some(b - d.bytes())),
+        (b, _) => Ok(b),
+    }
+}
+
+/// `e`, the target's load error under the budget [`target_budget`] left, reworded when it is
+/// a [`BudgetTooSmall`] and a draft model took a share: `--ram-budget 64.0 MiB is too small
+/// for the model and its draft model: --draft-model PATH takes … , leaving 20.0 MiB, and the
+/// model needs at least 30.0 MiB for PARTS`. Any other error is returned as it is.
+pub fn explain_budget(
+    e: anyhow::Error,
+    budget: Option<u64>,
+    flag: bool,
+    draft: Option<&LoadedDraft>,
+) -> anyhow::Error {
+    let (Some(b), Some(d)) = (budget, draft) else {
+        return e;
+    };
+    let Some(t) = e.chain().find_map(|c| c.downcast_ref::<BudgetTooSmall>()) else {
+        return e;
+    };
+    anyhow::anyhow!(
+        "{} is too small for the model and its draft model: {}, leaving {}, and the model needs at least {} for {}",
+        budget_name(b, flag),
+        d.describe(),
+        mib(t.budget),
+        mib(t.need),
+        t.parts
+    )
 }

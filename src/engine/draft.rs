@@ -19,14 +19,24 @@ pub struct Draft {
     pub q: Option<Vec<Vec<(u32, f64)>>>,
 }
 
-/// Something that proposes the next tokens of a sequence.
-pub trait DraftSource {
+/// Something that proposes the next tokens of a sequence (`Send`: the server moves it to its
+/// model thread).
+pub trait DraftSource: Send {
     /// A short name for statistics (`lookup`, `draft-model`).
     fn name(&self) -> &'static str;
     /// Up to `k` tokens to follow `history` (prompt and output so far, last token included).
     ///
     /// Errors: a draft model's forward pass failed.
     fn draft(&mut self, history: &[u32], k: usize) -> Result<Draft>;
+    /// Follows the sampling settings of a new generation (a draft model samples its drafts
+    /// with them, from its own seeded stream); nothing by default.
+    fn configure(&mut self, _sampling: &SamplerConfig) {}
+    /// Whether drafting costs nothing worth counting (no model runs): the policy then drafts
+    /// even on steps it does not verify, to keep measuring acceptance
+    /// ([`super::spec_policy::Policy::record_shadow`]). False by default.
+    fn free(&self) -> bool {
+        false
+    }
 }
 
 /// Prompt-lookup decoding (Saxena 2023, "prompt lookup decoding"; llama.cpp's `lookup`
@@ -75,6 +85,10 @@ impl DraftSource for LookupDraft {
         "lookup"
     }
 
+    fn free(&self) -> bool {
+        true
+    }
+
     fn draft(&mut self, history: &[u32], k: usize) -> Result<Draft> {
         Ok(Draft {
             tokens: self.lookup(history, k),
@@ -102,19 +116,28 @@ impl ModelDraft {
     /// Errors: the draft model keeps a recurrent state, which cannot be rolled back.
     pub fn new(session: Session, config: &SamplerConfig) -> Result<Self> {
         super::speculative::check_rollback(&session.cache)?;
-        let mut c = config.clone();
-        c.seed = c.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1AF_7D1A_F7D1_AF7D;
         Ok(Self {
             session,
-            sampler: Sampler::new(c),
+            sampler: Sampler::new(draft_sampling(config)),
             cached: Vec::new(),
         })
     }
 }
 
+/// The draft's sampling: `config` with a seed derived from its seed.
+fn draft_sampling(config: &SamplerConfig) -> SamplerConfig {
+    let mut c = config.clone();
+    c.seed = c.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1AF_7D1A_F7D1_AF7D;
+    c
+}
+
 impl DraftSource for ModelDraft {
     fn name(&self) -> &'static str {
         "draft-model"
+    }
+
+    fn configure(&mut self, sampling: &SamplerConfig) {
+        self.sampler = Sampler::new(draft_sampling(sampling));
     }
 
     fn draft(&mut self, history: &[u32], k: usize) -> Result<Draft> {

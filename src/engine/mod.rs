@@ -5,6 +5,7 @@ pub mod draft;
 pub mod report;
 pub mod sampler;
 pub mod session;
+pub mod spec_policy;
 pub mod speculative;
 
 pub use sampler::{Sampler, SamplerConfig, SamplerOrder};

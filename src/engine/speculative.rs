@@ -18,8 +18,8 @@
 //!   target sampler's seeded PRNG, so a seeded run repeats.
 //!
 //! [`Speculator`] runs one decode step at a time, choosing the draft length from recent
-//! acceptance and falling back to plain passes while speculation reads more bytes per token
-//! than plain decoding ([`Policy`]).
+//! acceptance and measured cost, or a plain pass when verification is not expected to pay
+//! ([`Policy`], `spec_policy.rs`).
 
 use anyhow::Result;
 use serde::Serialize;
@@ -117,6 +117,21 @@ pub fn verify(
     history: &[u32],
     draft: &Draft,
 ) -> Result<Verdict> {
+    verify_rows(s, sampler, history, draft).map(|r| r.0)
+}
+
+/// [`verify`], also returning the target's logits of the pass as they came out of the model
+/// (before penalties): `(accepted + 1) × vocab` floats, row `i` being the distribution the
+/// `i`-th yielded token was chosen from (the accepted drafts, then the target's own token).
+/// These are exactly the logits plain decoding computes for those positions.
+///
+/// Errors: as [`verify`].
+pub fn verify_rows(
+    s: &mut Session,
+    sampler: &mut Sampler,
+    history: &[u32],
+    draft: &Draft,
+) -> Result<(Verdict, Vec<f32>)> {
     let last = *history.last().expect("a token to continue from");
     let base = s.cache.len;
     let mut batch = Vec::with_capacity(draft.tokens.len() + 1);
@@ -152,7 +167,9 @@ pub fn verify(
         }
     };
     s.cache.truncate(base + 1 + accepted);
-    Ok(Verdict { accepted, next })
+    let mut all = all;
+    all.truncate((accepted + 1) * v);
+    Ok((Verdict { accepted, next }, all))
 }
 
 /// Settings of speculative decoding.
@@ -164,7 +181,7 @@ pub struct SpecConfig {
     /// (llama.cpp's `--draft-min`).
     pub draft_min: usize,
     /// Adapt the draft length to recent acceptance and fall back to plain passes while
-    /// speculation reads more bytes per token ([`Policy`]); else always draft `draft_max`.
+    /// verification is not expected to pay ([`Policy`]); else always draft `draft_max`.
     pub adaptive: bool,
 }
 
@@ -199,8 +216,12 @@ pub struct SpecStats {
     pub verify_bytes: u64,
     /// Bytes read by plain passes.
     pub plain_bytes: u64,
-    /// Times the policy switched to plain passes because speculation read more per token.
+    /// Times the policy switched to plain passes because verification was not expected to pay
+    /// (acceptance too low for its measured cost).
     pub fallbacks: u64,
+    /// RAM the draft model holds (weights, KV cache, activations), taken out of the RAM
+    /// budget before the target was placed; 0 for prompt lookup.
+    pub draft_bytes: u64,
 }
 
 impl SpecStats {
@@ -231,7 +252,8 @@ impl SpecStats {
              source               {}\n\
              drafted / accepted   {} / {} ({:.1}% accepted, {:.2} per verification)\n\
              target passes        {} ({} verification, {} plain; {} fallbacks)\n\
-             bytes / token        {:.1} KiB verified, {:.1} KiB plain\n",
+             bytes / token        {:.1} KiB verified, {:.1} KiB plain\n\
+             draft model RAM      {:.1} MiB\n",
             self.source,
             self.drafted,
             self.accepted,
@@ -243,6 +265,7 @@ impl SpecStats {
             self.fallbacks,
             self.verify_bytes_per_token() / 1024.0,
             self.plain_bytes_per_token() / 1024.0,
+            self.draft_bytes as f64 / 1048576.0,
         )
     }
     /// The `--stats-json` object: the counters and the ratios.
@@ -265,88 +288,7 @@ fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
-/// Plain passes after speculation measured costlier per token, before it is tried again.
-pub const FALLBACK_PASSES: usize = 32;
-/// Weight of the past in the running byte averages (per pass).
-const DECAY: f64 = 0.9;
-
-/// How many tokens to draft next. Adaptive: the length grows by one after a round where every
-/// draft was accepted and drops to one more than the accepted count after a rejection, within
-/// `[draft_min, draft_max]`. Running (exponentially weighted) averages of the cost per token
-/// ([`Cost`]: bytes read when streaming, else seconds when greedy) of verification and plain
-/// passes are kept; when the former exceeds the latter, [`FALLBACK_PASSES`] plain passes
-/// follow. Before any plain pass was measured,
-/// every fourth verification is followed by one plain pass to measure it.
-#[derive(Clone, Debug)]
-pub struct Policy {
-    cfg: SpecConfig,
-    k: usize,
-    verify: (f64, f64),
-    plain: (f64, f64),
-    rounds: usize,
-    plain_left: usize,
-}
-
-impl Policy {
-    /// A policy starting at `cfg.draft_max` drafts.
-    pub fn new(cfg: SpecConfig) -> Self {
-        Self {
-            k: cfg.draft_max,
-            cfg,
-            verify: (0.0, 0.0),
-            plain: (0.0, 0.0),
-            rounds: 0,
-            plain_left: 0,
-        }
-    }
-
-    /// Drafts to ask for now; 0 for a plain pass.
-    pub fn next_k(&mut self) -> usize {
-        if self.plain_left > 0 {
-            self.plain_left -= 1;
-            return 0;
-        }
-        self.k
-    }
-
-    /// Records a verification of `drafted` tokens with `accepted` accepted, which cost `cost`
-    /// ([`Cost`]); returns whether it switched to plain passes (a fallback).
-    pub fn record_verify(&mut self, drafted: usize, accepted: usize, cost: f64) -> bool {
-        if !self.cfg.adaptive {
-            return false;
-        }
-        self.k = if accepted == drafted {
-            (self.k + 1).min(self.cfg.draft_max)
-        } else {
-            (accepted + 1).clamp(self.cfg.draft_min.max(1), self.cfg.draft_max)
-        };
-        self.verify = (
-            self.verify.0 * DECAY + cost,
-            self.verify.1 * DECAY + (accepted + 1) as f64,
-        );
-        self.rounds += 1;
-        if self.plain.1 == 0.0 {
-            if self.rounds.is_multiple_of(4) {
-                self.plain_left = 1;
-            }
-            return false;
-        }
-        let (v, p) = (self.verify.0 / self.verify.1, self.plain.0 / self.plain.1);
-        if v > p && self.rounds >= 4 {
-            self.plain_left = FALLBACK_PASSES;
-            self.verify = (0.0, 0.0);
-            self.rounds = 0;
-            self.k = self.cfg.draft_max;
-            return true;
-        }
-        false
-    }
-
-    /// Records a plain pass that cost `cost` ([`Cost`]).
-    pub fn record_plain(&mut self, cost: f64) {
-        self.plain = (self.plain.0 * DECAY + cost, self.plain.1 * DECAY + 1.0);
-    }
-}
+pub use super::spec_policy::Policy;
 
 /// Speculative decoding over a draft source: one [`Speculator::step`] per decode step.
 pub struct Speculator {
@@ -418,26 +360,73 @@ impl Speculator {
         history: &[u32],
         left: usize,
     ) -> Result<Vec<u32>> {
+        self.step_rows(s, sampler, history, left, false)
+            .map(|r| r.0)
+    }
+
+    /// Starts a new generation sampled with `sampling`: zeroes the counters (but
+    /// [`SpecStats::draft_bytes`]), forgets what the
+    /// policy measured (so a request's output depends on the request only, whatever ran
+    /// before it) and lets the draft source follow `sampling` ([`DraftSource::configure`]).
+    pub fn begin(&mut self, sampling: &super::sampler::SamplerConfig) {
+        self.stats = SpecStats {
+            source: self.source.name().to_string(),
+            draft_bytes: self.stats.draft_bytes,
+            ..Default::default()
+        };
+        self.policy = Policy::new(self.config.clone());
+        self.cost = None;
+        self.source.configure(sampling);
+    }
+
+    /// [`Speculator::step`], also returning, when `rows` is set, the target's logits for each
+    /// yielded token as the model produced them (before penalties; `tokens × vocab` floats,
+    /// from the verification pass or the plain pass: the target's own logits, equal to plain
+    /// decoding's), else an empty vector.
+    ///
+    /// Errors: as [`Speculator::step`].
+    pub fn step_rows(
+        &mut self,
+        s: &mut Session,
+        sampler: &mut Sampler,
+        history: &[u32],
+        left: usize,
+        rows: bool,
+    ) -> Result<(Vec<u32>, Vec<f32>)> {
         let bytes = |s: &Session| s.store.stats().snapshot().0;
         let b0 = bytes(s);
         let t0 = std::time::Instant::now();
-        let kind = *self.cost.get_or_insert_with(|| Cost::of(s, sampler));
+        if self.cost.is_none() {
+            let kind = Cost::of(s, sampler);
+            if kind != Cost::None {
+                self.policy.measure();
+            }
+            self.cost = Some(kind);
+        }
+        let kind = self.cost.expect("set");
         let cost = |b: u64| match kind {
-            Cost::Bytes => b as f64,
-            Cost::Seconds => t0.elapsed().as_secs_f64(),
-            Cost::None => 0.0,
+            Cost::Bytes => Some(b as f64),
+            Cost::Seconds => Some(t0.elapsed().as_secs_f64()),
+            Cost::None => None,
         };
         let room = s.cache.n_ctx - s.cache.len - 1;
-        let k = self.policy.next_k().min(room).min(left.saturating_sub(1));
+        let free = self.source.free();
+        let (want, switched) = self.policy.decide(free);
+        if switched {
+            self.stats.fallbacks += 1;
+        }
+        let k = want.min(room).min(left.saturating_sub(1));
         let min = self.config.draft_min.max(1);
-        if k >= min {
-            let mut d = self.source.draft(history, k)?;
-            d.tokens.truncate(k);
+        // a draft not verified, whose first token is judged against the plain pass's
+        let mut shadow = None;
+        if k >= min || (want == 0 && free && room > 0 && left > 1) {
+            let mut d = self.source.draft(history, k.max(1))?;
+            d.tokens.truncate(k.max(1));
             if let Some(q) = d.q.as_mut() {
-                q.truncate(k);
+                q.truncate(k.max(1));
             }
-            if d.tokens.len() >= min {
-                let v = verify(s, sampler, history, &d)?;
+            if k >= min && d.tokens.len() >= min {
+                let (v, all) = verify_rows(s, sampler, history, &d)?;
                 let b = bytes(s) - b0;
                 let st = &mut self.stats;
                 st.drafted += d.tokens.len() as u64;
@@ -445,27 +434,30 @@ impl Speculator {
                 st.verify_passes += 1;
                 st.verify_tokens += v.accepted as u64 + 1;
                 st.verify_bytes += b;
-                if self
-                    .policy
-                    .record_verify(d.tokens.len(), v.accepted, cost(b))
-                {
-                    st.fallbacks += 1;
-                }
+                self.policy
+                    .record_verify(d.tokens.len(), v.accepted, cost(b));
                 let mut out = d.tokens[..v.accepted].to_vec();
                 out.push(v.next);
-                return Ok(out);
+                return Ok((out, if rows { all } else { Vec::new() }));
+            }
+            if free {
+                shadow = d.tokens.first().copied();
             }
         }
         let last = *history.last().expect("a token to continue from");
         let mut l = s
             .model
             .forward(&mut s.store, &mut s.cache, &[last], Logits::Last)?;
+        let raw = if rows { l.clone() } else { Vec::new() };
         let t = sampler.sample(&mut l, history);
         let b = bytes(s) - b0;
         self.stats.plain_passes += 1;
         self.stats.plain_bytes += b;
         self.policy.record_plain(cost(b));
-        Ok(vec![t])
+        if let Some(x) = shadow {
+            self.policy.record_shadow(x == t);
+        }
+        Ok((vec![t], raw))
     }
 }
 
@@ -488,31 +480,5 @@ mod tests {
         assert!((r[0].1 - 0.6).abs() < 1e-12 && (r[1].1 - 0.4).abs() < 1e-12);
         // p == q: nothing left, p itself
         assert_eq!(residual(&p, Some(&p), 3), p.to_vec());
-    }
-
-    #[test]
-    fn policy_adapts_and_falls_back_when_verification_reads_more() {
-        let mut p = Policy::new(SpecConfig {
-            draft_max: 6,
-            draft_min: 2,
-            adaptive: true,
-        });
-        assert_eq!(p.next_k(), 6);
-        assert!(!p.record_verify(6, 1, 1000.0));
-        assert_eq!(p.next_k(), 2, "one more than accepted, at least draft_min");
-        assert!(!p.record_verify(2, 2, 1000.0));
-        assert_eq!(p.next_k(), 3, "all accepted: one longer");
-        p.record_verify(3, 0, 1000.0);
-        p.record_verify(2, 0, 1000.0);
-        // fourth round with no plain measurement: one plain pass to measure it
-        assert_eq!(p.next_k(), 0);
-        p.record_plain(100.0);
-        assert_eq!(p.next_k(), 2);
-        // verification at 1000 bytes per token vs plain 100: fall back for 32 plain passes
-        assert!(p.record_verify(2, 0, 1000.0));
-        for _ in 0..FALLBACK_PASSES {
-            assert_eq!(p.next_k(), 0);
-        }
-        assert_eq!(p.next_k(), 6);
     }
 }

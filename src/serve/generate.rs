@@ -10,7 +10,7 @@ use anyhow::Result;
 
 use super::stop::StopMatcher;
 use super::tools::{ToolCall, ToolFormat};
-use crate::engine::{Sampler, SamplerConfig, Session};
+use crate::engine::{Sampler, SamplerConfig, Session, SpecStats, Speculator};
 use crate::models::Logits;
 use crate::tokenizer::chat::ChatTemplate;
 use crate::tokenizer::ModelTokenizer;
@@ -29,6 +29,9 @@ pub struct Engine {
     pub defaults: SamplerConfig,
     /// `max_tokens` of requests that set none (`None`: until the context is full).
     pub default_max_tokens: Option<usize>,
+    /// Speculative decoding (`--lookup`, `--draft-model`): every decode step is one
+    /// [`Speculator::step_rows`]; `None`: plain decoding.
+    pub spec: Option<Speculator>,
     /// Token ids held in the KV cache, in order (`cached.len() == session.cache.len`).
     cached: Vec<u32>,
 }
@@ -107,6 +110,8 @@ pub struct Outcome {
     pub ttft_s: f64,
     /// Seconds after the first token.
     pub decode_s: f64,
+    /// What speculative decoding did in this generation, when the engine speculates.
+    pub speculative: Option<SpecStats>,
 }
 
 /// Natural-log softmax of `x` (f64 accumulation).
@@ -131,6 +136,7 @@ impl Engine {
             template,
             defaults,
             default_max_tokens: None,
+            spec: None,
             cached: Vec::new(),
         }
     }
@@ -272,13 +278,62 @@ impl Engine {
                 });
             }
         };
+        let v = self.session.model.vocab_size();
+        let want_lp = p.logprobs.is_some();
+        if let Some(sp) = self.spec.as_mut() {
+            sp.begin(&p.sampler);
+        }
+        // tokens of the last decode step not yet handled, and their raw logits (with logprobs)
+        let mut step: Vec<u32> = Vec::new();
+        let mut rows: Vec<f32> = Vec::new();
+        let mut at = 0usize;
         while n < p.max_tokens {
             if cancelled() {
                 finish = FinishReason::Cancelled;
                 break;
             }
-            let lp = p.logprobs.map(|_| log_softmax(&logits));
-            let id = sampler.sample(&mut logits, &history);
+            if at == step.len() {
+                at = 0;
+                step.clear();
+                if n == 0 {
+                    // the first token, from the prompt's logits
+                    rows = if want_lp { logits.clone() } else { Vec::new() };
+                    step.push(sampler.sample(&mut logits, &history));
+                } else {
+                    // one decode step after `history`, whose last token is not yet in the cache
+                    let last = *history.last().expect("a generated token");
+                    match self.spec.as_mut() {
+                        Some(sp) => {
+                            let (t, r) = sp.step_rows(
+                                &mut self.session,
+                                &mut sampler,
+                                &history,
+                                p.max_tokens - n,
+                                want_lp,
+                            )?;
+                            // the cache now holds `last` and the accepted drafts
+                            self.cached.push(last);
+                            self.cached.extend_from_slice(&t[..t.len() - 1]);
+                            (step, rows) = (t, r);
+                        }
+                        None => {
+                            let mut l = self.session.model.forward(
+                                &mut self.session.store,
+                                &mut self.session.cache,
+                                &[last],
+                                Logits::Last,
+                            )?;
+                            self.cached.push(last);
+                            rows = if want_lp { l.clone() } else { Vec::new() };
+                            step.push(sampler.sample(&mut l, &history));
+                        }
+                    }
+                    debug_assert_eq!(self.cached.len(), self.session.cache.len);
+                }
+            }
+            let lp = want_lp.then(|| log_softmax(&rows[at * v..(at + 1) * v]));
+            let id = step[at];
+            at += 1;
             t_first.get_or_insert_with(Instant::now);
             n += 1;
             history.push(id);
@@ -296,16 +351,11 @@ impl Engine {
                 stop_hit = true;
                 break;
             }
-            if n >= p.max_tokens || self.session.cache.len >= self.session.cache.n_ctx {
+            if n >= p.max_tokens
+                || (at == step.len() && self.session.cache.len >= self.session.cache.n_ctx)
+            {
                 break;
             }
-            logits = self.session.model.forward(
-                &mut self.session.store,
-                &mut self.session.cache,
-                &[id],
-                Logits::Last,
-            )?;
-            self.cached.push(id);
         }
         if !stop_hit {
             let r = stops.push(&dec.finish());
@@ -356,6 +406,7 @@ impl Engine {
             cached_tokens: keep,
             ttft_s: (t_first - t0).as_secs_f64(),
             decode_s: (t_end - t_first).as_secs_f64(),
+            speculative: self.spec.as_ref().map(|sp| sp.stats.clone()),
         })
     }
 }

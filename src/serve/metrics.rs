@@ -1,7 +1,7 @@
 //! Server metrics in the Prometheus text exposition format (version 0.0.4): requests by
 //! endpoint and status, prompt / cached / generated tokens, time-to-first-token and decode
-//! time histograms, cancellations, bytes read, expert cache hits and misses, queue length and
-//! requests in flight.
+//! time histograms, cancellations, bytes read, expert cache hits and misses, queue length,
+//! requests in flight, and speculative decoding's drafted / accepted tokens and passes.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -66,6 +66,16 @@ pub struct Metrics {
     pub queued: AtomicU64,
     /// Jobs the worker is running (0 or 1).
     pub in_flight: AtomicU64,
+    /// Speculative decoding: tokens drafted and sent to verification.
+    pub spec_drafted: AtomicU64,
+    /// Speculative decoding: drafted tokens the target accepted.
+    pub spec_accepted: AtomicU64,
+    /// Speculative decoding: verification passes of the target.
+    pub spec_verify_passes: AtomicU64,
+    /// Speculative decoding: plain (one-token) passes of the target.
+    pub spec_plain_passes: AtomicU64,
+    /// Speculative decoding: switches to plain passes because speculation cost more per token.
+    pub spec_fallbacks: AtomicU64,
 }
 
 impl Metrics {
@@ -86,6 +96,19 @@ impl Metrics {
         }
     }
 
+    /// Adds one generation's speculative decoding counters.
+    pub fn spec(&self, st: &crate::engine::SpecStats) {
+        for (c, v) in [
+            (&self.spec_drafted, st.drafted),
+            (&self.spec_accepted, st.accepted),
+            (&self.spec_verify_passes, st.verify_passes),
+            (&self.spec_plain_passes, st.plain_passes),
+            (&self.spec_fallbacks, st.fallbacks),
+        ] {
+            c.fetch_add(v, Ordering::Relaxed);
+        }
+    }
+
     /// The text format.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -101,7 +124,7 @@ impl Metrics {
                 );
             }
         }
-        let counters: [(&str, &str, &AtomicU64, &str); 9] = [
+        let counters: [(&str, &str, &AtomicU64, &str); 14] = [
             (
                 "deltafin_prompt_tokens_total",
                 "Prompt tokens of generations.",
@@ -155,6 +178,36 @@ impl Metrics {
                 "Requests being generated.",
                 &self.in_flight,
                 "gauge",
+            ),
+            (
+                "deltafin_spec_drafted_tokens_total",
+                "Speculative decoding: tokens drafted and verified by the model.",
+                &self.spec_drafted,
+                "counter",
+            ),
+            (
+                "deltafin_spec_accepted_tokens_total",
+                "Speculative decoding: drafted tokens the model accepted.",
+                &self.spec_accepted,
+                "counter",
+            ),
+            (
+                "deltafin_spec_verify_passes_total",
+                "Speculative decoding: verification passes (the last token plus the drafts in one batch).",
+                &self.spec_verify_passes,
+                "counter",
+            ),
+            (
+                "deltafin_spec_plain_passes_total",
+                "Speculative decoding: plain one-token passes (no draft, or fallback).",
+                &self.spec_plain_passes,
+                "counter",
+            ),
+            (
+                "deltafin_spec_fallbacks_total",
+                "Speculative decoding: switches to plain passes because verification cost more per token.",
+                &self.spec_fallbacks,
+                "counter",
             ),
         ];
         for (name, help, v, kind) in counters {
@@ -214,5 +267,23 @@ mod tests {
         assert!(t.contains("deltafin_ttft_seconds_bucket{le=\"0.025\"} 0\n"));
         assert!(t.contains("deltafin_ttft_seconds_bucket{le=\"0.05\"} 1\n"));
         assert!(t.contains("deltafin_ttft_seconds_count 1\n"));
+        m.spec(&crate::engine::SpecStats {
+            drafted: 7,
+            accepted: 5,
+            verify_passes: 2,
+            plain_passes: 3,
+            fallbacks: 1,
+            ..Default::default()
+        });
+        let t = m.render();
+        for line in [
+            "# TYPE deltafin_spec_drafted_tokens_total counter\ndeltafin_spec_drafted_tokens_total 7\n",
+            "deltafin_spec_accepted_tokens_total 5\n",
+            "deltafin_spec_verify_passes_total 2\n",
+            "deltafin_spec_plain_passes_total 3\n",
+            "deltafin_spec_fallbacks_total 1\n",
+        ] {
+            assert!(t.contains(line), "{line} in {t}");
+        }
     }
 }

@@ -27,14 +27,25 @@ pub struct Head {
     pub include_usage: bool,
 }
 
-/// `usage` of an outcome.
+/// `usage` of an outcome. When the server speculates, `completion_tokens_details` carries
+/// OpenAI's `accepted_prediction_tokens` and `rejected_prediction_tokens` (the drafted tokens
+/// the target accepted and rejected; OpenAI's names for its Predicted Outputs) and
+/// `speculative`, Deltafin's counters ([`crate::engine::SpecStats::json`]).
 pub fn usage(o: &Outcome) -> Value {
-    json!({
+    let mut u = json!({
         "prompt_tokens": o.prompt_tokens,
         "completion_tokens": o.completion_tokens,
         "total_tokens": o.prompt_tokens + o.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": o.cached_tokens},
-    })
+    });
+    if let Some(sp) = &o.speculative {
+        u["completion_tokens_details"] = json!({
+            "accepted_prediction_tokens": sp.accepted,
+            "rejected_prediction_tokens": sp.drafted - sp.accepted,
+        });
+        u["speculative"] = sp.json();
+    }
+    u
 }
 
 fn lp_entry(t: &TokenLogprob) -> Value {

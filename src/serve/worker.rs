@@ -184,6 +184,10 @@ fn run(mut engine: Engine, rx: Receiver, m: &Metrics, stopping: &AtomicBool) -> 
             &cancelled,
         );
         record(&engine, m);
+        if let Some(sp) = &engine.spec {
+            // the counters of this generation, failed ones included
+            m.spec(&sp.stats);
+        }
         m.in_flight.store(0, Ordering::SeqCst);
         match r {
             Ok(o) => {
