@@ -4,9 +4,9 @@
 //! - f32 tile, 3 rows × 4 tokens: element `32k + j` goes to accumulator `j / 16`, lane
 //!   `j % 16` (fma), as `dot_f32row`; 24 accumulators, each round loads 3 weight and 4
 //!   activation vectors per half for 12 fmas; `finish_avx512`, then the tail.
-//! - prepared tile, 2 rows × 4 tokens: the block-scale scheme of `avx512_q32` (per block
-//!   `s = q0 * x0`, `s = fma(q1, x1, s)`, `acc[b % 2] = fma(d, s, acc[b % 2])`); 16
-//!   accumulators.
+//!
+//! Every type's dot at this level is `dot_f32` over its dequantized row, so this is the
+//! level's only tile.
 
 // Register tiles are indexed by row, token and accumulator: index loops say which is which.
 #![allow(clippy::needless_range_loop)]
@@ -17,8 +17,6 @@ use std::arch::x86_64::*;
 
 const FR: usize = 3;
 const FT: usize = 4;
-const PR: usize = 2;
-const PT: usize = 4;
 
 /// The f32 tile (safe wrapper; only reachable through the detected-level table).
 fn f32_tile(w: &[f32], nr: usize, x: &[f32], nt: usize, out: &mut [f32]) {
@@ -68,90 +66,9 @@ fn f32_tile(w: &[f32], nr: usize, x: &[f32], nt: usize, out: &mut [f32]) {
     }
 }
 
-/// The prepared (block-scale) tile (safe wrapper; only reachable through the detected-level
-/// table).
-fn prep_tile(q: &[f32], d: &[f32], nr: usize, x: &[f32], nt: usize, out: &mut [f32]) {
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn block(
-        qp: &[*const f32; PR],
-        dp: &[*const f32; PR],
-        xp: &[*const f32; PT],
-        b: usize,
-        acc: &mut [[__m512; PT]; PR],
-    ) {
-        let z = _mm512_setzero_ps();
-        let (mut q0, mut q1, mut dv) = ([z; PR], [z; PR], [z; PR]);
-        for r in 0..PR {
-            q0[r] = _mm512_loadu_ps(qp[r].add(32 * b));
-            q1[r] = _mm512_loadu_ps(qp[r].add(32 * b + 16));
-            dv[r] = _mm512_set1_ps(*dp[r].add(b));
-        }
-        for t in 0..PT {
-            let x0 = _mm512_loadu_ps(xp[t].add(32 * b));
-            let x1 = _mm512_loadu_ps(xp[t].add(32 * b + 16));
-            for r in 0..PR {
-                let s = _mm512_mul_ps(q0[r], x0);
-                let s = _mm512_fmadd_ps(q1[r], x1, s);
-                acc[r][t] = _mm512_fmadd_ps(dv[r], s, acc[r][t]);
-            }
-        }
-    }
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn inner(
-        qp: [*const f32; PR],
-        dp: [*const f32; PR],
-        xp: [*const f32; PT],
-        nb: usize,
-    ) -> [[f32; PT]; PR] {
-        let z = _mm512_setzero_ps();
-        let mut a0 = [[z; PT]; PR];
-        let mut a1 = [[z; PT]; PR];
-        let mut b = 0;
-        while b + 1 < nb {
-            block(&qp, &dp, &xp, b, &mut a0);
-            block(&qp, &dp, &xp, b + 1, &mut a1);
-            b += 2;
-        }
-        if b < nb {
-            block(&qp, &dp, &xp, b, &mut a0);
-        }
-        let mut s = [[0f32; PT]; PR];
-        for r in 0..PR {
-            for t in 0..PT {
-                s[r][t] = finish_avx512(&[a0[r][t], a1[r][t]]);
-            }
-        }
-        s
-    }
-    let len = tile_len(q.len(), nr, x, nt, out);
-    let nb = len / 32;
-    assert!(
-        len == nb * 32 && d.len() == nr * nb,
-        "prepared tile length mismatch"
-    );
-    let qp: [*const f32; PR] = std::array::from_fn(|r| q[r.min(nr - 1) * len..].as_ptr());
-    let dp: [*const f32; PR] = std::array::from_fn(|r| d[r.min(nr - 1) * nb..].as_ptr());
-    let xp: [*const f32; PT] = std::array::from_fn(|t| x[t.min(nt - 1) * len..].as_ptr());
-    // SAFETY: as for `f32_tile`; `q` and `x` rows hold `32 * nb` values, `d` rows `nb`.
-    let s = unsafe { inner(qp, dp, xp, nb) };
-    for r in 0..nr {
-        for t in 0..nt {
-            out[r * nt + t] = s[r][t];
-        }
-    }
-}
-
 /// The level's f32 tile.
 pub(crate) const F32_TILE: Option<TileKernel> = Some(TileKernel {
     f: TileFn::F32(f32_tile),
     rows: FR,
     tokens: FT,
-});
-
-/// The level's prepared tile (Q8_0, Q4_0, Q5_0).
-pub(crate) const PREP_TILE: Option<TileKernel> = Some(TileKernel {
-    f: TileFn::Prepared(prep_tile),
-    rows: PR,
-    tokens: PT,
 });
