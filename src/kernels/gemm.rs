@@ -70,7 +70,7 @@ fn take(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
 pub(super) fn matmul_tiled(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
     // activation rows that start at 64-byte boundaries: a copy when `x` is misaligned and
     // the calling thread's copy is free (not held by an enclosing matmul on this thread)
-    if x.as_ptr().align_offset(64) != 0 && w.cols % 16 == 0 {
+    if x.as_ptr().align_offset(64) != 0 && w.cols.is_multiple_of(16) {
         let done = X_COPY.with(|c| {
             let Ok(mut c) = c.try_borrow_mut() else {
                 return false;
