@@ -70,11 +70,15 @@ fn f32_tile(w: &[f32], nr: usize, x: &[f32], nt: usize, out: &mut [f32]) {
         let s = unsafe { group(&wp, &xp, full / ROUND) };
         for r in 0..nr {
             for t in 0..gt {
-                let tail = tail_dot(
-                    &w[r * len + full..(r + 1) * len],
-                    &x[(g0 + t) * len + full..(g0 + t + 1) * len],
-                );
-                out[r * nt + g0 + t] = s[r][t] + tail;
+                out[r * nt + g0 + t] = if full == len {
+                    s[r][t]
+                } else {
+                    s[r][t]
+                        + tail_dot(
+                            &w[r * len + full..(r + 1) * len],
+                            &x[(g0 + t) * len + full..(g0 + t + 1) * len],
+                        )
+                };
             }
         }
     }
