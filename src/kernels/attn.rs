@@ -2,22 +2,45 @@
 //! transposed once per call so that `KEY_BLOCK` keys' dot products run side by side in
 //! vector lanes, each still the sequential sum `Σ_e q[e] · k_j[e]` (a product then an add,
 //! in ascending `e`, from `-0.0` as `Iterator::sum` starts), so the scores equal the
-//! one-key-at-a-time `q.iter().zip(k).map(|(a, b)| a * b).sum()` bit for bit (AVX2 where
-//! the CPU has it, a portable loop otherwise).
+//! one-key-at-a-time `q.iter().zip(k).map(|(a, b)| a * b).sum()` bit for bit (AVX-512 or
+//! AVX2 where the CPU has it, a portable loop otherwise; lanes are independent, so the width
+//! never changes a value). The transposed rows start at 64-byte boundaries.
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
 use crate::quant::SimdLevel;
 
-/// Keys scored together (lanes of one block).
-pub const KEY_BLOCK: usize = 64;
+/// Keys scored together (lanes of one block: 8 AVX-512 or 16 AVX2 registers).
+pub const KEY_BLOCK: usize = 128;
 
 /// Keys of `heads` heads transposed: element `e` of head `h` at position `j` is
 /// `data[(h * dim + e) * stride + j]`; `stride` covers the positions plus a whole block of
 /// zero padding, so any block starting at a valid position can be read whole.
 pub struct KeysT {
     data: Vec<f32>,
+    /// Where the transposed rows begin in `data` (its first 64-byte boundary).
+    off: usize,
     stride: usize,
     dim: usize,
+}
+
+/// The SIMD path the CPU has.
+#[derive(Clone, Copy, PartialEq)]
+enum Simd {
+    None,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512,
+}
+
+fn detect() -> Simd {
+    #[cfg(target_arch = "x86_64")]
+    match SimdLevel::detect() {
+        SimdLevel::Avx512 => return Simd::Avx512,
+        SimdLevel::Avx2 => return Simd::Avx2,
+        _ => {}
+    }
+    Simd::None
 }
 
 impl KeysT {
@@ -25,30 +48,33 @@ impl KeysT {
     /// position). Panics if `k` is shorter than `positions * heads * dim`.
     pub fn new(k: &[f32], positions: usize, heads: usize, dim: usize) -> Self {
         let stride = positions.div_ceil(KEY_BLOCK) * KEY_BLOCK + KEY_BLOCK;
-        let mut data = vec![0f32; heads * dim * stride];
+        let mut data = vec![0f32; heads * dim * stride + 16];
+        let off = data.as_ptr().align_offset(64).min(16);
+        let t = &mut data[off..];
         for j in 0..positions {
             for h in 0..heads {
                 let src = &k[(j * heads + h) * dim..][..dim];
                 for (e, &v) in src.iter().enumerate() {
-                    data[(h * dim + e) * stride + j] = v;
+                    t[(h * dim + e) * stride + j] = v;
                 }
             }
         }
-        Self { data, stride, dim }
+        Self {
+            data,
+            off,
+            stride,
+            dim,
+        }
     }
 
     /// Appends to `out` the scores `q · k_j` of head `h` for `j` in `lo..=hi` (`hi` < the
     /// positions given to [`KeysT::new`], `q.len() == dim`), each the sequential sum.
     pub fn scores(&self, h: usize, q: &[f32], lo: usize, hi: usize, out: &mut Vec<f32>) {
-        #[cfg(target_arch = "x86_64")]
-        let simd = matches!(SimdLevel::detect(), SimdLevel::Avx2 | SimdLevel::Avx512);
-        #[cfg(not(target_arch = "x86_64"))]
-        let simd = false;
-        self.scores_at(simd, h, q, lo, hi, out)
+        self.scores_at(detect(), h, q, lo, hi, out)
     }
 
-    /// [`KeysT::scores`], through AVX2 (`simd`, only where detected) or the portable loop.
-    fn scores_at(&self, simd: bool, h: usize, q: &[f32], lo: usize, hi: usize, out: &mut Vec<f32>) {
+    /// [`KeysT::scores`], through `simd` (only where detected) or the portable loop.
+    fn scores_at(&self, simd: Simd, h: usize, q: &[f32], lo: usize, hi: usize, out: &mut Vec<f32>) {
         assert!(
             q.len() == self.dim && hi + KEY_BLOCK < self.stride,
             "score range"
@@ -58,12 +84,19 @@ impl KeysT {
         while j0 <= hi {
             let m = KEY_BLOCK.min(hi + 1 - j0);
             let mut acc = [-0.0f32; KEY_BLOCK];
-            let col = &self.data[base + j0..];
+            let col = &self.data[self.off + base + j0..];
             #[cfg(target_arch = "x86_64")]
-            if simd {
-                // SAFETY: AVX2 detected (`simd` is only set then); `col` holds `(dim - 1) * stride + KEY_BLOCK`
-                // elements (`hi + KEY_BLOCK < stride`, asserted above).
-                unsafe { block_avx2(q, col, self.stride, &mut acc) };
+            if simd != Simd::None {
+                // SAFETY: the level was detected (`simd` is only set then); `col` holds
+                // `(dim - 1) * stride + KEY_BLOCK` elements (`hi + KEY_BLOCK < stride`,
+                // asserted above).
+                unsafe {
+                    if simd == Simd::Avx512 {
+                        block_avx512(q, col, self.stride, &mut acc)
+                    } else {
+                        block_avx2(q, col, self.stride, &mut acc)
+                    }
+                };
                 out.extend_from_slice(&acc[..m]);
                 j0 += m;
                 continue;
@@ -77,6 +110,25 @@ impl KeysT {
             out.extend_from_slice(&acc[..m]);
             j0 += m;
         }
+    }
+}
+
+/// One block of keys in AVX-512 registers (see [`block_avx2`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn block_avx512(q: &[f32], col: &[f32], stride: usize, acc: &mut [f32; KEY_BLOCK]) {
+    use std::arch::x86_64::*;
+    const V: usize = KEY_BLOCK / 16;
+    let mut a = [_mm512_set1_ps(-0.0); V];
+    for (e, &qe) in q.iter().enumerate() {
+        let qv = _mm512_set1_ps(qe);
+        let p = col.as_ptr().add(e * stride);
+        for (k, ak) in a.iter_mut().enumerate() {
+            *ak = _mm512_add_ps(*ak, _mm512_mul_ps(qv, _mm512_loadu_ps(p.add(16 * k))));
+        }
+    }
+    for (k, ak) in a.iter().enumerate() {
+        _mm512_storeu_ps(acc.as_mut_ptr().add(16 * k), *ak);
     }
 }
 
@@ -106,14 +158,10 @@ unsafe fn block_avx2(q: &[f32], col: &[f32], stride: usize, acc: &mut [f32; KEY_
 /// 64 outputs in registers across all rows; the same values either way. Panics if `v` is too
 /// short.
 pub fn weighted_rows(w: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    let simd = matches!(SimdLevel::detect(), SimdLevel::Avx2 | SimdLevel::Avx512);
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = false;
-    weighted_rows_at(simd, w, v, stride, out)
+    weighted_rows_at(detect(), w, v, stride, out)
 }
 
-fn weighted_rows_at(simd: bool, w: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
+fn weighted_rows_at(simd: Simd, w: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
     let d = out.len();
     if w.is_empty() {
         out.fill(0.0);
@@ -125,7 +173,16 @@ fn weighted_rows_at(simd: bool, w: &[f32], v: &[f32], stride: usize, out: &mut [
     );
     let mut c = 0;
     #[cfg(target_arch = "x86_64")]
-    if simd {
+    if simd == Simd::Avx512 {
+        while c + 128 <= d {
+            // SAFETY: AVX-512 detected; reads stay inside `v` (asserted above) and writes
+            // inside `out[c..c + 128]`.
+            unsafe { weighted_avx512(w, &v[c..], stride, &mut out[c..c + 128]) };
+            c += 128;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd != Simd::None {
         while c + 64 <= d {
             // SAFETY: AVX2 detected (`simd` is only set then); reads stay inside `v`
             // (asserted above) and writes inside `out[c..c + 64]`.
@@ -141,6 +198,24 @@ fn weighted_rows_at(simd: bool, w: &[f32], v: &[f32], stride: usize, out: &mut [
         }
     }
     let _ = simd;
+}
+
+/// 128 outputs of [`weighted_rows`] in eight AVX-512 registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn weighted_avx512(w: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let mut a = [_mm512_setzero_ps(); 8];
+    for (j, &wj) in w.iter().enumerate() {
+        let wv = _mm512_set1_ps(wj);
+        let p = v.as_ptr().add(j * stride);
+        for (k, ak) in a.iter_mut().enumerate() {
+            *ak = _mm512_add_ps(*ak, _mm512_mul_ps(wv, _mm512_loadu_ps(p.add(16 * k))));
+        }
+    }
+    for (k, ak) in a.iter().enumerate() {
+        _mm512_storeu_ps(out.as_mut_ptr().add(16 * k), *ak);
+    }
 }
 
 /// 64 outputs of [`weighted_rows`] in eight registers.
@@ -165,9 +240,24 @@ unsafe fn weighted_avx2(w: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
 mod tests {
     use super::*;
 
+    /// The paths this CPU can run.
+    fn levels() -> Vec<Simd> {
+        let mut v = vec![Simd::None];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                v.push(Simd::Avx2);
+            }
+            if SimdLevel::Avx512.is_available() {
+                v.push(Simd::Avx512);
+            }
+        }
+        v
+    }
+
     #[test]
     fn scores_equal_the_sequential_sum_bit_for_bit() {
-        let (pos, heads, dim) = (77, 2, 40);
+        let (pos, heads, dim) = (300, 2, 40);
         let mut s = 3u64;
         let mut next = move || {
             s = s
@@ -183,15 +273,24 @@ mod tests {
         let q: Vec<f32> = (0..dim).map(|_| next().abs()).collect();
         let kt = KeysT::new(&k, pos, heads, dim);
         for h in 0..heads {
-            for (lo, hi) in [(0, pos - 1), (5, 5), (3, 40), (33, 76)] {
+            for (lo, hi) in [
+                (0, pos - 1),
+                (5, 5),
+                (3, 40),
+                (33, 76),
+                (100, 299),
+                (129, 140),
+            ] {
                 let mut got = Vec::new();
                 kt.scores(h, &q, lo, hi, &mut got);
-                let mut portable = Vec::new();
-                kt.scores_at(false, h, &q, lo, hi, &mut portable);
-                assert!(got
-                    .iter()
-                    .zip(&portable)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+                for simd in levels() {
+                    let mut other = Vec::new();
+                    kt.scores_at(simd, h, &q, lo, hi, &mut other);
+                    assert!(got
+                        .iter()
+                        .zip(&other)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
                 assert_eq!(got.len(), hi + 1 - lo);
                 for (j, g) in (lo..=hi).zip(&got) {
                     let kj = &k[(j * heads + h) * dim..][..dim];
@@ -200,8 +299,9 @@ mod tests {
                 }
             }
         }
-        // weighted rows: both paths equal the plain ordered loop (72 = 64 + a portable rest)
-        let (rows, d, stride) = (19, 72, 80);
+        // weighted rows: every path equals the plain ordered loop (200 = 128 + 64 + a
+        // portable rest)
+        let (rows, d, stride) = (19, 200, 208);
         let wts: Vec<f32> = (0..rows).map(|_| next()).collect();
         let v: Vec<f32> = (0..rows * stride).map(|_| next()).collect();
         let mut want = vec![0f32; d];
@@ -210,15 +310,9 @@ mod tests {
                 want[i] += wj * v[j * stride + i];
             }
         }
-        for simd in [false, true] {
+        for simd in levels() {
             let mut o = vec![f32::NAN; d];
-            weighted_rows_at(
-                simd && cfg!(target_arch = "x86_64") && std::arch::is_x86_feature_detected!("avx2"),
-                &wts,
-                &v,
-                stride,
-                &mut o,
-            );
+            weighted_rows_at(simd, &wts, &v, stride, &mut o);
             assert!(o.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
         }
         let mut z = Vec::new();

@@ -8,8 +8,9 @@
 //! - **panels**: a task decodes its rows a panel at a time (about `PANEL_BYTES` of f32,
 //!   so the panel stays in L2) into a per-thread scratch, once per matmul: dequantized rows
 //!   (`RowPlan::Dequant`) or integer values plus block scales (`RowPlan::Prepared`).
-//! - **token tiles**: the tokens go through each panel `tile.tokens` at a time, so the
-//!   tile's activations (a few rows of `cols` floats) stay in L1 while the panel's rows pass.
+//! - **token tiles**: the tokens go through each panel `tile.tokens` at a time (fewer where
+//!   `TILE_X_BYTES` says so), so the tile's activations (a few rows of `cols` floats) stay in
+//!   L1 while the panel's rows pass.
 //! - **micro-tiles**: `quant::tile` runs `tile.rows` rows × `tile.tokens` tokens in
 //!   registers, each weight vector loaded once per tile, each output summed in its single
 //!   dot's order (so no blocking here can change a value).
@@ -25,6 +26,10 @@ use std::cell::RefCell;
 /// Bytes of decoded f32 weights per panel (fits L2 with a token tile beside it).
 const PANEL_BYTES: usize = 192 * 1024;
 
+/// Bytes of activations a token tile may take, so that it stays in L1 (48 KiB on this
+/// generation of x86 cores) beside the few weight rows of a micro-tile.
+const TILE_X_BYTES: usize = 32 * 1024;
+
 /// Multiply-adds a task should cover at least, so small products run on one thread.
 const MIN_TASK_MACS: usize = 1 << 20;
 
@@ -38,6 +43,18 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// The calling thread's 64-byte-aligned copy of misaligned activations.
+    static X_COPY: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `len` elements of `v` from a 64-byte boundary on (grows `v`), so that the tiles' vector
+/// loads never straddle two cache lines (each such load costs two).
+fn take_aligned(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if v.len() < len + 16 {
+        v.resize(len + 16, 0.0);
+    }
+    let off = v.as_ptr().align_offset(64).min(16);
+    &mut v[off..off + len]
 }
 
 /// Grows `v` to at least `len` elements and returns its first `len`.
@@ -51,10 +68,33 @@ fn take(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
 /// `y = X Wᵀ` for `n >= 2` tokens at `level` (shapes checked by the caller): `y[t * rows + r]`
 /// equals `quant::dot_row_at(level, w.ty, w.row(r), x_t)` bit for bit.
 pub(super) fn matmul_tiled(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    // activation rows that start at 64-byte boundaries: a copy when `x` is misaligned and
+    // the calling thread's copy is free (not held by an enclosing matmul on this thread)
+    if x.as_ptr().align_offset(64) != 0 && w.cols.is_multiple_of(16) {
+        let done = X_COPY.with(|c| {
+            let Ok(mut c) = c.try_borrow_mut() else {
+                return false;
+            };
+            let xa = take_aligned(&mut c, x.len());
+            xa.copy_from_slice(x);
+            matmul_aligned(level, w, xa, n, y);
+            true
+        });
+        if done {
+            return;
+        }
+    }
+    matmul_aligned(level, w, x, n, y)
+}
+
+/// [`matmul_tiled`] after the activations' alignment is settled.
+fn matmul_aligned(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
     let plan = quant::row_plan(level, w.ty);
     let tile = tile_kernel(level, w.ty);
     let (tr, tt) = tile.map_or((4, 4), |k| (k.rows, k.tokens));
     let (rows, cols) = (w.rows, w.cols);
+    // a tile taking many tokens gets as many as stay in L1 (at least 4)
+    let tt = tt.min((TILE_X_BYTES / (4 * cols.max(1))).max(4));
     let rb = w.ty.row_bytes(cols).unwrap_or(0);
     let nb = match plan {
         RowPlan::Prepared(..) => cols / w.ty.block_elems(),
@@ -77,7 +117,7 @@ pub(super) fn matmul_tiled(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y:
             while p0 < last {
                 let p1 = (p0 + panel).min(last);
                 let np = p1 - p0;
-                let wbuf = take(&mut s.w, np * cols);
+                let wbuf = take_aligned(&mut s.w, np * cols);
                 let dbuf = take(&mut s.d, np * nb);
                 for (i, r) in (p0..p1).enumerate() {
                     let src = &w.data[r * rb..(r + 1) * rb];

@@ -2,6 +2,7 @@
 //! output rows so the thread count never changes a result.
 
 pub mod attn;
+pub mod gelu;
 mod gemm;
 pub mod ops;
 

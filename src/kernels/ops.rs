@@ -36,6 +36,39 @@ pub fn rope_inv_freq(head_dim: usize, base: f32, freq_scale: f32) -> Vec<f32> {
         .collect()
 }
 
+/// The rotation of every frequency at position `pos`: `sc[i] = (sin θ, cos θ)` with
+/// `θ = pos · inv_freq[i]` in f64, rounded to f32, as [`rope_neox`] and [`rope_interleaved`]
+/// compute them; computed once per position for all heads ([`rope_neox_sc`],
+/// [`rope_interleaved_sc`] give the same values).
+pub fn rope_angles(pos: usize, inv_freq: &[f32], sc: &mut Vec<(f32, f32)>) {
+    sc.clear();
+    sc.extend(inv_freq.iter().map(|&f| {
+        let theta = pos as f64 * f as f64;
+        (theta.sin() as f32, theta.cos() as f32)
+    }));
+}
+
+/// [`rope_neox`] with the angles of [`rope_angles`] (`x.len() == 2 * sc.len()`).
+pub fn rope_neox_sc(x: &mut [f32], sc: &[(f32, f32)]) {
+    let half = sc.len();
+    debug_assert_eq!(x.len(), 2 * half);
+    for (i, &(s, c)) in sc.iter().enumerate() {
+        let (a, b) = (x[i], x[i + half]);
+        x[i] = a * c - b * s;
+        x[i + half] = a * s + b * c;
+    }
+}
+
+/// [`rope_interleaved`] with the angles of [`rope_angles`] (`x.len() == 2 * sc.len()`).
+pub fn rope_interleaved_sc(x: &mut [f32], sc: &[(f32, f32)]) {
+    debug_assert_eq!(x.len(), 2 * sc.len());
+    for (pair, &(s, c)) in x.chunks_exact_mut(2).zip(sc) {
+        let (a, b) = (pair[0], pair[1]);
+        pair[0] = a * c - b * s;
+        pair[1] = a * s + b * c;
+    }
+}
+
 /// Applies rotary embeddings in the "NeoX" layout (dimension `i` pairs with `i + d/2`, as
 /// Hugging Face `rotate_half` and llama.cpp `LLAMA_ROPE_TYPE_NEOX` do) to one head `x` of
 /// `2 * inv_freq.len()` values at position `pos`. Angles are computed in f64.
@@ -126,6 +159,19 @@ mod tests {
         let mut z = [0.5f32, -1.0, 2.0, 0.25];
         rope_neox(&mut z, 0, &inv);
         assert_eq!(z, [0.5, -1.0, 2.0, 0.25]);
+        // the precomputed angles give the same values bit for bit
+        let inv = rope_inv_freq(8, 10000.0, 1.0);
+        let mut sc = Vec::new();
+        rope_angles(37, &inv, &mut sc);
+        let h = [0.3f32, -1.2, 0.7, 2.0, 5.5, -0.25, 1e-3, 9.0];
+        let (mut a, mut b) = (h, h);
+        rope_neox(&mut a, 37, &inv);
+        rope_neox_sc(&mut b, &sc);
+        assert_eq!(a.map(f32::to_bits), b.map(f32::to_bits));
+        let (mut a, mut b) = (h, h);
+        rope_interleaved(&mut a, 37, &inv);
+        rope_interleaved_sc(&mut b, &sc);
+        assert_eq!(a.map(f32::to_bits), b.map(f32::to_bits));
     }
 
     #[test]

@@ -7,7 +7,8 @@ use rayon::prelude::*;
 
 use crate::kernels::attn::{weighted_rows, KeysT};
 use crate::kernels::ops::{
-    rms_norm, rms_norm_inplace, rope_interleaved, rope_neox, softcap, softmax_inplace,
+    rms_norm, rms_norm_inplace, rope_angles, rope_interleaved_sc, rope_neox_sc, softcap,
+    softmax_inplace,
 };
 use crate::kernels::{matmul, matvec, Matrix};
 
@@ -80,14 +81,17 @@ pub fn norm_rope_heads(
     scale: f32,
 ) {
     let row = x.len() / n.max(1);
+    // the angles of a position, once for all its heads
+    let mut sc = Vec::with_capacity(inv_freq.len());
     for t in 0..n {
+        rope_angles(pos0 + t, inv_freq, &mut sc);
         for h in x[t * row..(t + 1) * row].chunks_mut(head_dim) {
             if let Some(w) = w {
                 rms_norm_inplace(h, w, eps);
             }
             match style {
-                RopeStyle::Neox => rope_neox(h, pos0 + t, inv_freq),
-                RopeStyle::Interleaved => rope_interleaved(h, pos0 + t, inv_freq),
+                RopeStyle::Neox => rope_neox_sc(h, &sc),
+                RopeStyle::Interleaved => rope_interleaved_sc(h, &sc),
             }
             if scale != 1.0 {
                 h.iter_mut().for_each(|v| *v *= scale);

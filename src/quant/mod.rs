@@ -276,9 +276,8 @@ pub enum SimdLevel {
     Neon,
     /// x86-64 AVX2 + FMA + F16C: 4 × 8-lane fma accumulators.
     Avx2,
-    /// x86-64 AVX-512F + BW + VL (+ AVX2, FMA, F16C): 2 × 16-lane fma accumulators; Q8_0,
-    /// Q4_0 and Q5_0 use the block-scale scheme (one scale fma per block, see
-    /// `x86/avx512_q32.rs`).
+    /// x86-64 AVX-512F + BW + VL (+ AVX2, FMA, F16C): 2 × 16-lane fma accumulators over
+    /// every type's dequantized values (Q8_0, Q4_0 and Q5_0 included).
     Avx512,
 }
 

@@ -270,50 +270,35 @@ fn fp8_nan_bytes_decode_to_nan_at_every_level() {
     }
 }
 
-/// The GFNI nibble decoders give the same dots (and prepared rows) as the plain AVX-512 ones.
+/// The GFNI nibble decoders give the same dots as the plain AVX-512 ones, and the level's
+/// Q8_0 / Q4_0 / Q5_0 dots are `dot_f32` over the dequantized row (no prepared rows).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx512_gfni_equals_plain() {
-    use super::x86::avx512_q32 as q;
+    use super::x86::avx512;
     if !SimdLevel::Avx512.is_available() || !is_x86_feature_detected!("gfni") {
         return;
     }
-    type Pair = (DotFn, DotFn, PrepFn, PrepFn);
-    let pairs: [(GgmlType, Pair); 2] = [
-        (
-            GgmlType::Q4_0,
-            (
-                q::dot_q4_0,
-                q::dot_q4_0_gfni,
-                q::prep_q4_0,
-                q::prep_q4_0_gfni,
-            ),
-        ),
-        (
-            GgmlType::Q5_0,
-            (
-                q::dot_q5_0,
-                q::dot_q5_0_gfni,
-                q::prep_q5_0,
-                q::prep_q5_0_gfni,
-            ),
-        ),
-    ];
+    let (plain, gfni) = (&avx512::KERNELS, &avx512::KERNELS_GFNI);
     let mut rng = Rng::new(5);
-    for (ty, (d0, d1, p0, p1)) in pairs {
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q6_K,
+    ] {
+        let s = slot(ty).unwrap();
         let blocks = 37;
         let row = random_row(ty, blocks, &mut rng);
-        let x = random_x(32 * blocks, &mut rng);
-        let (a, b) = (d0(&row, &x), d1(&row, &x));
+        let x = random_x(ty.block_elems() * blocks, &mut rng);
+        let (a, b) = ((plain.dot[s])(&row, &x), (gfni.dot[s])(&row, &x));
         assert_eq!(a.to_bits(), b.to_bits(), "{ty}");
-        let (mut qa, mut qb) = (vec![0f32; 32 * blocks], vec![0f32; 32 * blocks]);
-        let (mut da, mut db) = (vec![0f32; blocks], vec![0f32; blocks]);
-        p0(&row, &mut qa, &mut da);
-        p1(&row, &mut qb, &mut db);
-        assert_eq!(qa, qb, "{ty}");
-        assert_eq!(da, db, "{ty}");
+        let mut w = vec![0f32; x.len()];
+        (plain.deq[s])(&row, &mut w);
+        assert_eq!(a.to_bits(), (plain.dot_f32)(&w, &x).to_bits(), "{ty}");
+        assert!(plain.prep[s].is_none() && gfni.prep[s].is_none(), "{ty}");
         assert!(
-            qa.iter().any(|&v| v < -7.0) && qa.iter().any(|&v| v > 6.0),
+            w.iter().any(|&v| v < 0.0) && w.iter().any(|&v| v > 0.0),
             "{ty}"
         );
     }

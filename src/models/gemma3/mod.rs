@@ -20,7 +20,8 @@ use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::ExpertStep;
 use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions, Placement};
-use crate::kernels::ops::{gelu_tanh, rope_inv_freq, softcap};
+use crate::kernels::gelu::geglu_tanh;
+use crate::kernels::ops::{rope_inv_freq, softcap};
 use rayon::prelude::*;
 
 /// Elements per parallel GeGLU task (a decode token's 2048-wide row stays on one thread).
@@ -370,9 +371,7 @@ impl Blocks for Gemma3Blocks {
         g.par_chunks_mut(GELU_CHUNK)
             .zip(up.par_chunks(GELU_CHUNK))
             .for_each(|(gc, uc)| {
-                gc.iter_mut()
-                    .zip(uc)
-                    .for_each(|(a, b)| *a = gelu_tanh(*a) * b)
+                geglu_tanh(gc, uc);
             });
         mm(&w.down.view(u), &g, n, &mut o);
         add_post_normed(x, &mut o, &nrm.post_ffw, eps);

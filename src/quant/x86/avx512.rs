@@ -2,16 +2,18 @@
 //! accumulator `j / 16`, lane `j % 16` (fused multiply-add); the reduction is
 //! `acc0 + acc1`, then halves 256 → 128 → 64 → 32 bits. Blocks are decoded in registers
 //! with the same roundings as the scalar decoders, so dequantization is exact and
-//! `dot_f32(dequantized, x)` equals the fused dot bit for bit.
+//! `dot_f32(dequantized, x)` equals the fused dot bit for bit, for every type (Q8_0, Q4_0 and
+//! Q5_0 included: their values `d * q` are decoded and multiplied into the accumulators like
+//! the others', so a batch runs them through the f32 tile over dequantized rows).
 
 use super::avx512_q32 as q32;
 use super::common::{
-    bit_matrix, deq_kernel, dot_f32_as_row, dot_kernel, f16s, kernels, level_table, load16,
-    mxfp4_values, no_tail, q32_prep, q4k_factors, q6k_factors,
+    bit_matrix, dot_f32_as_row, dot_kernel, f16s, kernels, load16, mxfp4_values, no_tail,
+    q4k_factors, q6k_factors,
 };
 use super::tile_avx512 as tile;
 use crate::quant::scalar::{decode_bf16, decode_f16, decode_f32, e8m0_half};
-use crate::quant::LevelKernels;
+use crate::quant::{LevelKernels, N_SLOTS};
 use std::arch::x86_64::*;
 
 type Acc = [__m512; 2];
@@ -110,6 +112,33 @@ unsafe fn blk_q5_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
     let lo = _mm512_sub_epi32(_mm512_mask_or_epi32(lo, qh as u16, lo, b4), b4);
     let hi = _mm512_sub_epi32(_mm512_mask_or_epi32(hi, (qh >> 16) as u16, hi, b4), b4);
     emit::<S>(scaled(d, lo), scaled(d, hi), x, dst, acc);
+}
+
+/// A Q4_0 / Q5_0 block from its integer values `q` (a GFNI decoder's): `d * q` per
+/// element, as `scaled` computes it from the plain decoders' integers.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn emit_q32<const S: bool>(
+    q: q32::Q,
+    p: *const u8,
+    x: *const f32,
+    dst: *mut f32,
+    acc: &mut Acc,
+) {
+    let d = _mm512_set1_ps(f16s(p));
+    emit::<S>(_mm512_mul_ps(d, q[0]), _mm512_mul_ps(d, q[1]), x, dst, acc);
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c,gfni")]
+unsafe fn blk_q4_0_gfni<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+    emit_q32::<S>(q32::q_q4_0_gfni(p), p, x, dst, acc);
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c,gfni")]
+unsafe fn blk_q5_0_gfni<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+    emit_q32::<S>(q32::q_q5_0_gfni(p), p, x, dst, acc);
 }
 
 /// Q4_K: each 32-element sub-block `r` has at most 16 distinct values
@@ -242,9 +271,13 @@ kernels!(avx512; dot_f16, deq_f16, blk_f16, 2, 1, 2, decode_f16);
 kernels!(avx512; dot_bf16, deq_bf16, blk_bf16, 2, 1, 2, decode_bf16);
 dot_kernel!(avx512 "avx512f,avx2,fma,f16c,gfni";
     dot_q6_k_gfni, blk_q6_k_gfni, 210, 256, 0, no_tail);
-deq_kernel!(avx512; deq_q8_0, blk_q8_0, 34, 32, 0, no_tail);
-deq_kernel!(avx512; deq_q4_0, blk_q4_0, 18, 32, 0, no_tail);
-deq_kernel!(avx512; deq_q5_0, blk_q5_0, 22, 32, 0, no_tail);
+kernels!(avx512; dot_q8_0, deq_q8_0, blk_q8_0, 34, 32, 0, no_tail);
+kernels!(avx512; dot_q4_0, deq_q4_0, blk_q4_0, 18, 32, 0, no_tail);
+kernels!(avx512; dot_q5_0, deq_q5_0, blk_q5_0, 22, 32, 0, no_tail);
+dot_kernel!(avx512 "avx512f,avx512bw,avx512vl,avx2,fma,f16c,gfni";
+    dot_q4_0_gfni, blk_q4_0_gfni, 18, 32, 0, no_tail);
+dot_kernel!(avx512 "avx512f,avx512bw,avx512vl,avx2,fma,f16c,gfni";
+    dot_q5_0_gfni, blk_q5_0_gfni, 22, 32, 0, no_tail);
 kernels!(avx512; dot_q4_k, deq_q4_k, blk_q4_k, 144, 256, 0, no_tail);
 kernels!(avx512; dot_q6_k, deq_q6_k, blk_q6_k, 210, 256, 0, no_tail);
 kernels!(avx512; dot_mxfp4, deq_mxfp4, blk_mxfp4, 17, 32, 0, no_tail);
@@ -262,7 +295,7 @@ fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
 /// after detection.
 pub(crate) static KERNELS: LevelKernels = BASE;
 
-/// The AVX-512 table with GFNI nibble decoding for Q4_0 and Q5_0: the same values and
+/// The AVX-512 table with GFNI decoding for Q4_0, Q5_0 and Q6_K: the same values and
 /// accumulation order as [`KERNELS`], so results are identical bit for bit.
 pub(crate) static KERNELS_GFNI: LevelKernels = LevelKernels {
     dot: crate::quant::join(
@@ -270,23 +303,36 @@ pub(crate) static KERNELS_GFNI: LevelKernels = LevelKernels {
             dot_f32row,
             dot_f16,
             dot_bf16,
-            q32::dot_q8_0,
-            q32::dot_q4_0_gfni,
-            q32::dot_q5_0_gfni,
+            dot_q8_0,
+            dot_q4_0_gfni,
+            dot_q5_0_gfni,
             dot_q4_k,
             dot_q6_k_gfni,
             dot_mxfp4,
         ],
         EXT_DOT,
     ),
-    prep: q32_prep(
-        q32::prep_q8_0,
-        q32::prep_q4_0_gfni,
-        q32::prep_q5_0_gfni,
-        q32::prep_dot,
-    ),
     ..BASE
 };
 
-/// The plain AVX-512 kernels.
-const BASE: LevelKernels = level_table!();
+/// The plain AVX-512 kernels: every type's dot is `dot_f32` over its dequantized row, so
+/// there are no prepared rows and batches run the f32 tile.
+const BASE: LevelKernels = LevelKernels {
+    dot: crate::quant::join(
+        [
+            dot_f32row, dot_f16, dot_bf16, dot_q8_0, dot_q4_0, dot_q5_0, dot_q4_k, dot_q6_k,
+            dot_mxfp4,
+        ],
+        EXT_DOT,
+    ),
+    deq: crate::quant::join(
+        [
+            deq_f32, deq_f16, deq_bf16, deq_q8_0, deq_q4_0, deq_q5_0, deq_q4_k, deq_q6_k, deq_mxfp4,
+        ],
+        EXT_DEQ,
+    ),
+    dot_f32,
+    prep: [None; N_SLOTS],
+    f32_tile: tile::F32_TILE,
+    prep_tile: None,
+};

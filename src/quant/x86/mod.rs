@@ -1,5 +1,6 @@
 //! x86-64 SIMD kernels: the AVX2 and AVX-512 levels' tables (`avx2`, `avx512`), their
-//! block-scale dots of the 32-element one-scale types (`avx2_q32`, `avx512_q32`), and the
+//! AVX2 block-scale dots of the 32-element one-scale types (`avx2_q32`), the AVX-512 GFNI
+//! decoders of Q4_0 / Q5_0 (`avx512_q32`), and the
 //! FP8 kernels (`fp8`), and the low-bit types' in-register block decoders for both levels
 //! (`lowbit_k`: Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, TQ1_0, TQ2_0; `lowbit_iq`: the IQ types),
 //! whose shared accumulators and helpers are `lowbit` and whose tables `lowbit_tables` joins,

@@ -1,12 +1,14 @@
 //! AVX-512 batch tiles (see `quant/tile.rs`): the level's single dots run for several weight
 //! rows and tokens at once, each output with exactly its single dot's operations.
 //!
-//! - f32 tile, 3 rows × 4 tokens: element `32k + j` goes to accumulator `j / 16`, lane
-//!   `j % 16` (fma), as `dot_f32row`; 24 accumulators, each round loads 3 weight and 4
-//!   activation vectors per half for 12 fmas; `finish_avx512`, then the tail.
-//! - prepared tile, 2 rows × 4 tokens: the block-scale scheme of `avx512_q32` (per block
-//!   `s = q0 * x0`, `s = fma(q1, x1, s)`, `acc[b % 2] = fma(d, s, acc[b % 2])`); 16
-//!   accumulators.
+//! - f32 tile, 3 rows × up to 12 tokens: element `32k + j` goes to accumulator `j / 16`, lane
+//!   `j % 16` (fma), as `dot_f32row`; the tokens go in register groups of 4 (24
+//!   accumulators; each round loads 3 weight and 4 activation vectors per half for 12 fmas),
+//!   one group after another over the same 3 rows, which the first group has brought into
+//!   L1; `finish_avx512`, then the tail.
+//!
+//! Every type's dot at this level is `dot_f32` over its dequantized row, so this is the
+//! level's only tile.
 
 // Register tiles are indexed by row, token and accumulator: index loops say which is which.
 #![allow(clippy::needless_range_loop)]
@@ -16,14 +18,19 @@ use crate::quant::ROUND;
 use std::arch::x86_64::*;
 
 const FR: usize = 3;
+/// Tokens of one register group.
 const FT: usize = 4;
-const PR: usize = 2;
-const PT: usize = 4;
+/// Register groups per call.
+const FG: usize = 3;
 
 /// The f32 tile (safe wrapper; only reachable through the detected-level table).
 fn f32_tile(w: &[f32], nr: usize, x: &[f32], nt: usize, out: &mut [f32]) {
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn inner(wp: [*const f32; FR], xp: [*const f32; FT], rounds: usize) -> [[f32; FT]; FR] {
+    unsafe fn group(
+        wp: &[*const f32; FR],
+        xp: &[*const f32; FT],
+        rounds: usize,
+    ) -> [[f32; FT]; FR] {
         let z = _mm512_setzero_ps();
         let mut acc = [[[z; 2]; FT]; FR];
         for i in 0..rounds {
@@ -50,94 +57,29 @@ fn f32_tile(w: &[f32], nr: usize, x: &[f32], nt: usize, out: &mut [f32]) {
         s
     }
     let len = tile_len(w.len(), nr, x, nt, out);
+    assert!(nr <= FR && nt <= FT * FG, "tile too large");
     let full = len / ROUND * ROUND;
     let wp: [*const f32; FR] = std::array::from_fn(|r| w[r.min(nr - 1) * len..].as_ptr());
-    let xp: [*const f32; FT] = std::array::from_fn(|t| x[t.min(nt - 1) * len..].as_ptr());
-    // SAFETY: the table holding this function is handed out only after runtime detection of
-    // the target features; every pointer starts a row of `len >= full` elements (lengths
-    // checked by `tile_len`; padding rows and tokens repeat the last valid one).
-    let s = unsafe { inner(wp, xp, full / ROUND) };
-    for r in 0..nr {
-        for t in 0..nt {
-            let tail = tail_dot(
-                &w[r * len + full..(r + 1) * len],
-                &x[t * len + full..(t + 1) * len],
-            );
-            out[r * nt + t] = s[r][t] + tail;
-        }
-    }
-}
-
-/// The prepared (block-scale) tile (safe wrapper; only reachable through the detected-level
-/// table).
-fn prep_tile(q: &[f32], d: &[f32], nr: usize, x: &[f32], nt: usize, out: &mut [f32]) {
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn block(
-        qp: &[*const f32; PR],
-        dp: &[*const f32; PR],
-        xp: &[*const f32; PT],
-        b: usize,
-        acc: &mut [[__m512; PT]; PR],
-    ) {
-        let z = _mm512_setzero_ps();
-        let (mut q0, mut q1, mut dv) = ([z; PR], [z; PR], [z; PR]);
-        for r in 0..PR {
-            q0[r] = _mm512_loadu_ps(qp[r].add(32 * b));
-            q1[r] = _mm512_loadu_ps(qp[r].add(32 * b + 16));
-            dv[r] = _mm512_set1_ps(*dp[r].add(b));
-        }
-        for t in 0..PT {
-            let x0 = _mm512_loadu_ps(xp[t].add(32 * b));
-            let x1 = _mm512_loadu_ps(xp[t].add(32 * b + 16));
-            for r in 0..PR {
-                let s = _mm512_mul_ps(q0[r], x0);
-                let s = _mm512_fmadd_ps(q1[r], x1, s);
-                acc[r][t] = _mm512_fmadd_ps(dv[r], s, acc[r][t]);
+    for g0 in (0..nt).step_by(FT) {
+        let gt = FT.min(nt - g0);
+        let xp: [*const f32; FT] =
+            std::array::from_fn(|t| x[(g0 + t.min(gt - 1)) * len..].as_ptr());
+        // SAFETY: the table holding this function is handed out only after runtime detection
+        // of the target features; every pointer starts a row of `len >= full` elements
+        // (lengths checked by `tile_len`; padding rows and tokens repeat the last valid one).
+        let s = unsafe { group(&wp, &xp, full / ROUND) };
+        for r in 0..nr {
+            for t in 0..gt {
+                out[r * nt + g0 + t] = if full == len {
+                    s[r][t]
+                } else {
+                    s[r][t]
+                        + tail_dot(
+                            &w[r * len + full..(r + 1) * len],
+                            &x[(g0 + t) * len + full..(g0 + t + 1) * len],
+                        )
+                };
             }
-        }
-    }
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn inner(
-        qp: [*const f32; PR],
-        dp: [*const f32; PR],
-        xp: [*const f32; PT],
-        nb: usize,
-    ) -> [[f32; PT]; PR] {
-        let z = _mm512_setzero_ps();
-        let mut a0 = [[z; PT]; PR];
-        let mut a1 = [[z; PT]; PR];
-        let mut b = 0;
-        while b + 1 < nb {
-            block(&qp, &dp, &xp, b, &mut a0);
-            block(&qp, &dp, &xp, b + 1, &mut a1);
-            b += 2;
-        }
-        if b < nb {
-            block(&qp, &dp, &xp, b, &mut a0);
-        }
-        let mut s = [[0f32; PT]; PR];
-        for r in 0..PR {
-            for t in 0..PT {
-                s[r][t] = finish_avx512(&[a0[r][t], a1[r][t]]);
-            }
-        }
-        s
-    }
-    let len = tile_len(q.len(), nr, x, nt, out);
-    let nb = len / 32;
-    assert!(
-        len == nb * 32 && d.len() == nr * nb,
-        "prepared tile length mismatch"
-    );
-    let qp: [*const f32; PR] = std::array::from_fn(|r| q[r.min(nr - 1) * len..].as_ptr());
-    let dp: [*const f32; PR] = std::array::from_fn(|r| d[r.min(nr - 1) * nb..].as_ptr());
-    let xp: [*const f32; PT] = std::array::from_fn(|t| x[t.min(nt - 1) * len..].as_ptr());
-    // SAFETY: as for `f32_tile`; `q` and `x` rows hold `32 * nb` values, `d` rows `nb`.
-    let s = unsafe { inner(qp, dp, xp, nb) };
-    for r in 0..nr {
-        for t in 0..nt {
-            out[r * nt + t] = s[r][t];
         }
     }
 }
@@ -146,12 +88,5 @@ fn prep_tile(q: &[f32], d: &[f32], nr: usize, x: &[f32], nt: usize, out: &mut [f
 pub(crate) const F32_TILE: Option<TileKernel> = Some(TileKernel {
     f: TileFn::F32(f32_tile),
     rows: FR,
-    tokens: FT,
-});
-
-/// The level's prepared tile (Q8_0, Q4_0, Q5_0).
-pub(crate) const PREP_TILE: Option<TileKernel> = Some(TileKernel {
-    f: TileFn::Prepared(prep_tile),
-    rows: PR,
-    tokens: PT,
+    tokens: FT * FG,
 });
