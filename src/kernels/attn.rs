@@ -53,6 +53,7 @@ impl KeysT {
             q.len() == self.dim && hi + KEY_BLOCK < self.stride,
             "score range"
         );
+        let _ = simd; // read only on x86-64
         let base = h * self.dim * self.stride;
         let mut j0 = lo;
         while j0 <= hi {
@@ -123,6 +124,7 @@ fn weighted_rows_at(simd: bool, w: &[f32], v: &[f32], stride: usize, out: &mut [
         v.len() >= (w.len() - 1) * stride + d,
         "value rows too short"
     );
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut c = 0;
     #[cfg(target_arch = "x86_64")]
     if simd {
@@ -164,6 +166,14 @@ unsafe fn weighted_avx2(w: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether this CPU runs the AVX2 paths (never on other architectures).
+    fn avx2_detected() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return std::arch::is_x86_feature_detected!("avx2");
+        #[cfg(not(target_arch = "x86_64"))]
+        return false;
+    }
 
     #[test]
     fn scores_equal_the_sequential_sum_bit_for_bit() {
@@ -212,13 +222,7 @@ mod tests {
         }
         for simd in [false, true] {
             let mut o = vec![f32::NAN; d];
-            weighted_rows_at(
-                simd && cfg!(target_arch = "x86_64") && std::arch::is_x86_feature_detected!("avx2"),
-                &wts,
-                &v,
-                stride,
-                &mut o,
-            );
+            weighted_rows_at(simd && avx2_detected(), &wts, &v, stride, &mut o);
             assert!(o.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
         }
         let mut z = Vec::new();
