@@ -8,8 +8,7 @@
 
 use super::scalar::{dot_decoded, dot_f32 as dot_f32_generic, Accum};
 use super::{
-    join, DeqFn, DotFn, LevelKernels, N_BASE, N_EXT, N_SLOTS, SCALAR_DECODE, SCALAR_DEQ,
-    SLOT_TYPES,
+    join, DeqFn, DotFn, LevelKernels, N_BASE, N_EXT, N_SLOTS, SCALAR_DECODE, SCALAR_DEQ, SLOT_TYPES,
 };
 use std::arch::aarch64::*;
 
