@@ -1,8 +1,9 @@
 //! aarch64 NEON kernels. Element `32k + j` of a row goes to accumulator `j / 4`, lane
 //! `j % 4` (fused multiply-add); the reduction is `((a0+a1)+(a2+a3)) + ((a4+a5)+(a6+a7))`,
-//! then lane pairs (`lowbit::finish8`). The low-bit types ([`EXT_TYPES`](super::EXT_TYPES))
-//! are decoded in registers from storage (`lowbit_k`, `lowbit_iq`, helpers in `lowbit`); the
-//! other types are decoded by the scalar decoders (exact values) into a stack buffer and
+//! then lane pairs (`lowbit::finish8`). Every block type is decoded in registers from
+//! storage: Q8_0, Q4_0, Q5_0, Q4_K, Q6_K and MXFP4 in `base`, the low-bit types
+//! ([`EXT_TYPES`](super::EXT_TYPES)) in `lowbit_k` and `lowbit_iq` (helpers in `lowbit`); the
+//! float types F32, F16 and BF16 are decoded by the scalar decoders into a stack buffer and
 //! accumulated by [`Neon8`] in the same order, so every dot equals the level's `dot_f32`
 //! over the dequantized row bit for bit. Run under qemu-user by `tools/neon/test.sh`.
 
@@ -12,6 +13,7 @@ use super::{
 };
 use std::arch::aarch64::*;
 
+mod base;
 mod lowbit;
 mod lowbit_iq;
 mod lowbit_k;
@@ -56,17 +58,7 @@ macro_rules! dots {
         })*
     };
 }
-dots!(
-    d0 = 0,
-    d1 = 1,
-    d2 = 2,
-    d3 = 3,
-    d4 = 4,
-    d5 = 5,
-    d6 = 6,
-    d7 = 7,
-    d8 = 8
-);
+dots!(d0 = 0, d1 = 1, d2 = 2);
 
 /// The low-bit (dot, dequantization) pairs in `EXT_TYPES` order, from the k-quant / legacy /
 /// ternary pairs `k` (Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, TQ1_0, TQ2_0) and the IQ pairs `iq`
@@ -92,22 +84,32 @@ const fn ext(k: [(DotFn, DeqFn); 7], iq: [(DotFn, DeqFn); 9]) -> ([DotFn; N_EXT]
 
 const EXT: ([DotFn; N_EXT], [DeqFn; N_EXT]) = ext(lowbit_k::PAIRS, lowbit_iq::PAIRS);
 
-/// The first [`N_BASE`] entries of the scalar dequantization table.
-const fn base_deq() -> [DeqFn; N_BASE] {
-    let mut out = [SCALAR_DEQ[0]; N_BASE];
-    let mut i = 0;
+/// The first [`N_BASE`] (dot, dequantization) entries: the float types F32, F16, BF16
+/// through the scalar decoders and [`Neon8`], then the block types of `base::PAIRS` (Q8_0,
+/// Q4_0, Q5_0, Q4_K, Q6_K, MXFP4) in registers.
+const fn base() -> ([DotFn; N_BASE], [DeqFn; N_BASE]) {
+    let mut dot: [DotFn; N_BASE] = [d0; N_BASE];
+    let mut deq = [SCALAR_DEQ[0]; N_BASE];
+    dot[1] = d1;
+    dot[2] = d2;
+    deq[1] = SCALAR_DEQ[1];
+    deq[2] = SCALAR_DEQ[2];
+    let mut i = 3;
     while i < N_BASE {
-        out[i] = SCALAR_DEQ[i];
+        dot[i] = base::PAIRS[i - 3].0;
+        deq[i] = base::PAIRS[i - 3].1;
         i += 1;
     }
-    out
+    (dot, deq)
 }
 
-/// The NEON table: base types through the scalar decoders and [`Neon8`], low-bit types in
-/// registers.
+const BASE: ([DotFn; N_BASE], [DeqFn; N_BASE]) = base();
+
+/// The NEON table: the float types through the scalar decoders and [`Neon8`], every block
+/// type decoded in registers.
 pub(crate) static KERNELS: LevelKernels = LevelKernels {
-    dot: join([d0, d1, d2, d3, d4, d5, d6, d7, d8], EXT.0),
-    deq: join(base_deq(), EXT.1),
+    dot: join(BASE.0, EXT.0),
+    deq: join(BASE.1, EXT.1),
     dot_f32: dot_f32_generic::<Neon8>,
     prep: [None; N_SLOTS],
     f32_tile: None,
