@@ -552,7 +552,7 @@ pub const FAMILY: crate::models::Family = crate::models::Family {
     gguf_architectures: &[config::ARCH],
     load_hf: Some(|h, o| load_hf(h, o).map(crate::models::registry::boxed)),
     load_gguf: Some(|g, o| load(g, o).map(crate::models::registry::boxed)),
-    check_hf: Some(|h| hf::check(h)),
+    check_hf: Some(hf::check),
     check_gguf: Some(|g| Config::from_gguf(g).map(drop)),
     experts: Some(crate::models::registry::SWIGLU_EXPERTS),
     packable: true,
