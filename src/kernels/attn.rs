@@ -79,6 +79,7 @@ impl KeysT {
             q.len() == self.dim && hi + KEY_BLOCK < self.stride,
             "score range"
         );
+        let _ = simd; // read only on x86-64
         let base = h * self.dim * self.stride;
         let mut j0 = lo;
         while j0 <= hi {
@@ -171,6 +172,7 @@ fn weighted_rows_at(simd: Simd, w: &[f32], v: &[f32], stride: usize, out: &mut [
         v.len() >= (w.len() - 1) * stride + d,
         "value rows too short"
     );
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut c = 0;
     #[cfg(target_arch = "x86_64")]
     if simd == Simd::Avx512 {

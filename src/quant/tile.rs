@@ -32,7 +32,8 @@ pub(crate) type PrepTileFn =
 pub(crate) enum TileFn {
     /// Over dequantized rows (`RowPlan::Dequant`).
     F32(F32TileFn),
-    /// Over prepared rows (`RowPlan::Prepared`).
+    /// Over prepared rows (`RowPlan::Prepared`; only x86-64 levels have such tiles).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Prepared(PrepTileFn),
 }
 
