@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Prompt speed on the demo model, every weight resident: `deltafin bench --scenarios prefill`
+# (400 synthetic token ids in one batch) against llama.cpp (llama-cpp-python through
+# ../shared/tools/llama_peer.py) on a ~400-token prompt, same file and threads, alternated in
+# one run; then the same for warm decode. Prints one line per run and the ratios per round.
+#
+#   tools/bench/prefill_vs_llama.sh [DELTAFIN_BINARY...]
+#
+# Environment: PYTHON (a python with llama-cpp-python==0.3.36, default /work/venv-ref/bin/python),
+# THREADS (2), REPS (3), PEER_ARGS (extra llama_peer.py flags, default --no-repack: the AMX
+# repacked path of the 0.3.36 build here segfaults in ggml_backend_amx_mul_mat).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PYTHON=${PYTHON:-/work/venv-ref/bin/python}
+THREADS=${THREADS:-2} REPS=${REPS:-3} PEER_ARGS=${PEER_ARGS:---no-repack}
+PEER=${PEER:-../shared/tools/llama_peer.py}
+BINS=("$@")
+[ ${#BINS[@]} -gt 0 ] || BINS=("$PWD/target/release/deltafin")
+M=$("${BINS[0]}" pull gemma-3-270m -q)
+# 360 words of a repeated three-sentence paragraph: 402 tokens for llama.cpp
+P="The city was founded on the banks of a wide river more than a thousand years ago. Merchants built warehouses along the water and the town grew rich from trade. Over the centuries it survived floods, fires and wars, and each time its people rebuilt its walls, its markets and its bridges."
+PROMPT=$(python3 -c "import sys; w=(' '.join([sys.argv[1]]*8)).split(); print(' '.join(w[:360]))" "$P")
+for r in $(seq 1 "$REPS"); do
+  echo "round $r (load $(cut -d' ' -f1 /proc/loadavg))"
+  for b in "${BINS[@]}"; do
+    echo "  $b prefill tok/s $("$b" bench -m "$M" --scenarios prefill --prompt-tokens 400 -t "$THREADS" | awk '/^prefill/ {print $2}')"
+  done
+  # shellcheck disable=SC2086
+  "$PYTHON" "$PEER" "$M" --tokens 2 --threads "$THREADS" $PEER_ARGS --prompt "$PROMPT" 2>/dev/null | tail -n 1 |
+    python3 -c "import json,sys; j=json.load(sys.stdin); print(f\"  llama.cpp prefill tok/s {j['prompt_tokens']/j['ttft_s']:.1f} ({j['prompt_tokens']} tokens, TTFT {j['ttft_s']} s)\")"
+done
+for r in $(seq 1 "$REPS"); do
+  echo "decode round $r (load $(cut -d' ' -f1 /proc/loadavg))"
+  for b in "${BINS[@]}"; do
+    echo "  $b decode tok/s $("$b" bench -m "$M" --scenarios warm-decode -n 64 -t "$THREADS" | awk '/^warm-decode/ {print $2}')"
+  done
+  # shellcheck disable=SC2086
+  "$PYTHON" "$PEER" "$M" --tokens 65 --threads "$THREADS" $PEER_ARGS 2>/dev/null | tail -n 1 |
+    python3 -c "import json,sys; j=json.load(sys.stdin); print(f\"  llama.cpp decode tok/s {j['decode_tok_s']}\")"
+done
