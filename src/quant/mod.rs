@@ -272,7 +272,7 @@ pub(crate) const ROUND: usize = 32;
 pub enum SimdLevel {
     /// Portable Rust: 8 accumulators, no fused multiply-add.
     Scalar,
-    /// aarch64 NEON: 8 × 4-lane fma accumulators (blocks decoded by the scalar decoders).
+    /// aarch64 NEON: 8 × 4-lane fma accumulators (blocks decoded in registers, `neon/`).
     Neon,
     /// x86-64 AVX2 + FMA + F16C: 4 × 8-lane fma accumulators.
     Avx2,
@@ -492,8 +492,8 @@ scalar_fns!(sd0, sq0 = 0; sd1, sq1 = 1; sd2, sq2 = 2; sd3, sq3 = 3; sd4, sq4 = 4
     sd16, sq16 = 16; sd17, sq17 = 17; sd18, sq18 = 18; sd19, sq19 = 19; sd20, sq20 = 20;
     sd21, sq21 = 21; sd22, sq22 = 22; sd23, sq23 = 23; sd24, sq24 = 24);
 
-/// Scalar-level dequantization with length checks (also used by the NEON level, whose
-/// decoders are the scalar ones).
+/// Scalar-level dequantization with length checks (also used by the NEON level for the
+/// float types).
 pub(crate) const SCALAR_DEQ: [DeqFn; N_SLOTS] = [
     sq0, sq1, sq2, sq3, sq4, sq5, sq6, sq7, sq8, sq9, sq10, sq11, sq12, sq13, sq14, sq15, sq16,
     sq17, sq18, sq19, sq20, sq21, sq22, sq23, sq24,
