@@ -4,6 +4,7 @@
 pub mod gguf;
 pub mod hf;
 pub mod pack;
+pub mod serve;
 
 use std::path::PathBuf;
 
