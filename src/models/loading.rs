@@ -143,14 +143,18 @@ impl<'a> Tensors<'a> {
         }
     }
 
+    /// The tensor `name`. Errors: missing, naming the file and the tensor.
+    fn lookup(&self, name: &str) -> Result<&'a TensorInfo> {
+        self.by_name
+            .get(name)
+            .copied()
+            .ok_or_else(|| anyhow!("{}: tensor '{name}' is missing", self.label))
+    }
+
     /// The tensor `name`, checked to have `shape` (GGML order) and a type with kernels.
     /// Errors name the file and the tensor.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<&'a TensorInfo> {
-        let t = self
-            .by_name
-            .get(name)
-            .copied()
-            .ok_or_else(|| anyhow!("{}: tensor '{name}' is missing", self.label))?;
+        let t = self.lookup(name)?;
         let got: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
         if got != shape {
             bail!(
@@ -218,11 +222,7 @@ impl<'a> Tensors<'a> {
     /// llama.cpp's converter; a hand-written GGUF may hold `[heads]`), with a type with kernels.
     /// Errors name the file and the tensor.
     pub fn vector(&self, name: &str, n: usize) -> Result<&'a TensorInfo> {
-        let t = self
-            .by_name
-            .get(name)
-            .copied()
-            .ok_or_else(|| anyhow!("{}: tensor '{name}' is missing", self.label))?;
+        let t = self.lookup(name)?;
         let got: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
         if got.iter().product::<usize>() != n || got.iter().filter(|&&d| d != 1).count() > 1 {
             bail!(
@@ -237,11 +237,7 @@ impl<'a> Tensors<'a> {
     /// tensors read as bytes (e.g. MXFP4 blocks and scales, indexed as `I8`).
     /// Errors name the file and the tensor.
     pub fn get_raw(&self, name: &str, shape: &[usize], ty: GgmlType) -> Result<&'a TensorInfo> {
-        let t = self
-            .by_name
-            .get(name)
-            .copied()
-            .ok_or_else(|| anyhow!("{}: tensor '{name}' is missing", self.label))?;
+        let t = self.lookup(name)?;
         let got: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
         if got != shape {
             bail!(
