@@ -375,6 +375,83 @@ fn an_invalid_config_is_refused_before_anything_is_written() {
     assert_eq!(std::fs::read_dir(&o.drives[0]).unwrap().count(), 0);
 }
 
+/// `file` with the one occurrence of `from` replaced by `to` (same length: a tensor renamed in
+/// a safetensors or GGUF header, its data untouched).
+fn rename_in_header(file: &Path, from: &str, to: &str) {
+    assert_eq!(from.len(), to.len());
+    let b = std::fs::read(file).unwrap();
+    let at = b
+        .windows(from.len())
+        .position(|w| w == from.as_bytes())
+        .unwrap();
+    assert!(!b[at + 1..]
+        .windows(from.len())
+        .any(|w| w == from.as_bytes()));
+    let mut b = b;
+    b[at..at + to.len()].copy_from_slice(to.as_bytes());
+    std::fs::write(file, b).unwrap();
+}
+
+/// A source whose every tensor loading needs is present except one is refused by name before
+/// anything is written (it used to pack and verify, and fail only at `run`): a spine tensor of a
+/// Hugging Face folder, a stacked expert tensor of a GGUF file.
+#[test]
+fn a_missing_tensor_is_refused_before_anything_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = source(tmp.path());
+    let (name, other) = (
+        "model.layers.1.self_attn.q_norm.weight",
+        "model.layers.1.self_attn.q_nxrm.weight",
+    );
+    let ip = src.join("model.safetensors.index.json");
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&ip).unwrap()).unwrap();
+    let map = index["weight_map"].as_object_mut().unwrap();
+    let shard = map.remove(name).unwrap();
+    rename_in_header(&src.join(shard.as_str().unwrap()), name, other);
+    map.insert(other.into(), shard);
+    std::fs::write(&ip, serde_json::to_vec(&index).unwrap()).unwrap();
+    let o = pack_opts(tmp.path(), 2, PackPlacement::Stripe);
+    let e = format!("{:#}", write_pack(&src, &o).unwrap_err());
+    assert_eq!(
+        e,
+        format!(
+            "{}: tensor 'model.layers.1.self_attn.q_norm.weight' is missing",
+            src.display()
+        )
+    );
+    assert!(!o.out.exists());
+    assert_eq!(std::fs::read_dir(&o.drives[0]).unwrap().count(), 0);
+
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/qwen3_moe");
+    let g = tmp.path().join("m.gguf");
+    std::fs::copy(fixtures.join("qwen3_moe-q8_0.gguf"), &g).unwrap();
+    rename_in_header(
+        &g,
+        "blk.1.ffn_down_exps.weight",
+        "blk.1.ffn_dxwn_exps.weight",
+    );
+    let (ok, _, err) = deltafin(&[
+        "pack",
+        "-m",
+        g.to_str().unwrap(),
+        "--out",
+        o.out.to_str().unwrap(),
+        "--drives",
+        o.drives[0].to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        format!(
+            "error: {}: tensor 'blk.1.ffn_down_exps.weight' is missing",
+            g.display()
+        )
+    );
+    assert!(!o.out.exists());
+    assert_eq!(std::fs::read_dir(&o.drives[0]).unwrap().count(), 0);
+}
+
 #[test]
 fn out_of_space_while_writing_the_manifest_names_the_file() {
     let tmp = tempfile::tempdir().unwrap();

@@ -22,7 +22,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::input::{absolute, pack_experts, split_stacked, PackSource};
+use super::input::{absolute, check_loadable, pack_experts, split_stacked, PackSource};
 use crate::models::registry::by_gguf_architecture;
 use crate::models::FAMILIES;
 use crate::quant::GgmlType;
@@ -36,15 +36,21 @@ use crate::write::gguf_writer::header_at;
 ///
 /// Errors: the model cannot be opened ([`GgufModel::open_model_path`]), its architecture
 /// cannot be packed or its metadata is refused by the family's loader
-/// ([`crate::models::Family::check_gguf`]), a stacked expert tensor holds no experts, a header
+/// ([`crate::models::Family::check_gguf`]), or a tensor by its loader ([`check_loadable`]), a
+/// stacked expert tensor holds no experts, a header
 /// cannot be read.
 pub(super) fn gguf_source(src: &Path) -> Result<PackSource> {
     let g = GgufModel::open_model_path(src)?;
     let arch = g.architecture()?.to_string();
     let experts = pack_experts(src, "GGUF architecture", &arch, |f| f.gguf_architectures)?;
     // the metadata as loading reads it, before anything is written
-    if let Some(check) = by_gguf_architecture(FAMILIES, &arch).and_then(|f| f.check_gguf) {
+    let family = by_gguf_architecture(FAMILIES, &arch);
+    if let Some(check) = family.and_then(|f| f.check_gguf) {
         check(&g)?;
+    }
+    // and every tensor as the family's loader resolves it
+    if let Some(load) = family.and_then(|f| f.load_gguf) {
+        check_loadable(|o| load(&g, o))?;
     }
     let tensors = split_stacked(&g.tensors, &experts, &g.file_name())?;
     Ok(PackSource {

@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::input::{absolute, pack_experts, split_stacked, PackSource};
+use super::input::{absolute, check_loadable, pack_experts, split_stacked, PackSource};
 use crate::models::registry::by_model_type;
 use crate::models::FAMILIES;
 use crate::source::hf::HfModel;
@@ -18,14 +18,20 @@ use crate::source::pack::{hex, SourceIdentity};
 /// The Hugging Face folder `src` as a [`PackSource`].
 ///
 /// Errors: the folder cannot be opened ([`HfModel::open`]), its `model_type` cannot be packed,
-/// its `config.json` is refused by the family's loader ([`crate::models::Family::check_hf`]).
+/// its `config.json` is refused by the family's loader ([`crate::models::Family::check_hf`]),
+/// or a tensor is ([`check_loadable`]).
 pub(super) fn hf_source(src: &Path) -> Result<PackSource> {
     let hf = HfModel::open(src)?;
     let mt = hf.model_type()?;
     let experts = pack_experts(src, "model_type", mt, |f| f.model_types)?;
     // the config as loading reads it, before anything is written
-    if let Some(check) = by_model_type(FAMILIES, mt).and_then(|f| f.check_hf) {
+    let family = by_model_type(FAMILIES, mt);
+    if let Some(check) = family.and_then(|f| f.check_hf) {
         check(&hf)?;
+    }
+    // and every tensor as the family's loader resolves it
+    if let Some(load) = family.and_then(|f| f.load_hf) {
+        check_loadable(|o| load(&hf, o))?;
     }
     let tensors = split_stacked(&hf.tensors, &experts, &src.display().to_string())?;
     Ok(PackSource {

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 
-use crate::models::registry::{ExpertNames, Family};
-use crate::models::FAMILIES;
+use crate::models::registry::{ExpertNames, Family, ModelAndStore};
+use crate::models::{BudgetTooSmall, LoadOptions, FAMILIES};
 use crate::source::gguf::GgufModel;
 use crate::source::pack::SourceIdentity;
 use crate::source::tensor::TensorInfo;
@@ -53,6 +53,28 @@ pub(super) fn pack_experts(
             label.display(),
             crate::models::registry::names(FAMILIES, key, |f| f.pack_experts().is_some())
         ),
+    }
+}
+
+/// Checks, before anything is written, that the family's loader accepts every tensor of the
+/// source (names, shapes, types: what `run` would refuse after the pack is made): `load` is
+/// the family's loader over the opened source, called with a RAM budget of 0 bytes, so it
+/// resolves and checks every tensor and is then stopped by the budget check of
+/// `models::budget::place` before it reads a weight byte or opens a store.
+///
+/// Errors: whatever the loader refuses other than the budget (a missing tensor, a shape or
+/// type it does not take), as loading would report it.
+pub(super) fn check_loadable(
+    load: impl FnOnce(&LoadOptions) -> Result<ModelAndStore>,
+) -> Result<()> {
+    let opts = LoadOptions {
+        ram_budget: Some(0),
+        ..LoadOptions::default()
+    };
+    match load(&opts) {
+        Ok(_) => Ok(()),
+        Err(e) if e.chain().any(|c| c.is::<BudgetTooSmall>()) => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
