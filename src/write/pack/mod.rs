@@ -7,8 +7,8 @@
 //! journaled checksum are skipped (`writer.rs`). Data files are synced before their records
 //! enter the journal, and `manifest.json` is written last, by rename, so an unfinished pack is
 //! never loadable. The source is only ever read. Before the first byte is written, the writer
-//! takes the folder's lock, and checks the source's configuration, that no drive file of
-//! another pack would be written and that every file system has room (`guard.rs`); a finished
+//! takes the folder's lock, and checks the source's configuration and every tensor (as its
+//! family's loader resolves them, `input.rs`), that no drive file of another pack would be written and that every file system has room (`guard.rs`); a finished
 //! pack stays loadable until something in it must change, and one made with other settings is
 //! replaced only when asked ([`PackOptions::overwrite`]). Hugging Face folders (`hf.rs`) and GGUF files
 //! (`gguf.rs`) are packed by the same code over one description of the source (its files and
