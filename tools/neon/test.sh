@@ -6,8 +6,10 @@
 # Sets up what it needs when missing: the rustup target aarch64-unknown-linux-gnu, and
 # Debian/Ubuntu's qemu-user, gcc-aarch64-linux-gnu and libc6-dev-arm64-cross (apt-get, as
 # root or through passwordless sudo). When the target or the packages cannot be installed it
-# prints "skipped: ..." and exits 0. Cross builds go to target/aarch64-unknown-linux-gnu;
-# the first one compiles every dependency for aarch64. Test failures exit non-zero.
+# prints "skipped: ..." and exits 0. It builds tools/neon/Cargo.toml, a crate of the two
+# modules alone (`src/quant` and `src/kernels` by #[path]; they import nothing else of
+# Deltafin), so only their dependencies (half, rayon, proptest) are cross-compiled; builds go
+# to target/neon. Test failures exit non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 TARGET=aarch64-unknown-linux-gnu
@@ -35,4 +37,5 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$qemu -L /usr/aarch64-linux-gnu"
 (($# > 0)) || set -- quant:: kernels::
-exec cargo test --release --target "$TARGET" --lib -- "$@"
+exec cargo test --release --manifest-path tools/neon/Cargo.toml --target-dir target/neon \
+  --target "$TARGET" --lib -- "$@"
