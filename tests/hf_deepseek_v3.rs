@@ -187,7 +187,7 @@ fn load_errors_name_the_tensor_or_field() {
     assert_eq!(
         load_err(d.path()),
         format!(
-            "{}: tensor 'model.layers.0.self_attn.kv_a_proj_with_mqa.weight' has shape [64, 24], expected [64, 40]",
+            "{}: tensor 'model.layers.0.self_attn.kv_a_proj_with_mqa.weight' has shape [24, 64], expected [40, 64]",
             d.path().display()
         )
     );

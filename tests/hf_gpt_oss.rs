@@ -124,7 +124,7 @@ fn load_errors_name_the_tensor_or_field() {
     assert_eq!(
         load_err(d.path()),
         format!(
-            "{}: tensor 'model.layers.0.mlp.experts.gate_up_proj_bias' has shape [128, 8], expected [64, 8]",
+            "{}: tensor 'model.layers.0.mlp.experts.gate_up_proj_bias' has shape [8, 128], expected [8, 64]",
             d.path().display()
         )
     );

@@ -137,7 +137,7 @@ fn load_errors_name_the_field_or_tensor() {
     assert_eq!(
         load_err(d.path()),
         format!(
-            "{}: tensor 'model.layers.0.self_attn.q_proj.weight' has shape [64, 64], expected [64, 96]",
+            "{}: tensor 'model.layers.0.self_attn.q_proj.weight' has shape [64, 64], expected [96, 64]",
             d.path().display()
         )
     );
@@ -145,7 +145,7 @@ fn load_errors_name_the_field_or_tensor() {
     assert_eq!(
         load_err(d.path()),
         format!(
-            "{}: tensor 'model.layers.0.self_attn.q_proj.weight' has shape [64, 64], expected [64, 32]",
+            "{}: tensor 'model.layers.0.self_attn.q_proj.weight' has shape [64, 64], expected [32, 64]",
             d.path().display()
         )
     );

@@ -144,7 +144,7 @@ fn load_errors_name_the_field_or_tensor() {
     assert_eq!(
         load_err(d.path()),
         format!(
-            "{}: tensor 'model.layers.0.block_sparse_moe.experts.0.w1.weight' has shape [64, 32], expected [64, 16]",
+            "{}: tensor 'model.layers.0.block_sparse_moe.experts.0.w1.weight' has shape [32, 64], expected [16, 64]",
             d.path().display()
         )
     );
@@ -152,7 +152,7 @@ fn load_errors_name_the_field_or_tensor() {
     assert_eq!(
         load_err(d.path()),
         format!(
-            "{}: tensor 'model.layers.0.block_sparse_moe.gate.weight' has shape [64, 8], expected [64, 4]",
+            "{}: tensor 'model.layers.0.block_sparse_moe.gate.weight' has shape [8, 64], expected [4, 64]",
             d.path().display()
         )
     );

@@ -77,7 +77,7 @@ fn load_errors_name_the_tensor_or_field() {
     assert_eq!(
         load_err(d.path()),
         format!(
-            "{}: tensor 'model.layers.0.mlp.experts.0.gate_proj.weight' has shape [64, 32], expected [64, 16]",
+            "{}: tensor 'model.layers.0.mlp.experts.0.gate_proj.weight' has shape [32, 64], expected [16, 64]",
             d.path().display()
         )
     );

@@ -127,6 +127,9 @@ pub struct Tensors<'a> {
     label: String,
     /// Every tensor of the checkpoint by name.
     pub by_name: HashMap<&'a str, &'a TensorInfo>,
+    /// Error messages print shapes outermost first, as safetensors headers and PyTorch do
+    /// (Hugging Face sources), instead of GGML's innermost-first order (GGUF sources).
+    row_major: bool,
 }
 
 impl<'a> Tensors<'a> {
@@ -135,12 +138,33 @@ impl<'a> Tensors<'a> {
         Self::from_list(g.files[0].display().to_string(), &g.tensors)
     }
 
-    /// Indexes `tensors` by name; errors name `label` (a file or folder) as their source.
+    /// Indexes `tensors` by name; errors name `label` (a file or folder) as their source and
+    /// print shapes in GGML order.
     pub fn from_list(label: String, tensors: &'a [TensorInfo]) -> Self {
         Self {
             label,
             by_name: tensors.iter().map(|t| (t.name.as_str(), t)).collect(),
+            row_major: false,
         }
+    }
+
+    /// [`Tensors::from_list`] for a Hugging Face folder's tensors (or a pack of one): shapes
+    /// are still given and checked in GGML order, but errors print them as the folder's
+    /// safetensors headers list them (outermost first), e.g. `[out_features, in_features]`.
+    pub fn hf(label: String, tensors: &'a [TensorInfo]) -> Self {
+        Self {
+            row_major: true,
+            ..Self::from_list(label, tensors)
+        }
+    }
+
+    /// `shape` (GGML order) as error messages print it.
+    fn shown(&self, shape: &[usize]) -> Vec<usize> {
+        let mut s = shape.to_vec();
+        if self.row_major {
+            s.reverse();
+        }
+        s
     }
 
     /// The tensor `name`. Errors: missing, naming the file and the tensor.
@@ -158,8 +182,10 @@ impl<'a> Tensors<'a> {
         let got: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
         if got != shape {
             bail!(
-                "{}: tensor '{name}' has shape {got:?}, expected {shape:?}",
-                self.label
+                "{}: tensor '{name}' has shape {:?}, expected {:?}",
+                self.label,
+                self.shown(&got),
+                self.shown(shape)
             );
         }
         if !t.ty.has_kernels() {
@@ -226,8 +252,9 @@ impl<'a> Tensors<'a> {
         let got: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
         if got.iter().product::<usize>() != n || got.iter().filter(|&&d| d != 1).count() > 1 {
             bail!(
-                "{}: tensor '{name}' has shape {got:?}, expected {n} values",
-                self.label
+                "{}: tensor '{name}' has shape {:?}, expected {n} values",
+                self.label,
+                self.shown(&got)
             );
         }
         self.get(name, &got)
@@ -241,8 +268,10 @@ impl<'a> Tensors<'a> {
         let got: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
         if got != shape {
             bail!(
-                "{}: tensor '{name}' has shape {got:?}, expected {shape:?}",
-                self.label
+                "{}: tensor '{name}' has shape {:?}, expected {:?}",
+                self.label,
+                self.shown(&got),
+                self.shown(shape)
             );
         }
         if t.ty != ty {

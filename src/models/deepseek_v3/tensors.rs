@@ -141,7 +141,7 @@ pub(crate) fn unit_of_lins(lins: &[&Lin]) -> (Unit, Vec<Fp8Pack>, Vec<MatRef>) {
 /// Errors: a missing or mis-shaped tensor or scale, named with the folder.
 pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
     let label = hf.dir.display().to_string();
-    let ts = Tensors::from_list(label.clone(), &hf.tensors);
+    let ts = Tensors::hf(label.clone(), &hf.tensors);
     let (d, nh) = (c.hidden_size, c.num_attention_heads);
     let (ne, eff, dff) = (
         c.n_routed_experts,
@@ -160,19 +160,20 @@ pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
         if t.ty != GgmlType::F8_E4M3 {
             return Ok(Lin::Plain(ts.get(&wn, &[cols, rows])?.clone()));
         }
-        let got: Vec<usize> = t.shape.iter().map(|&x| x as usize).collect();
-        if got != [cols, rows] {
+        // shapes are GGML order here, printed as the safetensors header lists them
+        let got: Vec<usize> = t.shape.iter().rev().map(|&x| x as usize).collect();
+        if got != [rows, cols] {
             bail!(
                 "{label}: tensor '{wn}' has shape {got:?}, expected {:?}",
-                [cols, rows]
+                [rows, cols]
             );
         }
         let sn = format!("{name}.weight_scale_inv");
         let s = ts.by_name.get(sn.as_str()).copied().ok_or_else(|| {
             anyhow!("{label}: tensor '{sn}' is missing (FP8 weight '{wn}' needs its block scales)")
         })?;
-        let want = [cols.div_ceil(128), rows.div_ceil(128)];
-        let got: Vec<usize> = s.shape.iter().map(|&x| x as usize).collect();
+        let want = [rows.div_ceil(128), cols.div_ceil(128)];
+        let got: Vec<usize> = s.shape.iter().rev().map(|&x| x as usize).collect();
         if got != want || !matches!(s.ty, GgmlType::F32 | GgmlType::BF16) {
             bail!(
                 "{label}: tensor '{sn}' has shape {got:?} and type {}, expected {want:?} F32 or BF16 (128×128 blocks of '{wn}')",

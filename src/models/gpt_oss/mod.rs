@@ -145,7 +145,7 @@ impl GptOss {
     pub fn load(hf: &HfModel, opts: &LoadOptions) -> Result<(Self, WeightStore)> {
         let label = hf.dir.display().to_string();
         let c = Config::from_json(&hf.config, &hf.config_path().display().to_string())?;
-        let ts = Tensors::from_list(label.clone(), &hf.tensors);
+        let ts = Tensors::hf(label.clone(), &hf.tensors);
         let (d, ff, qd, kvd) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim());
         let (ne, nh) = (c.num_local_experts, c.num_attention_heads);
         if c.mxfp4() && !(d.is_multiple_of(32) && ff.is_multiple_of(32)) {

@@ -99,7 +99,7 @@ pub(crate) fn checkpoint(c: &Config, h: &HfModel) -> Result<Checkpoint> {
         Some(Value::Bool(b)) => *b,
         Some(x) => bail!("{}: 'latent_moe_use_norm' = {x} is not a boolean", h.dir.join("config.json").display()),
     };
-    let ts = Tensors::from_list(label.clone(), &h.tensors);
+    let ts = Tensors::hf(label.clone(), &h.tensors);
     let has = |name: &str| ts.by_name.contains_key(name);
     let d = c.hidden_size;
     let get = |name: &str, shape: &[usize]| -> Result<TensorInfo> { Ok(ts.get(name, shape)?.clone()) };

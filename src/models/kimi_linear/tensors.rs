@@ -108,7 +108,7 @@ pub(crate) const HF_LORA_NORM_EPS: f32 = 1e-6;
 /// Errors: a missing or mis-shaped tensor, named with the folder.
 pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
     let label = hf.dir.display().to_string();
-    let ts = Tensors::from_list(label.clone(), &hf.tensors);
+    let ts = Tensors::hf(label.clone(), &hf.tensors);
     let d = c.hidden_size;
     let get = |name: &str, shape: &[usize]| -> Result<TensorInfo> { Ok(ts.get(name, shape)?.clone()) };
     let embd = get("model.embed_tokens.weight", &[d, c.vocab_size])?;

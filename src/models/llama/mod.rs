@@ -127,7 +127,7 @@ struct Checkpoint {
 /// Resolves a Hugging Face folder's tensors (names of transformers' `Qwen3ForCausalLM`,
 /// `Qwen3MoeForCausalLM`, `LlamaForCausalLM`, `MixtralForCausalLM`).
 fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
-    let ts = Tensors::from_list(hf.dir.display().to_string(), &hf.tensors);
+    let ts = Tensors::hf(hf.dir.display().to_string(), &hf.tensors);
     let (d, ff, qd, kvd, hd) = (
         c.hidden_size,
         c.intermediate_size,
