@@ -316,10 +316,13 @@ pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel, with_mtp: bool) -> Result<
             (l_n >= c.num_hidden_layers + usize::from(mtp.is_some())).then_some(l)
         })
         .collect();
-    let note = match unused.len() {
+    let mut note = match unused.len() {
         0 => String::new(),
         k => format!(", {k} multi-token-prediction layer(s) ignored"),
     };
+    if mtp.is_some() {
+        note.push_str(", multi-token-prediction layer loaded");
+    }
     Ok(Checkpoint {
         files: hf.files.clone(),
         pack: hf.pack.clone(),
