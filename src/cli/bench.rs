@@ -116,6 +116,7 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
         n_batch: decode_p.max(1),
         direct_io: true,
         experts: a.store.options(Some(&a.model)),
+        mtp: a.spec.mtp(),
     };
     let loaded = opened
         .load(&Options {

@@ -245,6 +245,7 @@ pub fn run(mut a: RunArgs) -> Result<()> {
         n_batch,
         direct_io: !a.no_direct_io,
         experts: a.store.options(a.model.as_deref()),
+        mtp: a.spec.mtp(),
     };
     let (model, store) = opened
         .load_weights(&opts)
@@ -383,6 +384,7 @@ pub fn load_engine(
         n_batch: a.batch_size,
         direct_io: !a.no_direct_io,
         experts: a.store.options(a.model.as_deref()),
+        mtp: a.spec.mtp(),
     };
     let (model, store) = opened
         .load_weights(&opts)

@@ -1,5 +1,5 @@
 //! The speculative decoding flags of `run`, `bench`, `serve` and `chat` (`--lookup`,
-//! `--draft-model`, `--draft-max`, `--draft-min`, `--draft-fixed`) and the [`Speculator`] they
+//! `--draft-model`, `--draft mtp`, `--draft-max`, `--draft-min`, `--draft-fixed`) and the [`Speculator`] they
 //! build. A draft model is loaded before the target and kept resident; its bytes (weights, KV
 //! cache, activations) are taken out of the RAM budget before the target is placed
 //! ([`target_budget`], [`explain_budget`]).
@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use crate::engine::draft::{LookupDraft, ModelDraft};
+use crate::engine::draft_mtp::MtpDraft;
 use crate::engine::{SamplerConfig, Session, SpecConfig, Speculator};
 use crate::load::open_any;
 use crate::models::{BudgetTooSmall, LoadOptions, Model};
@@ -26,8 +27,14 @@ pub struct SpecArgs {
     /// vocabulary: the same number of tokens and the same token texts), kept resident with its
     /// own KV cache; its weights, KV cache and activations come out of --ram-budget before the
     /// model is placed.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "draft")]
     pub draft_model: Option<PathBuf>,
+    /// Speculative decoding with a draft source of the model itself: `mtp`, its
+    /// multi-token-prediction layer (DeepSeek V3 / Kimi K2 checkpoints that ship it,
+    /// `num_nextn_predict_layers`), loaded with the model under the same RAM budget and
+    /// drafting from the model's own hidden states.
+    #[arg(long, value_enum, conflicts_with = "lookup")]
+    pub draft: Option<DraftKind>,
     /// Most tokens drafted per verification pass.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub draft_max: u32,
@@ -39,10 +46,23 @@ pub struct SpecArgs {
     pub draft_fixed: bool,
 }
 
+/// The draft sources of `--draft`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftKind {
+    /// The model's multi-token-prediction layer.
+    Mtp,
+}
+
 impl SpecArgs {
     /// Whether speculation was asked for.
     pub fn enabled(&self) -> bool {
-        self.lookup || self.draft_model.is_some()
+        self.lookup || self.draft_model.is_some() || self.draft.is_some()
+    }
+
+    /// Whether the model is to be loaded with its multi-token-prediction layer (`--draft mtp`,
+    /// [`LoadOptions::mtp`]).
+    pub fn mtp(&self) -> bool {
+        self.draft == Some(DraftKind::Mtp)
     }
 
     /// The speculation settings.
@@ -111,13 +131,13 @@ impl SpecArgs {
         }))
     }
 
-    /// The speculator these flags ask for over `target` (`None` without `--lookup` or
-    /// `--draft-model`), with the draft model `draft` ([`SpecArgs::load_draft`]) when
+    /// The speculator these flags ask for over `target` (`None` without `--lookup`,
+    /// `--draft-model` or `--draft`), with the draft model `draft` ([`SpecArgs::load_draft`]) when
     /// `--draft-model` is given. The draft model gets a cache of the target's size, must
     /// share the target tokenizer `tok`'s vocabulary, and samples with `sampling`.
     ///
     /// Errors: the flags conflict ([`SpecArgs::config`]); the target keeps a recurrent state
-    /// (Kimi Linear); the draft model keeps a recurrent state, or its vocabulary differs
+    /// (Kimi Linear); `--draft mtp` for a model without a multi-token-prediction layer; the draft model keeps a recurrent state, or its vocabulary differs
     /// (size, or the first token whose text differs, named).
     pub fn speculator(
         &self,
@@ -133,6 +153,10 @@ impl SpecArgs {
         crate::engine::speculative::check_rollback(&target.cache)?;
         if self.lookup {
             return Ok(Some(Speculator::new(Box::new(LookupDraft::default()), cfg)));
+        }
+        if self.mtp() {
+            let d = MtpDraft::new(target, sampling)?;
+            return Ok(Some(Speculator::new(Box::new(d), cfg)));
         }
         let d = draft.context("--draft-model given but the draft model was not loaded")?;
         let label = d.label;

@@ -19,6 +19,33 @@ pub struct Draft {
     pub q: Option<Vec<Vec<(u32, f64)>>>,
 }
 
+impl Draft {
+    /// An empty draft of room `k` for drafts sampled by `sampler`: with distributions unless
+    /// it is greedy.
+    pub(super) fn for_sampler(sampler: &Sampler, k: usize) -> Self {
+        Self {
+            tokens: Vec::with_capacity(k),
+            q: (sampler.config.temperature > 0.0).then(Vec::new),
+        }
+    }
+}
+
+/// The next draft token from a drafter's `logits` after the sequence `h`: the argmax (after
+/// penalties) when `sampler` is greedy, else drawn from its distribution, which is pushed to
+/// `d.q`.
+pub(super) fn pick(sampler: &mut Sampler, logits: &mut [f32], h: &[u32], d: &mut Draft) -> u32 {
+    if sampler.config.temperature <= 0.0 {
+        return sampler.sample(logits, h);
+    }
+    sampler.penalize(logits, h);
+    let dist = sampler.distribution(logits);
+    let t = sampler.draw(&dist);
+    if let Some(q) = d.q.as_mut() {
+        q.push(dist);
+    }
+    t
+}
+
 /// Something that proposes the next tokens of a sequence (`Send`: the server moves it to its
 /// model thread).
 pub trait DraftSource: Send {
@@ -28,6 +55,15 @@ pub trait DraftSource: Send {
     ///
     /// Errors: a draft model's forward pass failed.
     fn draft(&mut self, history: &[u32], k: usize) -> Result<Draft>;
+    /// [`DraftSource::draft`] with the target's session at hand, whose cache holds `history`
+    /// but its last token: what a drafter that reads the target's own weights and hidden
+    /// states needs (multi-token prediction, [`super::draft_mtp::MtpDraft`]). The default
+    /// ignores the target.
+    ///
+    /// Errors: as [`DraftSource::draft`].
+    fn draft_for(&mut self, _target: &mut Session, history: &[u32], k: usize) -> Result<Draft> {
+        self.draft(history, k)
+    }
     /// Follows the sampling settings of a new generation (a draft model samples its drafts
     /// with them, from its own seeded stream); nothing by default.
     fn configure(&mut self, _sampling: &SamplerConfig) {}
@@ -125,7 +161,7 @@ impl ModelDraft {
 }
 
 /// The draft's sampling: `config` with a seed derived from its seed.
-fn draft_sampling(config: &SamplerConfig) -> SamplerConfig {
+pub(super) fn draft_sampling(config: &SamplerConfig) -> SamplerConfig {
     let mut c = config.clone();
     c.seed = c.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1AF_7D1A_F7D1_AF7D;
     c
@@ -165,24 +201,10 @@ impl DraftSource for ModelDraft {
         self.cached.extend_from_slice(&history[keep..]);
         // each drafted token but the last runs through the draft model
         let k = k.min(s.cache.n_ctx - s.cache.len + 1);
-        let greedy = self.sampler.config.temperature <= 0.0;
         let mut h = history.to_vec();
-        let mut d = Draft {
-            tokens: Vec::with_capacity(k),
-            q: (!greedy).then(Vec::new),
-        };
+        let mut d = Draft::for_sampler(&self.sampler, k);
         for i in 0..k {
-            let t = if greedy {
-                self.sampler.sample(&mut logits, &h)
-            } else {
-                self.sampler.penalize(&mut logits, &h);
-                let dist = self.sampler.distribution(&logits);
-                let t = self.sampler.draw(&dist);
-                if let Some(q) = d.q.as_mut() {
-                    q.push(dist);
-                }
-                t
-            };
+            let t = pick(&mut self.sampler, &mut logits, &h, &mut d);
             d.tokens.push(t);
             h.push(t);
             if i + 1 < k {

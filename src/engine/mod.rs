@@ -2,6 +2,7 @@
 //! and speculative decoding (draft sources, verification, rollback).
 
 pub mod draft;
+pub mod draft_mtp;
 pub mod report;
 pub mod sampler;
 pub mod session;

@@ -420,7 +420,7 @@ impl Speculator {
         // a draft not verified, whose first token is judged against the plain pass's
         let mut shadow = None;
         if k >= min || (want == 0 && free && room > 0 && left > 1) {
-            let mut d = self.source.draft(history, k.max(1))?;
+            let mut d = self.source.draft_for(s, history, k.max(1))?;
             d.tokens.truncate(k.max(1));
             if let Some(q) = d.q.as_mut() {
                 q.truncate(k.max(1));

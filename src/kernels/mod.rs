@@ -5,6 +5,7 @@ pub mod attn;
 pub mod gelu;
 mod gemm;
 pub mod ops;
+pub mod small_batch;
 
 use crate::quant::{self, GgmlType, SimdLevel};
 use rayon::prelude::*;
@@ -147,6 +148,19 @@ pub fn matmul_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32
     if n == 1 {
         return matvec_at(level, w, x, y);
     }
+    check_shapes(w, x, n, y);
+    if n == 0 || w.rows == 0 {
+        return;
+    }
+    if n <= small_batch::SMALL_BATCH_MAX {
+        return small_batch::matmul_small(level, w, x, n, y);
+    }
+    gemm::matmul_tiled(level, w, x, n, y)
+}
+
+/// The register-tiled batch path of [`matmul_at`] whatever the batch size (`n ≥ 2`), for
+/// benches comparing it with [`small_batch::matmul_small`]. Panics as [`matmul_at`].
+pub fn matmul_tiled_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
     check_shapes(w, x, n, y);
     if n == 0 || w.rows == 0 {
         return;

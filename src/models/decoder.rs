@@ -23,6 +23,9 @@ use std::io;
 
 use anyhow::Result;
 
+mod mtp;
+pub use self::mtp::{ChunkedMatrix, MtpLayer};
+
 use super::embed_head::{Embedding, Head};
 use super::layers::add_into;
 use super::moe::{keep_first, prefetch_next, route_rows, ExpertStep, RouterRef, Routers};
@@ -190,6 +193,8 @@ pub struct Decoder<B: Blocks> {
     /// Final RMSNorm weights (`hidden`).
     final_norm: Vec<f32>,
     placement: Placement,
+    /// The multi-token-prediction layer, when loaded ([`Decoder::with_mtp`]).
+    mtp: Option<MtpLayer<B::Layer>>,
 }
 
 impl<B: Blocks> Decoder<B> {
@@ -212,6 +217,7 @@ impl<B: Blocks> Decoder<B> {
             head,
             final_norm,
             placement,
+            mtp: None,
         }
     }
 
@@ -304,6 +310,7 @@ impl<B: Blocks> Decoder<B> {
             }
         }
         b.finish_hidden(&mut x, &mut s);
+        cache.hidden.record(pos0, &x, d);
         let mut out = self.head.final_logits(
             store,
             &x,
@@ -355,10 +362,16 @@ impl<B: Blocks> Model for Decoder<B> {
             CacheShape::Latent { width } => KvCache::new_latent(l, n, width),
         };
         let state: Vec<usize> = (0..l).map(|i| self.blocks.recurrent_state(i)).collect();
-        match state.iter().any(|&f| f > 0) {
+        let mut cache = match state.iter().any(|&f| f > 0) {
             true => cache.with_state(&state),
             false => cache,
-        }
+        };
+        cache.hidden.on = self.mtp.is_some();
+        cache
+    }
+
+    fn mtp(&self) -> Option<&dyn super::Mtp> {
+        self.mtp.as_ref().map(|_| self as &dyn super::Mtp)
     }
 
     fn placement(&self) -> &Placement {

@@ -20,6 +20,79 @@ pub struct KvCache {
     /// a fixed number of floats whatever the position, zero before the first token
     /// ([`KvCache::with_state`]).
     pub state: Vec<Vec<f32>>,
+    /// The final hidden states (before the final norm) of recent positions, kept only when
+    /// [`HiddenRows::on`]: what a multi-token-prediction drafter reads after each pass.
+    pub hidden: HiddenRows,
+}
+
+/// The final hidden state (the residual stream after the last layer, before the final
+/// RMSNorm; `hidden` floats per position) of the positions `pos0 .. pos0 + rows.len() /
+/// width`, appended by every forward pass while `on` and taken by a multi-token-prediction
+/// drafter ([`crate::models::Mtp`]), which needs `h_i` for every position `i` (DeepSeek-V3
+/// technical report, sec. 2.2). Rolled back with the cache ([`KvCache::truncate`]). Memory:
+/// `4 × hidden` bytes per position not yet taken (at most the cache's `n_ctx` positions).
+#[derive(Clone, Debug, Default)]
+pub struct HiddenRows {
+    /// Whether forward passes record their rows (set for models loaded with their MTP layer).
+    pub on: bool,
+    /// Floats per position.
+    pub width: usize,
+    /// Position of the first row held.
+    pub pos0: usize,
+    /// `n × width` floats, position-major.
+    pub rows: Vec<f32>,
+}
+
+impl HiddenRows {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.rows.len().checked_div(self.width).unwrap_or(0)
+    }
+
+    /// Whether no position is held.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Records the rows `x` (`n × width`) of positions `pos0 ..` when on: appended when they
+    /// continue the rows held, else (a gap, or positions already held being recomputed) the
+    /// rows held from `pos0` on are replaced.
+    pub fn record(&mut self, pos0: usize, x: &[f32], width: usize) {
+        if !self.on || width == 0 {
+            return;
+        }
+        if self.width != width || pos0 < self.pos0 || pos0 > self.pos0 + self.len() {
+            self.width = width;
+            self.pos0 = pos0;
+            self.rows.clear();
+        }
+        self.rows.truncate((pos0 - self.pos0) * width);
+        self.rows.extend_from_slice(x);
+    }
+
+    /// Forgets the rows of positions `>= n`.
+    pub fn truncate(&mut self, n: usize) {
+        if n <= self.pos0 {
+            self.rows.clear();
+            self.pos0 = n;
+        } else {
+            self.rows
+                .truncate((n - self.pos0).min(self.len()) * self.width);
+        }
+    }
+
+    /// Forgets the rows of positions `< n` (taken by the drafter).
+    pub fn drop_before(&mut self, n: usize) {
+        let k = n.saturating_sub(self.pos0).min(self.len());
+        self.rows.drain(..k * self.width);
+        self.pos0 += k;
+    }
+
+    /// The row of position `p`, when held.
+    pub fn row(&self, p: usize) -> Option<&[f32]> {
+        let i = p.checked_sub(self.pos0).filter(|&i| i < self.len())?;
+        Some(&self.rows[i * self.width..(i + 1) * self.width])
+    }
 }
 
 impl KvCache {
@@ -32,6 +105,7 @@ impl KvCache {
             kv_dim,
             len: 0,
             state: (0..n_layers).map(|_| Vec::new()).collect(),
+            hidden: HiddenRows::default(),
         }
     }
 
@@ -47,6 +121,7 @@ impl KvCache {
             kv_dim: width,
             len: 0,
             state: (0..n_layers).map(|_| Vec::new()).collect(),
+            hidden: HiddenRows::default(),
         }
     }
 
@@ -78,6 +153,7 @@ impl KvCache {
     /// Forgets every position and zeroes every recurrent state (keeps the allocation).
     pub fn clear(&mut self) {
         self.len = 0;
+        self.hidden.truncate(0);
         self.state.iter_mut().for_each(|s| s.fill(0.0));
     }
 
@@ -93,6 +169,7 @@ impl KvCache {
         } else {
             self.len = self.len.min(n);
         }
+        self.hidden.truncate(self.len);
         self.len
     }
 }
@@ -107,6 +184,32 @@ mod tests {
         assert_eq!(c.len, 5);
         assert_eq!(c.truncate(3), 3);
         assert_eq!(c.len, 3);
+    }
+
+    #[test]
+    fn hidden_rows_follow_the_cache() {
+        let mut c = super::KvCache::new(1, 8, 2);
+        c.hidden.record(0, &[1.0, 2.0], 1);
+        assert!(c.hidden.is_empty(), "off: nothing recorded");
+        c.hidden.on = true;
+        c.hidden.record(0, &[1.0, 2.0, 3.0], 1);
+        c.len = 3;
+        c.hidden.record(3, &[4.0], 1);
+        c.len = 4;
+        assert_eq!(c.hidden.rows, vec![1.0, 2.0, 3.0, 4.0]);
+        c.truncate(2);
+        assert_eq!(c.hidden.rows, vec![1.0, 2.0]);
+        c.hidden.drop_before(1);
+        assert_eq!((c.hidden.pos0, c.hidden.row(1)), (1, Some(&[2.0][..])));
+        assert_eq!(c.hidden.row(0), None);
+        // a recomputed position replaces what followed it
+        c.hidden.record(1, &[7.0, 8.0], 1);
+        assert_eq!(c.hidden.rows, vec![7.0, 8.0]);
+        // a gap starts over
+        c.hidden.record(6, &[9.0], 1);
+        assert_eq!((c.hidden.pos0, c.hidden.rows.clone()), (6, vec![9.0]));
+        c.clear();
+        assert!(c.hidden.is_empty() && c.hidden.on);
     }
 
     #[test]

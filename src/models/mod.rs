@@ -31,7 +31,7 @@ macro_rules! families {
 families!(gemma3, llama, gpt_oss, deepseek_v3, kimi_linear, kimi_k3);
 
 pub use kv_cache::KvCache;
-pub use model::{run_pass, BudgetTooSmall, LoadOptions, Logits, Model, Placement};
+pub use model::{run_pass, BudgetTooSmall, LoadOptions, Logits, Model, Mtp, MtpOut, Placement};
 pub use registry::{Family, ModelAndStore};
 
 use crate::source::gguf::GgufModel;

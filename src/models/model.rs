@@ -19,6 +19,10 @@ pub struct LoadOptions {
     pub direct_io: bool,
     /// How routed experts are read and cached when they do not all fit the budget.
     pub experts: ExpertStoreOptions,
+    /// Load the checkpoint's multi-token-prediction layer (`num_nextn_predict_layers`, for
+    /// `--draft mtp`) when it ships one; its weights, KV cache and the hidden rows it reads
+    /// then come out of the budget. Off: those layers are ignored (and noted).
+    pub mtp: bool,
 }
 
 impl Default for LoadOptions {
@@ -30,6 +34,7 @@ impl Default for LoadOptions {
             n_batch: 512,
             direct_io: true,
             experts: ExpertStoreOptions::default(),
+            mtp: false,
         }
     }
 }
@@ -184,4 +189,49 @@ pub trait Model: Send {
     ) -> anyhow::Result<Vec<f32>>;
     /// Where the weights live.
     fn placement(&self) -> &Placement;
+    /// The multi-token-prediction module, when the model was loaded with one
+    /// ([`LoadOptions::mtp`]); `None` (the default) for every other model.
+    fn mtp(&self) -> Option<&dyn Mtp> {
+        None
+    }
+}
+
+/// What one multi-token-prediction pass returns.
+#[derive(Clone, Debug, Default)]
+pub struct MtpOut {
+    /// Logits for the token two places after each input row's position (`vocab`, or
+    /// `n × vocab` with [`Logits::All`]).
+    pub logits: Vec<f32>,
+    /// The module's own hidden rows (`n × hidden`, before its head norm): what the next
+    /// chained draft step takes in place of the target's.
+    pub hidden: Vec<f32>,
+}
+
+/// A multi-token-prediction module (DeepSeek-V3 technical report, sec. 2.2; one depth): for
+/// position `i`, `h'_i = eh_proj([enorm(embed(t_{i+1})); hnorm(h_i)])` (embedding first, then
+/// hidden, each `hidden` wide), one full decoder block over `h'` with its own KV cache (its
+/// attention sees its own earlier positions), then its head norm and an LM head (its own
+/// `shared_head.head`, else the model's) give logits for `t_{i+2}`. `h_i` is the target's
+/// final hidden state at `i` before the final norm ([`super::kv_cache::HiddenRows`]).
+pub trait Mtp {
+    /// Floats per hidden row.
+    fn hidden_size(&self) -> usize;
+    /// An empty cache of `n_ctx` positions for the module's block.
+    fn new_mtp_cache(&self, n_ctx: usize) -> KvCache;
+    /// One pass over `n` rows at positions `cache.len ..`: `hidden` (`n × hidden`, row `j`
+    /// the hidden state at position `cache.len + j`, the target's or a previous pass's
+    /// [`MtpOut::hidden`]) with `tokens` (`n`, row `j` the token after that position).
+    /// Appends the rows to `cache`. Routed experts are read through `store` like the
+    /// target's.
+    ///
+    /// Errors: zero rows, a full cache, a token outside the vocabulary, `hidden` of another
+    /// size; a streamed weight that could not be read.
+    fn forward_mtp(
+        &self,
+        store: &mut WeightStore,
+        cache: &mut KvCache,
+        hidden: &[f32],
+        tokens: &[u32],
+        logits: Logits,
+    ) -> anyhow::Result<MtpOut>;
 }

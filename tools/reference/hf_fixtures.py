@@ -326,6 +326,10 @@ FAMILIES["deepseek_v3_fp8"] = dict(
     config=dict(FAMILIES["deepseek_v3"]["config"], num_attention_heads=8, num_key_value_heads=8,
                 intermediate_size=256))
 FAMILIES["gpt_oss_mxfp4"] = dict(FAMILIES["gpt_oss"], quant="mxfp4")
+# DeepSeek-V3 with its multi-token-prediction layer (`num_nextn_predict_layers` = 1) written by
+# this script as `model.layers.3.*` (transformers does not model it and drops it when saving):
+# the same target model as `deepseek_v3`, plus `mtp_reference` in reference.json (see mtp_layer).
+FAMILIES["deepseek_v3_mtp"] = dict(FAMILIES["deepseek_v3"], mtp=True)
 # Qwen3-MoE with every layer sparse, as the published Qwen3-MoE models are: llama.cpp's converter
 # and its `qwen3moe` architecture have no dense layers, so the GGUF fixtures start from this one.
 FAMILIES["qwen3_moe_sparse"] = dict(
@@ -533,6 +537,106 @@ def reference(model, fast, prompt_text, prompt_ids):
     }
 
 
+# ---------------------------------------------------------------- multi-token prediction
+
+MTP_TOP_K = 8
+MTP_FULL_ROWS = 3
+
+
+def mtp_layer(model, cfg, dtype):
+    """The multi-token-prediction layer of DeepSeek-V3 (technical report, sec. 2.2) for `model`:
+    tensors `model.layers.{N}.*` (N = num_hidden_layers; random, bf16-rounded; stored in `dtype`)
+    and the float32 modules computing it. Layout as published DeepSeek-V3 checkpoints name it:
+    `embed_tokens`, `enorm`, `hnorm`, `eh_proj` (hidden x 2*hidden: embedding columns first),
+    `shared_head.norm`, `shared_head.head`, and one decoder block (a MoE block: N >=
+    first_k_dense_replace) under its usual names."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RMSNorm
+    n, d, v = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size
+    pre = f"model.layers.{n}."
+    block = DeepseekV3DecoderLayer(cfg, layer_idx=n).eval()
+    with torch.no_grad():
+        for name, p in sorted(block.state_dict().items()):
+            p.copy_(random_value(pre + name, tuple(p.shape)))
+    parts = {
+        "embed_tokens.weight": random_value(pre + "embed_tokens.weight", (v, d)),
+        "enorm.weight": random_value(pre + "enorm.weight", (d,)),
+        "hnorm.weight": random_value(pre + "hnorm.weight", (d,)),
+        "eh_proj.weight": random_value(pre + "eh_proj.weight", (d, 2 * d)),
+        "shared_head.norm.weight": random_value(pre + "shared_head.norm.weight", (d,)),
+        "shared_head.head.weight": bf16_round(LM_HEAD_GAIN * random_value(pre + "shared_head.head.weight", (v, d))),
+    }
+    state = {pre + k: t.to(dtype) for k, t in parts.items()}
+    for k, t in block.state_dict().items():
+        if k == "mlp.experts.gate_up_proj":
+            # transformers' fused [E, 2I, H] (gate rows first) as the published per-expert tensors
+            i = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                state[f"{pre}mlp.experts.{e}.gate_proj.weight"] = t[e, :i].to(dtype)
+                state[f"{pre}mlp.experts.{e}.up_proj.weight"] = t[e, i:].to(dtype)
+        elif k == "mlp.experts.down_proj":
+            for e in range(t.shape[0]):
+                state[f"{pre}mlp.experts.{e}.down_proj.weight"] = t[e].to(dtype)
+        else:
+            state[pre + k] = t.to(dtype)
+
+    def norm(w):
+        m = DeepseekV3RMSNorm(d, eps=cfg.rms_norm_eps)
+        with torch.no_grad():
+            m.weight.copy_(w)
+        return m
+
+    mods = dict(block=block, enorm=norm(parts["enorm.weight"]), hnorm=norm(parts["hnorm.weight"]),
+                head_norm=norm(parts["shared_head.norm.weight"]), embed=parts["embed_tokens.weight"],
+                eh=parts["eh_proj.weight"], head=parts["shared_head.head.weight"])
+    return state, mods
+
+
+def mtp_forward(model, mods, h, next_ids):
+    """The MTP layer over rows at positions 0..T-1 in one causal pass: row i from hidden state
+    h[i] (before the final norm) and token next_ids[i]. Returns (logits [T, vocab], the block's
+    output hidden rows [T, d] before shared_head.norm)."""
+    with torch.no_grad():
+        e = mods["embed"][torch.tensor(next_ids)]
+        x = torch.cat([mods["enorm"](e), mods["hnorm"](h)], dim=-1) @ mods["eh"].T
+        T = x.shape[0]
+        pos = torch.arange(T)[None]
+        pe = model.model.rotary_emb(x[None], pos)
+        mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+        y = mods["block"](x[None], attention_mask=mask, position_ids=pos, position_embeddings=pe)
+        y = (y[0] if isinstance(y, tuple) else y)[0]
+        return mods["head_norm"](y) @ mods["head"].T, y
+
+
+def mtp_reference(model, mods, ids):
+    """Reference MTP logits over the sequence `ids` (prompt + greedy continuation): the target's
+    hidden states h_i before the final norm (captured at model.model.norm's input); MTP row i
+    from (h_i, ids[i+1]) proposes ids[i+2]. Then one chained step: the last row's block output
+    with its own argmax token, at the next position."""
+    got = {}
+    hook = model.model.norm.register_forward_pre_hook(lambda m, a: got.__setitem__("h", a[0][0].clone()))
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids]))
+    hook.remove()
+    h = got["h"]
+    T = len(ids)
+    logits, y = mtp_forward(model, mods, h[:T - 1], ids[1:])
+    chain_tok = int(torch.argmax(logits[-1]))
+    logits2, _ = mtp_forward(model, mods, torch.cat([h[:T - 1], y[-1:]]), ids[1:] + [chain_tok])
+    top = []
+    for row in logits:
+        vals, idx = torch.topk(row, MTP_TOP_K)
+        top.append({"ids": [int(x) for x in idx], "logits": [float(x) for x in vals]})
+    full = list(range(MTP_FULL_ROWS)) + list(range(T - 1 - MTP_FULL_ROWS, T - 1))
+    return {
+        "ids": ids,
+        "hidden_last": [float(x) for x in h[T - 1]],
+        "positions": top,
+        "full_rows": {str(i): [float(x) for x in logits[i]] for i in full},
+        "chain": {"token": chain_tok, "logits": [float(x) for x in logits2[-1]]},
+        "argmax_matches_next": sum(int(torch.argmax(logits[i])) == ids[i + 2] for i in range(T - 2)),
+    }
+
+
 # ---------------------------------------------------------------- writing
 
 def write_json(path, obj):
@@ -637,6 +741,11 @@ def build_family(name, out_root):
         model = load_dequantized(deq, config_json)
         config_json["quantization_config"] = qc
 
+    mtp_mods = None
+    if fam.get("mtp"):
+        mtp_state, mtp_mods = mtp_layer(model, cfg, store_dtype)
+        state.update(mtp_state)
+
     out = os.path.join(out_root, name)
     if os.path.isdir(out):
         shutil.rmtree(out)
@@ -687,6 +796,8 @@ def build_family(name, out_root):
         "transformers_fp8_loader_max_abs_diff": fp8_loader_diff,
         **ref,
     }
+    if mtp_mods is not None:
+        ref["mtp_reference"] = mtp_reference(model, mtp_mods, prompt_ids + ref["continuation_ids"])
     if fam.get("all_positions"):
         # every prompt position's full float32 logits (prompt_len x vocab), for the families
         # whose tests compare every position over the whole vocabulary

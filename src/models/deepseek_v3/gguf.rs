@@ -287,6 +287,7 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
         embd,
         head,
         layers,
+        mtp: None,
         lora_norm_eps: c.rms_norm_eps as f32,
         note,
     })

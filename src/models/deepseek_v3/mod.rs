@@ -13,7 +13,11 @@
 //!
 //! Weights: BF16/F16/F32, or FP8 E4M3 with `weight_scale_inv` 128×128 block scales, repacked
 //! when read into `GgmlType::F8_E4M3_B128` rows (see [`crate::quant::fp8`]). Multi-token-
-//! prediction layers (`num_nextn_predict_layers`, stored as `model.layers.{N..}`) are ignored.
+//! prediction layers (`num_nextn_predict_layers`, stored as `model.layers.{N..}`) are ignored,
+//! but for the first one when loaded with [`LoadOptions::mtp`] (`--draft mtp`): it becomes the
+//! decoder's [`MtpLayer`] (layer index `N`: its spine unit after the decoder layers', its
+//! routed experts in the same expert store, its own `shared_head.head` and `embed_tokens`, when
+//! present, as chunked spine units).
 //!
 //! The same forward pass runs llama.cpp's `deepseek2` GGUF files: the tensors of either format
 //! are resolved into one checked list (`self::tensors`, and
@@ -43,7 +47,8 @@ use super::loading::{unit_of, CheckpointFiles, MatRef};
 use self::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
 use super::moe::{route_sigmoid_grouped, store_swiglu_experts, ExpertMats, UnitExperts};
 use super::moe::ExpertStep;
-use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
+use super::decoder::{Blocks, CacheShape, ChunkedMatrix, Decoder, Dims, MtpLayer, RouterParts, Scratch};
+use super::embed_head::{head_chunks, Head};
 use super::{KvCache, LoadOptions};
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
@@ -119,7 +124,7 @@ impl DeepseekV3 {
     /// buffers, an unreadable file.
     pub fn load(hf: &HfModel, opts: &LoadOptions) -> Result<(Self, WeightStore)> {
         let c = Config::from_json(&hf.config, &hf.config_path().display().to_string())?;
-        let ck = hf_checkpoint(&c, hf)?;
+        let ck = hf_checkpoint(&c, hf, opts.mtp)?;
         Self::build(c, ck, opts)
     }
 
@@ -156,8 +161,16 @@ impl DeepseekV3 {
         let mut experts = UnitExperts { units: Vec::new() };
         let mut expert_units = Vec::new();
         let mut expert_packs = Vec::new();
-        for lt in &ck.layers {
+        // the multi-token-prediction layer runs as layer `num_hidden_layers` (its spine unit
+        // and experts after the decoder layers'), `eh_proj` first in its spine unit
+        let mtp_t = ck.mtp.as_ref();
+        let blocks_t = ck.layers.iter().map(|lt| (lt, None)).chain(
+            mtp_t.map(|m| (&m.block, Some(&m.eh_proj))),
+        );
+        let mut mtp_parts = None;
+        for (lt, eh) in blocks_t {
             let mut list: Vec<&Lin> = Vec::new();
+            list.extend(eh);
             list.extend(lt.q_a.iter());
             list.push(&lt.q_b);
             list.push(&lt.kv_a);
@@ -182,6 +195,7 @@ impl DeepseekV3 {
             let (unit, pk, m) = unit_of_lins(&list);
             let mut m = m.into_iter();
             let mut next = || m.next().expect("one view per tensor");
+            let eh_view = eh.map(|_| next());
             let q_a = lt.q_a.as_ref().map(|_| next());
             let q_b = next();
             let kv_a = next();
@@ -212,7 +226,10 @@ impl DeepseekV3 {
                     down: next(),
                 },
             };
-            layers.push((units.len(), Layer { attn, ffn }));
+            match eh_view {
+                Some(v) => mtp_parts = Some((units.len(), Layer { attn, ffn }, v)),
+                None => layers.push((units.len(), Layer { attn, ffn })),
+            }
             units.push(unit);
             packs.push(pk);
             norms.push(LayerNorms {
@@ -241,6 +258,19 @@ impl DeepseekV3 {
             }
             experts.units.push(le);
         }
+        // the layer's own head and embeddings, in chunks no larger than a spine unit's read
+        let slot = units.iter().map(|u| u.buffer_bytes()).max().unwrap_or(0).max(1 << 20);
+        let mut chunked = |t: &TensorInfo| {
+            let mut ch = Vec::new();
+            for (u, r0, m) in head_chunks(t, slot) {
+                ch.push((units.len(), r0, m));
+                units.push(u);
+                packs.push(Vec::new());
+            }
+            ch
+        };
+        let mtp_head = mtp_t.and_then(|m| m.head.as_ref()).map(&mut chunked);
+        let mtp_embed = mtp_t.and_then(|m| m.embed.as_ref()).map(&mut chunked);
         let mut w = WeightUnits::new(units, expert_units, &mut experts.units);
         w.units = files.relocate_all(w.units);
         packs.extend(expert_packs);
@@ -260,9 +290,15 @@ impl DeepseekV3 {
             * (nb * per_tok
                 + c.vocab_size
                 + rayon::current_num_threads() * (n_ctx + rank * (c.qk_nope_head_dim + 2)));
-        let norms_bytes = 4
-            * (d * (2 * c.num_hidden_layers + 1)
-                + c.num_hidden_layers * (c.q_lora_rank.unwrap_or(0) + rank + ne));
+        let n_blocks = c.num_hidden_layers + usize::from(mtp_t.is_some());
+        let mut norms_bytes =
+            4 * (d * (2 * n_blocks + 1) + n_blocks * (c.q_lora_rank.unwrap_or(0) + rank + ne));
+        let mut kv_bytes = kv_bytes;
+        if mtp_t.is_some() {
+            // its norms, its block's latent cache, and the hidden rows it reads
+            norms_bytes += 4 * (3 * d + n_ctx * d);
+            kv_bytes += KvCache::latent_bytes_for(1, n_ctx, c.latent_dim());
+        }
         let placed = place(
             opts,
             &files.paths,
@@ -309,7 +345,23 @@ impl DeepseekV3 {
                 width: blocks.config.latent_dim(),
             },
         };
-        Ok(Decoder::placed(blocks, dims, layers, final_norm, placed))
+        let (m, store) = Decoder::placed(blocks, dims, layers, final_norm, placed);
+        let Some(((unit, layer, eh_proj), t)) = mtp_parts.zip(mtp_t) else {
+            return Ok((m, store));
+        };
+        let mtp = MtpLayer {
+            index: m.blocks.config.num_hidden_layers,
+            unit,
+            layer,
+            eh_proj,
+            enorm: vec_of(&t.enorm)?,
+            hnorm: vec_of(&t.hnorm)?,
+            head_norm: vec_of(&t.head_norm)?,
+            eps: m.blocks.config.rms_norm_eps as f32,
+            head: mtp_head.map(Head::Chunks),
+            embed: mtp_embed.map(|chunks| ChunkedMatrix { chunks }),
+        };
+        Ok((m.with_mtp(mtp), store))
     }
 }
 

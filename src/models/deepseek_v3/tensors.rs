@@ -65,6 +65,24 @@ pub(crate) struct LayerTensors {
     pub bias: Option<TensorInfo>,
 }
 
+/// The checked tensors of a multi-token-prediction layer (DeepSeek-V3 technical report,
+/// sec. 2.2).
+#[derive(Clone, Debug)]
+pub(crate) struct MtpTensors {
+    /// `eh_proj` (`hidden × 2·hidden`: embedding columns first, then hidden).
+    pub eh_proj: Lin,
+    pub enorm: TensorInfo,
+    pub hnorm: TensorInfo,
+    /// `shared_head.norm`.
+    pub head_norm: TensorInfo,
+    /// `shared_head.head` (`[hidden, vocab]`), when present (else the model's LM head).
+    pub head: Option<TensorInfo>,
+    /// The layer's own `embed_tokens` (`[hidden, vocab]`), when present (else the model's).
+    pub embed: Option<TensorInfo>,
+    /// The decoder block.
+    pub block: LayerTensors,
+}
+
 /// Every tensor the forward pass reads, checked against the config.
 pub(crate) struct Checkpoint {
     pub files: Vec<PathBuf>,
@@ -76,6 +94,8 @@ pub(crate) struct Checkpoint {
     pub head: TensorInfo,
     pub final_norm: TensorInfo,
     pub layers: Vec<LayerTensors>,
+    /// The multi-token-prediction layer, when asked for and present.
+    pub mtp: Option<MtpTensors>,
     /// `eps` of the q/kv latent RMSNorms.
     pub lora_norm_eps: f32,
     /// Appended to the placement summary (e.g. ignored multi-token-prediction layers).
@@ -135,11 +155,14 @@ pub(crate) fn unit_of_lins(lins: &[&Lin]) -> (Unit, Vec<Fp8Pack>, Vec<MatRef>) {
 
 /// Resolves the tensors of a `deepseek_v3` / `kimi_k2` checkpoint folder for `c`: presence,
 /// shape and dtype of every tensor (FP8 weights with their `weight_scale_inv` of shape
-/// `[ceil(out/128), ceil(in/128)]`). Multi-token-prediction layers (`model.layers.{N..}`) are
-/// noted, not run.
+/// `[ceil(out/128), ceil(in/128)]`). With `with_mtp`, the first multi-token-prediction layer
+/// (`model.layers.{num_hidden_layers}.*`: `eh_proj`, `enorm`, `hnorm`, `shared_head.norm`,
+/// optional `shared_head.head` and `embed_tokens`, and a decoder block) when the folder has
+/// its `eh_proj` (transformers drops these layers when it saves); other such layers are noted,
+/// not run.
 ///
 /// Errors: a missing or mis-shaped tensor or scale, named with the folder.
-pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
+pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel, with_mtp: bool) -> Result<Checkpoint> {
     let label = hf.dir.display().to_string();
     let ts = Tensors::hf(label.clone(), &hf.tensors);
     let (d, nh) = (c.hidden_size, c.num_attention_heads);
@@ -194,8 +217,8 @@ pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
         false => ts.get("lm_head.weight", &[d, c.vocab_size])?.clone(),
     };
     let (qh, vd, rank) = (c.qk_head_dim(), c.v_head_dim, c.kv_lora_rank);
-    let mut layers = Vec::with_capacity(c.num_hidden_layers);
-    for l in 0..c.num_hidden_layers {
+    // one decoder block's tensors, `model.layers.{l}.*`
+    let layer = |l: usize| -> Result<LayerTensors> {
         let p = |s: &str| format!("model.layers.{l}.{s}");
         let moe = c.is_moe_layer(l);
         let (q_a, q_b) = match c.q_lora_rank {
@@ -232,7 +255,7 @@ pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
                 lin(&p("mlp.down_proj"), d, dff)?,
             ])
         };
-        layers.push(LayerTensors {
+        Ok(LayerTensors {
             q_a,
             q_b,
             kv_a: lin(&p("self_attn.kv_a_proj_with_mqa"), c.latent_dim(), d)?,
@@ -254,22 +277,53 @@ pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
                 true => Some(vec(&p("mlp.gate.e_score_correction_bias"), ne)?),
                 false => None,
             },
-        });
-    }
-    // multi-token-prediction layers (`model.layers.{num_hidden_layers}..`) are not run
-    let mtp: std::collections::BTreeSet<&str> = hf
+        })
+    };
+    let layers = (0..c.num_hidden_layers)
+        .map(layer)
+        .collect::<Result<Vec<_>>>()?;
+    // the multi-token-prediction layer: run with `--draft mtp` (`with_mtp`), else noted
+    let n = c.num_hidden_layers;
+    let has = |s: &str| ts.by_name.contains_key(format!("model.layers.{n}.{s}").as_str());
+    let mtp = match with_mtp && c.num_nextn_predict_layers > 0 && has("eh_proj.weight") {
+        false => None,
+        true => {
+            let p = |s: &str| format!("model.layers.{n}.{s}");
+            let opt = |s: &str| -> Result<Option<TensorInfo>> {
+                match has(s) {
+                    true => Ok(Some(ts.get(&p(s), &[d, c.vocab_size])?.clone())),
+                    false => Ok(None),
+                }
+            };
+            Some(MtpTensors {
+                eh_proj: lin(&p("eh_proj"), d, 2 * d)?,
+                enorm: vec(&p("enorm.weight"), d)?,
+                hnorm: vec(&p("hnorm.weight"), d)?,
+                head_norm: vec(&p("shared_head.norm.weight"), d)?,
+                head: opt("shared_head.head.weight")?,
+                embed: opt("embed_tokens.weight")?,
+                block: layer(n)?,
+            })
+        }
+    };
+    // multi-token-prediction layers (`model.layers.{num_hidden_layers}..`) not run
+    let unused: std::collections::BTreeSet<&str> = hf
         .tensors
         .iter()
         .filter_map(|t| {
             let rest = t.name.strip_prefix("model.layers.")?;
             let l = rest.split('.').next()?;
-            (l.parse::<usize>().ok()? >= c.num_hidden_layers).then_some(l)
+            let l_n = l.parse::<usize>().ok()?;
+            (l_n >= c.num_hidden_layers + usize::from(mtp.is_some())).then_some(l)
         })
         .collect();
-    let note = match mtp.len() {
+    let mut note = match unused.len() {
         0 => String::new(),
         k => format!(", {k} multi-token-prediction layer(s) ignored"),
     };
+    if mtp.is_some() {
+        note.push_str(", multi-token-prediction layer loaded");
+    }
     Ok(Checkpoint {
         files: hf.files.clone(),
         pack: hf.pack.clone(),
@@ -277,6 +331,7 @@ pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
         embd,
         head,
         layers,
+        mtp,
         lora_norm_eps: HF_LORA_NORM_EPS,
         note,
     })

@@ -1,0 +1,223 @@
+//! A decoder's multi-token-prediction layer ([`MtpLayer`], DeepSeek-V3 technical report,
+//! sec. 2.2; the Hugging Face layout is `model.layers.{num_hidden_layers}.*`), run as
+//! [`crate::models::Mtp`] by the [`Decoder`] that owns it: the embedding of the next token
+//! and the hidden state of the current position, each RMS-normed, concatenated (embedding
+//! first) and projected by `eh_proj` (`hidden × 2·hidden`), then one full decoder block of
+//! the family (its [`Blocks::spine`] as layer `index`, and its routed experts through the same
+//! expert store as the target's, addressed as layer `index`), then `shared_head.norm` and the
+//! LM head: the layer's own `shared_head.head` when the checkpoint has one, else the model's.
+//!
+//! The block's KV cache is a cache of `index + 1` layers of which only layer `index` holds
+//! rows ([`crate::models::Mtp::new_mtp_cache`]), so the family's spine runs unchanged.
+
+use anyhow::{bail, Context, Result};
+
+use super::{Blocks, CacheShape, Decoder, Scratch};
+use crate::models::embed_head::Head;
+use crate::models::layers::{add_into, mm, rms_norm_rows};
+use crate::models::loading::MatRef;
+use crate::models::moe::{route_rows, ExpertStep};
+use crate::models::{run_pass, KvCache, Logits, Mtp, MtpOut};
+use crate::quant::dequantize_row;
+use crate::store::WeightStore;
+
+/// A `rows × cols` matrix held as chunks of whole rows, each its own unit (resident or
+/// streamed like any spine unit): `(unit id, first row, matrix view of the chunk)`. Used for
+/// the layer's own embeddings; its own head is a [`Head::Chunks`] of the same chunks.
+#[derive(Clone, Debug)]
+pub struct ChunkedMatrix {
+    pub chunks: Vec<(usize, usize, MatRef)>,
+}
+
+impl ChunkedMatrix {
+    /// The chunk holding row `r`: `(unit, first row, view)`.
+    fn chunk_of(&self, r: usize) -> Option<&(usize, usize, MatRef)> {
+        self.chunks
+            .iter()
+            .find(|(_, r0, m)| (*r0..*r0 + m.rows).contains(&r))
+    }
+
+    /// Queues the chunk of each token's row, in order (nothing for resident chunks).
+    fn plan_rows(&self, store: &mut WeightStore, tokens: &[u32]) {
+        for &t in tokens {
+            if let Some((u, _, _)) = self.chunk_of(t as usize) {
+                store.plan([*u]);
+            }
+        }
+    }
+
+    /// The rows of `tokens`, dequantized into `x` (`n × d`).
+    ///
+    /// Errors: a streamed chunk could not be read.
+    fn rows(&self, store: &mut WeightStore, tokens: &[u32], d: usize, x: &mut [f32]) -> Result<()> {
+        for (i, &t) in tokens.iter().enumerate() {
+            let (u, r0, m) = self
+                .chunk_of(t as usize)
+                .context("token outside the table")?;
+            let row = &mut x[i * d..(i + 1) * d];
+            store.with_unit(*u, |b| {
+                dequantize_row(m.ty, m.view(b).row(t as usize - r0), row)
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The multi-token-prediction layer of a decoder (see the module header).
+pub struct MtpLayer<L> {
+    /// Its layer index: `num_hidden_layers` (the family's norms, routing, experts and the
+    /// cache layer are looked up under it).
+    pub index: usize,
+    /// The spine unit: `eh_proj` and the block's attention, dense MLP or router and shared
+    /// experts.
+    pub unit: usize,
+    /// The block's weights inside `unit`.
+    pub layer: L,
+    /// `eh_proj` (`hidden × 2·hidden`) inside `unit`.
+    pub eh_proj: MatRef,
+    /// `enorm`, `hnorm` and `shared_head.norm` weights (`hidden` each).
+    pub enorm: Vec<f32>,
+    pub hnorm: Vec<f32>,
+    pub head_norm: Vec<f32>,
+    /// Their RMSNorm epsilon (`rms_norm_eps`).
+    pub eps: f32,
+    /// `shared_head.head` (`vocab × hidden`) when the checkpoint has one.
+    pub head: Option<Head>,
+    /// The layer's own `embed_tokens` (`vocab × hidden`) when the checkpoint has one.
+    pub embed: Option<ChunkedMatrix>,
+}
+
+impl<B: Blocks> Decoder<B> {
+    /// This decoder with its multi-token-prediction layer `m`, whose units are in the
+    /// decoder's store; its caches then record hidden rows ([`KvCache::hidden`]).
+    pub fn with_mtp(mut self, m: MtpLayer<B::Layer>) -> Self {
+        self.mtp = Some(m);
+        self
+    }
+
+    /// Queues the head the layer uses (its own or the model's; nothing when resident).
+    fn plan_mtp_head(&self, m: &MtpLayer<B::Layer>, store: &mut WeightStore) {
+        m.head.as_ref().unwrap_or(&self.head).plan(store)
+    }
+}
+
+impl<B: Blocks> Mtp for Decoder<B> {
+    fn hidden_size(&self) -> usize {
+        self.dims.hidden_size
+    }
+
+    fn new_mtp_cache(&self, n_ctx: usize) -> KvCache {
+        let n = n_ctx.min(self.dims.context_length);
+        let index = self.mtp.as_ref().map_or(0, |m| m.index);
+        let mut c = match self.dims.cache {
+            CacheShape::Kv { kv_dim } => KvCache::new(1, n, kv_dim),
+            CacheShape::Latent { width } => KvCache::new_latent(1, n, width),
+        };
+        for v in [&mut c.k, &mut c.v, &mut c.state] {
+            v.splice(0..0, (0..index).map(|_| Vec::new()));
+        }
+        c
+    }
+
+    fn forward_mtp(
+        &self,
+        store: &mut WeightStore,
+        cache: &mut KvCache,
+        hidden: &[f32],
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<MtpOut> {
+        let m = self
+            .mtp
+            .as_ref()
+            .context("this model was loaded without a multi-token-prediction layer")?;
+        let b = &self.blocks;
+        let (n, d, vocab) = (tokens.len(), self.dims.hidden_size, self.dims.vocab_size);
+        if hidden.len() != n * d {
+            bail!(
+                "multi-token prediction over {n} tokens needs {n} × {d} hidden floats, got {}",
+                hidden.len()
+            );
+        }
+        if b.tail_unit(&m.layer).is_some() || b.routed_width().is_some() {
+            bail!("multi-token prediction is not supported for layers with a routed tail");
+        }
+        let moe = b.is_moe(&m.layer);
+        let plan = |s: &mut WeightStore| {
+            match &m.embed {
+                Some(e) => e.plan_rows(s, tokens),
+                None => self.embedding.plan(s, tokens, d),
+            }
+            s.plan([m.unit]);
+            if !moe {
+                self.plan_mtp_head(m, s);
+            }
+        };
+        let mut out_hidden = Vec::new();
+        let logits = run_pass(store, cache, tokens, vocab, plan, |store, cache| {
+            let pos0 = cache.len;
+            let mut e = vec![0f32; n * d];
+            match &m.embed {
+                Some(c) => c.rows(store, tokens, d, &mut e)?,
+                None => self.embedding.rows(store, tokens, d, &mut e)?,
+            }
+            let mut x = vec![0f32; n * d];
+            let mut s = Scratch {
+                xn: vec![0f32; n * d],
+                ..Scratch::default()
+            };
+            store.with_unit(m.unit, |u| {
+                // [enorm(e_i); hnorm(h_i)] per row, then eh_proj
+                let mut cat = vec![0f32; n * 2 * d];
+                for r in 0..n {
+                    let row = &mut cat[r * 2 * d..(r + 1) * 2 * d];
+                    let (ce, ch) = row.split_at_mut(d);
+                    rms_norm_rows(&e[r * d..(r + 1) * d], &m.enorm, m.eps, ce);
+                    rms_norm_rows(&hidden[r * d..(r + 1) * d], &m.hnorm, m.eps, ch);
+                }
+                mm(&m.eh_proj.view(u), &cat, n, &mut x);
+                b.spine(m.index, &m.layer, u, cache, pos0, &mut x, &mut s);
+            })?;
+            if moe {
+                let routes = route_rows(self, m.index, &s.router, b.n_experts());
+                let mut out = vec![0f32; n * d];
+                b.experts(ExpertStep {
+                    store,
+                    layer: m.index,
+                    routes: &routes,
+                    xn: &s.xn,
+                    out: &mut out,
+                    after_plan: &mut |st| self.plan_mtp_head(m, st),
+                })?;
+                if !s.shared.is_empty() {
+                    add_into(&mut out, &s.shared);
+                }
+                add_into(&mut x, &out);
+            }
+            let rows = match logits {
+                Logits::Last => n - 1..n,
+                Logits::All => 0..n,
+            };
+            let k = rows.len();
+            let mut h = vec![0f32; k * d];
+            rms_norm_rows(
+                &x[rows.start * d..rows.end * d],
+                &m.head_norm,
+                m.eps,
+                &mut h,
+            );
+            let mut out = vec![0f32; k * vocab];
+            m.head
+                .as_ref()
+                .unwrap_or(&self.head)
+                .logits(store, &h, k, vocab, &mut out)?;
+            b.finish_logits(&mut out);
+            out_hidden = x;
+            Ok(out)
+        })?;
+        Ok(MtpOut {
+            logits,
+            hidden: out_hidden,
+        })
+    }
+}

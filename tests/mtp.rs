@@ -1,0 +1,277 @@
+//! Multi-token prediction (`--draft mtp`; src/models/decoder/mtp.rs, src/engine/draft_mtp.rs)
+//! on the `deepseek_v3_mtp` fixture (tools/reference/hf_fixtures.py: the `deepseek_v3` target
+//! plus a layer 3 written by the script, with a torch reference of its forward pass): the
+//! layer's logits equal the reference, resident and streamed; greedy decoding with
+//! `--draft mtp` equals plain decoding token for token, resident and streamed, in the library
+//! and the CLI, which reports the source's statistics; a model without the layer is refused
+//! with a clear error.
+
+mod common;
+
+use common::hf::{f32s, fixture, reference, rel_diff, u32s, REL_TOL};
+use deltafin::engine::draft_mtp::MtpDraft;
+use deltafin::engine::{GenerateOptions, Sampler, SamplerConfig, Session, SpecConfig, Speculator};
+use deltafin::models::{load_hf, LoadOptions, Logits};
+
+const NAME: &str = "deepseek_v3_mtp";
+
+fn opts(ram_budget: Option<u64>, mtp: bool) -> LoadOptions {
+    LoadOptions {
+        ram_budget,
+        n_ctx: 128,
+        n_batch: 128,
+        direct_io: true,
+        mtp,
+        ..Default::default()
+    }
+}
+
+fn session(ram_budget: Option<u64>, mtp: bool) -> Session {
+    let (m, s) = load_hf(&fixture(NAME), &opts(ram_budget, mtp)).unwrap();
+    Session::new(m, s, 128, 128)
+}
+
+/// The smallest budget (4 KiB steps) under which the model with its MTP layer loads: every
+/// spine unit and expert streamed.
+fn smallest_budget() -> u64 {
+    let mut b = 4 << 10;
+    loop {
+        match load_hf(&fixture(NAME), &opts(Some(b), true)) {
+            Ok((m, _)) => {
+                let p = m.placement();
+                assert_eq!(p.resident_bytes, 0, "{}", p.summary);
+                return b;
+            }
+            Err(e) => assert!(e.to_string().contains("is too small"), "{e}"),
+        }
+        b += 4 << 10;
+        assert!(b < 64 << 20, "no budget works");
+    }
+}
+
+fn greedy() -> SamplerConfig {
+    SamplerConfig {
+        temperature: 0.0,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn mtp_logits_match_the_reference() {
+    let r = &reference(NAME)["mtp_reference"];
+    let ids = u32s(&r["ids"]);
+    let t = ids.len();
+    for budget in [None, Some(smallest_budget())] {
+        let mut s = session(budget, true);
+        let p = s.model.placement().summary.clone();
+        // the MTP block, its head and its embeddings: three more spine-class units, 8 experts
+        assert!(
+            p.contains("6/6 layers and 24/24 experts resident") || budget.is_some(),
+            "{p}"
+        );
+        assert!(p.contains(", multi-token-prediction layer loaded"), "{p}");
+        s.prefill(&ids, Logits::Last).unwrap();
+        // the target's hidden states before the final norm, every position
+        let hid = &s.cache.hidden;
+        assert_eq!((hid.pos0, hid.len()), (0, t), "{budget:?}");
+        let last = f32s(&r["hidden_last"]);
+        assert!(rel_diff(hid.row(t - 1).unwrap(), &last) < REL_TOL);
+        let rows = hid.rows[..(t - 1) * 64].to_vec();
+        let mtp = s.model.mtp().expect("loaded with its MTP layer");
+        let mut cache = mtp.new_mtp_cache(128);
+        let out = mtp
+            .forward_mtp(&mut s.store, &mut cache, &rows, &ids[1..], Logits::All)
+            .unwrap();
+        let v = 512;
+        assert_eq!(
+            (out.logits.len(), out.hidden.len(), cache.len),
+            ((t - 1) * v, (t - 1) * 64, t - 1)
+        );
+        let mut worst = 0f32;
+        for (i, pos) in r["positions"].as_array().unwrap().iter().enumerate() {
+            let (top, want) = (u32s(&pos["ids"]), f32s(&pos["logits"]));
+            let got: Vec<f32> = top
+                .iter()
+                .map(|&id| out.logits[i * v + id as usize])
+                .collect();
+            worst = worst.max(rel_diff(&got, &want));
+            assert_eq!(
+                common::hf::argmax(&out.logits[i * v..(i + 1) * v]),
+                top[0],
+                "row {i}"
+            );
+        }
+        for (i, row) in r["full_rows"].as_object().unwrap() {
+            let i: usize = i.parse().unwrap();
+            worst = worst.max(rel_diff(&out.logits[i * v..(i + 1) * v], &f32s(row)));
+        }
+        assert!(worst < REL_TOL, "{budget:?}: {worst}");
+        // one chained step: the layer's own hidden state with its own draft
+        let tok = r["chain"]["token"].as_u64().unwrap() as u32;
+        assert_eq!(common::hf::argmax(&out.logits[(t - 2) * v..]), tok);
+        let h = &out.hidden[(t - 2) * 64..];
+        let o2 = mtp
+            .forward_mtp(&mut s.store, &mut cache, h, &[tok], Logits::Last)
+            .unwrap();
+        let d = rel_diff(&o2.logits, &f32s(&r["chain"]["logits"]));
+        assert!(d < REL_TOL, "{budget:?}: chained step {d}");
+    }
+}
+
+/// `n` greedy tokens after `prompt`, through `spec` when given.
+fn gen(s: &mut Session, prompt: &[u32], n: usize, spec: Option<&mut Speculator>) -> Vec<u32> {
+    let never = |_: u32| false;
+    let o = GenerateOptions {
+        max_tokens: n,
+        stop: &[],
+        is_eog: &never,
+    };
+    let mut sampler = Sampler::new(greedy());
+    s.cache.clear();
+    let (ids, _, _) = s
+        .generate_with(
+            prompt,
+            &mut sampler,
+            &o,
+            spec,
+            &mut |_| String::new(),
+            &mut |_| {},
+        )
+        .unwrap();
+    ids
+}
+
+#[test]
+fn greedy_mtp_equals_plain_decoding() {
+    let r = reference(NAME);
+    let prompt = u32s(&r["prompt_ids"]);
+    let want = u32s(&r["continuation_ids"]);
+    let n = 24;
+    // the target without its MTP layer: the reference continuation
+    let plain = gen(&mut session(None, false), &prompt, n, None);
+    assert_eq!(plain[..want.len()], want[..]);
+    for budget in [None, Some(smallest_budget())] {
+        let mut s = session(budget, true);
+        assert_eq!(
+            gen(&mut s, &prompt, n, None),
+            plain,
+            "{budget:?}: plain with the MTP layer"
+        );
+        for cfg in [
+            SpecConfig::default(),
+            SpecConfig {
+                draft_max: 3,
+                draft_min: 1,
+                adaptive: false,
+            },
+        ] {
+            let mut sp =
+                Speculator::new(Box::new(MtpDraft::new(&s, &greedy()).unwrap()), cfg.clone());
+            let got = gen(&mut s, &prompt, n, Some(&mut sp));
+            assert_eq!(got, plain, "{budget:?} {cfg:?}");
+            let st = &sp.stats;
+            assert_eq!(st.source, "mtp");
+            assert!(
+                st.drafted > 0 && st.verify_passes > 0 && st.accepted <= st.drafted,
+                "{st:?}"
+            );
+            assert_eq!(st.verify_tokens + st.plain_passes, n as u64 - 1, "{st:?}");
+            if !cfg.adaptive {
+                // every step verifies but the last, which has one token left to make
+                assert_eq!(st.plain_passes, 1, "{st:?}");
+            }
+        }
+    }
+}
+
+fn deltafin(args: &[&str]) -> std::process::Output {
+    common::output_or_kill(std::process::Command::new(env!("CARGO_BIN_EXE_deltafin")).args(args))
+}
+
+#[test]
+fn cli_draft_mtp_keeps_the_output_and_reports_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture(NAME);
+    let text = reference(NAME)["prompt_text"].as_str().unwrap().to_string();
+    let budget = smallest_budget().to_string();
+    for b in [None, Some(budget.as_str())] {
+        let mut base = vec![
+            "run",
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            &text,
+            "-n",
+            "20",
+            "--temp",
+            "0",
+        ];
+        if let Some(b) = b {
+            base.extend(["--ram-budget", b]);
+        }
+        let plain = deltafin(&base);
+        assert!(
+            plain.status.success(),
+            "{}",
+            String::from_utf8_lossy(&plain.stderr)
+        );
+        let json = dir.path().join("mtp.json");
+        let mut args = base.clone();
+        args.extend(["--draft", "mtp", "--draft-max", "2", "--draft-fixed"]);
+        args.extend(["--stats-json", json.to_str().unwrap()]);
+        let o = deltafin(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(o.stdout, plain.stdout, "{b:?}");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let sp = &v["speculative"];
+        assert_eq!(sp["source"], "mtp", "{sp}");
+        let (drafted, accepted, passes) = (
+            sp["drafted"].as_u64().unwrap(),
+            sp["accepted"].as_u64().unwrap(),
+            sp["verify_passes"].as_u64().unwrap(),
+        );
+        let gen = v["generated_tokens"].as_u64().unwrap();
+        assert!(accepted <= drafted && passes > 0, "{sp}");
+        let plain_passes = sp["plain_passes"].as_u64().unwrap();
+        assert_eq!(
+            sp["verify_tokens"].as_u64().unwrap() + plain_passes,
+            gen - 1,
+            "{sp}"
+        );
+        // two drafts per verification but where fewer tokens were left to generate
+        assert!(drafted <= 2 * passes && drafted + 1 >= 2 * passes, "{sp}");
+        if b.is_some() {
+            assert!(sp["verify_bytes"].as_u64().unwrap() > 0, "streamed: {sp}");
+        }
+    }
+}
+
+#[test]
+fn draft_mtp_on_a_model_without_the_layer_is_refused() {
+    // `deepseek_v3` says num_nextn_predict_layers = 1 but ships no layer 3 (transformers drops
+    // it); `llama` has no such layer at all
+    for name in ["deepseek_v3", "llama"] {
+        let m = fixture(name);
+        let o = deltafin(&[
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "-p",
+            "hi",
+            "-n",
+            "2",
+            "--draft",
+            "mtp",
+        ]);
+        assert!(!o.status.success(), "{name}");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            e.contains("error: --draft mtp needs a model with a multi-token-prediction layer")
+                && e.contains("but this model has none; use --lookup or --draft-model instead"),
+            "{name}: {e}"
+        );
+    }
+    let o = deltafin(&["run", "-m", "x", "-p", "hi", "--draft", "mtp", "--lookup"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot be used with"));
+}
