@@ -206,7 +206,11 @@ fn prefill_summary(
     let touched: u64 = ls.iter().map(|l| l.experts_touched).sum();
     let tb: u64 = ls.iter().map(|l| l.touched_bytes).sum();
     let bytes = e.prefill.bytes;
-    let amp = if tb > 0 { bytes as f64 / tb as f64 } else { 0.0 };
+    let amp = if tb > 0 {
+        bytes as f64 / tb as f64
+    } else {
+        0.0
+    };
     let floor = bandwidth.map(|b| bytes as f64 / b.max(1) as f64);
     let j = serde_json::json!({
         "compute_s": spine + experts, "spine_s": spine, "experts_compute_s": experts,

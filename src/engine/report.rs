@@ -208,7 +208,11 @@ pub fn prefill_layers_table(e: &crate::store::telemetry::ExpertRunStats) -> Stri
         sum(&|l| l.io_wait_s),
         bytes,
         touched,
-        if tb > 0 { bytes as f64 / tb as f64 } else { 0.0 },
+        if tb > 0 {
+            bytes as f64 / tb as f64
+        } else {
+            0.0
+        },
     );
     out
 }

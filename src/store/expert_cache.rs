@@ -238,6 +238,25 @@ mod tests {
     }
 
     #[test]
+    fn a_lowered_budget_evicts_by_the_policy_and_a_raised_one_evicts_nothing() {
+        let mut c = ExpertCache::new(CachePolicy::Lru, 3 * 4096, HashMap::new());
+        for e in [1, 2, 3] {
+            c.hit((0, e));
+            c.admit((0, e), ub());
+        }
+        c.hit((0, 1));
+        // 2 is the least recent, then 3
+        assert_eq!(c.set_budget(4096 + 100).len(), 2);
+        assert!(c.contains((0, 1)) && !c.contains((0, 2)) && !c.contains((0, 3)));
+        assert_eq!((c.budget(), c.used()), (4096 + 100, 4096));
+        assert!(c.set_budget(3 * 4096).is_empty());
+        assert_eq!(c.budget(), 3 * 4096);
+        let mut n = ExpertCache::new(CachePolicy::None, 4096, HashMap::new());
+        assert!(n.set_budget(1 << 20).is_empty());
+        assert_eq!(n.budget(), 0);
+    }
+
+    #[test]
     fn lru_evicts_the_least_recent() {
         // cap 2: 1 2 1 3 (evicts 2) 1 (hit) 2 (miss)
         assert_eq!(hits(CachePolicy::Lru, 2, &[1, 2, 1, 3, 1, 2], &[]), 2);

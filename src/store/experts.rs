@@ -54,6 +54,10 @@ pub struct ExpertStoreOptions {
     pub verify: bool,
     /// Whether the next MoE layer's guessed experts are read at low priority (`--prefetch`).
     pub prefetch: PrefetchMode,
+    /// Whether long batches (a prompt's passes) read the next MoE layer's experts ahead of its
+    /// routing, in file order (`--read-ahead`; see `experts/prefetch.rs`). Default: false (the
+    /// CLI's default is on).
+    pub read_ahead: bool,
 }
 
 /// Cumulative counters of the expert store.
@@ -254,7 +258,8 @@ impl ExpertStore {
         } else {
             0
         };
-        let ra_slots = prefetch::read_ahead_slots(opts.prefetch, n_experts, cache_bytes, slot_bytes);
+        let ra_slots =
+            prefetch::read_ahead_slots(opts.read_ahead, n_experts, cache_bytes, slot_bytes);
         let seen: Vec<Vec<bool>> = units.iter().map(|r| vec![false; r.len()]).collect();
         Ok(Self {
             engine,

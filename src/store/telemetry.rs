@@ -115,7 +115,11 @@ impl LayerIo {
                     experts_touched: y.touched - x.touched,
                     touched_bytes: tb,
                     bytes,
-                    read_amplification: if tb > 0 { bytes as f64 / tb as f64 } else { 0.0 },
+                    read_amplification: if tb > 0 {
+                        bytes as f64 / tb as f64
+                    } else {
+                        0.0
+                    },
                     io_wait_s: (y.wait_ns - x.wait_ns) as f64 / 1e9,
                     compute_s: (y.compute_ns - x.compute_ns) as f64 / 1e9,
                     spine_s: (y.spine_ns - x.spine_ns) as f64 / 1e9,

@@ -23,9 +23,8 @@ use super::{ExpertStore, Purpose, Unit};
 /// When prefetch runs (`--prefetch auto|on|off`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PrefetchMode {
-    /// Guess prefetch on when whole experts lie on two drives or more (a `spread` pack, or
-    /// files on several drives); read-ahead of long batches on everywhere. Guess prefetch off
-    /// on one drive, which is busy nearly all the time so wrong guesses cost more
+    /// On when whole experts lie on two drives or more (a `spread` pack, or files on several
+    /// drives). Off on one drive, which is busy nearly all the time so wrong guesses cost more
     /// than the idle time right ones fill, and off when every expert is striped over all the
     /// drives, which then read at their full rate without it (measured: BENCHMARKS.md,
     /// "Prefetch").
@@ -109,20 +108,20 @@ pub fn expert_layout<'a>(
     }
 }
 
-/// Buffers a layer's read-ahead may hold under `mode`: one per expert of the widest layer
-/// (`n_experts`), at most `cache_bytes / slot_bytes` (the memory the cache was given, which
-/// read-ahead borrows); 0 (no read-ahead) with `--prefetch off` or room for fewer than 2.
+/// Buffers a layer's read-ahead may hold: one per expert of the widest layer (`n_experts`),
+/// at most `cache_bytes / slot_bytes` (the memory the cache was given, which read-ahead
+/// borrows); 0 (no read-ahead) when `on` is false or there is room for fewer than 2.
 pub(super) fn read_ahead_slots(
-    mode: PrefetchMode,
+    on: bool,
     n_experts: usize,
     cache_bytes: usize,
     slot_bytes: usize,
 ) -> usize {
     let n = n_experts.min(cache_bytes / slot_bytes.max(1));
-    match mode {
-        PrefetchMode::Off => 0,
-        _ if n < 2 => 0,
-        _ => n,
+    if on && n >= 2 {
+        n
+    } else {
+        0
     }
 }
 
