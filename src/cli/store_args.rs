@@ -70,7 +70,7 @@ pub struct StoreArgs {
     /// Read-ahead of long batches (a prompt's passes): when a layer's batch uses at least 3/4
     /// of its experts, the next MoE layer's experts are all read in file order before its
     /// router runs, in buffers lent by the expert cache's budget: on or off.
-    #[arg(long, default_value = "on", value_parser = on_off)]
+    #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     pub read_ahead: bool,
 }
 

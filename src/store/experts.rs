@@ -547,9 +547,11 @@ impl ExpertStore {
         }
         while let Some((e, b)) = self.ready.pop_front() {
             self.compute_miss(layer, e, b, f);
+            // the buffer it gave back starts a miss still waiting for one, else a guess or
+            // read-ahead of the next layer, so the drive stays busy while landed ones compute
+            self.issue(layer);
+            self.issue_prefetch();
         }
-        // the buffers those gave back may start misses still waiting for one
-        self.issue(layer);
         while self.demand_open() {
             let Some(l) = self.land_one()? else {
                 continue;
@@ -579,6 +581,7 @@ impl ExpertStore {
             self.issue(layer);
             self.issue_prefetch();
         }
+        self.issue_prefetch();
         Ok(())
     }
 
