@@ -481,3 +481,83 @@ fn prefetch_changes_no_logit_and_every_guess_is_used_or_counted_as_waste() {
         }
     }
 }
+
+/// 40 prompt tokens: enough that each layer's batch uses nearly all of its 16 experts.
+fn long_prompt() -> Vec<u32> {
+    (0..40u32).map(|i| (37 * i + 11) % 512).collect()
+}
+
+#[test]
+fn read_ahead_changes_no_logit_and_reads_each_prompt_expert_once() {
+    let dir = tiny();
+    let p = long_prompt();
+    let want = common::prompt_and_greedy_logits(
+        &mut session(
+            dir.path(),
+            &opts(None, CachePolicy::None, EngineChoice::Auto, 1 << 20),
+        ),
+        &p,
+        DECODE,
+    );
+    for cache in [CachePolicy::None, CachePolicy::LfuDa] {
+        for engine in [EngineChoice::Auto, EngineChoice::Pool] {
+            let mut o = opts(Some(BUDGET), cache, engine, 1 << 20);
+            o.experts.read_ahead = true;
+            let mut s = session(dir.path(), &o);
+            let es = s.store.experts().unwrap();
+            // the cache's memory lends one buffer per expert of a layer
+            assert_eq!(es.read_ahead_slots(), 16, "{cache}");
+            let budget0 = es.cache().budget();
+            let got = common::prompt_and_greedy_logits(&mut s, &p, DECODE);
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{cache} {engine:?} with read-ahead: logits differ");
+            // decode batches (4 of 16 experts) ended it and gave the cache its budget back
+            let es = s.store.experts().unwrap();
+            assert!(!es.read_ahead_active());
+            assert_eq!(es.cache().budget(), budget0);
+        }
+        // the prompt alone: layers 1 and 2 are read ahead while layers 0 and 1 compute
+        let mut o = opts(Some(BUDGET), cache, EngineChoice::Auto, 1 << 20);
+        o.experts.read_ahead = true;
+        let mut s = session(dir.path(), &o);
+        let budget0 = s.store.experts().unwrap().cache().budget();
+        s.prefill(&p, Logits::Last).unwrap();
+        let es = s.store.experts().unwrap();
+        assert!(es.read_ahead_active());
+        // the cache lends one expert buffer per read-ahead slot while batches are long
+        let lent = 16 * es.expert_bytes();
+        assert_eq!(es.cache().budget(), budget0.saturating_sub(lent), "{cache}");
+        let c = es.counters();
+        let layers = es.layer_counters();
+        assert_eq!(layers.len(), 3);
+        let touched: u64 = layers.iter().map(|l| l.touched).sum();
+        assert!(layers.iter().all(|l| l.touched * 4 >= 16 * 3), "{layers:?}");
+        assert_eq!(
+            layers.iter().map(|l| l.uses).sum::<u64>(),
+            c.hits + c.misses
+        );
+        assert_eq!(layers.iter().map(|l| l.bytes).sum::<u64>(), c.bytes);
+        assert!(layers.iter().all(|l| l.spine_ns > 0 && l.compute_ns > 0));
+        // one batch, nothing cached at the start: every expert used is one miss
+        assert_eq!((c.hits, c.misses), (0, touched));
+        assert!(c.prefetch_hits > 0, "{c:?}");
+        assert_eq!(
+            c.prefetch_reads,
+            c.prefetch_hits + c.prefetch_wasted,
+            "{c:?}"
+        );
+        // every byte read is a used expert's, once, or a read-ahead expert's left unused (the
+        // aligned spans; an expert ending its layer's shard reads a short last page)
+        let used: u64 =
+            layers.iter().map(|l| l.touched_bytes).sum::<u64>() + c.prefetch_wasted_bytes;
+        assert!(c.bytes <= used && used - c.bytes < 3 * 4096, "{c:?} {used}");
+        // layer 0 is not read ahead (nothing routes before it)
+        assert!(
+            c.prefetch_reads <= layers[1].touched + layers[2].touched,
+            "{c:?}"
+        );
+    }
+}

@@ -7,7 +7,11 @@
 //!   `/proc/sys/vm/drop_caches`), a short prompt, then `-n` greedy tokens;
 //! - `warm-decode`: the same, after a first generation of `-n` tokens in the same session, so
 //!   the expert cache holds what that run left;
-//! - `prefill`: one prompt of `--prompt-tokens` tokens (time to first token, bytes).
+//! - `prefill`: one prompt of `--prompt-tokens` tokens in one batch (time to first token,
+//!   bytes);
+//! - `cold-prefill`: the same after dropping the page cache as `cold-decode` does (cold time to
+//!   first token), with the prefill's compute time (spines and experts), expert read wait,
+//!   I/O floor (bytes read / `--drive-bandwidth`) and read amplification in the summary.
 //!
 //! Prompts are fixed token ids (`(37·i + 11) mod vocab`), end-of-generation tokens are ignored,
 //! so every run does the same work.
@@ -29,7 +33,7 @@ pub struct BenchArgs {
     /// Model path (as for `run`).
     #[arg(short, long)]
     pub model: PathBuf,
-    /// Scenarios, comma-separated: cold-decode, warm-decode, prefill.
+    /// Scenarios, comma-separated: cold-decode, warm-decode, prefill, cold-prefill.
     #[arg(
         long,
         default_value = "cold-decode,warm-decode,prefill",
@@ -72,13 +76,18 @@ pub fn drop_page_cache() -> bool {
     std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
 }
 
+/// Whether scenario `name` is a prefill (one prompt, one token).
+fn is_prefill(name: &str) -> bool {
+    name == "prefill" || name == "cold-prefill"
+}
+
 fn prompt(n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|i| ((37 * i + 11) % vocab) as u32).collect()
 }
 
 /// One scenario's run: statistics and placement.
 fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64)> {
-    let dropped = name == "cold-decode" && drop_page_cache();
+    let dropped = name.starts_with("cold-") && drop_page_cache();
     let t = std::time::Instant::now();
     let opened = open_any(Some(a.model.as_path()))?;
     // token ids only (a draft model's vocabulary check and --prompt need the tokenizer), no
@@ -88,7 +97,7 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
         false => None,
     };
     let text = match (&a.prompt, &tok) {
-        (Some(p), Some(t)) if name != "prefill" => Some(t.encode_prompt(p, true)?),
+        (Some(p), Some(t)) if !is_prefill(name) => Some(t.encode_prompt(p, true)?),
         _ => None,
     };
     if text.as_ref().is_some_and(|t| t.is_empty()) {
@@ -98,15 +107,17 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
     let (decode_p, warm) = match name {
         "cold-decode" => (decode_tokens, false),
         "warm-decode" => (decode_tokens, true),
-        "prefill" => (a.prompt_tokens, false),
-        other => bail!("unknown scenario '{other}' (expected cold-decode, warm-decode or prefill)"),
+        "prefill" | "cold-prefill" => (a.prompt_tokens, false),
+        other => bail!(
+            "unknown scenario '{other}' (expected cold-decode, warm-decode, prefill or cold-prefill)"
+        ),
     };
-    let n_gen = if name == "prefill" { 1 } else { a.tokens };
+    let n_gen = if is_prefill(name) { 1 } else { a.tokens };
     let n_ctx = decode_p + n_gen * if warm { 2 } else { 1 } + 1;
     let limit = crate::store::plan::MemoryLimit::of_this_process();
     let budget = crate::store::plan::ram_budget(a.ram_budget, limit).map_err(anyhow::Error::msg)?;
     let draft = match name {
-        "prefill" => None,
+        _ if is_prefill(name) => None,
         _ => a.spec.load_draft(n_ctx, decode_p.max(1), true)?,
     };
     let flag = a.ram_budget.is_some();
@@ -145,7 +156,7 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
         order: crate::engine::SamplerOrder::LlamaCpp,
     };
     let mut spec = match &tok {
-        Some(t) if name != "prefill" && a.spec.enabled() => {
+        Some(t) if !is_prefill(name) && a.spec.enabled() => {
             a.spec.speculator(&session, t, &sampling, draft)?
         }
         _ => None,
@@ -180,6 +191,43 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
     Ok((st, placement, dropped, load_s))
 }
 
+/// A prefill scenario's time split, as JSON and one line of text: compute (the layers' spines
+/// and experts, summed), expert read wait, the I/O floor (expert bytes read / `bandwidth`
+/// bytes/s, when given), experts touched (distinct, of all the store's) and read amplification
+/// (bytes read / bytes of the distinct experts touched).
+fn prefill_summary(
+    name: &str,
+    e: &crate::store::telemetry::ExpertRunStats,
+    bandwidth: Option<u64>,
+) -> (serde_json::Value, String) {
+    let ls = &e.prefill_layers;
+    let spine: f64 = ls.iter().map(|l| l.spine_s).sum();
+    let experts: f64 = ls.iter().map(|l| l.compute_s).sum();
+    let wait: f64 = ls.iter().map(|l| l.io_wait_s).sum();
+    let touched: u64 = ls.iter().map(|l| l.experts_touched).sum();
+    let tb: u64 = ls.iter().map(|l| l.touched_bytes).sum();
+    let bytes = e.prefill.bytes;
+    let amp = if tb > 0 {
+        bytes as f64 / tb as f64
+    } else {
+        0.0
+    };
+    let floor = bandwidth.map(|b| bytes as f64 / b.max(1) as f64);
+    let j = serde_json::json!({
+        "compute_s": spine + experts, "spine_s": spine, "experts_compute_s": experts,
+        "expert_io_wait_s": wait, "io_floor_s": floor, "bytes": bytes,
+        "experts_touched": touched, "experts_total": e.experts_total,
+        "read_amplification": amp, "read_ahead": e.read_ahead,
+    });
+    let line = format!(
+        "{name}: compute {:.3} s (spines {spine:.3}, experts {experts:.3}), expert read wait {wait:.3} s, I/O floor {}, {touched} of {} experts touched, read amplification {amp:.3}\n",
+        spine + experts,
+        floor.map_or("- (no --drive-bandwidth)".to_string(), |f| format!("{f:.3} s")),
+        e.experts_total,
+    );
+    (j, line)
+}
+
 /// Runs `deltafin bench`.
 pub fn run(mut a: BenchArgs) -> Result<()> {
     if let Some(p) = super::model_path(Some(&a.model))? {
@@ -200,6 +248,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         "limit %",
         "engine"
     );
+    let mut notes = String::new();
     for name in &a.scenarios {
         let (st, placement, dropped, load_s) = scenario(&a, name)?;
         let mut v = stats_json(
@@ -212,24 +261,24 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         );
         v["scenario"] = name.as_str().into();
         v["page_cache_dropped"] = dropped.into();
-        let tok_s = if name == "prefill" {
+        let tok_s = if is_prefill(name) {
             st.prompt_tokens as f64 / st.ttft_s.max(1e-12)
         } else {
             st.decode_tok_s()
         };
-        let per_tok = if name == "prefill" {
+        let per_tok = if is_prefill(name) {
             st.prefill_bytes as f64 / st.prompt_tokens.max(1) as f64
         } else {
             st.decode_bytes_per_token()
         };
-        let run_s = if name == "prefill" {
+        let run_s = if is_prefill(name) {
             st.ttft_s
         } else {
             st.decode_s
         };
         let (hit, recall, wait, engine, drive_bw) = match &st.experts {
             Some(e) => {
-                let c = if name == "prefill" {
+                let c = if is_prefill(name) {
                     &e.prefill
                 } else {
                     &e.decode
@@ -237,7 +286,8 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
                 let bw = c.bytes as f64 / run_s.max(1e-12);
                 (
                     100.0 * c.hit_rate,
-                    e.prefetch.then_some(100.0 * c.prefetch_recall),
+                    (e.prefetch || e.read_ahead && is_prefill(name))
+                        .then_some(100.0 * c.prefetch_recall),
                     100.0 * c.io_wait_s / run_s.max(1e-12),
                     e.engine.clone(),
                     bw,
@@ -252,6 +302,11 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             "expert_read_bytes_per_s": drive_bw,
             "io_wait_share": wait / 100.0,
         });
+        if let (true, Some(e)) = (is_prefill(name), &st.experts) {
+            let (j, line) = prefill_summary(name, e, a.store.drive_bandwidth);
+            v["summary"]["prefill"] = j;
+            notes += &line;
+        }
         table += &format!(
             "{:12} {:>8.2} {:>8.3} {:>10.1} {:>6.1} {:>6} {:>10.1} {:>6.0} {:>7}  {}\n",
             name,
@@ -263,14 +318,14 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             drive_bw / 1e6,
             wait,
             match (name.as_str(), limit) {
-                ("prefill", _) | (_, None) => "-".to_string(),
+                ("prefill" | "cold-prefill", _) | (_, None) => "-".to_string(),
                 (_, Some(l)) => format!("{l:.0}"),
             },
             engine
         );
         rows.push(v);
     }
-    print!("{table}");
+    print!("{table}{notes}");
     if let Some(p) = &a.json {
         let out = serde_json::json!({
             "model": a.model.display().to_string(),

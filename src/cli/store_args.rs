@@ -67,6 +67,20 @@ pub struct StoreArgs {
     /// (1 to 4096).
     #[arg(long, default_value_t = DEFAULT_PREFETCH_DEPTH, value_parser = depth)]
     pub prefetch_depth: usize,
+    /// Read-ahead of long batches (a prompt's passes): when a layer's batch uses at least 3/4
+    /// of its experts, the next MoE layer's experts are all read in file order before its
+    /// router runs, in buffers lent by the expert cache's budget: on or off.
+    #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    pub read_ahead: bool,
+}
+
+/// `on` or `off`.
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("'{s}' is not on or off")),
+    }
 }
 
 impl StoreArgs {
@@ -118,6 +132,7 @@ impl StoreArgs {
             heat_file: self.heat_path(model),
             verify: self.verify_experts,
             prefetch: self.prefetch,
+            read_ahead: self.read_ahead,
         }
     }
 }

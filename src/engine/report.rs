@@ -147,6 +147,7 @@ pub fn expert_table(s: &GenStats, bandwidth: Option<u64>) -> String {
     } else {
         out += "prefetch             off\n";
     }
+    out += &prefill_layers_table(e);
     for (drive, bytes, reads, busy, bw) in e.drives() {
         out += &format!(
             "drive {drive:14} {} in {reads} reads, busy {busy:.3} s, {:.1} MB/s while busy\n",
@@ -163,6 +164,56 @@ pub fn expert_table(s: &GenStats, bandwidth: Option<u64>) -> String {
             100.0 * s.decode_tok_s() / limit
         );
     }
+    out
+}
+
+/// The prefill's per-layer lines of `--stats`: spine and expert compute, expert read wait,
+/// bytes read, experts touched and read amplification per layer
+/// ([`crate::store::telemetry::LayerIo`]), with their sums; empty without expert uses in the
+/// prefill.
+pub fn prefill_layers_table(e: &crate::store::telemetry::ExpertRunStats) -> String {
+    let ls = &e.prefill_layers;
+    if ls.iter().all(|l| l.uses == 0) {
+        return String::new();
+    }
+    let mut out = format!(
+        "prefill per layer    {:>5} {:>8} {:>9} {:>7} {:>9} {:>7} {:>6}\n",
+        "layer", "spine s", "experts s", "wait s", "MiB read", "touched", "ampl"
+    );
+    let row = |name: &str, spine: f64, comp: f64, wait: f64, bytes: u64, t: u64, a: f64| {
+        format!(
+            "                     {name:>5} {spine:>8.3} {comp:>9.3} {wait:>7.3} {:>9.1} {t:>7} {a:>6.3}\n",
+            bytes as f64 / 1048576.0
+        )
+    };
+    for l in ls {
+        out += &row(
+            &l.layer.to_string(),
+            l.spine_s,
+            l.compute_s,
+            l.io_wait_s,
+            l.bytes,
+            l.experts_touched,
+            l.read_amplification,
+        );
+    }
+    let sum = |f: &dyn Fn(&crate::store::telemetry::LayerIo) -> f64| ls.iter().map(f).sum::<f64>();
+    let bytes: u64 = ls.iter().map(|l| l.bytes).sum();
+    let touched: u64 = ls.iter().map(|l| l.experts_touched).sum();
+    let tb: u64 = ls.iter().map(|l| l.touched_bytes).sum();
+    out += &row(
+        "all",
+        sum(&|l| l.spine_s),
+        sum(&|l| l.compute_s),
+        sum(&|l| l.io_wait_s),
+        bytes,
+        touched,
+        if tb > 0 {
+            bytes as f64 / tb as f64
+        } else {
+            0.0
+        },
+    );
     out
 }
 

@@ -276,7 +276,11 @@ impl<B: Blocks> Decoder<B> {
             if !moe && !whole {
                 self.plan_after(store, l);
             }
+            let t = std::time::Instant::now();
             store.with_unit(*unit, |u| b.spine(l, w, u, cache, pos0, &mut x, &mut s))?;
+            if let Some(es) = store.experts_mut() {
+                es.add_spine_ns(l, t.elapsed().as_nanos() as u64);
+            }
             if moe {
                 let routes = route_rows(self, l, &s.router, b.n_experts());
                 let first = keep_first(&mut first_routes, &routes);

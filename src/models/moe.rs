@@ -319,7 +319,9 @@ pub(super) fn keep_first<'a>(
 /// Guesses the experts of the MoE layer planned after layer `l`'s experts and hands them,
 /// best first ([`rank_by_weight`]), to the expert store's prefetch
 /// ([`crate::store::ExpertStore::prefetch`]). Nothing happens when there is no expert store
-/// or its prefetch is off.
+/// or its prefetch is off. While the store's read-ahead is on (long batches), the next MoE
+/// layer of the pass is read ahead whole instead ([`crate::store::ExpertStore::read_ahead`]),
+/// and nothing after the last one.
 ///
 /// When layer `l + 1` is a MoE layer whose router is resident, the guesses are its router
 /// (and bias) and routing applied to `x` (the residual stream after layer `l`'s attention,
@@ -333,6 +335,13 @@ pub(super) fn prefetch_next(
     x: &[f32],
     first: &[(usize, f32)],
 ) {
+    if let Some(es) = store.experts_mut().filter(|es| es.read_ahead_active()) {
+        // a long batch: the next MoE layer of this pass, all of it, in file order
+        if let Some(next) = ((l + 1)..m.n_layers()).find(|&i| m.router(i).is_some()) {
+            es.read_ahead(next);
+        }
+        return;
+    }
     if !store.experts().is_some_and(|es| es.prefetch_enabled()) {
         return;
     }

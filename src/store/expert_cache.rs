@@ -157,16 +157,22 @@ impl ExpertCache {
         self.map.get(&key).map(|e| &e.bytes)
     }
 
-    /// Offers the bytes of a just-read `key` (its use already recorded by
-    /// [`ExpertCache::hit`]). Returns the buffers that leave: the
-    /// evicted entries', or `bytes` itself when the policy keeps nothing or it does not fit.
-    pub fn admit(&mut self, key: Key, bytes: UnitBytes) -> Vec<UnitBytes> {
-        let size = bytes.buffer_bytes();
-        if size > self.budget || self.map.contains_key(&key) {
-            return vec![bytes];
-        }
+    /// Sets the budget to `budget` bytes (0 whatever is asked under the `none` policy),
+    /// evicting by the policy until what is held fits; returns the evicted buffers. Keys whose
+    /// bytes a caller still borrows must not be held when it shrinks.
+    pub fn set_budget(&mut self, budget: usize) -> Vec<UnitBytes> {
+        self.budget = if self.policy == CachePolicy::None {
+            0
+        } else {
+            budget
+        };
+        self.evict_until(self.budget)
+    }
+
+    /// Evicts the lowest entries until at most `limit` bytes are held.
+    fn evict_until(&mut self, limit: usize) -> Vec<UnitBytes> {
         let mut out = Vec::new();
-        while self.used + size > self.budget {
+        while self.used > limit {
             let Some(&(p, t, k)) = self.order.iter().next() else {
                 break;
             };
@@ -178,6 +184,18 @@ impl ExpertCache {
             }
             out.push(e.bytes);
         }
+        out
+    }
+
+    /// Offers the bytes of a just-read `key` (its use already recorded by
+    /// [`ExpertCache::hit`]). Returns the buffers that leave: the
+    /// evicted entries', or `bytes` itself when the policy keeps nothing or it does not fit.
+    pub fn admit(&mut self, key: Key, bytes: UnitBytes) -> Vec<UnitBytes> {
+        let size = bytes.buffer_bytes();
+        if size > self.budget || self.map.contains_key(&key) {
+            return vec![bytes];
+        }
+        let out = self.evict_until(self.budget - size);
         self.tick += 1;
         let prio = self.prio_of(key);
         self.order.insert((prio, self.tick, key));
@@ -217,6 +235,25 @@ mod tests {
             assert!(c.used() <= c.budget());
         }
         h
+    }
+
+    #[test]
+    fn a_lowered_budget_evicts_by_the_policy_and_a_raised_one_evicts_nothing() {
+        let mut c = ExpertCache::new(CachePolicy::Lru, 3 * 4096, HashMap::new());
+        for e in [1, 2, 3] {
+            c.hit((0, e));
+            c.admit((0, e), ub());
+        }
+        c.hit((0, 1));
+        // 2 is the least recent, then 3
+        assert_eq!(c.set_budget(4096 + 100).len(), 2);
+        assert!(c.contains((0, 1)) && !c.contains((0, 2)) && !c.contains((0, 3)));
+        assert_eq!((c.budget(), c.used()), (4096 + 100, 4096));
+        assert!(c.set_budget(3 * 4096).is_empty());
+        assert_eq!(c.budget(), 3 * 4096);
+        let mut n = ExpertCache::new(CachePolicy::None, 4096, HashMap::new());
+        assert!(n.set_budget(1 << 20).is_empty());
+        assert_eq!(n.budget(), 0);
     }
 
     #[test]

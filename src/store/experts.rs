@@ -35,6 +35,7 @@ use super::expert_cache::{CachePolicy, ExpertCache};
 use super::heat::Heat;
 use super::io_engine::{FileCounters, IoEngine, IoOptions, Req};
 use super::streamer::{IoStats, Unit, UnitBytes};
+use super::telemetry::LayerCounters;
 
 mod prefetch;
 pub use prefetch::{expert_layout, ExpertLayout, PrefetchMode};
@@ -53,6 +54,10 @@ pub struct ExpertStoreOptions {
     pub verify: bool,
     /// Whether the next MoE layer's guessed experts are read at low priority (`--prefetch`).
     pub prefetch: PrefetchMode,
+    /// Whether long batches (a prompt's passes) read the next MoE layer's experts ahead of its
+    /// routing, in file order (`--read-ahead`; see `experts/prefetch.rs`). Default: false (the
+    /// CLI's default is on).
+    pub read_ahead: bool,
 }
 
 /// Cumulative counters of the expert store.
@@ -154,6 +159,17 @@ pub struct ExpertStore {
     checksums: Option<Vec<Vec<[u8; 32]>>>,
     /// Applied to each miss after it lands and before compute and the cache see it.
     transform: Option<ExpertTransform>,
+    /// Per decoder layer: cumulative uses, bytes, wait, compute and spine time.
+    layers: Vec<LayerCounters>,
+    /// `seen[layer][expert]`: used at least once (for [`LayerCounters::touched`]).
+    seen: Vec<Vec<bool>>,
+    /// Buffers a layer's read-ahead may hold (0: no read-ahead); see `prefetch.rs`.
+    ra_slots: usize,
+    /// Whether the batches now planned are long (read-ahead on, the cache's budget lowered by
+    /// `ra_slots` buffers).
+    ra_active: bool,
+    /// The cache's budget as given, restored when read-ahead ends.
+    cache_given: usize,
 }
 
 /// The aligned reads of `unit` with byte-adjacent ranges of one file merged (a pack record's
@@ -242,6 +258,9 @@ impl ExpertStore {
         } else {
             0
         };
+        let ra_slots =
+            prefetch::read_ahead_slots(opts.read_ahead, n_experts, cache_bytes, slot_bytes);
+        let seen: Vec<Vec<bool>> = units.iter().map(|r| vec![false; r.len()]).collect();
         Ok(Self {
             engine,
             units,
@@ -267,6 +286,11 @@ impl ExpertStore {
             heat_file: opts.heat_file.clone(),
             checksums: None,
             transform: None,
+            layers: vec![LayerCounters::default(); n_layers],
+            seen,
+            ra_slots,
+            ra_active: false,
+            cache_given: cache_bytes,
         })
     }
 
@@ -293,6 +317,10 @@ impl ExpertStore {
         );
         if out_bytes > self.slot_bytes {
             self.slot_bytes = super::aligned::round_up(out_bytes, super::aligned::IO_ALIGN);
+            self.ra_slots = match self.cache_given / self.slot_bytes {
+                n if n < 2 => 0,
+                n => self.ra_slots.min(n),
+            };
             self.free = (0..self.slots + self.prefetch_slots)
                 .map(|_| AlignedBuf::new(self.slot_bytes))
                 .collect();
@@ -330,6 +358,19 @@ impl ExpertStore {
         self.engine.counters()
     }
 
+    /// Per decoder layer: cumulative expert uses, bytes read, wait, compute and spine time.
+    pub fn layer_counters(&self) -> &[LayerCounters] {
+        &self.layers
+    }
+
+    /// Adds `ns` nanoseconds of layer `layer`'s spine to its counters (the decoder times each
+    /// spine; [`LayerCounters::spine_ns`]).
+    pub fn add_spine_ns(&mut self, layer: usize, ns: u64) {
+        if let Some(l) = self.layers.get_mut(layer) {
+            l.spine_ns += ns;
+        }
+    }
+
     /// This run's use counts per (layer, expert).
     pub fn heat(&self) -> &Heat {
         &self.heat
@@ -352,9 +393,15 @@ impl ExpertStore {
     pub fn plan(&mut self, layer: usize, ids: &[usize]) {
         assert!(self.planned.is_none(), "a layer planned twice");
         self.hits_now.clear();
+        self.switch_read_ahead(ids.len(), self.units[layer].len());
         let mut misses = 0;
         for &e in ids {
             self.heat.counts[layer][e] += 1;
+            if !self.seen[layer][e] {
+                self.seen[layer][e] = true;
+                self.layers[layer].touched += 1;
+                self.layers[layer].touched_bytes += self.units[layer][e].buffer_bytes() as u64;
+            }
             if self.cache.hit((layer as u32, e as u32)).is_some() {
                 self.hits_now.push(e);
                 continue;
@@ -378,8 +425,11 @@ impl ExpertStore {
             }
         }
         self.drop_guesses();
+        self.trim_free();
         self.counters.hits += self.hits_now.len() as u64;
         self.counters.misses += misses;
+        self.layers[layer].uses += ids.len() as u64;
+        self.layers[layer].misses += misses;
         self.planned = Some((layer, ids.to_vec()));
         self.issue(layer);
     }
@@ -419,8 +469,10 @@ impl ExpertStore {
                         dst: unsafe { base.add(pos + c) },
                         tag,
                     };
+                    // read-ahead is sure enough to queue behind demand reads at full depth
                     match purpose {
                         Purpose::Demand => self.engine.submit(r),
+                        _ if self.ra_active => self.engine.submit(r),
                         _ => self.engine.submit_low(r),
                     }
                     n += 1;
@@ -462,6 +514,27 @@ impl ExpertStore {
         )
         .entered();
         let c0 = self.counters.clone();
+        let (w0, k0) = (self.counters.wait_ns, self.counters.compute_ns);
+        let r = self.land_all(layer, f);
+        let lc = &mut self.layers[layer];
+        lc.wait_ns += self.counters.wait_ns - w0;
+        lc.compute_ns += self.counters.compute_ns - k0;
+        r?;
+        let c1 = &self.counters;
+        tracing::debug!(
+            parent: &span,
+            bytes = c1.bytes - c0.bytes,
+            wait_ns = c1.wait_ns - c0.wait_ns,
+            compute_ns = c1.compute_ns - c0.compute_ns,
+            prefetch_hits = c1.prefetch_hits - c0.prefetch_hits,
+            "layer experts done"
+        );
+        Ok(())
+    }
+
+    /// [`ExpertStore::for_each_landed`] after its bookkeeping: hits, landed prefetches, then
+    /// misses as they land.
+    fn land_all(&mut self, layer: usize, f: &mut dyn FnMut(usize, &UnitBytes)) -> io::Result<()> {
         for i in 0..self.hits_now.len() {
             let e = self.hits_now[i];
             let b = self
@@ -474,9 +547,11 @@ impl ExpertStore {
         }
         while let Some((e, b)) = self.ready.pop_front() {
             self.compute_miss(layer, e, b, f);
+            // the buffer it gave back starts a miss still waiting for one, else a guess or
+            // read-ahead of the next layer, so the drive stays busy while landed ones compute
+            self.issue(layer);
+            self.issue_prefetch();
         }
-        // the buffers those gave back may start misses still waiting for one
-        self.issue(layer);
         while self.demand_open() {
             let Some(l) = self.land_one()? else {
                 continue;
@@ -506,15 +581,7 @@ impl ExpertStore {
             self.issue(layer);
             self.issue_prefetch();
         }
-        let c1 = &self.counters;
-        tracing::debug!(
-            parent: &span,
-            bytes = c1.bytes - c0.bytes,
-            wait_ns = c1.wait_ns - c0.wait_ns,
-            compute_ns = c1.compute_ns - c0.compute_ns,
-            prefetch_hits = c1.prefetch_hits - c0.prefetch_hits,
-            "layer experts done"
-        );
+        self.issue_prefetch();
         Ok(())
     }
 
@@ -539,6 +606,7 @@ impl ExpertStore {
         match d.result {
             Ok(n) => {
                 l.got += n;
+                self.layers[l.layer].bytes += n;
                 self.counters.bytes += n;
                 self.counters.reads += 1;
                 self.io_stats.bytes_read.fetch_add(n, Ordering::Relaxed);
@@ -559,6 +627,7 @@ impl ExpertStore {
         self.counters.prefetch_wasted += 1;
         self.counters.prefetch_wasted_bytes += l.got;
         self.free.push(l.bytes.into_buf());
+        self.trim_free();
     }
 
     /// Whether a demand read of the layer being computed is waiting or in flight.
@@ -610,7 +679,7 @@ impl ExpertStore {
     /// prefetches or ready experts, after a miss went to the cache: from the buffers the cache
     /// gave back, else new ones.
     fn refill(&mut self, back: Vec<UnitBytes>) {
-        let want = (self.slots + self.prefetch_slots)
+        let want = (self.slots + self.pf_cap())
             .saturating_sub(self.landing.len() + self.staged.len() + self.ready.len());
         for b in back {
             let buf = b.into_buf();

@@ -17,6 +17,8 @@ use super::io_engine::FileCounters;
 pub struct Snapshot {
     pub counters: ExpertCounters,
     pub files: Vec<FileCounters>,
+    /// Per decoder layer ([`ExpertStore::layer_counters`]).
+    pub layers: Vec<LayerCounters>,
     pub at: Instant,
 }
 
@@ -26,6 +28,7 @@ impl Snapshot {
         Self {
             counters: es.counters(),
             files: es.file_counters(),
+            layers: es.layer_counters().to_vec(),
             at: Instant::now(),
         }
     }
@@ -45,6 +48,85 @@ pub fn delta(a: &ExpertCounters, b: &ExpertCounters) -> ExpertCounters {
         prefetch_wasted: b.prefetch_wasted - a.prefetch_wasted,
         prefetch_wasted_bytes: b.prefetch_wasted_bytes - a.prefetch_wasted_bytes,
         prefetch_cancelled: b.prefetch_cancelled - a.prefetch_cancelled,
+    }
+}
+
+/// Cumulative counters of one decoder layer in the expert store, since it was made.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LayerCounters {
+    /// Expert uses (hits and misses) of the layer.
+    pub uses: u64,
+    /// Expert uses not served by the cache.
+    pub misses: u64,
+    /// Bytes read for the layer's experts, demand, prefetch and read-ahead alike.
+    pub bytes: u64,
+    /// Nanoseconds compute waited for expert reads while the layer's experts ran.
+    pub wait_ns: u64,
+    /// Nanoseconds computing the layer's experts.
+    pub compute_ns: u64,
+    /// Nanoseconds of the layer's spine (attention, norms, router, shared experts; a
+    /// streamed spine unit's wait included), as the decoder reports it
+    /// ([`ExpertStore::add_spine_ns`]).
+    pub spine_ns: u64,
+    /// Distinct experts of the layer used at least once.
+    pub touched: u64,
+    /// Bytes of those experts' reads (each expert once, its aligned buffer).
+    pub touched_bytes: u64,
+}
+
+/// One layer's share of a phase (the JSON of [`LayerCounters`] differences).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LayerIo {
+    pub layer: usize,
+    /// Expert uses and misses.
+    pub uses: u64,
+    pub misses: u64,
+    /// Distinct experts used for the first time in the phase.
+    pub experts_touched: u64,
+    /// Bytes of those experts' reads (each once, its aligned buffer).
+    pub touched_bytes: u64,
+    /// Bytes read for the layer's experts.
+    pub bytes: u64,
+    /// `bytes` over the bytes of the experts touched for the first time in the phase (each
+    /// read once): 1.0 when every byte read was needed once; more when an expert was read
+    /// again (cache evictions, several prompt batches) or read ahead and not used; 0 without
+    /// touches.
+    pub read_amplification: f64,
+    /// Seconds waiting for expert reads, computing experts, and in the spine.
+    pub io_wait_s: f64,
+    pub compute_s: f64,
+    pub spine_s: f64,
+}
+
+impl LayerIo {
+    /// Per layer, the differences `b − a` (layers of `a` missing count as zero); layers with
+    /// neither expert uses nor spine time are left out.
+    pub fn between(a: &[LayerCounters], b: &[LayerCounters]) -> Vec<Self> {
+        let zero = LayerCounters::default();
+        b.iter()
+            .enumerate()
+            .map(|(l, y)| {
+                let x = a.get(l).unwrap_or(&zero);
+                let (bytes, tb) = (y.bytes - x.bytes, y.touched_bytes - x.touched_bytes);
+                LayerIo {
+                    layer: l,
+                    uses: y.uses - x.uses,
+                    misses: y.misses - x.misses,
+                    experts_touched: y.touched - x.touched,
+                    touched_bytes: tb,
+                    bytes,
+                    read_amplification: if tb > 0 {
+                        bytes as f64 / tb as f64
+                    } else {
+                        0.0
+                    },
+                    io_wait_s: (y.wait_ns - x.wait_ns) as f64 / 1e9,
+                    compute_s: (y.compute_ns - x.compute_ns) as f64 / 1e9,
+                    spine_s: (y.spine_ns - x.spine_ns) as f64 / 1e9,
+                }
+            })
+            .filter(|r| r.uses > 0 || r.spine_s > 0.0)
+            .collect()
     }
 }
 
@@ -106,10 +188,17 @@ pub struct ExpertRunStats {
     pub cache_used_bytes: usize,
     /// Whether prefetch was on.
     pub prefetch: bool,
+    /// Whether long batches read the next layer's experts ahead (prefetch counters include
+    /// those reads).
+    pub read_ahead: bool,
+    /// Routed experts in the store (all layers).
+    pub experts_total: usize,
     /// `S`: bytes of one expert read (its aligned buffer).
     pub expert_bytes: usize,
     pub prefill: ExpertCountersJson,
     pub decode: ExpertCountersJson,
+    /// Per layer, prefill only (the prompt's passes).
+    pub prefill_layers: Vec<LayerIo>,
     /// Per file, decode only.
     pub decode_files: Vec<FileIo>,
     pub per_token: Vec<TokenIo>,
@@ -198,9 +287,12 @@ impl ExpertRunStats {
             cache_budget_bytes: es.cache().budget(),
             cache_used_bytes: es.cache().used(),
             prefetch: es.prefetch_enabled(),
+            read_ahead: es.read_ahead_slots() > 0,
+            experts_total: es.experts_total(),
             expert_bytes: es.expert_bytes(),
             prefill: (&delta(&start.counters, &first.counters)).into(),
             decode: (&delta(&first.counters, &end.counters)).into(),
+            prefill_layers: LayerIo::between(&start.layers, &first.layers),
             decode_files,
             per_token,
         }

@@ -2,6 +2,18 @@
 //! [`expert_layout`]), taking the model's guesses for the MoE layer planned next, starting
 //! their reads at low priority, and dropping the guesses a layer did not take. See the parent
 //! module's doc for the whole scheme.
+//!
+//! **Read-ahead** (long batches: a prompt's passes): when a layer's batch uses at least 3/4 of
+//! its experts, the store lowers the cache's budget by `ra_slots` expert buffers (at most one
+//! layer's experts, and at most what the cache was given) and uses those buffers for two
+//! things: the layer's misses are all issued at once (one deep queue rather than `slots`
+//! buffers' worth), and [`ExpertStore::read_ahead`] reads every uncached expert of the next
+//! MoE layer in file order, at normal priority behind the demand reads already queued, before
+//! that layer's router has run. When that layer is planned, what landed is used like a cache
+//! hit, reads in flight become demand reads, and experts it does not use are dropped (counted
+//! as prefetch waste). The first batch that uses fewer than half of its layer's experts (a
+//! decode token) ends read-ahead and gives the cache its budget back. Like prefetch, it
+//! changes when bytes arrive, never what is computed.
 
 use std::io;
 use std::path::PathBuf;
@@ -96,7 +108,99 @@ pub fn expert_layout<'a>(
     }
 }
 
+/// Buffers a layer's read-ahead may hold: one per expert of the widest layer (`n_experts`),
+/// at most `cache_bytes / slot_bytes` (the memory the cache was given, which read-ahead
+/// borrows); 0 (no read-ahead) when `on` is false or there is room for fewer than 2.
+pub(super) fn read_ahead_slots(
+    on: bool,
+    n_experts: usize,
+    cache_bytes: usize,
+    slot_bytes: usize,
+) -> usize {
+    let n = n_experts.min(cache_bytes / slot_bytes.max(1));
+    if on && n >= 2 {
+        n
+    } else {
+        0
+    }
+}
+
 impl ExpertStore {
+    /// Buffers prefetch may hold now: a layer's read-ahead while batches are long, else the
+    /// prefetch slots.
+    pub(super) fn pf_cap(&self) -> usize {
+        if self.ra_active {
+            self.ra_slots.max(self.prefetch_slots)
+        } else {
+            self.prefetch_slots
+        }
+    }
+
+    /// Buffers a layer's read-ahead may hold (0: read-ahead never runs).
+    pub fn read_ahead_slots(&self) -> usize {
+        self.ra_slots
+    }
+
+    /// Routed experts in the store, all layers.
+    pub fn experts_total(&self) -> usize {
+        self.units.iter().map(|r| r.len()).sum()
+    }
+
+    /// Whether read-ahead is on (the batches now planned are long; see the module doc).
+    pub fn read_ahead_active(&self) -> bool {
+        self.ra_active
+    }
+
+    /// Starts or ends read-ahead from the size of the batch a layer plans: `used` of its
+    /// `n` experts (on at ≥ 3/4, off below 1/2). Call before the layer's cache lookups.
+    pub(super) fn switch_read_ahead(&mut self, used: usize, n: usize) {
+        if self.ra_slots == 0 || n == 0 {
+            return;
+        }
+        if !self.ra_active && used * 4 >= n * 3 {
+            self.ra_active = true;
+            let b = self
+                .cache_given
+                .saturating_sub(self.ra_slots * self.slot_bytes);
+            for u in self.cache.set_budget(b) {
+                let buf = u.into_buf();
+                if buf.capacity() >= self.slot_bytes {
+                    self.free.push(buf);
+                }
+            }
+        } else if self.ra_active && used * 2 < n {
+            self.ra_active = false;
+            self.cache.set_budget(self.cache_given);
+        }
+    }
+
+    /// Drops free buffers beyond those prefetch and demand reads may hold now (after
+    /// read-ahead ended).
+    pub(super) fn trim_free(&mut self) {
+        let held = self.landing.len() + self.staged.len() + self.ready.len();
+        let want = (self.slots + self.pf_cap()).saturating_sub(held);
+        self.free.truncate(want);
+    }
+
+    /// Reads ahead every expert of `layer` (the MoE layer planned next) that the cache does
+    /// not hold, in file order, while read-ahead is on (see the module doc); replaces earlier
+    /// guesses. No effect otherwise.
+    pub fn read_ahead(&mut self, layer: usize) {
+        if !self.ra_active || layer >= self.units.len() {
+            return;
+        }
+        self.drop_guesses();
+        let units = &self.units[layer];
+        let mut ids: Vec<usize> = (0..units.len())
+            .filter(|&e| !self.cache.contains((layer as u32, e as u32)))
+            .collect();
+        ids.sort_by_key(|&e| units[e].ranges.first().map(|r| (r.file, r.offset)));
+        let n = self.ra_slots;
+        self.guesses
+            .extend(ids.into_iter().take(n).map(|e| (layer, e)));
+        self.issue_prefetch();
+    }
+
     /// Guesses the experts `ids` (best first; at most `slots` are taken) of `layer`, the MoE
     /// layer planned next, and starts reading the ones not cached at low priority (see the
     /// module doc). Replaces earlier guesses. No effect with prefetch off.
@@ -159,11 +263,11 @@ impl ExpertStore {
     }
 
     /// Starts reads of guesses while no demand read waits for a buffer, a buffer is free and
-    /// prefetch holds fewer than its `prefetch_slots`.
+    /// prefetch holds fewer than it may ([`ExpertStore::pf_cap`]).
     pub(super) fn issue_prefetch(&mut self) {
         while self.pending.is_empty()
             && !self.free.is_empty()
-            && self.prefetch_held() < self.prefetch_slots
+            && self.prefetch_held() < self.pf_cap()
         {
             let Some((layer, e)) = self.guesses.pop_front() else {
                 return;
