@@ -1,0 +1,238 @@
+//! AVX-512 VNNI integer tiles of the q8 path (`quant/q8.rs`, lane width 16): each output
+//! equals `ref_tile32::<16>` / `ref_tile_k::<16>` bit for bit.
+//!
+//! - 32-value types, 4 rows × 4 tokens: a 64-byte chunk holds two blocks (lanes 0–7 and
+//!   8–15); `vpdpbusd` multiplies the activations made unsigned (`a + 128`, a xor) by the
+//!   signed weights, starting from `−128 · Σw` per lane (a `vpdpbusd` of 128s with the
+//!   weights, once per row and chunk), so each lane holds its four products' exact sum; then
+//!   `fma(cvt(sum), dw · dx, acc)`. An odd last block is a zero-extended half chunk.
+//! - K-quants, 2 rows × 4 tokens: `vpmaddubsw` (unsigned `q` × signed activations) then
+//!   `vpdpwssd` with the per-16 scales spread over the i16 lanes, summed over the
+//!   superblock's four chunks; per superblock one fma with `d · dx`, and the mins by one
+//!   `vpmaddwd` of 16 mins with the 16 activation sums into 8 lanes.
+
+// Register tiles are indexed by row and token: index loops say which is which.
+#![allow(clippy::needless_range_loop)]
+use crate::quant::q8::{KMeta, Q8Acts, QK};
+use std::arch::x86_64::*;
+
+/// Rows × tokens of the 32-value tile.
+pub(crate) const R32: usize = 4;
+pub(crate) const T32: usize = 4;
+/// Rows × tokens of the K-quant tile.
+pub(crate) const RK: usize = 2;
+pub(crate) const TK: usize = 4;
+
+/// `fold::<16>` of a register: halves 256 → 128 → 64 → 32 bits.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2")]
+fn fold16(v: __m512) -> f32 {
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    fold8(_mm256_add_ps(lo, hi))
+}
+
+/// `fold::<8>` of a register: halves 128 → 64 → 32 bits.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2")]
+fn fold8(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+/// Two block scales at `p` spread as `[p[0] × 8, p[1] × 8]` (`p[1]` read only when `two`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2")]
+unsafe fn scales2(p: *const f32, two: bool) -> __m512 {
+    let lo = _mm256_set1_ps(*p);
+    let hi = if two {
+        _mm256_set1_ps(*p.add(1))
+    } else {
+        _mm256_setzero_ps()
+    };
+    _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi)
+}
+
+/// 64 bytes at `p`, or 32 zero-extended when `!two`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2")]
+unsafe fn chunk(p: *const i8, two: bool) -> __m512i {
+    if two {
+        _mm512_loadu_si512(p as *const __m512i)
+    } else {
+        _mm512_zextsi256_si512(_mm256_loadu_si256(p as *const __m256i))
+    }
+}
+
+/// The 32-value tile (safe wrapper; only reachable where VNNI was detected).
+pub(crate) fn tile32(
+    w: &[i8],
+    d: &[f32],
+    nr: usize,
+    a: &Q8Acts,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
+    let cols = a.cols;
+    let nb = cols / 32;
+    assert!(nr >= 1 && nr <= R32 && nt >= 1 && nt <= T32, "tile shape");
+    assert!(w.len() >= nr * cols && d.len() >= nr * nb && out.len() >= nr * nt);
+    assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb);
+    // SAFETY: VNNI detected by the caller's table; every pointer below stays inside the
+    // slices checked above (rows and tokens clamped to the last real one).
+    let res = unsafe { inner(w, d, nr, a, t0, nt) };
+    for r in 0..nr {
+        for t in 0..nt {
+            out[r * nt + t] = res[r][t];
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
+    unsafe fn inner(
+        w: &[i8],
+        d: &[f32],
+        nr: usize,
+        a: &Q8Acts,
+        t0: usize,
+        nt: usize,
+    ) -> [[f32; T32]; R32] {
+        let cols = a.cols;
+        let nb = cols / 32;
+        let wp: [*const i8; R32] = std::array::from_fn(|r| w.as_ptr().add(r.min(nr - 1) * cols));
+        let dp: [*const f32; R32] = std::array::from_fn(|r| d.as_ptr().add(r.min(nr - 1) * nb));
+        let tt = |t: usize| t0 + t.min(nt - 1);
+        let ap: [*const i8; T32] = std::array::from_fn(|t| a.qs.as_ptr().add(tt(t) * cols));
+        let xp: [*const f32; T32] = std::array::from_fn(|t| a.d.as_ptr().add(tt(t) * nb));
+        let bias = _mm512_set1_epi8(-128);
+        let z = _mm512_setzero_ps();
+        let mut acc = [[z; T32]; R32];
+        let mut b = 0;
+        while b < nb {
+            let two = b + 1 < nb;
+            let mut av = [_mm512_setzero_si512(); T32];
+            let mut dx = [z; T32];
+            for t in 0..T32 {
+                av[t] = _mm512_xor_si512(chunk(ap[t].add(32 * b), two), bias);
+                dx[t] = scales2(xp[t].add(b), two);
+            }
+            for r in 0..R32 {
+                let wv = chunk(wp[r].add(32 * b), two);
+                let neg = _mm512_sub_epi32(
+                    _mm512_setzero_si512(),
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wv),
+                );
+                let dw = scales2(dp[r].add(b), two);
+                for t in 0..T32 {
+                    let p = _mm512_dpbusd_epi32(neg, av[t], wv);
+                    let s = _mm512_mul_ps(dw, dx[t]);
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
+                }
+            }
+            b += 2;
+        }
+        let mut res = [[0f32; T32]; R32];
+        for r in 0..R32 {
+            for t in 0..T32 {
+                res[r][t] = fold16(acc[r][t]);
+            }
+        }
+        res
+    }
+}
+
+/// The K-quant tile (safe wrapper; only reachable where VNNI was detected).
+pub(crate) fn tile_k(
+    q: &[u8],
+    m: &[KMeta],
+    nr: usize,
+    a: &Q8Acts,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
+    let cols = a.cols;
+    let nsb = cols / QK;
+    assert!(nr >= 1 && nr <= RK && nt >= 1 && nt <= TK, "tile shape");
+    assert!(q.len() >= nr * cols && m.len() >= nr * nsb && out.len() >= nr * nt);
+    assert!(
+        a.qs.len() >= (t0 + nt) * cols
+            && a.d.len() >= (t0 + nt) * nsb
+            && a.bsums.len() >= (t0 + nt) * nsb * 16
+    );
+    // SAFETY: as in `tile32`.
+    let res = unsafe { inner(q, m, nr, a, t0, nt) };
+    for r in 0..nr {
+        for t in 0..nt {
+            out[r * nt + t] = res[r][t];
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
+    unsafe fn inner(
+        q: &[u8],
+        m: &[KMeta],
+        nr: usize,
+        a: &Q8Acts,
+        t0: usize,
+        nt: usize,
+    ) -> [[f32; TK]; RK] {
+        let cols = a.cols;
+        let nsb = cols / QK;
+        let qp: [*const u8; RK] = std::array::from_fn(|r| q.as_ptr().add(r.min(nr - 1) * cols));
+        let mp: [*const KMeta; RK] = std::array::from_fn(|r| m.as_ptr().add(r.min(nr - 1) * nsb));
+        let tt: [usize; TK] = std::array::from_fn(|t| t0 + t.min(nt - 1));
+        // i16 lane k of chunk c covers elements 64c + 2k, 64c + 2k + 1: sub-block 4c + k / 8
+        let idx: [__m512i; 4] = std::array::from_fn(|c| {
+            let v: [i16; 32] = std::array::from_fn(|k| (4 * c + k / 8) as i16);
+            _mm512_loadu_si512(v.as_ptr() as *const __m512i)
+        });
+        let z = _mm512_setzero_ps();
+        let mut acc = [[z; TK]; RK];
+        let mut accm = [[_mm256_setzero_ps(); TK]; RK];
+        for sb in 0..nsb {
+            let mut s = [[_mm512_setzero_si512(); TK]; RK];
+            for c in 0..4 {
+                let mut av = [_mm512_setzero_si512(); TK];
+                for t in 0..TK {
+                    let p = a.qs.as_ptr().add(tt[t] * cols + sb * QK + 64 * c);
+                    av[t] = _mm512_loadu_si512(p as *const __m512i);
+                }
+                for r in 0..RK {
+                    let km = &*mp[r].add(sb);
+                    let sc16 = _mm256_loadu_si256(km.sc.as_ptr() as *const __m256i);
+                    let scv = _mm512_permutexvar_epi16(idx[c], _mm512_castsi256_si512(sc16));
+                    let wq = _mm512_loadu_si512(qp[r].add(sb * QK + 64 * c) as *const __m512i);
+                    for t in 0..TK {
+                        let pr = _mm512_maddubs_epi16(wq, av[t]);
+                        s[r][t] = _mm512_dpwssd_epi32(s[r][t], pr, scv);
+                    }
+                }
+            }
+            for t in 0..TK {
+                let dx = *a.d.as_ptr().add(tt[t] * nsb + sb);
+                let bs = _mm256_loadu_si256(
+                    a.bsums.as_ptr().add((tt[t] * nsb + sb) * 16) as *const __m256i
+                );
+                for r in 0..RK {
+                    let km = &*mp[r].add(sb);
+                    let sd = _mm512_set1_ps(km.d * dx);
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][t]), sd, acc[r][t]);
+                    let mn = _mm256_loadu_si256(km.mn.as_ptr() as *const __m256i);
+                    let mi = _mm256_madd_epi16(mn, bs);
+                    let sm = _mm256_set1_ps(km.dmin * dx);
+                    accm[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mi), sm, accm[r][t]);
+                }
+            }
+        }
+        let mut res = [[0f32; TK]; RK];
+        for r in 0..RK {
+            for t in 0..TK {
+                res[r][t] = fold16(acc[r][t]) - fold8(accm[r][t]);
+            }
+        }
+        res
+    }
+}
