@@ -45,41 +45,43 @@ pub(crate) fn tile32(
     assert!(w.len() >= nr * cols && d.len() >= nr * nb && out.len() >= nr * nt);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb);
     // SAFETY: AVX2 detected by the caller's table; pointers stay inside the checked slices.
-    let res = unsafe { inner(w, d, nr, a, t0, nt) };
-    for r in 0..nr {
-        for t in 0..nt {
-            out[r * nt + t] = res[r][t];
+    unsafe {
+        match nt {
+            1 => inner::<1>(w, d, nr, a, t0, out),
+            2 => inner::<2>(w, d, nr, a, t0, out),
+            3 => inner::<3>(w, d, nr, a, t0, out),
+            _ => inner::<4>(w, d, nr, a, t0, out),
         }
     }
 
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn inner(
+    unsafe fn inner<const NT: usize>(
         w: &[i8],
         d: &[f32],
         nr: usize,
         a: &Q8Acts,
         t0: usize,
-        nt: usize,
-    ) -> [[f32; T]; R] {
+        out: &mut [f32],
+    ) {
         let cols = a.cols;
         let nb = cols / 32;
         let wp: [*const i8; R] = std::array::from_fn(|r| w.as_ptr().add(r.min(nr - 1) * cols));
         let dp: [*const f32; R] = std::array::from_fn(|r| d.as_ptr().add(r.min(nr - 1) * nb));
-        let tt = |t: usize| t0 + t.min(nt - 1);
-        let ap: [*const i8; T] = std::array::from_fn(|t| a.qs.as_ptr().add(tt(t) * cols));
-        let xp: [*const f32; T] = std::array::from_fn(|t| a.d.as_ptr().add(tt(t) * nb));
+        let tt = |t: usize| t0 + t;
+        let ap: [*const i8; NT] = std::array::from_fn(|t| a.qs.as_ptr().add(tt(t) * cols));
+        let xp: [*const f32; NT] = std::array::from_fn(|t| a.d.as_ptr().add(tt(t) * nb));
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        let mut acc = [[_mm256_setzero_ps(); NT]; R];
         for b in 0..nb {
-            let mut av = [_mm256_setzero_si256(); T];
-            for t in 0..T {
+            let mut av = [_mm256_setzero_si256(); NT];
+            for t in 0..NT {
                 av[t] = _mm256_loadu_si256(ap[t].add(32 * b) as *const __m256i);
             }
             for r in 0..R {
                 let wv = _mm256_loadu_si256(wp[r].add(32 * b) as *const __m256i);
                 let aw = _mm256_sign_epi8(wv, wv);
                 let dw = *dp[r].add(b);
-                for t in 0..T {
+                for t in 0..NT {
                     let sa = _mm256_sign_epi8(av[t], wv);
                     let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones);
                     let s = _mm256_set1_ps(dw * *xp[t].add(b));
@@ -87,13 +89,11 @@ pub(crate) fn tile32(
                 }
             }
         }
-        let mut res = [[0f32; T]; R];
-        for r in 0..R {
-            for t in 0..T {
-                res[r][t] = fold8(acc[r][t]);
+        for r in 0..nr {
+            for t in 0..NT {
+                out[r * NT + t] = fold8(acc[r][t]);
             }
         }
-        res
     }
 }
 
@@ -117,34 +117,36 @@ pub(crate) fn tile_k(
             && a.bsums.len() >= (t0 + nt) * nsb * 16
     );
     // SAFETY: as in `tile32`.
-    let res = unsafe { inner(q, m, nr, a, t0, nt) };
-    for r in 0..nr {
-        for t in 0..nt {
-            out[r * nt + t] = res[r][t];
+    unsafe {
+        match nt {
+            1 => inner::<1>(q, m, nr, a, t0, out),
+            2 => inner::<2>(q, m, nr, a, t0, out),
+            3 => inner::<3>(q, m, nr, a, t0, out),
+            _ => inner::<4>(q, m, nr, a, t0, out),
         }
     }
 
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn inner(
+    unsafe fn inner<const NT: usize>(
         q: &[u8],
         m: &[KMeta],
         nr: usize,
         a: &Q8Acts,
         t0: usize,
-        nt: usize,
-    ) -> [[f32; T]; R] {
+        out: &mut [f32],
+    ) {
         let cols = a.cols;
         let nsb = cols / QK;
         let qp: [*const u8; R] = std::array::from_fn(|r| q.as_ptr().add(r.min(nr - 1) * cols));
         let mp: [*const KMeta; R] = std::array::from_fn(|r| m.as_ptr().add(r.min(nr - 1) * nsb));
-        let tt: [usize; T] = std::array::from_fn(|t| t0 + t.min(nt - 1));
-        let mut acc = [[_mm256_setzero_ps(); T]; R];
-        let mut accm = [[_mm256_setzero_ps(); T]; R];
+        let tt: [usize; NT] = std::array::from_fn(|t| t0 + t);
+        let mut acc = [[_mm256_setzero_ps(); NT]; R];
+        let mut accm = [[_mm256_setzero_ps(); NT]; R];
         for sb in 0..nsb {
-            let mut s = [[_mm256_setzero_si256(); T]; R];
+            let mut s = [[_mm256_setzero_si256(); NT]; R];
             for c in 0..8 {
-                let mut av = [_mm256_setzero_si256(); T];
-                for t in 0..T {
+                let mut av = [_mm256_setzero_si256(); NT];
+                for t in 0..NT {
                     let p = a.qs.as_ptr().add(tt[t] * cols + sb * QK + 32 * c);
                     av[t] = _mm256_loadu_si256(p as *const __m256i);
                 }
@@ -156,13 +158,13 @@ pub(crate) fn tile_k(
                         _mm_set1_epi16(km.sc[2 * c]),
                     );
                     let wq = _mm256_loadu_si256(qp[r].add(sb * QK + 32 * c) as *const __m256i);
-                    for t in 0..T {
+                    for t in 0..NT {
                         let pr = _mm256_maddubs_epi16(wq, av[t]);
                         s[r][t] = _mm256_add_epi32(s[r][t], _mm256_madd_epi16(pr, scv));
                     }
                 }
             }
-            for t in 0..T {
+            for t in 0..NT {
                 let dx = *a.d.as_ptr().add(tt[t] * nsb + sb);
                 let bs = _mm256_loadu_si256(
                     a.bsums.as_ptr().add((tt[t] * nsb + sb) * 16) as *const __m256i
@@ -178,13 +180,10 @@ pub(crate) fn tile_k(
                 }
             }
         }
-        let mut res = [[0f32; T]; R];
-        for r in 0..R {
-            for t in 0..T {
-                res[r][t] = fold8(acc[r][t]);
-                res[r][t] -= fold8(accm[r][t]);
+        for r in 0..nr {
+            for t in 0..NT {
+                out[r * NT + t] = fold8(acc[r][t]) - fold8(accm[r][t]);
             }
         }
-        res
     }
 }

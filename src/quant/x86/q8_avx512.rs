@@ -83,38 +83,40 @@ pub(crate) fn tile32(
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb);
     // SAFETY: VNNI detected by the caller's table; every pointer below stays inside the
     // slices checked above (rows and tokens clamped to the last real one).
-    let res = unsafe { inner(w, d, nr, a, t0, nt) };
-    for r in 0..nr {
-        for t in 0..nt {
-            out[r * nt + t] = res[r][t];
+    unsafe {
+        match nt {
+            1 => inner::<1>(w, d, nr, a, t0, out),
+            2 => inner::<2>(w, d, nr, a, t0, out),
+            3 => inner::<3>(w, d, nr, a, t0, out),
+            _ => inner::<4>(w, d, nr, a, t0, out),
         }
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
-    unsafe fn inner(
+    unsafe fn inner<const NT: usize>(
         w: &[i8],
         d: &[f32],
         nr: usize,
         a: &Q8Acts,
         t0: usize,
-        nt: usize,
-    ) -> [[f32; T32]; R32] {
+        out: &mut [f32],
+    ) {
         let cols = a.cols;
         let nb = cols / 32;
         let wp: [*const i8; R32] = std::array::from_fn(|r| w.as_ptr().add(r.min(nr - 1) * cols));
         let dp: [*const f32; R32] = std::array::from_fn(|r| d.as_ptr().add(r.min(nr - 1) * nb));
-        let tt = |t: usize| t0 + t.min(nt - 1);
-        let ap: [*const i8; T32] = std::array::from_fn(|t| a.qs.as_ptr().add(tt(t) * cols));
-        let xp: [*const f32; T32] = std::array::from_fn(|t| a.d.as_ptr().add(tt(t) * nb));
+        let tt = |t: usize| t0 + t;
+        let ap: [*const i8; NT] = std::array::from_fn(|t| a.qs.as_ptr().add(tt(t) * cols));
+        let xp: [*const f32; NT] = std::array::from_fn(|t| a.d.as_ptr().add(tt(t) * nb));
         let bias = _mm512_set1_epi8(-128);
         let z = _mm512_setzero_ps();
-        let mut acc = [[z; T32]; R32];
+        let mut acc = [[z; NT]; R32];
         let mut b = 0;
         while b < nb {
             let two = b + 1 < nb;
-            let mut av = [_mm512_setzero_si512(); T32];
-            let mut dx = [z; T32];
-            for t in 0..T32 {
+            let mut av = [_mm512_setzero_si512(); NT];
+            let mut dx = [z; NT];
+            for t in 0..NT {
                 av[t] = _mm512_xor_si512(chunk(ap[t].add(32 * b), two), bias);
                 dx[t] = scales2(xp[t].add(b), two);
             }
@@ -125,7 +127,7 @@ pub(crate) fn tile32(
                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wv),
                 );
                 let dw = scales2(dp[r].add(b), two);
-                for t in 0..T32 {
+                for t in 0..NT {
                     let p = _mm512_dpbusd_epi32(neg, av[t], wv);
                     let s = _mm512_mul_ps(dw, dx[t]);
                     acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
@@ -133,13 +135,11 @@ pub(crate) fn tile32(
             }
             b += 2;
         }
-        let mut res = [[0f32; T32]; R32];
-        for r in 0..R32 {
-            for t in 0..T32 {
-                res[r][t] = fold16(acc[r][t]);
+        for r in 0..nr {
+            for t in 0..NT {
+                out[r * NT + t] = fold16(acc[r][t]);
             }
         }
-        res
     }
 }
 
@@ -163,40 +163,42 @@ pub(crate) fn tile_k(
             && a.bsums.len() >= (t0 + nt) * nsb * 16
     );
     // SAFETY: as in `tile32`.
-    let res = unsafe { inner(q, m, nr, a, t0, nt) };
-    for r in 0..nr {
-        for t in 0..nt {
-            out[r * nt + t] = res[r][t];
+    unsafe {
+        match nt {
+            1 => inner::<1>(q, m, nr, a, t0, out),
+            2 => inner::<2>(q, m, nr, a, t0, out),
+            3 => inner::<3>(q, m, nr, a, t0, out),
+            _ => inner::<4>(q, m, nr, a, t0, out),
         }
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
-    unsafe fn inner(
+    unsafe fn inner<const NT: usize>(
         q: &[u8],
         m: &[KMeta],
         nr: usize,
         a: &Q8Acts,
         t0: usize,
-        nt: usize,
-    ) -> [[f32; TK]; RK] {
+        out: &mut [f32],
+    ) {
         let cols = a.cols;
         let nsb = cols / QK;
         let qp: [*const u8; RK] = std::array::from_fn(|r| q.as_ptr().add(r.min(nr - 1) * cols));
         let mp: [*const KMeta; RK] = std::array::from_fn(|r| m.as_ptr().add(r.min(nr - 1) * nsb));
-        let tt: [usize; TK] = std::array::from_fn(|t| t0 + t.min(nt - 1));
+        let tt: [usize; NT] = std::array::from_fn(|t| t0 + t);
         // i16 lane k of chunk c covers elements 64c + 2k, 64c + 2k + 1: sub-block 4c + k / 8
         let idx: [__m512i; 4] = std::array::from_fn(|c| {
             let v: [i16; 32] = std::array::from_fn(|k| (4 * c + k / 8) as i16);
             _mm512_loadu_si512(v.as_ptr() as *const __m512i)
         });
         let z = _mm512_setzero_ps();
-        let mut acc = [[z; TK]; RK];
-        let mut accm = [[_mm256_setzero_ps(); TK]; RK];
+        let mut acc = [[z; NT]; RK];
+        let mut accm = [[_mm256_setzero_ps(); NT]; RK];
         for sb in 0..nsb {
-            let mut s = [[_mm512_setzero_si512(); TK]; RK];
+            let mut s = [[_mm512_setzero_si512(); NT]; RK];
             for c in 0..4 {
-                let mut av = [_mm512_setzero_si512(); TK];
-                for t in 0..TK {
+                let mut av = [_mm512_setzero_si512(); NT];
+                for t in 0..NT {
                     let p = a.qs.as_ptr().add(tt[t] * cols + sb * QK + 64 * c);
                     av[t] = _mm512_loadu_si512(p as *const __m512i);
                 }
@@ -205,13 +207,13 @@ pub(crate) fn tile_k(
                     let sc16 = _mm256_loadu_si256(km.sc.as_ptr() as *const __m256i);
                     let scv = _mm512_permutexvar_epi16(idx[c], _mm512_castsi256_si512(sc16));
                     let wq = _mm512_loadu_si512(qp[r].add(sb * QK + 64 * c) as *const __m512i);
-                    for t in 0..TK {
+                    for t in 0..NT {
                         let pr = _mm512_maddubs_epi16(wq, av[t]);
                         s[r][t] = _mm512_dpwssd_epi32(s[r][t], pr, scv);
                     }
                 }
             }
-            for t in 0..TK {
+            for t in 0..NT {
                 let dx = *a.d.as_ptr().add(tt[t] * nsb + sb);
                 let bs = _mm256_loadu_si256(
                     a.bsums.as_ptr().add((tt[t] * nsb + sb) * 16) as *const __m256i
@@ -227,12 +229,10 @@ pub(crate) fn tile_k(
                 }
             }
         }
-        let mut res = [[0f32; TK]; RK];
-        for r in 0..RK {
-            for t in 0..TK {
-                res[r][t] = fold16(acc[r][t]) - fold8(accm[r][t]);
+        for r in 0..nr {
+            for t in 0..NT {
+                out[r * NT + t] = fold16(acc[r][t]) - fold8(accm[r][t]);
             }
         }
-        res
     }
 }
