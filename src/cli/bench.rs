@@ -55,6 +55,9 @@ pub struct BenchArgs {
     /// Worker threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Arithmetic of the matrix products (as for `run`: `exact` or the lossy `q8`).
+    #[arg(long, default_value = "exact")]
+    pub numerics: crate::models::Numerics,
     #[command(flatten)]
     pub store: StoreArgs,
     /// Speculative decoding in the decode scenarios (greedy, as without it).
@@ -116,6 +119,7 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
         n_batch: decode_p.max(1),
         direct_io: true,
         experts: a.store.options(Some(&a.model)),
+        numerics: a.numerics,
     };
     let loaded = opened
         .load(&Options {

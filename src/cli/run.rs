@@ -87,6 +87,11 @@ pub struct RunArgs {
     /// Read weights through the page cache instead of O_DIRECT.
     #[arg(long)]
     pub no_direct_io: bool,
+    /// Arithmetic of the matrix products: `exact` (default; every product equals the
+    /// stored weights' exact dot) or `q8` (lossy and faster: activations quantized to 8 bits
+    /// per block and integer dot products, as llama.cpp computes; --stats names it).
+    #[arg(long, default_value = "exact")]
+    pub numerics: crate::models::Numerics,
     #[command(flatten)]
     pub store: super::store_args::StoreArgs,
     #[command(flatten)]
@@ -245,6 +250,7 @@ pub fn run(mut a: RunArgs) -> Result<()> {
         n_batch,
         direct_io: !a.no_direct_io,
         experts: a.store.options(a.model.as_deref()),
+        numerics: a.numerics,
     };
     let (model, store) = opened
         .load_weights(&opts)
@@ -383,6 +389,7 @@ pub fn load_engine(
         n_batch: a.batch_size,
         direct_io: !a.no_direct_io,
         experts: a.store.options(a.model.as_deref()),
+        numerics: a.numerics,
     };
     let (model, store) = opened
         .load_weights(&opts)

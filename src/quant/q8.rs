@@ -114,27 +114,35 @@ impl Q8Acts {
         self.cols = cols;
         self.qs.resize(n * cols, 0);
         self.d.resize(n * cols / be, 0.0);
-        match fmt {
-            ActFormat::Q8_0 => {
-                self.bsums.clear();
-                for ((xb, qb), d) in x
-                    .chunks_exact(32)
-                    .zip(self.qs.chunks_exact_mut(32))
-                    .zip(self.d.iter_mut())
-                {
-                    *d = quantize_q8_0_block(xb, qb);
-                }
+        self.bsums
+            .resize(if fmt == ActFormat::Q8K { n * cols / 16 } else { 0 }, 0);
+        quantize_rows(fmt, x, &mut self.qs, &mut self.d, &mut self.bsums);
+    }
+}
+
+/// Quantizes whole blocks of `x` in `fmt` into `qs` (`x.len()`), `d` (one per block) and,
+/// for Q8_K, `bsums` (one per 16 values; empty for Q8_0).
+pub(crate) fn quantize_rows(
+    fmt: ActFormat,
+    x: &[f32],
+    qs: &mut [i8],
+    d: &mut [f32],
+    bsums: &mut [i16],
+) {
+    match fmt {
+        ActFormat::Q8_0 => {
+            for ((xb, qb), d) in x.chunks_exact(32).zip(qs.chunks_exact_mut(32)).zip(d) {
+                *d = quantize_q8_0_block(xb, qb);
             }
-            ActFormat::Q8K => {
-                self.bsums.resize(n * cols / 16, 0);
-                for (((xb, qb), d), s) in x
-                    .chunks_exact(QK)
-                    .zip(self.qs.chunks_exact_mut(QK))
-                    .zip(self.d.iter_mut())
-                    .zip(self.bsums.chunks_exact_mut(16))
-                {
-                    *d = quantize_q8_k_block(xb, qb, s);
-                }
+        }
+        ActFormat::Q8K => {
+            for (((xb, qb), d), s) in x
+                .chunks_exact(QK)
+                .zip(qs.chunks_exact_mut(QK))
+                .zip(d)
+                .zip(bsums.chunks_exact_mut(16))
+            {
+                *d = quantize_q8_k_block(xb, qb, s);
             }
         }
     }
@@ -435,6 +443,7 @@ pub(crate) type TileKFn =
 #[derive(Clone, Copy)]
 pub(crate) struct IntKernels {
     /// Lane width of the level's float order (8 or 16).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub lanes: usize,
     pub tile32: Tile32Fn,
     pub shape32: (usize, usize),

@@ -1,0 +1,209 @@
+//! The `--numerics q8` matrix product (`numerics::Numerics::Q8`): `Y = X Wᵀ` with the
+//! activations quantized once per call (`quant::q8::Q8Acts`: Q8_0 or Q8_K blocks, by the
+//! weight type) and integer tiles (`quant::q8`; AVX-512 VNNI, AVX2, scalar).
+//!
+//! Blocking as in `gemm.rs`: tasks own ranges of weight rows; a task prepares its rows a
+//! panel at a time (one byte per element plus block factors, about `PANEL_BYTES`) into a
+//! per-thread scratch, then runs the tokens through the panel a tile at a time. Decode
+//! (`n == 1`) takes the same path with one-token tiles. Every output is one tile's dot, so
+//! neither the thread count nor the batch split changes a value.
+
+use super::{Matrix, OutPtr};
+use crate::quant::q8::{
+    int_kernels, int_plan, quantize_rows, ActFormat, IntPlan, KMeta, Q8Acts, QK,
+};
+use crate::quant::SimdLevel;
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// Bytes of prepared weights per panel (one byte per element): stays in L2 beside a tile's
+/// activations.
+const PANEL_BYTES: usize = 96 * 1024;
+
+/// Multiply-adds a task should cover at least, so small products run on one thread.
+const MIN_TASK_MACS: usize = 1 << 20;
+
+/// Activation rows above which the quantization is split over threads.
+const PAR_QUANT_ROWS: usize = 8;
+
+/// Per-thread panel scratch.
+#[derive(Default)]
+struct Panel {
+    w: Vec<i8>,
+    u: Vec<u8>,
+    d: Vec<f32>,
+    m: Vec<KMeta>,
+    out: Vec<f32>,
+}
+
+thread_local! {
+    static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
+    static ACTS: RefCell<Q8Acts> = RefCell::new(Q8Acts::default());
+}
+
+/// Whether `w` has an integer path (its type has one; its rows are whole activation blocks).
+pub(super) fn supports(w: &Matrix) -> bool {
+    int_plan(w.ty).is_some() && w.cols.is_multiple_of(32)
+}
+
+/// `y = X Wᵀ` for `n >= 1` tokens in q8 numerics at `level` (shapes checked by the
+/// caller); `false` (and `y` untouched) when `w`'s type has no integer path.
+pub(super) fn matmul_q8(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) -> bool {
+    let Some(plan) = int_plan(w.ty) else {
+        return false;
+    };
+    if !supports(w) {
+        return false;
+    }
+    let mut run = |a: &mut Q8Acts| {
+        quantize(a, plan.act_format(), x, w.cols, n);
+        products(level, plan, w, a, n, y);
+    };
+    // the thread's buffers, unless an enclosing product on this thread holds them
+    let done = ACTS.with(|c| match c.try_borrow_mut() {
+        Ok(mut a) => {
+            run(&mut a);
+            true
+        }
+        Err(_) => false,
+    });
+    if !done {
+        run(&mut Q8Acts::default());
+    }
+    true
+}
+
+/// Quantizes the `n` rows of `x`, split over threads for long batches (rows are
+/// independent, so the split changes nothing).
+fn quantize(a: &mut Q8Acts, fmt: ActFormat, x: &[f32], cols: usize, n: usize) {
+    if n < PAR_QUANT_ROWS {
+        return a.quantize(fmt, x, cols);
+    }
+    let be = match fmt {
+        ActFormat::Q8_0 => 32,
+        ActFormat::Q8K => QK,
+    };
+    a.cols = cols;
+    a.qs.resize(n * cols, 0);
+    a.d.resize(n * cols / be, 0.0);
+    a.bsums.resize(if fmt == ActFormat::Q8K { n * cols / 16 } else { 0 }, 0);
+    let rows = n.div_ceil(rayon::current_num_threads() * 2).max(1);
+    let bs_row = if fmt == ActFormat::Q8K { cols / 16 } else { 0 };
+    let qs = a.qs.par_chunks_mut(rows * cols);
+    let ds = a.d.par_chunks_mut(rows * cols / be);
+    let xs = x.par_chunks(rows * cols);
+    if bs_row == 0 {
+        xs.zip(qs)
+            .zip(ds)
+            .for_each(|((xc, qc), dc)| quantize_rows(fmt, xc, qc, dc, &mut []));
+    } else {
+        let bss = a.bsums.par_chunks_mut(rows * bs_row);
+        xs.zip(qs)
+            .zip(ds)
+            .zip(bss)
+            .for_each(|(((xc, qc), dc), bc)| quantize_rows(fmt, xc, qc, dc, bc));
+    }
+}
+
+/// The tiles over row ranges (see the module header).
+fn products(level: SimdLevel, plan: IntPlan, w: &Matrix, a: &Q8Acts, n: usize, y: &mut [f32]) {
+    let k = int_kernels(level);
+    let (rows, cols) = (w.rows, w.cols);
+    let (tr, tt) = match plan {
+        IntPlan::B32(_) => k.shape32,
+        IntPlan::K(_) => k.shape_k,
+    };
+    let rb = w.ty.row_bytes(cols).unwrap_or(0);
+    let (nb, nsb) = (cols / 32, cols / QK);
+    let panel = (PANEL_BYTES / cols.max(1)).max(1).div_ceil(tr) * tr;
+    let min_rows = MIN_TASK_MACS.div_ceil((cols * n).max(1));
+    let per = rows
+        .div_ceil(rayon::current_num_threads() * 4)
+        .max(min_rows)
+        .max(1)
+        .div_ceil(tr)
+        * tr;
+    let out = OutPtr(y.as_mut_ptr());
+    let task = |first: usize| {
+        let last = (first + per).min(rows);
+        PANEL.with(|p| {
+            let p = &mut *p.borrow_mut();
+            let mut p0 = first;
+            while p0 < last {
+                let p1 = (p0 + panel).min(last);
+                let np = p1 - p0;
+                match plan {
+                    IntPlan::B32(prep) => {
+                        grow(&mut p.w, np * cols, 0);
+                        grow(&mut p.d, np * nb, 0.0);
+                        for (i, r) in (p0..p1).enumerate() {
+                            let src = &w.data[r * rb..(r + 1) * rb];
+                            prep(src, &mut p.w[i * cols..][..cols], &mut p.d[i * nb..][..nb]);
+                        }
+                    }
+                    IntPlan::K(prep) => {
+                        grow(&mut p.u, np * cols, 0);
+                        grow(&mut p.m, np * nsb, KMeta::default());
+                        for (i, r) in (p0..p1).enumerate() {
+                            let src = &w.data[r * rb..(r + 1) * rb];
+                            prep(src, &mut p.u[i * cols..][..cols], &mut p.m[i * nsb..][..nsb]);
+                        }
+                    }
+                }
+                grow(&mut p.out, tr * tt, 0.0);
+                let mut t0 = 0;
+                while t0 < n {
+                    let nt = tt.min(n - t0);
+                    let mut r0 = 0;
+                    while r0 < np {
+                        let nr = tr.min(np - r0);
+                        match plan {
+                            IntPlan::B32(_) => (k.tile32)(
+                                &p.w[r0 * cols..(r0 + nr) * cols],
+                                &p.d[r0 * nb..(r0 + nr) * nb],
+                                nr,
+                                a,
+                                t0,
+                                nt,
+                                &mut p.out,
+                            ),
+                            IntPlan::K(_) => (k.tile_k)(
+                                &p.u[r0 * cols..(r0 + nr) * cols],
+                                &p.m[r0 * nsb..(r0 + nr) * nsb],
+                                nr,
+                                a,
+                                t0,
+                                nt,
+                                &mut p.out,
+                            ),
+                        }
+                        for i in 0..nr {
+                            for t in 0..nt {
+                                let idx = (t0 + t) * rows + p0 + r0 + i;
+                                // SAFETY: `idx < n * rows == y.len()` (checked by the caller),
+                                // and row `p0 + r0 + i` belongs to this task only.
+                                unsafe { *out.get().add(idx) = p.out[i * nt + t] };
+                            }
+                        }
+                        r0 += nr;
+                    }
+                    t0 += nt;
+                }
+                p0 = p1;
+            }
+        })
+    };
+    let tasks = rows.div_ceil(per);
+    if tasks == 1 {
+        task(0);
+    } else {
+        (0..tasks).into_par_iter().for_each(|i| task(i * per));
+    }
+}
+
+/// Grows `v` to at least `len` elements.
+fn grow<T: Clone>(v: &mut Vec<T>, len: usize, fill: T) {
+    if v.len() < len {
+        v.resize(len, fill);
+    }
+}
