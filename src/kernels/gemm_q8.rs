@@ -10,7 +10,8 @@
 
 use super::{Matrix, OutPtr};
 use crate::quant::q8::{
-    int_kernels, int_plan, quantize_rows, ActFormat, IntPlan, KMeta, Q8Acts, QK,
+    int_kernels, int_plan, quad_of, quantize_rows, ActFormat, IntPlan, KMeta, Q8Acts, QuadActs,
+    QuadRows, QuadTileFn, QK, QUAD,
 };
 use crate::quant::SimdLevel;
 use rayon::prelude::*;
@@ -34,11 +35,12 @@ struct Panel {
     d: Vec<f32>,
     m: Vec<KMeta>,
     out: Vec<f32>,
+    quads: QuadRows,
 }
 
 thread_local! {
     static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
-    static ACTS: RefCell<Q8Acts> = RefCell::new(Q8Acts::default());
+    static ACTS: RefCell<(Q8Acts, QuadActs)> = RefCell::new(Default::default());
 }
 
 /// Whether `w` has an integer path (its type has one; its rows are whole activation blocks).
@@ -55,9 +57,16 @@ pub(super) fn matmul_q8(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &m
     if !supports(w) {
         return false;
     }
-    let mut run = |a: &mut Q8Acts| {
+    let k = int_kernels(level);
+    let mut run = |(a, qa): &mut (Q8Acts, QuadActs)| {
         quantize(a, plan.act_format(), x, w.cols, n);
-        products(level, plan, w, a, n, y);
+        match (plan, k.quad32) {
+            (IntPlan::B32(prep), Some((tile, shape))) => {
+                quads(a, n, qa);
+                quad_products(prep, tile, shape, w, qa, n, y);
+            }
+            _ => products(level, plan, w, a, n, y),
+        }
     };
     // the thread's buffers, unless an enclosing product on this thread holds them
     let done = ACTS.with(|c| match c.try_borrow_mut() {
@@ -68,7 +77,7 @@ pub(super) fn matmul_q8(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &m
         Err(_) => false,
     });
     if !done {
-        run(&mut Q8Acts::default());
+        run(&mut Default::default());
     }
     true
 }
@@ -188,6 +197,114 @@ fn products(level: SimdLevel, plan: IntPlan, w: &Matrix, a: &Q8Acts, n: usize, y
                         r0 += nr;
                     }
                     t0 += nt;
+                }
+                p0 = p1;
+            }
+        })
+    };
+    let tasks = rows.div_ceil(per);
+    if tasks == 1 {
+        task(0);
+    } else {
+        (0..tasks).into_par_iter().for_each(|i| task(i * per));
+    }
+}
+
+/// `a`'s first `n` rows in token quads (split over threads for long batches).
+fn quads(a: &Q8Acts, n: usize, qa: &mut QuadActs) {
+    let cols = a.cols;
+    let (nb, ng) = (cols / 32, cols / 4);
+    qa.cols = cols;
+    qa.quads = n.div_ceil(QUAD);
+    qa.a.resize(qa.quads * ng * 16, 0);
+    qa.dx.resize(qa.quads * nb * QUAD, 0.0);
+    let chunks = qa
+        .a
+        .par_chunks_mut(ng * 16)
+        .zip(qa.dx.par_chunks_mut(nb * QUAD))
+        .enumerate();
+    if n < PAR_QUANT_ROWS {
+        qa.a.chunks_exact_mut(ng * 16)
+            .zip(qa.dx.chunks_exact_mut(nb * QUAD))
+            .enumerate()
+            .for_each(|(q, (ac, dc))| quad_of(a, n, q, ac, dc));
+    } else {
+        chunks.for_each(|(q, (ac, dc))| quad_of(a, n, q, ac, dc));
+    }
+}
+
+/// The quad tiles over row ranges: as [`products`], with rows prepared into row quads.
+fn quad_products(
+    prep: crate::quant::q8::Prep32,
+    tile: QuadTileFn,
+    (tr, tt): (usize, usize),
+    w: &Matrix,
+    a: &QuadActs,
+    n: usize,
+    y: &mut [f32],
+) {
+    let (rows, cols) = (w.rows, w.cols);
+    let rb = w.ty.row_bytes(cols).unwrap_or(0);
+    let nb = cols / 32;
+    // whole tiles of row quads per panel and per task
+    let step = tr * QUAD;
+    let panel = (PANEL_BYTES / cols.max(1)).max(1).div_ceil(step) * step;
+    let min_rows = MIN_TASK_MACS.div_ceil((cols * n).max(1));
+    let per = rows
+        .div_ceil(rayon::current_num_threads() * 4)
+        .max(min_rows)
+        .max(1)
+        .div_ceil(step)
+        * step;
+    let out = OutPtr(y.as_mut_ptr());
+    let tq_all = n.div_ceil(QUAD);
+    let task = |first: usize| {
+        let last = (first + per).min(rows);
+        PANEL.with(|p| {
+            let p = &mut *p.borrow_mut();
+            let mut p0 = first;
+            while p0 < last {
+                let p1 = (p0 + panel).min(last);
+                let np = p1 - p0;
+                grow(&mut p.w, np * cols, 0);
+                grow(&mut p.d, np * nb, 0.0);
+                for (i, r) in (p0..p1).enumerate() {
+                    let src = &w.data[r * rb..(r + 1) * rb];
+                    prep(src, &mut p.w[i * cols..][..cols], &mut p.d[i * nb..][..nb]);
+                }
+                p.quads.build(&p.w[..np * cols], &p.d[..np * nb], np, cols);
+                let rq_all = np.div_ceil(QUAD);
+                grow(&mut p.out, tr * tt * 16, 0.0);
+                let mut tq0 = 0;
+                while tq0 < tq_all {
+                    let ntq = tt.min(tq_all - tq0);
+                    let mut rq0 = 0;
+                    while rq0 < rq_all {
+                        let nrq = tr.min(rq_all - rq0);
+                        tile(&p.quads, rq0, nrq, a, tq0, ntq, &mut p.out);
+                        for i in 0..nrq {
+                            for j in 0..ntq {
+                                let o = &p.out[(i * ntq + j) * 16..][..16];
+                                for q in 0..QUAD {
+                                    let t = (tq0 + j) * QUAD + q;
+                                    if t >= n {
+                                        break;
+                                    }
+                                    for pr in 0..QUAD {
+                                        let r = p0 + (rq0 + i) * QUAD + pr;
+                                        if r >= p1 {
+                                            break;
+                                        }
+                                        // SAFETY: `t < n`, `r < rows`: inside `y`; row `r`
+                                        // belongs to this task only.
+                                        unsafe { *out.get().add(t * rows + r) = o[4 * q + pr] };
+                                    }
+                                }
+                            }
+                        }
+                        rq0 += nrq;
+                    }
+                    tq0 += ntq;
                 }
                 p0 = p1;
             }

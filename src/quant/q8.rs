@@ -121,7 +121,8 @@ impl Q8Acts {
 }
 
 /// Quantizes whole blocks of `x` in `fmt` into `qs` (`x.len()`), `d` (one per block) and,
-/// for Q8_K, `bsums` (one per 16 values; empty for Q8_0).
+/// for Q8_K, `bsums` (one per 16 values; empty for Q8_0). The same IEEE operations at every
+/// level (compiled with AVX2 where the CPU has it, so rounding is one instruction).
 pub(crate) fn quantize_rows(
     fmt: ActFormat,
     x: &[f32],
@@ -129,6 +130,20 @@ pub(crate) fn quantize_rows(
     d: &mut [f32],
     bsums: &mut [i16],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if super::SimdLevel::detect() >= super::SimdLevel::Avx2 {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(fmt: ActFormat, x: &[f32], qs: &mut [i8], d: &mut [f32], b: &mut [i16]) {
+            quantize_portable(fmt, x, qs, d, b)
+        }
+        // SAFETY: AVX2 and FMA detected.
+        return unsafe { avx2(fmt, x, qs, d, bsums) };
+    }
+    quantize_portable(fmt, x, qs, d, bsums)
+}
+
+#[inline(always)]
+fn quantize_portable(fmt: ActFormat, x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
     match fmt {
         ActFormat::Q8_0 => {
             for ((xb, qb), d) in x.chunks_exact(32).zip(qs.chunks_exact_mut(32)).zip(d) {
@@ -149,11 +164,13 @@ pub(crate) fn quantize_rows(
 }
 
 /// Rounds an f32 to the nearest f16 value (ties to even), returned as f32.
+#[inline(always)]
 pub(crate) fn round_to_f16(v: f32) -> f32 {
     f16_to_f32(f32_to_f16(v))
 }
 
 /// IEEE binary32 → binary16, round to nearest even (overflow to infinity).
+#[inline(always)]
 fn f32_to_f16(v: f32) -> u16 {
     let b = v.to_bits();
     let sign = ((b >> 16) & 0x8000) as u16;
@@ -180,7 +197,7 @@ fn f32_to_f16(v: f32) -> u16 {
 }
 
 /// One Q8_0 activation block: `q` from `x` (32 values), returns the f16-rounded scale.
-#[inline]
+#[inline(always)]
 pub(crate) fn quantize_q8_0_block(x: &[f32], q: &mut [i8]) -> f32 {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
@@ -193,7 +210,7 @@ pub(crate) fn quantize_q8_0_block(x: &[f32], q: &mut [i8]) -> f32 {
 
 /// One Q8_K activation block: `q` from `x` (256 values) and the sums of each 16; returns the
 /// scale (0 with all-zero `q` when `x` is all zero).
-#[inline]
+#[inline(always)]
 pub(crate) fn quantize_q8_k_block(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
     let (mut amax, mut max) = (0f32, 0f32);
     for &v in x {
@@ -449,6 +466,9 @@ pub(crate) struct IntKernels {
     pub shape32: (usize, usize),
     pub tile_k: TileKFn,
     pub shape_k: (usize, usize),
+    /// The quad tile of the 32-value types and its shape (row quads, token quads), where
+    /// the level has one: it replaces `tile32` (float order [`ref_pair32`]).
+    pub quad32: Option<(QuadTileFn, (usize, usize))>,
 }
 
 /// The integer tiles at `level`: AVX-512 with VNNI (`avx512vnni`) runs lane width 16, AVX2
@@ -470,6 +490,7 @@ pub(crate) fn int_kernels(level: super::SimdLevel) -> IntKernels {
                 shape32: (q8_avx512::R32, q8_avx512::T32),
                 tile_k: q8_avx512::tile_k,
                 shape_k: (q8_avx512::RK, q8_avx512::TK),
+                quad32: Some((q8_avx512::quad_tile32, (q8_avx512::QR, q8_avx512::QT))),
             };
         }
         if level >= SimdLevel::Avx2 {
@@ -479,6 +500,7 @@ pub(crate) fn int_kernels(level: super::SimdLevel) -> IntKernels {
                 shape32: (q8_avx2::R, q8_avx2::T),
                 tile_k: q8_avx2::tile_k,
                 shape_k: (q8_avx2::R, q8_avx2::T),
+                quad32: None,
             };
         }
     }
@@ -489,5 +511,139 @@ pub(crate) fn int_kernels(level: super::SimdLevel) -> IntKernels {
         shape32: (2, 4),
         tile_k: ref_tile_k::<8>,
         shape_k: (2, 4),
+        quad32: None,
     }
+}
+
+/// Rows (and tokens) of a quad: a 16-lane register holds 4 tokens × 4 weight rows, lane
+/// `4q + p` the pair (token `q`, row `p`) of its quads.
+pub(crate) const QUAD: usize = 4;
+
+/// Q8_0 activations in token quads for the quad tile: per quad, block and 4-value group,
+/// 16 bytes (the group of each of the quad's 4 tokens, made unsigned: `q + 128`), and per
+/// quad and block the 4 tokens' scales. Tokens past `n` are zero (scale 0).
+#[derive(Default)]
+pub(crate) struct QuadActs {
+    pub cols: usize,
+    pub quads: usize,
+    pub a: Vec<u8>,
+    pub dx: Vec<f32>,
+}
+
+impl QuadActs {
+    /// Regroups the first `n` rows of `q` (Q8_0 activations) into quads.
+    pub(crate) fn build(&mut self, q: &Q8Acts, n: usize) {
+        let cols = q.cols;
+        let (nb, ng) = (cols / 32, cols / 4);
+        self.cols = cols;
+        self.quads = n.div_ceil(QUAD);
+        self.a.resize(self.quads * ng * 16, 0);
+        self.dx.resize(self.quads * nb * QUAD, 0.0);
+        for (qd, (ac, dc)) in self
+            .a
+            .chunks_exact_mut(ng * 16)
+            .zip(self.dx.chunks_exact_mut(nb * QUAD))
+            .enumerate()
+        {
+            quad_of(q, n, qd, ac, dc);
+        }
+    }
+}
+
+/// Quad `qd` of `q`'s first `n` rows into `ac` (`cols * 4` bytes) and `dc` (`cols / 8`).
+pub(crate) fn quad_of(q: &Q8Acts, n: usize, qd: usize, ac: &mut [u8], dc: &mut [f32]) {
+    let cols = q.cols;
+    let nb = cols / 32;
+    for tq in 0..QUAD {
+        let t = qd * QUAD + tq;
+        if t < n {
+            let row = &q.qs[t * cols..][..cols];
+            for (g, v) in row.chunks_exact(4).enumerate() {
+                let o = &mut ac[g * 16 + tq * 4..][..4];
+                for (ob, &vb) in o.iter_mut().zip(v) {
+                    *ob = (vb as u8) ^ 0x80;
+                }
+            }
+            for b in 0..nb {
+                dc[b * QUAD + tq] = q.d[t * nb + b];
+            }
+        } else {
+            for g in 0..cols / 4 {
+                ac[g * 16 + tq * 4..][..4].fill(0x80);
+            }
+            for b in 0..nb {
+                dc[b * QUAD + tq] = 0.0;
+            }
+        }
+    }
+}
+
+/// Prepared rows of a 32-value type in row quads for the quad tile: per quad, block and
+/// 4-value group, 16 bytes (the group of each of the quad's 4 rows, signed); per quad and
+/// block the rows' scales `dw` and `init = −128 · Σ w` of each row's block.
+#[derive(Default)]
+pub(crate) struct QuadRows {
+    pub w: Vec<i8>,
+    pub dw: Vec<f32>,
+    pub init: Vec<i32>,
+}
+
+impl QuadRows {
+    /// Regroups `nr` prepared rows (`w`: `nr × cols`, `d`: `nr × cols / 32`) into quads;
+    /// rows past `nr` are zero.
+    pub(crate) fn build(&mut self, w: &[i8], d: &[f32], nr: usize, cols: usize) {
+        let (nb, ng) = (cols / 32, cols / 4);
+        let quads = nr.div_ceil(QUAD);
+        self.w.resize(quads * ng * 16, 0);
+        self.dw.resize(quads * nb * QUAD, 0.0);
+        self.init.resize(quads * nb * QUAD, 0);
+        for qd in 0..quads {
+            for p in 0..QUAD {
+                let r = qd * QUAD + p;
+                for b in 0..nb {
+                    let o = (qd * nb + b) * QUAD + p;
+                    if r < nr {
+                        let wb = &w[r * cols + 32 * b..][..32];
+                        self.dw[o] = d[r * nb + b];
+                        self.init[o] = -128 * wb.iter().map(|&v| v as i32).sum::<i32>();
+                        for g in 0..8 {
+                            let dst = (qd * ng + 8 * b + g) * 16 + 4 * p;
+                            self.w[dst..dst + 4].copy_from_slice(&wb[4 * g..4 * g + 4]);
+                        }
+                    } else {
+                        self.dw[o] = 0.0;
+                        self.init[o] = 0;
+                        for g in 0..8 {
+                            let dst = (qd * ng + 8 * b + g) * 16 + 4 * p;
+                            self.w[dst..dst + 4].fill(0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A quad tile: the dots of row quads `rq0..rq0 + nrq` of `w` with token quads
+/// `tq0..tq0 + ntq` of `a`; `out[(i * ntq + j) * 16 + 4q + p]` is (row `4(rq0 + i) + p`,
+/// token `4(tq0 + j) + q`). Each pair's value is [`ref_pair32`]'s.
+pub(crate) type QuadTileFn = fn(
+    w: &QuadRows,
+    rq0: usize,
+    nrq: usize,
+    a: &QuadActs,
+    tq0: usize,
+    ntq: usize,
+    out: &mut [f32],
+);
+
+/// The scalar reference of one quad-tile pair: per block `b` in order, the exact integer
+/// sum `s` of the block's 32 products, then `acc = fma(s, dw · dx, acc)` from 0.
+pub(crate) fn ref_pair32(w: &[i8], d: &[f32], a: &[i8], da: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (b, (wb, ab)) in w.chunks_exact(32).zip(a.chunks_exact(32)).enumerate() {
+        let s: i32 = wb.iter().zip(ab).map(|(&x, &y)| x as i32 * y as i32).sum();
+        acc = (s as f32).mul_add(d[b] * da[b], acc);
+    }
+    acc
 }

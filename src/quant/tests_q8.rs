@@ -250,3 +250,60 @@ fn fold_adds_halves() {
     let b = [1e8f32, 1.0, -1e8, 1.0, 1.0, 0.0, 0.0, 0.0];
     assert_eq!(fold(b), ((1e8f32 + 1.0) + -1e8) + (1.0 + 1.0));
 }
+
+/// The quad tile (AVX-512 VNNI) equals `ref_pair32` for every pair, for row and token
+/// counts that are not whole quads and for partial tiles.
+#[test]
+fn quad_tiles_equal_their_scalar_reference() {
+    let Some((tile, (tr, tt))) = int_kernels(SimdLevel::detect()).quad32 else {
+        return; // no VNNI on this CPU: nothing runs the quad tile
+    };
+    for (i, ty) in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::MXFP4]
+        .into_iter()
+        .enumerate()
+    {
+        for (blocks, nrows, n) in [(1, 1, 1), (3, 7, 5), (20, 18, 9), (2, 16, 8)] {
+            let mut rng = Rng::new(77 + i as u64 * 100 + blocks as u64);
+            let cols = blocks * 32;
+            let rows: Vec<Vec<u8>> = (0..nrows).map(|_| random_row(ty, blocks, &mut rng)).collect();
+            let x = random_x(n * cols, &mut rng);
+            let mut a = Q8Acts::default();
+            a.quantize(ActFormat::Q8_0, &x, cols);
+            let mut qa = QuadActs::default();
+            qa.build(&a, n);
+            let Prepared::B32(w, d) = prepare(ty, &rows, cols) else {
+                unreachable!()
+            };
+            let mut qr = QuadRows::default();
+            qr.build(&w, &d, nrows, cols);
+            let (rq_all, tq_all) = (nrows.div_ceil(QUAD), n.div_ceil(QUAD));
+            let mut out = vec![0f32; tr * tt * 16];
+            for rq0 in 0..rq_all {
+                for tq0 in 0..tq_all {
+                    let (nrq, ntq) = (tr.min(rq_all - rq0), tt.min(tq_all - tq0));
+                    tile(&qr, rq0, nrq, &qa, tq0, ntq, &mut out);
+                    for ii in 0..nrq {
+                        for j in 0..ntq {
+                            for q in 0..QUAD {
+                                for p in 0..QUAD {
+                                    let (r, t) = ((rq0 + ii) * QUAD + p, (tq0 + j) * QUAD + q);
+                                    if r >= nrows || t >= n {
+                                        continue;
+                                    }
+                                    let want = ref_pair32(
+                                        &w[r * cols..][..cols],
+                                        &d[r * blocks..][..blocks],
+                                        &a.qs[t * cols..][..cols],
+                                        &a.d[t * blocks..][..blocks],
+                                    );
+                                    let got = out[(ii * ntq + j) * 16 + 4 * q + p];
+                                    assert_eq!(got.to_bits(), want.to_bits(), "{ty} r{r} t{t}: {got} vs {want}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -13,7 +13,7 @@
 
 // Register tiles are indexed by row and token: index loops say which is which.
 #![allow(clippy::needless_range_loop)]
-use crate::quant::q8::{KMeta, Q8Acts, QK};
+use crate::quant::q8::{KMeta, Q8Acts, QuadActs, QuadRows, QK, QUAD};
 use std::arch::x86_64::*;
 
 /// Rows × tokens of the 32-value tile.
@@ -232,6 +232,108 @@ pub(crate) fn tile_k(
         for r in 0..nr {
             for t in 0..NT {
                 out[r * NT + t] = fold16(acc[r][t]) - fold8(accm[r][t]);
+            }
+        }
+    }
+}
+
+/// Row quads × token quads of the quad tile.
+pub(crate) const QR: usize = 4;
+pub(crate) const QT: usize = 2;
+
+/// The 32-value quad tile (see `q8::QuadTileFn`; safe wrapper, only reachable where VNNI
+/// was detected): per block, each (row quad, token quad) register starts from the rows'
+/// `−128 · Σw`, takes one `vpdpbusd` per 4-value group (weights broadcast to the four
+/// 128-bit lanes, each token's group spread over its lane's four rows), then
+/// `fma(cvt(sum), dw · dx, acc)`: each lane is one pair's `ref_pair32`.
+pub(crate) fn quad_tile32(
+    w: &QuadRows,
+    rq0: usize,
+    nrq: usize,
+    a: &QuadActs,
+    tq0: usize,
+    ntq: usize,
+    out: &mut [f32],
+) {
+    let cols = a.cols;
+    let nb = cols / 32;
+    assert!((1..=QR).contains(&nrq) && (1..=QT).contains(&ntq), "tile shape");
+    assert!(w.w.len() >= (rq0 + nrq) * cols * 4 && w.dw.len() >= (rq0 + nrq) * nb * QUAD);
+    assert!(w.init.len() >= (rq0 + nrq) * nb * QUAD && out.len() >= nrq * ntq * 16);
+    assert!(a.a.len() >= (tq0 + ntq) * cols * 4 && a.dx.len() >= (tq0 + ntq) * nb * QUAD);
+    // SAFETY: VNNI detected by the caller's table; every access is inside the checked
+    // slices.
+    unsafe {
+        match (nrq, ntq) {
+            (4, 2) => inner::<4, 2>(w, rq0, a, tq0, out),
+            (4, _) => inner::<4, 1>(w, rq0, a, tq0, out),
+            (3, 2) => inner::<3, 2>(w, rq0, a, tq0, out),
+            (3, _) => inner::<3, 1>(w, rq0, a, tq0, out),
+            (2, 2) => inner::<2, 2>(w, rq0, a, tq0, out),
+            (2, _) => inner::<2, 1>(w, rq0, a, tq0, out),
+            (_, 2) => inner::<1, 2>(w, rq0, a, tq0, out),
+            _ => inner::<1, 1>(w, rq0, a, tq0, out),
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
+    unsafe fn inner<const NR: usize, const NT: usize>(
+        w: &QuadRows,
+        rq0: usize,
+        a: &QuadActs,
+        tq0: usize,
+        out: &mut [f32],
+    ) {
+        let cols = a.cols;
+        let nb = cols / 32;
+        // lane 4q + p takes element q: token q's group (or scale) for every row p
+        let rep = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        let z = _mm512_setzero_ps();
+        let mut acc = [[z; NT]; NR];
+        let wq: [*const i8; NR] = std::array::from_fn(|i| w.w.as_ptr().add((rq0 + i) * cols * 4));
+        let aq: [*const u8; NT] = std::array::from_fn(|j| a.a.as_ptr().add((tq0 + j) * cols * 4));
+        for b in 0..nb {
+            let mut dx = [z; NT];
+            for j in 0..NT {
+                let p = a.dx.as_ptr().add(((tq0 + j) * nb + b) * QUAD);
+                dx[j] = _mm512_permutexvar_ps(rep, _mm512_castps128_ps512(_mm_loadu_ps(p)));
+            }
+            let mut s = [[_mm512_setzero_si512(); NT]; NR];
+            let mut dw = [z; NR];
+            for i in 0..NR {
+                let o = ((rq0 + i) * nb + b) * QUAD;
+                dw[i] = _mm512_broadcast_f32x4(_mm_loadu_ps(w.dw.as_ptr().add(o)));
+                let init = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                    w.init.as_ptr().add(o) as *const __m128i
+                ));
+                s[i] = [init; NT];
+            }
+            for g in 0..8 {
+                let off = (8 * b + g) * 16;
+                let mut av = [_mm512_setzero_si512(); NT];
+                for j in 0..NT {
+                    let v = _mm_loadu_si128(aq[j].add(off) as *const __m128i);
+                    av[j] = _mm512_permutexvar_epi32(rep, _mm512_castsi128_si512(v));
+                }
+                for i in 0..NR {
+                    let wv = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                        wq[i].add(off) as *const __m128i
+                    ));
+                    for j in 0..NT {
+                        s[i][j] = _mm512_dpbusd_epi32(s[i][j], av[j], wv);
+                    }
+                }
+            }
+            for i in 0..NR {
+                for j in 0..NT {
+                    let sc = _mm512_mul_ps(dw[i], dx[j]);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][j]), sc, acc[i][j]);
+                }
+            }
+        }
+        for i in 0..NR {
+            for j in 0..NT {
+                _mm512_storeu_ps(out.as_mut_ptr().add((i * NT + j) * 16), acc[i][j]);
             }
         }
     }
