@@ -10,8 +10,8 @@
 
 use super::{Matrix, OutPtr};
 use crate::quant::q8::{
-    int_kernels, int_plan, quad_of, quantize_rows, ActFormat, IntPlan, KMeta, Q8Acts, QuadActs,
-    QuadRows, QuadTileFn, QK, QUAD,
+    int_kernels, int_plan, quad_k_of, quad_of, quantize_rows, ActFormat, IntPlan, KMeta, Q8Acts,
+    QuadActs, QuadKActs, QuadKRows, QuadRows, QK, QUAD,
 };
 use crate::quant::SimdLevel;
 use rayon::prelude::*;
@@ -36,11 +36,12 @@ struct Panel {
     m: Vec<KMeta>,
     out: Vec<f32>,
     quads: QuadRows,
+    quads_k: QuadKRows,
 }
 
 thread_local! {
     static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
-    static ACTS: RefCell<(Q8Acts, QuadActs)> = RefCell::new(Default::default());
+    static ACTS: RefCell<(Q8Acts, QuadActs, QuadKActs)> = RefCell::new(Default::default());
 }
 
 /// Whether `w` has an integer path (its type has one; its rows are whole activation blocks).
@@ -58,12 +59,30 @@ pub(super) fn matmul_q8(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &m
         return false;
     }
     let k = int_kernels(level);
-    let mut run = |(a, qa): &mut (Q8Acts, QuadActs)| {
+    let mut run = |(a, qa, qk): &mut (Q8Acts, QuadActs, QuadKActs)| {
         quantize(a, plan.act_format(), x, w.cols, n);
-        match (plan, k.quad32) {
-            (IntPlan::B32(prep), Some((tile, shape))) => {
+        match (plan, k.quad32, k.quad_k) {
+            (IntPlan::B32(_), Some((tile, shape)), _) => {
                 quads(a, n, qa);
-                quad_products(prep, tile, shape, w, qa, n, y);
+                let nb = w.cols / 32;
+                let build = |p: &mut Panel, np: usize, cols: usize| {
+                    p.quads.build(&p.w[..np * cols], &p.d[..np * nb], np, cols)
+                };
+                let run = |p: &Panel, rq0, nrq, tq0, ntq, o: &mut [f32]| {
+                    tile(&p.quads, rq0, nrq, qa, tq0, ntq, o)
+                };
+                quad_products(plan, shape, w, n, y, build, run);
+            }
+            (IntPlan::K(_), _, Some((tile, shape))) => {
+                quads_k(a, n, qk);
+                let nsb = w.cols / QK;
+                let build = |p: &mut Panel, np: usize, cols: usize| {
+                    p.quads_k.build(&p.u[..np * cols], &p.m[..np * nsb], np, cols)
+                };
+                let run = |p: &Panel, rq0, nrq, tq0, ntq, o: &mut [f32]| {
+                    tile(&p.quads_k, rq0, nrq, qk, tq0, ntq, o)
+                };
+                quad_products(plan, shape, w, n, y, build, run);
             }
             _ => products(level, plan, w, a, n, y),
         }
@@ -233,16 +252,34 @@ fn quads(a: &Q8Acts, n: usize, qa: &mut QuadActs) {
     }
 }
 
-/// The quad tiles over row ranges: as [`products`], with rows prepared into row quads.
-fn quad_products(
-    prep: crate::quant::q8::Prep32,
-    tile: QuadTileFn,
+/// `a`'s first `n` Q8_K rows in token quads (split over threads for long batches).
+fn quads_k(a: &Q8Acts, n: usize, qk: &mut QuadKActs) {
+    let (la, lb, ld) = qk.shape(n, a.cols);
+    let chunks = qk
+        .a
+        .par_chunks_mut(la)
+        .zip(qk.bs.par_chunks_mut(lb))
+        .zip(qk.dx.par_chunks_mut(ld))
+        .enumerate();
+    chunks.for_each(|(q, ((ac, bc), dc))| quad_k_of(a, n, q, ac, bc, dc));
+}
+
+/// The quad tiles over row ranges: as [`products`], with a panel's rows prepared (`plan`)
+/// then regrouped into row quads (`build(panel, rows, cols)`), and `tile(panel, rq0, nrq,
+/// tq0, ntq, out)` running one tile.
+fn quad_products<B, T>(
+    plan: IntPlan,
     (tr, tt): (usize, usize),
     w: &Matrix,
-    a: &QuadActs,
     n: usize,
     y: &mut [f32],
-) {
+    build: B,
+    tile: T,
+) where
+    B: Fn(&mut Panel, usize, usize) + Sync,
+    T: Fn(&Panel, usize, usize, usize, usize, &mut [f32]) + Sync,
+{
+    let nsb = w.cols / QK;
     let (rows, cols) = (w.rows, w.cols);
     let rb = w.ty.row_bytes(cols).unwrap_or(0);
     let nb = cols / 32;
@@ -266,25 +303,38 @@ fn quad_products(
             while p0 < last {
                 let p1 = (p0 + panel).min(last);
                 let np = p1 - p0;
-                grow(&mut p.w, np * cols, 0);
-                grow(&mut p.d, np * nb, 0.0);
-                for (i, r) in (p0..p1).enumerate() {
-                    let src = &w.data[r * rb..(r + 1) * rb];
-                    prep(src, &mut p.w[i * cols..][..cols], &mut p.d[i * nb..][..nb]);
+                match plan {
+                    IntPlan::B32(prep) => {
+                        grow(&mut p.w, np * cols, 0);
+                        grow(&mut p.d, np * nb, 0.0);
+                        for (i, r) in (p0..p1).enumerate() {
+                            let src = &w.data[r * rb..(r + 1) * rb];
+                            prep(src, &mut p.w[i * cols..][..cols], &mut p.d[i * nb..][..nb]);
+                        }
+                    }
+                    IntPlan::K(prep) => {
+                        grow(&mut p.u, np * cols, 0);
+                        grow(&mut p.m, np * nsb, KMeta::default());
+                        for (i, r) in (p0..p1).enumerate() {
+                            let src = &w.data[r * rb..(r + 1) * rb];
+                            prep(src, &mut p.u[i * cols..][..cols], &mut p.m[i * nsb..][..nsb]);
+                        }
+                    }
                 }
-                p.quads.build(&p.w[..np * cols], &p.d[..np * nb], np, cols);
+                build(p, np, cols);
                 let rq_all = np.div_ceil(QUAD);
-                grow(&mut p.out, tr * tt * 16, 0.0);
+                let mut obuf = std::mem::take(&mut p.out);
+                grow(&mut obuf, tr * tt * 16, 0.0);
                 let mut tq0 = 0;
                 while tq0 < tq_all {
                     let ntq = tt.min(tq_all - tq0);
                     let mut rq0 = 0;
                     while rq0 < rq_all {
                         let nrq = tr.min(rq_all - rq0);
-                        tile(&p.quads, rq0, nrq, a, tq0, ntq, &mut p.out);
+                        tile(p, rq0, nrq, tq0, ntq, &mut obuf);
                         for i in 0..nrq {
                             for j in 0..ntq {
-                                let o = &p.out[(i * ntq + j) * 16..][..16];
+                                let o = &obuf[(i * ntq + j) * 16..][..16];
                                 for q in 0..QUAD {
                                     let t = (tq0 + j) * QUAD + q;
                                     if t >= n {
@@ -306,6 +356,7 @@ fn quad_products(
                     }
                     tq0 += ntq;
                 }
+                p.out = obuf;
                 p0 = p1;
             }
         })

@@ -469,6 +469,9 @@ pub(crate) struct IntKernels {
     /// The quad tile of the 32-value types and its shape (row quads, token quads), where
     /// the level has one: it replaces `tile32` (float order [`ref_pair32`]).
     pub quad32: Option<(QuadTileFn, (usize, usize))>,
+    /// The quad tile of the K-quants and its shape, where the level has one: it replaces
+    /// `tile_k` (float order [`ref_pair_k`]).
+    pub quad_k: Option<(QuadKTileFn, (usize, usize))>,
 }
 
 /// The integer tiles at `level`: AVX-512 with VNNI (`avx512vnni`) runs lane width 16, AVX2
@@ -491,6 +494,7 @@ pub(crate) fn int_kernels(level: super::SimdLevel) -> IntKernels {
                 tile_k: q8_avx512::tile_k,
                 shape_k: (q8_avx512::RK, q8_avx512::TK),
                 quad32: Some((q8_avx512::quad_tile32, (q8_avx512::QR, q8_avx512::QT))),
+                quad_k: Some((q8_avx512::quad_tile_k, (q8_avx512::QRK, q8_avx512::QTK))),
             };
         }
         if level >= SimdLevel::Avx2 {
@@ -501,6 +505,7 @@ pub(crate) fn int_kernels(level: super::SimdLevel) -> IntKernels {
                 tile_k: q8_avx2::tile_k,
                 shape_k: (q8_avx2::R, q8_avx2::T),
                 quad32: None,
+                quad_k: None,
             };
         }
     }
@@ -512,6 +517,7 @@ pub(crate) fn int_kernels(level: super::SimdLevel) -> IntKernels {
         tile_k: ref_tile_k::<8>,
         shape_k: (2, 4),
         quad32: None,
+        quad_k: None,
     }
 }
 
@@ -531,7 +537,9 @@ pub(crate) struct QuadActs {
 }
 
 impl QuadActs {
-    /// Regroups the first `n` rows of `q` (Q8_0 activations) into quads.
+    /// Regroups the first `n` rows of `q` (Q8_0 activations) into quads (tests; the
+    /// product builds quads in parallel).
+    #[cfg(test)]
     pub(crate) fn build(&mut self, q: &Q8Acts, n: usize) {
         let cols = q.cols;
         let (nb, ng) = (cols / 32, cols / 4);
@@ -639,6 +647,7 @@ pub(crate) type QuadTileFn = fn(
 
 /// The scalar reference of one quad-tile pair: per block `b` in order, the exact integer
 /// sum `s` of the block's 32 products, then `acc = fma(s, dw · dx, acc)` from 0.
+#[cfg(test)]
 pub(crate) fn ref_pair32(w: &[i8], d: &[f32], a: &[i8], da: &[f32]) -> f32 {
     let mut acc = 0f32;
     for (b, (wb, ab)) in w.chunks_exact(32).zip(a.chunks_exact(32)).enumerate() {
@@ -646,4 +655,158 @@ pub(crate) fn ref_pair32(w: &[i8], d: &[f32], a: &[i8], da: &[f32]) -> f32 {
         acc = (s as f32).mul_add(d[b] * da[b], acc);
     }
     acc
+}
+
+/// Prepared K-quant rows in row quads for the K quad tile: per quad and 4-value group, 16
+/// bytes (each of the quad's rows' unsigned `q`); per quad and superblock the rows' `d`,
+/// `dmin` (4 each), per 16-value sub-block their scales (4 × i32), and per pair of
+/// sub-blocks their mins (4 dwords of two i16). Rows past `nr` are zero.
+#[derive(Default)]
+pub(crate) struct QuadKRows {
+    pub q: Vec<u8>,
+    pub sc: Vec<i32>,
+    pub mn: Vec<i32>,
+    pub d: Vec<f32>,
+    pub dmin: Vec<f32>,
+}
+
+impl QuadKRows {
+    /// Regroups `nr` prepared rows (`q`: `nr × cols`, `m`: `nr × cols / 256`).
+    pub(crate) fn build(&mut self, q: &[u8], m: &[KMeta], nr: usize, cols: usize) {
+        let (nsb, ng) = (cols / QK, cols / 4);
+        let quads = nr.div_ceil(QUAD);
+        self.q.resize(quads * ng * 16, 0);
+        self.sc.resize(quads * nsb * 16 * QUAD, 0);
+        self.mn.resize(quads * nsb * 8 * QUAD, 0);
+        self.d.resize(quads * nsb * QUAD, 0.0);
+        self.dmin.resize(quads * nsb * QUAD, 0.0);
+        for qd in 0..quads {
+            for p in 0..QUAD {
+                let r = qd * QUAD + p;
+                let real = r < nr;
+                for g in 0..ng {
+                    let dst = (qd * ng + g) * 16 + 4 * p;
+                    match real {
+                        true => self.q[dst..dst + 4].copy_from_slice(&q[r * cols + 4 * g..][..4]),
+                        false => self.q[dst..dst + 4].fill(0),
+                    }
+                }
+                for sb in 0..nsb {
+                    let km = if real { m[r * nsb + sb] } else { KMeta::default() };
+                    let o = (qd * nsb + sb) * QUAD + p;
+                    self.d[o] = km.d;
+                    self.dmin[o] = km.dmin;
+                    for j in 0..16 {
+                        self.sc[((qd * nsb + sb) * 16 + j) * QUAD + p] = km.sc[j] as i32;
+                    }
+                    for jj in 0..8 {
+                        let pair = (km.mn[2 * jj] as u16 as u32) | ((km.mn[2 * jj + 1] as u16 as u32) << 16);
+                        self.mn[((qd * nsb + sb) * 8 + jj) * QUAD + p] = pair as i32;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q8_K activations in token quads for the K quad tile: per quad and 4-value group, 16
+/// bytes (each token's signed `q`); per quad, superblock and pair of 16-sums, 4 dwords of
+/// two i16 sums; per quad and superblock the 4 scales. Tokens past `n` are zero.
+#[derive(Default)]
+pub(crate) struct QuadKActs {
+    pub cols: usize,
+    pub a: Vec<i8>,
+    pub bs: Vec<i32>,
+    pub dx: Vec<f32>,
+}
+
+impl QuadKActs {
+    /// Resizes for `n` tokens of `cols` values; returns the per-quad lengths (a, bs, dx).
+    pub(crate) fn shape(&mut self, n: usize, cols: usize) -> (usize, usize, usize) {
+        let quads = n.div_ceil(QUAD);
+        let nsb = cols / QK;
+        let lens = (cols * QUAD, nsb * 8 * QUAD, nsb * QUAD);
+        self.cols = cols;
+        self.a.resize(quads * lens.0, 0);
+        self.bs.resize(quads * lens.1, 0);
+        self.dx.resize(quads * lens.2, 0.0);
+        lens
+    }
+
+    /// Regroups the first `n` rows of `q` (Q8_K activations) into quads (tests).
+    #[cfg(test)]
+    pub(crate) fn build(&mut self, q: &Q8Acts, n: usize) {
+        let (la, lb, ld) = self.shape(n, q.cols);
+        for (qd, ((a, b), d)) in self
+            .a
+            .chunks_exact_mut(la)
+            .zip(self.bs.chunks_exact_mut(lb))
+            .zip(self.dx.chunks_exact_mut(ld))
+            .enumerate()
+        {
+            quad_k_of(q, n, qd, a, b, d);
+        }
+    }
+}
+
+/// Quad `qd` of `q`'s first `n` Q8_K rows (see [`QuadKActs`]).
+pub(crate) fn quad_k_of(q: &Q8Acts, n: usize, qd: usize, a: &mut [i8], bs: &mut [i32], dx: &mut [f32]) {
+    let cols = q.cols;
+    let nsb = cols / QK;
+    for tq in 0..QUAD {
+        let t = qd * QUAD + tq;
+        let real = t < n;
+        for g in 0..cols / 4 {
+            let o = &mut a[g * 16 + tq * 4..][..4];
+            match real {
+                true => o.copy_from_slice(&q.qs[t * cols + 4 * g..][..4]),
+                false => o.fill(0),
+            }
+        }
+        for sb in 0..nsb {
+            dx[sb * QUAD + tq] = if real { q.d[t * nsb + sb] } else { 0.0 };
+            for jj in 0..8 {
+                let (lo, hi) = match real {
+                    true => {
+                        let b = &q.bsums[(t * nsb + sb) * 16..];
+                        (b[2 * jj], b[2 * jj + 1])
+                    }
+                    false => (0, 0),
+                };
+                bs[(sb * 8 + jj) * QUAD + tq] = ((lo as u16 as u32) | ((hi as u16 as u32) << 16)) as i32;
+            }
+        }
+    }
+}
+
+/// A K quad tile, as [`QuadTileFn`] over [`QuadKRows`] and [`QuadKActs`]; each pair's value
+/// is [`ref_pair_k`]'s.
+pub(crate) type QuadKTileFn = fn(
+    w: &QuadKRows,
+    rq0: usize,
+    nrq: usize,
+    a: &QuadKActs,
+    tq0: usize,
+    ntq: usize,
+    out: &mut [f32],
+);
+
+/// The scalar reference of one K quad-tile pair: per superblock in order, the exact
+/// integers `S = Σ_s sc[s] · Σ_{i ∈ s} q · a` and `M = Σ_s mn[s] · bsum[s]`, then
+/// `acc = fma(S, d · dx, acc)`, `accm = fma(M, dmin · dx, accm)`; the result is `acc − accm`.
+#[cfg(test)]
+pub(crate) fn ref_pair_k(q: &[u8], m: &[KMeta], a: &[i8], da: &[f32], bs: &[i16]) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (sb, km) in m.iter().enumerate() {
+        let (mut s, mut mi) = (0i32, 0i32);
+        for j in 0..16 {
+            let e = sb * QK + 16 * j;
+            let p: i32 = (0..16).map(|i| q[e + i] as i32 * a[e + i] as i32).sum();
+            s += km.sc[j] as i32 * p;
+            mi += km.mn[j] as i32 * bs[sb * 16 + j] as i32;
+        }
+        acc = (s as f32).mul_add(km.d * da[sb], acc);
+        accm = (mi as f32).mul_add(km.dmin * da[sb], accm);
+    }
+    acc - accm
 }

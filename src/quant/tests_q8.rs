@@ -307,3 +307,58 @@ fn quad_tiles_equal_their_scalar_reference() {
         }
     }
 }
+
+/// The K quad tile (AVX-512 VNNI) equals `ref_pair_k` for every pair, for row and token
+/// counts that are not whole quads and for partial tiles.
+#[test]
+fn k_quad_tiles_equal_their_scalar_reference() {
+    let Some((tile, (tr, tt))) = int_kernels(SimdLevel::detect()).quad_k else {
+        return; // no VNNI on this CPU: nothing runs the K quad tile
+    };
+    for (i, ty) in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K].into_iter().enumerate() {
+        for (nsb, nrows, n) in [(1, 1, 1), (3, 7, 5), (2, 9, 10)] {
+            let mut rng = Rng::new(500 + i as u64 * 100 + nsb as u64);
+            let cols = nsb * QK;
+            let rows: Vec<Vec<u8>> = (0..nrows).map(|_| random_row(ty, nsb, &mut rng)).collect();
+            let x = random_x(n * cols, &mut rng);
+            let mut a = Q8Acts::default();
+            a.quantize(ActFormat::Q8K, &x, cols);
+            let mut qa = QuadKActs::default();
+            qa.build(&a, n);
+            let Prepared::K(q, m) = prepare(ty, &rows, cols) else {
+                unreachable!()
+            };
+            let mut qr = QuadKRows::default();
+            qr.build(&q, &m, nrows, cols);
+            let (rq_all, tq_all) = (nrows.div_ceil(QUAD), n.div_ceil(QUAD));
+            let mut out = vec![0f32; tr * tt * 16];
+            for rq0 in 0..rq_all {
+                for tq0 in 0..tq_all {
+                    let (nrq, ntq) = (tr.min(rq_all - rq0), tt.min(tq_all - tq0));
+                    tile(&qr, rq0, nrq, &qa, tq0, ntq, &mut out);
+                    for ii in 0..nrq {
+                        for j in 0..ntq {
+                            for qq in 0..QUAD {
+                                for p in 0..QUAD {
+                                    let (r, t) = ((rq0 + ii) * QUAD + p, (tq0 + j) * QUAD + qq);
+                                    if r >= nrows || t >= n {
+                                        continue;
+                                    }
+                                    let want = ref_pair_k(
+                                        &q[r * cols..][..cols],
+                                        &m[r * nsb..][..nsb],
+                                        &a.qs[t * cols..][..cols],
+                                        &a.d[t * nsb..][..nsb],
+                                        &a.bsums[t * nsb * 16..][..nsb * 16],
+                                    );
+                                    let got = out[(ii * ntq + j) * 16 + 4 * qq + p];
+                                    assert_eq!(got.to_bits(), want.to_bits(), "{ty} r{r} t{t}: {got} vs {want}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -13,7 +13,7 @@
 
 // Register tiles are indexed by row and token: index loops say which is which.
 #![allow(clippy::needless_range_loop)]
-use crate::quant::q8::{KMeta, Q8Acts, QuadActs, QuadRows, QK, QUAD};
+use crate::quant::q8::{KMeta, Q8Acts, QuadActs, QuadKActs, QuadKRows, QuadRows, QK, QUAD};
 use std::arch::x86_64::*;
 
 /// Rows × tokens of the 32-value tile.
@@ -334,6 +334,123 @@ pub(crate) fn quad_tile32(
         for i in 0..NR {
             for j in 0..NT {
                 _mm512_storeu_ps(out.as_mut_ptr().add((i * NT + j) * 16), acc[i][j]);
+            }
+        }
+    }
+}
+
+/// Row quads × token quads of the K quad tile.
+pub(crate) const QRK: usize = 2;
+pub(crate) const QTK: usize = 2;
+
+/// The K-quant quad tile (see `q8::QuadKTileFn`; safe wrapper, only reachable where VNNI
+/// was detected): per 16-value sub-block, four `vpdpbusd` (unsigned `q` broadcast, each
+/// token's signed group spread over its lane's rows) then `vpmulld` by the rows' scales
+/// into the superblock's sum; the mins by one `vpdpwssd` per pair of sub-blocks; per
+/// superblock two fmas: each lane is one pair's `ref_pair_k`.
+pub(crate) fn quad_tile_k(
+    w: &QuadKRows,
+    rq0: usize,
+    nrq: usize,
+    a: &QuadKActs,
+    tq0: usize,
+    ntq: usize,
+    out: &mut [f32],
+) {
+    let cols = a.cols;
+    let nsb = cols / QK;
+    assert!((1..=QRK).contains(&nrq) && (1..=QTK).contains(&ntq), "tile shape");
+    assert!(w.q.len() >= (rq0 + nrq) * cols * 4 && w.d.len() >= (rq0 + nrq) * nsb * QUAD);
+    assert!(w.sc.len() >= (rq0 + nrq) * nsb * 64 && w.mn.len() >= (rq0 + nrq) * nsb * 32);
+    assert!(a.a.len() >= (tq0 + ntq) * cols * 4 && a.dx.len() >= (tq0 + ntq) * nsb * QUAD);
+    assert!(a.bs.len() >= (tq0 + ntq) * nsb * 32 && out.len() >= nrq * ntq * 16);
+    // SAFETY: as in `quad_tile32`.
+    unsafe {
+        match (nrq, ntq) {
+            (2, 2) => inner::<2, 2>(w, rq0, a, tq0, out),
+            (2, _) => inner::<2, 1>(w, rq0, a, tq0, out),
+            (_, 2) => inner::<1, 2>(w, rq0, a, tq0, out),
+            _ => inner::<1, 1>(w, rq0, a, tq0, out),
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
+    unsafe fn inner<const NR: usize, const NT: usize>(
+        w: &QuadKRows,
+        rq0: usize,
+        a: &QuadKActs,
+        tq0: usize,
+        out: &mut [f32],
+    ) {
+        let cols = a.cols;
+        let nsb = cols / QK;
+        let rep = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        let zi = _mm512_setzero_si512();
+        let z = _mm512_setzero_ps();
+        let mut acc = [[z; NT]; NR];
+        let mut accm = [[z; NT]; NR];
+        let b4 = |p: *const i32| _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i));
+        let spread = |p: *const i32| {
+            _mm512_permutexvar_epi32(rep, _mm512_castsi128_si512(_mm_loadu_si128(p as *const __m128i)))
+        };
+        for sb in 0..nsb {
+            let mut s = [[zi; NT]; NR];
+            for j16 in 0..16 {
+                let mut t = [[zi; NT]; NR];
+                for g in 0..4 {
+                    let off = (sb * 64 + j16 * 4 + g) * 16;
+                    let mut av = [zi; NT];
+                    for j in 0..NT {
+                        av[j] = spread(a.a.as_ptr().add((tq0 + j) * cols * 4 + off) as *const i32);
+                    }
+                    for i in 0..NR {
+                        let wv = b4(w.q.as_ptr().add((rq0 + i) * cols * 4 + off) as *const i32);
+                        for j in 0..NT {
+                            t[i][j] = _mm512_dpbusd_epi32(t[i][j], wv, av[j]);
+                        }
+                    }
+                }
+                for i in 0..NR {
+                    let scv = b4(w.sc.as_ptr().add((((rq0 + i) * nsb + sb) * 16 + j16) * QUAD));
+                    for j in 0..NT {
+                        s[i][j] = _mm512_add_epi32(s[i][j], _mm512_mullo_epi32(t[i][j], scv));
+                    }
+                }
+            }
+            let mut mi = [[zi; NT]; NR];
+            for jj in 0..8 {
+                let mut bv = [zi; NT];
+                for j in 0..NT {
+                    bv[j] = spread(a.bs.as_ptr().add((((tq0 + j) * nsb + sb) * 8 + jj) * QUAD));
+                }
+                for i in 0..NR {
+                    let mv = b4(w.mn.as_ptr().add((((rq0 + i) * nsb + sb) * 8 + jj) * QUAD));
+                    for j in 0..NT {
+                        mi[i][j] = _mm512_dpwssd_epi32(mi[i][j], mv, bv[j]);
+                    }
+                }
+            }
+            let mut dx = [z; NT];
+            for j in 0..NT {
+                let p = a.dx.as_ptr().add(((tq0 + j) * nsb + sb) * QUAD);
+                dx[j] = _mm512_permutexvar_ps(rep, _mm512_castps128_ps512(_mm_loadu_ps(p)));
+            }
+            for i in 0..NR {
+                let o = ((rq0 + i) * nsb + sb) * QUAD;
+                let d = _mm512_broadcast_f32x4(_mm_loadu_ps(w.d.as_ptr().add(o)));
+                let dm = _mm512_broadcast_f32x4(_mm_loadu_ps(w.dmin.as_ptr().add(o)));
+                for j in 0..NT {
+                    let sd = _mm512_mul_ps(d, dx[j]);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][j]), sd, acc[i][j]);
+                    let sm = _mm512_mul_ps(dm, dx[j]);
+                    accm[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mi[i][j]), sm, accm[i][j]);
+                }
+            }
+        }
+        for i in 0..NR {
+            for j in 0..NT {
+                let v = _mm512_sub_ps(acc[i][j], accm[i][j]);
+                _mm512_storeu_ps(out.as_mut_ptr().add((i * NT + j) * 16), v);
             }
         }
     }
