@@ -43,6 +43,7 @@ fn opts(budget: Option<u64>, cache: CachePolicy, engine: EngineChoice, req: usiz
             verify: false,
             ..ExpertStoreOptions::default()
         },
+        numerics: Default::default(),
     }
 }
 

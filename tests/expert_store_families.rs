@@ -92,6 +92,7 @@ fn opts(budget: Option<u64>, cache: CachePolicy, n_batch: usize) -> LoadOptions 
             cache,
             ..Default::default()
         },
+        numerics: Default::default(),
     }
 }
 

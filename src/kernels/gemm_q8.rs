@@ -77,7 +77,8 @@ pub(super) fn matmul_q8(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &m
                 quads_k(a, n, qk);
                 let nsb = w.cols / QK;
                 let build = |p: &mut Panel, np: usize, cols: usize| {
-                    p.quads_k.build(&p.u[..np * cols], &p.m[..np * nsb], np, cols)
+                    p.quads_k
+                        .build(&p.u[..np * cols], &p.m[..np * nsb], np, cols)
                 };
                 let run = |p: &Panel, rq0, nrq, tq0, ntq, o: &mut [f32]| {
                     tile(&p.quads_k, rq0, nrq, qk, tq0, ntq, o)
@@ -114,7 +115,14 @@ fn quantize(a: &mut Q8Acts, fmt: ActFormat, x: &[f32], cols: usize, n: usize) {
     a.cols = cols;
     a.qs.resize(n * cols, 0);
     a.d.resize(n * cols / be, 0.0);
-    a.bsums.resize(if fmt == ActFormat::Q8K { n * cols / 16 } else { 0 }, 0);
+    a.bsums.resize(
+        if fmt == ActFormat::Q8K {
+            n * cols / 16
+        } else {
+            0
+        },
+        0,
+    );
     let rows = n.div_ceil(rayon::current_num_threads() * 2).max(1);
     let bs_row = if fmt == ActFormat::Q8K { cols / 16 } else { 0 };
     let qs = a.qs.par_chunks_mut(rows * cols);
@@ -174,7 +182,11 @@ fn products(level: SimdLevel, plan: IntPlan, w: &Matrix, a: &Q8Acts, n: usize, y
                         grow(&mut p.m, np * nsb, KMeta::default());
                         for (i, r) in (p0..p1).enumerate() {
                             let src = &w.data[r * rb..(r + 1) * rb];
-                            prep(src, &mut p.u[i * cols..][..cols], &mut p.m[i * nsb..][..nsb]);
+                            prep(
+                                src,
+                                &mut p.u[i * cols..][..cols],
+                                &mut p.m[i * nsb..][..nsb],
+                            );
                         }
                     }
                 }
@@ -237,11 +249,10 @@ fn quads(a: &Q8Acts, n: usize, qa: &mut QuadActs) {
     qa.quads = n.div_ceil(QUAD);
     qa.a.resize(qa.quads * ng * 16, 0);
     qa.dx.resize(qa.quads * nb * QUAD, 0.0);
-    let chunks = qa
-        .a
-        .par_chunks_mut(ng * 16)
-        .zip(qa.dx.par_chunks_mut(nb * QUAD))
-        .enumerate();
+    let chunks =
+        qa.a.par_chunks_mut(ng * 16)
+            .zip(qa.dx.par_chunks_mut(nb * QUAD))
+            .enumerate();
     if n < PAR_QUANT_ROWS {
         qa.a.chunks_exact_mut(ng * 16)
             .zip(qa.dx.chunks_exact_mut(nb * QUAD))
@@ -255,12 +266,11 @@ fn quads(a: &Q8Acts, n: usize, qa: &mut QuadActs) {
 /// `a`'s first `n` Q8_K rows in token quads (split over threads for long batches).
 fn quads_k(a: &Q8Acts, n: usize, qk: &mut QuadKActs) {
     let (la, lb, ld) = qk.shape(n, a.cols);
-    let chunks = qk
-        .a
-        .par_chunks_mut(la)
-        .zip(qk.bs.par_chunks_mut(lb))
-        .zip(qk.dx.par_chunks_mut(ld))
-        .enumerate();
+    let chunks =
+        qk.a.par_chunks_mut(la)
+            .zip(qk.bs.par_chunks_mut(lb))
+            .zip(qk.dx.par_chunks_mut(ld))
+            .enumerate();
     chunks.for_each(|(q, ((ac, bc), dc))| quad_k_of(a, n, q, ac, bc, dc));
 }
 
@@ -317,7 +327,11 @@ fn quad_products<B, T>(
                         grow(&mut p.m, np * nsb, KMeta::default());
                         for (i, r) in (p0..p1).enumerate() {
                             let src = &w.data[r * rb..(r + 1) * rb];
-                            prep(src, &mut p.u[i * cols..][..cols], &mut p.m[i * nsb..][..nsb]);
+                            prep(
+                                src,
+                                &mut p.u[i * cols..][..cols],
+                                &mut p.m[i * nsb..][..nsb],
+                            );
                         }
                     }
                 }

@@ -30,9 +30,9 @@ macro_rules! families {
 
 families!(gemma3, llama, gpt_oss, deepseek_v3, kimi_linear, kimi_k3);
 
+pub use crate::kernels::Numerics;
 pub use kv_cache::KvCache;
 pub use model::{run_pass, BudgetTooSmall, LoadOptions, Logits, Model, Placement};
-pub use crate::kernels::Numerics;
 pub use registry::{Family, ModelAndStore};
 
 use crate::source::gguf::GgufModel;

@@ -114,8 +114,14 @@ impl Q8Acts {
         self.cols = cols;
         self.qs.resize(n * cols, 0);
         self.d.resize(n * cols / be, 0.0);
-        self.bsums
-            .resize(if fmt == ActFormat::Q8K { n * cols / 16 } else { 0 }, 0);
+        self.bsums.resize(
+            if fmt == ActFormat::Q8K {
+                n * cols / 16
+            } else {
+                0
+            },
+            0,
+        );
         quantize_rows(fmt, x, &mut self.qs, &mut self.d, &mut self.bsums);
     }
 }
@@ -635,15 +641,8 @@ impl QuadRows {
 /// A quad tile: the dots of row quads `rq0..rq0 + nrq` of `w` with token quads
 /// `tq0..tq0 + ntq` of `a`; `out[(i * ntq + j) * 16 + 4q + p]` is (row `4(rq0 + i) + p`,
 /// token `4(tq0 + j) + q`). Each pair's value is [`ref_pair32`]'s.
-pub(crate) type QuadTileFn = fn(
-    w: &QuadRows,
-    rq0: usize,
-    nrq: usize,
-    a: &QuadActs,
-    tq0: usize,
-    ntq: usize,
-    out: &mut [f32],
-);
+pub(crate) type QuadTileFn =
+    fn(w: &QuadRows, rq0: usize, nrq: usize, a: &QuadActs, tq0: usize, ntq: usize, out: &mut [f32]);
 
 /// The scalar reference of one quad-tile pair: per block `b` in order, the exact integer
 /// sum `s` of the block's 32 products, then `acc = fma(s, dw · dx, acc)` from 0.
@@ -692,7 +691,11 @@ impl QuadKRows {
                     }
                 }
                 for sb in 0..nsb {
-                    let km = if real { m[r * nsb + sb] } else { KMeta::default() };
+                    let km = if real {
+                        m[r * nsb + sb]
+                    } else {
+                        KMeta::default()
+                    };
                     let o = (qd * nsb + sb) * QUAD + p;
                     self.d[o] = km.d;
                     self.dmin[o] = km.dmin;
@@ -700,7 +703,8 @@ impl QuadKRows {
                         self.sc[((qd * nsb + sb) * 16 + j) * QUAD + p] = km.sc[j] as i32;
                     }
                     for jj in 0..8 {
-                        let pair = (km.mn[2 * jj] as u16 as u32) | ((km.mn[2 * jj + 1] as u16 as u32) << 16);
+                        let pair = (km.mn[2 * jj] as u16 as u32)
+                            | ((km.mn[2 * jj + 1] as u16 as u32) << 16);
                         self.mn[((qd * nsb + sb) * 8 + jj) * QUAD + p] = pair as i32;
                     }
                 }
@@ -750,7 +754,14 @@ impl QuadKActs {
 }
 
 /// Quad `qd` of `q`'s first `n` Q8_K rows (see [`QuadKActs`]).
-pub(crate) fn quad_k_of(q: &Q8Acts, n: usize, qd: usize, a: &mut [i8], bs: &mut [i32], dx: &mut [f32]) {
+pub(crate) fn quad_k_of(
+    q: &Q8Acts,
+    n: usize,
+    qd: usize,
+    a: &mut [i8],
+    bs: &mut [i32],
+    dx: &mut [f32],
+) {
     let cols = q.cols;
     let nsb = cols / QK;
     for tq in 0..QUAD {
@@ -773,7 +784,8 @@ pub(crate) fn quad_k_of(q: &Q8Acts, n: usize, qd: usize, a: &mut [i8], bs: &mut 
                     }
                     false => (0, 0),
                 };
-                bs[(sb * 8 + jj) * QUAD + tq] = ((lo as u16 as u32) | ((hi as u16 as u32) << 16)) as i32;
+                bs[(sb * 8 + jj) * QUAD + tq] =
+                    ((lo as u16 as u32) | ((hi as u16 as u32) << 16)) as i32;
             }
         }
     }

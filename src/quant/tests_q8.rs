@@ -258,14 +258,21 @@ fn quad_tiles_equal_their_scalar_reference() {
     let Some((tile, (tr, tt))) = int_kernels(SimdLevel::detect()).quad32 else {
         return; // no VNNI on this CPU: nothing runs the quad tile
     };
-    for (i, ty) in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::MXFP4]
-        .into_iter()
-        .enumerate()
+    for (i, ty) in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::MXFP4,
+    ]
+    .into_iter()
+    .enumerate()
     {
         for (blocks, nrows, n) in [(1, 1, 1), (3, 7, 5), (20, 18, 9), (2, 16, 8)] {
             let mut rng = Rng::new(77 + i as u64 * 100 + blocks as u64);
             let cols = blocks * 32;
-            let rows: Vec<Vec<u8>> = (0..nrows).map(|_| random_row(ty, blocks, &mut rng)).collect();
+            let rows: Vec<Vec<u8>> = (0..nrows)
+                .map(|_| random_row(ty, blocks, &mut rng))
+                .collect();
             let x = random_x(n * cols, &mut rng);
             let mut a = Q8Acts::default();
             a.quantize(ActFormat::Q8_0, &x, cols);
@@ -297,7 +304,11 @@ fn quad_tiles_equal_their_scalar_reference() {
                                         &a.d[t * blocks..][..blocks],
                                     );
                                     let got = out[(ii * ntq + j) * 16 + 4 * q + p];
-                                    assert_eq!(got.to_bits(), want.to_bits(), "{ty} r{r} t{t}: {got} vs {want}");
+                                    assert_eq!(
+                                        got.to_bits(),
+                                        want.to_bits(),
+                                        "{ty} r{r} t{t}: {got} vs {want}"
+                                    );
                                 }
                             }
                         }
@@ -315,7 +326,10 @@ fn k_quad_tiles_equal_their_scalar_reference() {
     let Some((tile, (tr, tt))) = int_kernels(SimdLevel::detect()).quad_k else {
         return; // no VNNI on this CPU: nothing runs the K quad tile
     };
-    for (i, ty) in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K].into_iter().enumerate() {
+    for (i, ty) in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K]
+        .into_iter()
+        .enumerate()
+    {
         for (nsb, nrows, n) in [(1, 1, 1), (3, 7, 5), (2, 9, 10)] {
             let mut rng = Rng::new(500 + i as u64 * 100 + nsb as u64);
             let cols = nsb * QK;
@@ -352,7 +366,11 @@ fn k_quad_tiles_equal_their_scalar_reference() {
                                         &a.bsums[t * nsb * 16..][..nsb * 16],
                                     );
                                     let got = out[(ii * ntq + j) * 16 + 4 * qq + p];
-                                    assert_eq!(got.to_bits(), want.to_bits(), "{ty} r{r} t{t}: {got} vs {want}");
+                                    assert_eq!(
+                                        got.to_bits(),
+                                        want.to_bits(),
+                                        "{ty} r{r} t{t}: {got} vs {want}"
+                                    );
                                 }
                             }
                         }

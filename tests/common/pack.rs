@@ -57,6 +57,7 @@ pub fn opts(budget: Option<u64>, verify: bool) -> LoadOptions {
             verify,
             ..ExpertStoreOptions::default()
         },
+        numerics: Default::default(),
     }
 }
 

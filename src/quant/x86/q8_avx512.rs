@@ -257,7 +257,10 @@ pub(crate) fn quad_tile32(
 ) {
     let cols = a.cols;
     let nb = cols / 32;
-    assert!((1..=QR).contains(&nrq) && (1..=QT).contains(&ntq), "tile shape");
+    assert!(
+        (1..=QR).contains(&nrq) && (1..=QT).contains(&ntq),
+        "tile shape"
+    );
     assert!(w.w.len() >= (rq0 + nrq) * cols * 4 && w.dw.len() >= (rq0 + nrq) * nb * QUAD);
     assert!(w.init.len() >= (rq0 + nrq) * nb * QUAD && out.len() >= nrq * ntq * 16);
     assert!(a.a.len() >= (tq0 + ntq) * cols * 4 && a.dx.len() >= (tq0 + ntq) * nb * QUAD);
@@ -316,9 +319,8 @@ pub(crate) fn quad_tile32(
                     av[j] = _mm512_permutexvar_epi32(rep, _mm512_castsi128_si512(v));
                 }
                 for i in 0..NR {
-                    let wv = _mm512_broadcast_i32x4(_mm_loadu_si128(
-                        wq[i].add(off) as *const __m128i
-                    ));
+                    let wv =
+                        _mm512_broadcast_i32x4(_mm_loadu_si128(wq[i].add(off) as *const __m128i));
                     for j in 0..NT {
                         s[i][j] = _mm512_dpbusd_epi32(s[i][j], av[j], wv);
                     }
@@ -359,7 +361,10 @@ pub(crate) fn quad_tile_k(
 ) {
     let cols = a.cols;
     let nsb = cols / QK;
-    assert!((1..=QRK).contains(&nrq) && (1..=QTK).contains(&ntq), "tile shape");
+    assert!(
+        (1..=QRK).contains(&nrq) && (1..=QTK).contains(&ntq),
+        "tile shape"
+    );
     assert!(w.q.len() >= (rq0 + nrq) * cols * 4 && w.d.len() >= (rq0 + nrq) * nsb * QUAD);
     assert!(w.sc.len() >= (rq0 + nrq) * nsb * 64 && w.mn.len() >= (rq0 + nrq) * nsb * 32);
     assert!(a.a.len() >= (tq0 + ntq) * cols * 4 && a.dx.len() >= (tq0 + ntq) * nsb * QUAD);
@@ -391,7 +396,10 @@ pub(crate) fn quad_tile_k(
         let mut accm = [[z; NT]; NR];
         let b4 = |p: *const i32| _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i));
         let spread = |p: *const i32| {
-            _mm512_permutexvar_epi32(rep, _mm512_castsi128_si512(_mm_loadu_si128(p as *const __m128i)))
+            _mm512_permutexvar_epi32(
+                rep,
+                _mm512_castsi128_si512(_mm_loadu_si128(p as *const __m128i)),
+            )
         };
         for sb in 0..nsb {
             let mut s = [[zi; NT]; NR];
@@ -411,7 +419,10 @@ pub(crate) fn quad_tile_k(
                     }
                 }
                 for i in 0..NR {
-                    let scv = b4(w.sc.as_ptr().add((((rq0 + i) * nsb + sb) * 16 + j16) * QUAD));
+                    let scv = b4(w
+                        .sc
+                        .as_ptr()
+                        .add((((rq0 + i) * nsb + sb) * 16 + j16) * QUAD));
                     for j in 0..NT {
                         s[i][j] = _mm512_add_epi32(s[i][j], _mm512_mullo_epi32(t[i][j], scv));
                     }
