@@ -4,9 +4,12 @@
 //!
 //! Blocking as in `gemm.rs`: tasks own ranges of weight rows; a task prepares its rows a
 //! panel at a time (one byte per element plus block factors, about `PANEL_BYTES`) into a
-//! per-thread scratch, then runs the tokens through the panel a tile at a time. Decode
-//! (`n == 1`) takes the same path with one-token tiles. Every output is one tile's dot, so
-//! neither the thread count nor the batch split changes a value.
+//! per-thread scratch, then runs the tokens through the panel a tile at a time. Where the
+//! level has quad tiles (AVX-512 VNNI), batches of 2 or more tokens regroup the panel into
+//! row quads and the activations into token quads (`quant::q8::QuadRows`, `QuadActs`);
+//! one token (decode) takes the direct tiles over the prepared rows. Every output is one
+//! tile's dot, so the thread count never changes a value; at the VNNI level a token's values
+//! differ in the last bits between a batch and a single-token pass (two float orders).
 
 use super::{Matrix, OutPtr};
 use crate::quant::q8::{
@@ -23,6 +26,9 @@ const PANEL_BYTES: usize = 96 * 1024;
 
 /// Multiply-adds a task should cover at least, so small products run on one thread.
 const MIN_TASK_MACS: usize = 1 << 20;
+
+/// Tokens from which a level's quad tiles run (below: the direct tiles).
+const QUAD_MIN_ROWS: usize = 2;
 
 /// Activation rows above which the quantization is split over threads.
 const PAR_QUANT_ROWS: usize = 8;
@@ -61,7 +67,14 @@ pub(super) fn matmul_q8(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &m
     let k = int_kernels(level);
     let mut run = |(a, qa, qk): &mut (Q8Acts, QuadActs, QuadKActs)| {
         quantize(a, plan.act_format(), x, w.cols, n);
-        match (plan, k.quad32, k.quad_k) {
+        // quad tiles for batches; one token (decode) takes the direct tiles, which read
+        // the prepared rows without regrouping them (a different float order: see quant::q8)
+        let (q32, qkt) = if n >= QUAD_MIN_ROWS {
+            (k.quad32, k.quad_k)
+        } else {
+            (None, None)
+        };
+        match (plan, q32, qkt) {
             (IntPlan::B32(_), Some((tile, shape)), _) => {
                 quads(a, n, qa);
                 let nb = w.cols / 32;

@@ -99,12 +99,10 @@ fn check_shapes(w: &Matrix, x: &[f32], n: usize, y: &[f32]) {
 /// `quant::dot_row(w.ty, w.row(r), x)` exactly. Runs on the current rayon pool, split by
 /// output rows. Panics on shape mismatches or a type without kernels.
 ///
-/// Inside [`with_numerics`]`(Numerics::Q8, ..)` a weight type with an integer path takes
-/// it instead ([`matmul_q8_at`]); every other type stays exact.
+/// Exact also under `Numerics::Q8`: the q8 single-token product (the direct integer tiles,
+/// [`matmul_q8_at`] with `n == 1`) measured slower than this one on the demo model
+/// (BENCHMARKS.md), so decode stays exact.
 pub fn matvec(w: &Matrix, x: &[f32], y: &mut [f32]) {
-    if numerics::current() == Numerics::Q8 && gemm_q8::supports(w) {
-        return matmul_q8_at(SimdLevel::detect(), w, x, 1, y);
-    }
     matvec_at(SimdLevel::detect(), w, x, y)
 }
 
@@ -149,10 +147,11 @@ impl OutPtr {
 /// tiles (several rows × several tokens) whose every output follows the fused `dot_row`'s
 /// accumulation order (`gemm.rs`). Split over threads by ranges of rows.
 ///
-/// Inside [`with_numerics`]`(Numerics::Q8, ..)` a weight type with an integer path takes
-/// it instead ([`matmul_q8_at`]); every other type stays exact.
+/// Inside [`with_numerics`]`(Numerics::Q8, ..)`, for `n >= 2`, a weight type with an
+/// integer path takes it instead ([`matmul_q8_at`]); every other type, and `n == 1`
+/// ([`matvec`]), stays exact.
 pub fn matmul(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
-    if numerics::current() == Numerics::Q8 && gemm_q8::supports(w) {
+    if n >= 2 && numerics::current() == Numerics::Q8 && gemm_q8::supports(w) {
         return matmul_q8_at(SimdLevel::detect(), w, x, n, y);
     }
     matmul_at(SimdLevel::detect(), w, x, n, y)

@@ -17,7 +17,9 @@ pub enum Numerics {
     Exact,
     /// Lossy: activations quantized per block to 8 bits (Q8_0 per 32 values for the
     /// 32-value weight types, Q8_K per 256 for the K-quants), integer dot products. Q8_0,
-    /// Q4_0, Q5_0, MXFP4, Q4_K, Q5_K and Q6_K weights; every other type stays exact.
+    /// Q4_0, Q5_0, MXFP4, Q4_K, Q5_K and Q6_K weights, in passes of 2 or more tokens
+    /// (prompts, speculative verification); every other type, and single-token passes
+    /// (decode), stay exact.
     Q8,
 }
 
