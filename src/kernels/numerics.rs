@@ -4,7 +4,8 @@
 //!
 //! A model carries its setting (`models::Model::numerics`) and runs each forward pass
 //! inside [`with_numerics`], which sets it for the calling thread for the pass's duration;
-//! [`super::matvec`] and [`super::matmul`] read it there. It is never process-wide: two
+//! [`super::matmul`] reads it there (for 2 or more tokens; `matvec` stays exact). It is
+//! never process-wide: two
 //! models in one process (a draft and its target) keep their own.
 
 use std::cell::Cell;

@@ -77,8 +77,8 @@ fn q8_0_activations_follow_the_definition() {
         let xb = &x[32 * b..][..32];
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
         assert_eq!(a.d[b], half::f16::from_f32(amax / 127.0).to_f32());
-        for j in 0..32 {
-            let want = (xb[j] * (127.0 / amax)).round_ties_even() as i8;
+        for (j, &v) in xb.iter().enumerate() {
+            let want = (v * (127.0 / amax)).round_ties_even() as i8;
             assert_eq!(a.qs[32 * b + j], want);
         }
         // the element of largest magnitude maps to ±127

@@ -41,7 +41,7 @@ pub(crate) fn tile32(
 ) {
     let cols = a.cols;
     let nb = cols / 32;
-    assert!(nr >= 1 && nr <= R && nt >= 1 && nt <= T, "tile shape");
+    assert!((1..=R).contains(&nr) && (1..=T).contains(&nt), "tile shape");
     assert!(w.len() >= nr * cols && d.len() >= nr * nb && out.len() >= nr * nt);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb);
     // SAFETY: AVX2 detected by the caller's table; pointers stay inside the checked slices.
@@ -109,7 +109,7 @@ pub(crate) fn tile_k(
 ) {
     let cols = a.cols;
     let nsb = cols / QK;
-    assert!(nr >= 1 && nr <= R && nt >= 1 && nt <= T, "tile shape");
+    assert!((1..=R).contains(&nr) && (1..=T).contains(&nt), "tile shape");
     assert!(q.len() >= nr * cols && m.len() >= nr * nsb && out.len() >= nr * nt);
     assert!(
         a.qs.len() >= (t0 + nt) * cols

@@ -78,7 +78,10 @@ pub(crate) fn tile32(
 ) {
     let cols = a.cols;
     let nb = cols / 32;
-    assert!(nr >= 1 && nr <= R32 && nt >= 1 && nt <= T32, "tile shape");
+    assert!(
+        (1..=R32).contains(&nr) && (1..=T32).contains(&nt),
+        "tile shape"
+    );
     assert!(w.len() >= nr * cols && d.len() >= nr * nb && out.len() >= nr * nt);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb);
     // SAFETY: VNNI detected by the caller's table; every pointer below stays inside the
@@ -155,7 +158,10 @@ pub(crate) fn tile_k(
 ) {
     let cols = a.cols;
     let nsb = cols / QK;
-    assert!(nr >= 1 && nr <= RK && nt >= 1 && nt <= TK, "tile shape");
+    assert!(
+        (1..=RK).contains(&nr) && (1..=TK).contains(&nt),
+        "tile shape"
+    );
     assert!(q.len() >= nr * cols && m.len() >= nr * nsb && out.len() >= nr * nt);
     assert!(
         a.qs.len() >= (t0 + nt) * cols
