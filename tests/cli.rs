@@ -62,6 +62,8 @@ fn greedy_demo_says_paris_france_while_streaming_under_64m() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(s["prompt_tokens"], 10);
     assert_eq!(s["generated_tokens"], 8);
+    assert_eq!(s["numerics"], "exact");
+    assert!(err.contains("numerics             exact\n"), "{err}");
     // every decode pass reads the streamed part of the model: the 170 MiB LM head and more
     let per_tok = s["decode_bytes_per_token"].as_f64().unwrap();
     let streamed = s["streamed_bytes_per_pass"].as_f64().unwrap();
@@ -423,4 +425,82 @@ fn inspect_splits_a_moe_folder_into_spine_and_experts() {
         text.contains("per expert:   12288 bytes (0.0 MiB) (8 experts in each of 2 MoE layers)"),
         "{text}"
     );
+}
+
+/// `--numerics q8` is named by `--stats` and `--stats-json` (it is lossy), still answers
+/// the demo prompt, and an unknown value is refused with the accepted ones.
+#[test]
+fn q8_numerics_are_named_in_the_statistics() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("stats.json");
+    let o = run_demo(&[
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--numerics",
+        "q8",
+        "--stats",
+        "--stats-json",
+        json.to_str().unwrap(),
+    ]);
+    let text = stdout(&o);
+    assert!(
+        text.starts_with("The Eiffel Tower is located in the city of Paris, France."),
+        "{text}"
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("numerics             q8 (lossy: activations quantized to 8 bits per block"),
+        "{err}"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(s["numerics"], "q8");
+    let o = run_demo(&["--numerics", "q4"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("unknown numerics 'q4' (expected exact or q8)"),
+        "{err}"
+    );
+}
+
+/// Under `--numerics q8`, speculative decoding gives plain decoding's greedy output token for
+/// token: verification passes are exact (`kernels::exact_pinned`) as plain single-token steps
+/// are, while the prompt is computed in q8 in both. A repeating prompt makes lookup draft
+/// (and get verified) on most steps; the statistics show that it did.
+#[test]
+fn q8_numerics_keep_speculative_output_equal_to_plain() {
+    let model = common::demo_gguf();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("stats.json");
+    let p = "Repeat this list exactly: apple, banana, cherry, date, elderberry, fig, grape. Again: apple, banana, cherry, date, elderberry, fig, grape. Again:";
+    let base = [
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        p,
+        "-n",
+        "40",
+        "--temp",
+        "0",
+        "--numerics",
+        "q8",
+    ];
+    let plain = stdout(&deltafin(&base));
+    let mut spec = base.to_vec();
+    spec.extend_from_slice(&[
+        "--lookup",
+        "--draft-fixed",
+        "--stats-json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(stdout(&deltafin(&spec)), plain);
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let sp = &s["speculative"];
+    assert!(sp["verify_passes"].as_u64().unwrap() > 0, "{sp}");
+    assert!(sp["accepted"].as_u64().unwrap() > 0, "{sp}");
 }

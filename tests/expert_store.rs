@@ -44,6 +44,7 @@ fn opts(budget: Option<u64>, cache: CachePolicy, engine: EngineChoice, req: usiz
             ..ExpertStoreOptions::default()
         },
         mtp: false,
+        numerics: Default::default(),
     }
 }
 

@@ -93,6 +93,7 @@ fn opts(budget: Option<u64>, cache: CachePolicy, n_batch: usize) -> LoadOptions 
             ..Default::default()
         },
         mtp: false,
+        numerics: Default::default(),
     }
 }
 

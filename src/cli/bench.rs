@@ -59,6 +59,9 @@ pub struct BenchArgs {
     /// Worker threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Arithmetic of the matrix products (as for `run`: `exact` or the lossy `q8`).
+    #[arg(long, default_value = "exact")]
+    pub numerics: crate::models::Numerics,
     #[command(flatten)]
     pub store: StoreArgs,
     /// Speculative decoding in the decode scenarios (greedy, as without it).
@@ -128,6 +131,7 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
         direct_io: true,
         experts: a.store.options(Some(&a.model)),
         mtp: a.spec.mtp(),
+        numerics: a.numerics,
     };
     let loaded = opened
         .load(&Options {

@@ -87,6 +87,12 @@ pub struct RunArgs {
     /// Read weights through the page cache instead of O_DIRECT.
     #[arg(long)]
     pub no_direct_io: bool,
+    /// Arithmetic of the matrix products: `exact` (default; every product equals the
+    /// stored weights' exact dot) or `q8` (lossy, faster prompts: activations quantized to 8
+    /// bits per block and integer dot products, as llama.cpp computes, in passes of 2 or
+    /// more tokens; single-token decode stays exact; --stats names it).
+    #[arg(long, default_value = "exact")]
+    pub numerics: crate::models::Numerics,
     #[command(flatten)]
     pub store: super::store_args::StoreArgs,
     #[command(flatten)]
@@ -246,6 +252,7 @@ pub fn run(mut a: RunArgs) -> Result<()> {
         direct_io: !a.no_direct_io,
         experts: a.store.options(a.model.as_deref()),
         mtp: a.spec.mtp(),
+        numerics: a.numerics,
     };
     let (model, store) = opened
         .load_weights(&opts)
@@ -385,6 +392,7 @@ pub fn load_engine(
         direct_io: !a.no_direct_io,
         experts: a.store.options(a.model.as_deref()),
         mtp: a.spec.mtp(),
+        numerics: a.numerics,
     };
     let (model, store) = opened
         .load_weights(&opts)

@@ -28,6 +28,7 @@ pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64, load
          reads issued         {}\n\
          I/O wait             {:.3} s ({wait_share:.0}% of run)\n\
          placement            {}\n\
+         numerics             {}\n\
          resident weights     {}, streamed per pass {}, stream buffers {}, KV cache {}, activations {}\n\
          peak RSS             {}\n\
          seed                 {seed}\n",
@@ -41,6 +42,7 @@ pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64, load
         s.reads,
         s.io_wait_s,
         p.summary,
+        numerics_note(p.numerics),
         mib(p.resident_bytes as f64),
         mib(p.streamed_bytes as f64),
         mib(p.stream_buffer_bytes as f64),
@@ -48,6 +50,16 @@ pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64, load
         mib(p.scratch_bytes as f64),
         mib(s.peak_rss as f64),
     )
+}
+
+/// How `--stats` names the numerics: `exact`, or `q8` with what it changes.
+fn numerics_note(n: crate::models::Numerics) -> String {
+    match n {
+        crate::models::Numerics::Exact => "exact".into(),
+        n => format!(
+            "{n} (lossy: activations quantized to 8 bits per block, integer dots for Q8_0/Q4_0/Q5_0/MXFP4/Q4_K/Q5_K/Q6_K weights in passes of 2+ tokens; decode exact)"
+        ),
+    }
 }
 
 /// The `--stats-json` object.
@@ -239,6 +251,7 @@ fn stats_json_base(
         "io_wait_s": s.io_wait_s,
         "peak_rss_bytes": s.peak_rss,
         "placement": p.summary,
+        "numerics": p.numerics.name(),
         "resident_bytes": p.resident_bytes,
         "streamed_bytes_per_pass": p.streamed_bytes,
         "stream_buffer_bytes": p.stream_buffer_bytes,

@@ -4,8 +4,12 @@
 pub mod attn;
 pub mod gelu;
 mod gemm;
+mod gemm_q8;
+pub mod numerics;
 pub mod ops;
 pub mod small_batch;
+
+pub use numerics::{exact_pinned, with_numerics, Numerics};
 
 use crate::quant::{self, GgmlType, SimdLevel};
 use rayon::prelude::*;
@@ -95,6 +99,10 @@ fn check_shapes(w: &Matrix, x: &[f32], n: usize, y: &[f32]) {
 /// `y = W x`: `x` has `w.cols` elements, `y` has `w.rows`. Each `y[r]` equals
 /// `quant::dot_row(w.ty, w.row(r), x)` exactly. Runs on the current rayon pool, split by
 /// output rows. Panics on shape mismatches or a type without kernels.
+///
+/// Exact also under `Numerics::Q8`: the q8 single-token product (the direct integer tiles,
+/// [`matmul_q8_at`] with `n == 1`) measured slower than this one on the demo model
+/// (BENCHMARKS.md), so decode stays exact.
 pub fn matvec(w: &Matrix, x: &[f32], y: &mut [f32]) {
     matvec_at(SimdLevel::detect(), w, x, y)
 }
@@ -139,8 +147,30 @@ impl OutPtr {
 /// scales for the levels' block-scale types) and dotted with all `n` tokens by register-blocked
 /// tiles (several rows × several tokens) whose every output follows the fused `dot_row`'s
 /// accumulation order (`gemm.rs`). Split over threads by ranges of rows.
+///
+/// Inside [`with_numerics`]`(Numerics::Q8, ..)`, for `n >= 2`, a weight type with an
+/// integer path takes it instead ([`matmul_q8_at`]); every other type, and `n == 1`
+/// ([`matvec`]), stays exact.
 pub fn matmul(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    if n >= 2 && numerics::current() == Numerics::Q8 && gemm_q8::supports(w) {
+        return matmul_q8_at(SimdLevel::detect(), w, x, n, y);
+    }
     matmul_at(SimdLevel::detect(), w, x, n, y)
+}
+
+/// The lossy q8 product at a forced level: `x` (`n × w.cols`) is quantized to 8 bits per
+/// block (Q8_0 per 32 values for Q8_0 / Q4_0 / Q5_0 / MXFP4 weights, Q8_K per 256 for
+/// Q4_K / Q5_K / Q6_K) and each `y[t * w.rows + r]` is the integer dot of `quant::q8`
+/// (equal to its scalar reference at the level's lane width). Types without an integer
+/// path run [`matmul_at`] (exact). Panics on shape mismatches or an unavailable level.
+pub fn matmul_q8_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    check_shapes(w, x, n, y);
+    if n == 0 || w.rows == 0 {
+        return;
+    }
+    if !gemm_q8::matmul_q8(level, w, x, n, y) {
+        matmul_at(level, w, x, n, y)
+    }
 }
 
 /// [`matmul`] at a forced SIMD level. Panics if the level is unavailable.

@@ -501,6 +501,7 @@ pub(super) fn place(
             if h.tied { " (tied to embeddings)" } else { "" },
             notes.tail,
         ),
+        numerics: Default::default(),
     };
     Ok(Placed {
         store,

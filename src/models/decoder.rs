@@ -195,6 +195,8 @@ pub struct Decoder<B: Blocks> {
     placement: Placement,
     /// The multi-token-prediction layer, when loaded ([`Decoder::with_mtp`]).
     mtp: Option<MtpLayer<B::Layer>>,
+    /// The arithmetic of every matrix product of a forward pass.
+    numerics: crate::kernels::Numerics,
 }
 
 impl<B: Blocks> Decoder<B> {
@@ -218,6 +220,7 @@ impl<B: Blocks> Decoder<B> {
             final_norm,
             placement,
             mtp: None,
+            numerics: crate::kernels::Numerics::Exact,
         }
     }
 
@@ -382,6 +385,17 @@ impl<B: Blocks> Model for Decoder<B> {
         &self.placement
     }
 
+    fn numerics(&self) -> crate::kernels::Numerics {
+        self.numerics
+    }
+
+    /// Every numerics applies to every family: the kernels choose per matrix type.
+    fn set_numerics(&mut self, n: crate::kernels::Numerics) -> Result<()> {
+        self.numerics = n;
+        self.placement.numerics = n;
+        Ok(())
+    }
+
     fn forward(
         &self,
         store: &mut WeightStore,
@@ -399,8 +413,10 @@ impl<B: Blocks> Model for Decoder<B> {
                 s.plan([self.layers[0].0]);
             }
         };
-        run_pass(store, cache, tokens, self.dims.vocab_size, plan, |s, k| {
-            self.forward_planned(s, k, tokens, logits)
+        crate::kernels::with_numerics(self.numerics, || {
+            run_pass(store, cache, tokens, self.dims.vocab_size, plan, |s, k| {
+                self.forward_planned(s, k, tokens, logits)
+            })
         })
     }
 }

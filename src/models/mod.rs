@@ -30,6 +30,7 @@ macro_rules! families {
 
 families!(gemma3, llama, gpt_oss, deepseek_v3, kimi_linear, kimi_k3);
 
+pub use crate::kernels::{exact_pinned, Numerics};
 pub use kv_cache::KvCache;
 pub use model::{run_pass, BudgetTooSmall, LoadOptions, Logits, Model, Mtp, MtpOut, Placement};
 pub use registry::{Family, ModelAndStore};
@@ -54,7 +55,7 @@ pub fn load_gguf(gguf: &GgufModel, opts: &LoadOptions) -> anyhow::Result<ModelAn
         );
     }
     match family.and_then(|f| f.load_gguf) {
-        Some(load) => load(gguf, opts),
+        Some(load) => with_numerics(load(gguf, opts)?, opts),
         None => anyhow::bail!(
             "{}: architecture '{arch}' is not supported (supported: {})",
             gguf.files[0].display(),
@@ -77,6 +78,12 @@ pub fn load_hf(folder: &std::path::Path, opts: &LoadOptions) -> anyhow::Result<M
     load_hf_model(&hf, opts)
 }
 
+/// A loaded model set to `opts.numerics`.
+fn with_numerics((mut m, s): ModelAndStore, opts: &LoadOptions) -> anyhow::Result<ModelAndStore> {
+    m.set_numerics(opts.numerics)?;
+    Ok((m, s))
+}
+
 /// [`load_hf`] over an already opened folder.
 pub fn load_hf_model(hf: &HfModel, opts: &LoadOptions) -> anyhow::Result<ModelAndStore> {
     let mt = hf.model_type()?;
@@ -89,7 +96,7 @@ pub fn load_hf_model(hf: &HfModel, opts: &LoadOptions) -> anyhow::Result<ModelAn
         );
     }
     match family.and_then(|f| f.load_hf) {
-        Some(load) => load(hf, opts),
+        Some(load) => with_numerics(load(hf, opts)?, opts),
         None => anyhow::bail!(
             "{}: model_type '{mt}' is not supported (supported: {})",
             hf.config_path().display(),

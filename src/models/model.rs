@@ -1,6 +1,7 @@
 //! The interface every architecture implements ([`Model`]) and the options and reports of
 //! loading one ([`LoadOptions`], [`Placement`]).
 
+use crate::kernels::Numerics;
 use crate::store::{ExpertStoreOptions, WeightStore};
 
 use super::KvCache;
@@ -23,10 +24,14 @@ pub struct LoadOptions {
     /// `--draft mtp`) when it ships one; its weights, KV cache and the hidden rows it reads
     /// then come out of the budget. Off: those layers are ignored (and noted).
     pub mtp: bool,
+    /// The arithmetic of the model's matrix products ([`Numerics::Exact`] unless asked;
+    /// `Numerics::Q8` is lossy).
+    pub numerics: Numerics,
 }
 
 impl Default for LoadOptions {
-    /// Everything resident, a 4096-token cache, batches of 512, `O_DIRECT`, default expert store.
+    /// Everything resident, a 4096-token cache, batches of 512, `O_DIRECT`, default expert
+    /// store, exact numerics.
     fn default() -> Self {
         Self {
             ram_budget: None,
@@ -35,6 +40,7 @@ impl Default for LoadOptions {
             direct_io: true,
             experts: ExpertStoreOptions::default(),
             mtp: false,
+            numerics: Numerics::Exact,
         }
     }
 }
@@ -111,6 +117,8 @@ pub struct Placement {
     pub scratch_bytes: usize,
     /// Units kept resident / total units, as text (e.g. `"12/18 layers, head streamed"`).
     pub summary: String,
+    /// The arithmetic of the model's matrix products (set with the model's numerics).
+    pub numerics: Numerics,
 }
 
 /// Checks a forward pass's input before any weight is read: at least one token, room in the
@@ -193,6 +201,20 @@ pub trait Model: Send {
     /// ([`LoadOptions::mtp`]); `None` (the default) for every other model.
     fn mtp(&self) -> Option<&dyn Mtp> {
         None
+    }
+    /// The arithmetic of the model's matrix products (default: exact).
+    fn numerics(&self) -> Numerics {
+        Numerics::Exact
+    }
+    /// Sets the arithmetic of the model's matrix products for every later forward pass.
+    ///
+    /// Errors: the model cannot compute in `n` (the default accepts only
+    /// [`Numerics::Exact`]).
+    fn set_numerics(&mut self, n: Numerics) -> anyhow::Result<()> {
+        match n {
+            Numerics::Exact => Ok(()),
+            _ => anyhow::bail!("this model does not support --numerics {n}"),
+        }
     }
 }
 

@@ -245,6 +245,7 @@ pub mod fp8;
 mod iq1_grid;
 mod iq_grids;
 pub mod mxfp4;
+pub(crate) mod q8;
 mod scalar;
 mod scalar_iq;
 mod scalar_k;
@@ -252,6 +253,8 @@ mod scalar_k;
 pub(crate) mod tests;
 #[cfg(test)]
 mod tests_lowbit;
+#[cfg(test)]
+mod tests_q8;
 pub(crate) mod tile;
 
 #[cfg(target_arch = "aarch64")]

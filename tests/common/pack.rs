@@ -58,6 +58,7 @@ pub fn opts(budget: Option<u64>, verify: bool) -> LoadOptions {
             ..ExpertStoreOptions::default()
         },
         mtp: false,
+        numerics: Default::default(),
     }
 }
 

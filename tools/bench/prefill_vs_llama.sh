@@ -2,17 +2,21 @@
 # Prompt speed on the demo model, every weight resident: `deltafin bench --scenarios prefill`
 # (400 synthetic token ids in one batch) against llama.cpp (llama-cpp-python through
 # ../shared/tools/llama_peer.py) on a ~400-token prompt, same file and threads, alternated in
-# one run; then the same for warm decode. Prints one line per run and the ratios per round.
+# one run; then the same for warm decode. Each binary runs once per NUMERICS value (default
+# "exact q8": the exact mode and the lossy --numerics q8), alternated with llama.cpp. Prints one
+# line per run.
 #
 #   tools/bench/prefill_vs_llama.sh [DELTAFIN_BINARY...]
 #
-# Environment: PYTHON (a python with llama-cpp-python==0.3.36, default /work/venv-ref/bin/python),
+# Environment: NUMERICS (the --numerics values each binary runs, default "exact q8"; a
+# binary older than the flag needs an older copy of this script), PYTHON (a python with llama-cpp-python==0.3.36, default /work/venv-ref/bin/python),
 # THREADS (2), REPS (3), PEER_ARGS (extra llama_peer.py flags, default --no-repack: the AMX
 # repacked path of the 0.3.36 build here segfaults in ggml_backend_amx_mul_mat).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-/work/venv-ref/bin/python}
 THREADS=${THREADS:-2} REPS=${REPS:-3} PEER_ARGS=${PEER_ARGS:---no-repack}
+read -r -a NUMERICS <<< "${NUMERICS:-exact q8}"
 PEER=${PEER:-../shared/tools/llama_peer.py}
 BINS=("$@")
 [ ${#BINS[@]} -gt 0 ] || BINS=("$PWD/target/release/deltafin")
@@ -23,7 +27,9 @@ PROMPT=$(python3 -c "import sys; w=(' '.join([sys.argv[1]]*8)).split(); print(' 
 for r in $(seq 1 "$REPS"); do
   echo "round $r (load $(cut -d' ' -f1 /proc/loadavg))"
   for b in "${BINS[@]}"; do
-    echo "  $b prefill tok/s $("$b" bench -m "$M" --scenarios prefill --prompt-tokens 400 -t "$THREADS" | awk '/^prefill/ {print $2}')"
+    for nm in "${NUMERICS[@]}"; do
+      echo "  $b --numerics $nm prefill tok/s $("$b" bench -m "$M" --scenarios prefill --prompt-tokens 400 -t "$THREADS" --numerics "$nm" | awk '/^prefill/ {print $2}')"
+    done
   done
   # shellcheck disable=SC2086
   "$PYTHON" "$PEER" "$M" --tokens 2 --threads "$THREADS" $PEER_ARGS --prompt "$PROMPT" 2>/dev/null | tail -n 1 |
@@ -32,7 +38,9 @@ done
 for r in $(seq 1 "$REPS"); do
   echo "decode round $r (load $(cut -d' ' -f1 /proc/loadavg))"
   for b in "${BINS[@]}"; do
-    echo "  $b decode tok/s $("$b" bench -m "$M" --scenarios warm-decode -n 64 -t "$THREADS" | awk '/^warm-decode/ {print $2}')"
+    for nm in "${NUMERICS[@]}"; do
+      echo "  $b --numerics $nm decode tok/s $("$b" bench -m "$M" --scenarios warm-decode -n 64 -t "$THREADS" --numerics "$nm" | awk '/^warm-decode/ {print $2}')"
+    done
   done
   # shellcheck disable=SC2086
   "$PYTHON" "$PEER" "$M" --tokens 65 --threads "$THREADS" $PEER_ARGS 2>/dev/null | tail -n 1 |

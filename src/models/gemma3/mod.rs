@@ -266,6 +266,7 @@ impl Gemma3 {
                 },
                 if tied { " (tied to embeddings)" } else { "" }
             ),
+            numerics: Default::default(),
         };
         let scale = c.rope_scaling_factor.map_or(1.0, |f| 1.0 / f);
         let blocks = Gemma3Blocks {

@@ -4,8 +4,9 @@
 //! FP8 kernels (`fp8`), and the low-bit types' in-register block decoders for both levels
 //! (`lowbit_k`: Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, TQ1_0, TQ2_0; `lowbit_iq`: the IQ types),
 //! whose shared accumulators and helpers are `lowbit` and whose tables `lowbit_tables` joins,
-//! and the batch tiles of both
-//! levels (`tile_avx2`, `tile_avx512`). What all share (loads,
+//! the batch tiles of both
+//! levels (`tile_avx2`, `tile_avx512`), and the integer tiles of `--numerics q8` (`q8_avx2`,
+//! `q8_avx512`: AVX2 and AVX-512 VNNI). What all share (loads,
 //! reductions, block factors, the row-wrapper macros) is the leaf `common`; no kernel file
 //! imports another except a level's table naming its block-scale or low-bit kernels.
 
@@ -20,5 +21,7 @@ mod lowbit;
 mod lowbit_iq;
 mod lowbit_k;
 mod lowbit_tables;
+pub(crate) mod q8_avx2;
+pub(crate) mod q8_avx512;
 mod tile_avx2;
 mod tile_avx512;

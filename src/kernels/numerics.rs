@@ -1,0 +1,100 @@
+//! Which arithmetic the matrix products use: exact (the default: every output equals
+//! `quant::dot_row`) or the lossy `q8` mode (activations quantized to 8 bits per block,
+//! integer dot products, as llama.cpp's CPU backend; `gemm_q8.rs`).
+//!
+//! A model carries its setting (`models::Model::numerics`) and runs each forward pass
+//! inside [`with_numerics`], which sets it for the calling thread for the pass's duration;
+//! [`super::matmul`] reads it there (for 2 or more tokens; `matvec` stays exact). It is
+//! never process-wide: two
+//! models in one process (a draft and its target) keep their own.
+
+use std::cell::Cell;
+
+/// The arithmetic of matrix products.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Numerics {
+    /// Every product equals `quant::dot_row` of the stored encoding, bit for bit.
+    #[default]
+    Exact,
+    /// Lossy: activations quantized per block to 8 bits (Q8_0 per 32 values for the
+    /// 32-value weight types, Q8_K per 256 for the K-quants), integer dot products. Q8_0,
+    /// Q4_0, Q5_0, MXFP4, Q4_K, Q5_K and Q6_K weights, in passes of 2 or more tokens
+    /// (prompts); every other type, single-token passes (decode) and speculative
+    /// verification passes ([`exact_pinned`]) stay exact.
+    Q8,
+}
+
+impl Numerics {
+    /// The name the CLI and `--stats` use: `exact` or `q8`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Numerics::Exact => "exact",
+            Numerics::Q8 => "q8",
+        }
+    }
+}
+
+impl std::fmt::Display for Numerics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Numerics {
+    type Err = String;
+    /// `exact` or `q8`; any other text is an error naming both.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "exact" => Ok(Numerics::Exact),
+            "q8" => Ok(Numerics::Q8),
+            _ => Err(format!("unknown numerics '{s}' (expected exact or q8)")),
+        }
+    }
+}
+
+thread_local! {
+    static CURRENT: Cell<Numerics> = const { Cell::new(Numerics::Exact) };
+    static PINNED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with `n` as this thread's numerics (but [`Numerics::Exact`] inside
+/// [`exact_pinned`]), restoring the previous setting afterwards (also when `f` panics).
+pub fn with_numerics<R>(n: Numerics, f: impl FnOnce() -> R) -> R {
+    struct Restore(Numerics);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CURRENT.with(|c| c.set(self.0));
+        }
+    }
+    let n = if PINNED.with(Cell::get) {
+        Numerics::Exact
+    } else {
+        n
+    };
+    let _restore = Restore(CURRENT.with(|c| c.replace(n)));
+    f()
+}
+
+/// Runs `f` with every matrix product exact, whatever the models it runs set with
+/// [`with_numerics`]: speculative verification passes, so that a verified token's logits
+/// are the ones a plain (single-token, always exact) decoding step computes and greedy
+/// speculative output equals plain decoding's under `--numerics q8` too.
+pub fn exact_pinned<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool, Numerics);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PINNED.with(|c| c.set(self.0));
+            CURRENT.with(|c| c.set(self.1));
+        }
+    }
+    let _restore = Restore(
+        PINNED.with(|c| c.replace(true)),
+        CURRENT.with(|c| c.replace(Numerics::Exact)),
+    );
+    f()
+}
+
+/// This thread's numerics ([`Numerics::Exact`] outside [`with_numerics`]).
+pub fn current() -> Numerics {
+    CURRENT.with(|c| c.get())
+}

@@ -1,0 +1,824 @@
+//! The lossy `--numerics q8` path: activations quantized to 8 bits per block and integer dot
+//! products, as llama.cpp's CPU backend computes (ggml-cpu `quantize_row_q8_0` /
+//! `quantize_row_q8_K` and the `vec_dot_*_q8_*` kernels; our own implementation).
+//!
+//! - **Activations** ([`Q8Acts`]): a 32-value block type's activations become Q8_0 blocks
+//!   (`d = amax / 127` rounded to f16 as ggml stores it, `q = round(x · 127 / amax)` with
+//!   ties to even, as ggml's x86 quantizer); a K-quant's become Q8_K blocks of 256
+//!   (`iscale = −127 / x_max` for the value `x_max` of largest magnitude, `q = min(127,
+//!   round(iscale · x))`, `d = 1 / iscale` in f32, and the sums of each 16 `q`).
+//! - **Weights** are *prepared* once per matrix panel into one byte per element: the
+//!   32-value types as signed integers `w` with one f32 scale per block (`value = d · w`,
+//!   [`Prep32`]); the K-quants as unsigned integers `q` with, per 256, f32 `d`, `dmin` and
+//!   i16 scales and mins per 16 values (`value = d · sc · q − dmin · mn`, [`KMeta`]).
+//! - **Dots** sum integer products exactly; the float order is fixed per lane width `W`
+//!   (8 for AVX2 and the scalar level, 16 for AVX-512 VNNI) and written out by the scalar
+//!   references [`ref_tile32`] / [`ref_tile_k`], which every SIMD tile equals bit for bit.
+//!
+//! Float order of one (row, token) dot at lane width `W`, chunks of `4W` elements:
+//! - 32-value types: lane `j` of chunk `c` takes block `b = c · W/8 + j / 8`; its integer sum
+//!   `s` over the chunk's elements `4j..4j+4` enters as `acc[j] = fma(s, dw[b] · dx[b],
+//!   acc[j])` (a block past the row's end enters as `fma(0, 0, acc[j])`); the result is
+//!   [`fold`]`(acc)`.
+//! - K-quants: per superblock, lane `j` sums `sc · q · a` over elements `4j..4j+4` of every
+//!   chunk in integers (`S[j]`), then `acc[j] = fma(S[j], d · dx, acc[j])`; the mins enter
+//!   as 8 lanes `M[j] = mn[2j] · bsum[2j] + mn[2j+1] · bsum[2j+1]`, `accm[j] = fma(M[j],
+//!   dmin · dx, accm[j])`; the result is `fold(acc) − fold(accm)`.
+
+use super::scalar::{f16_at, f16_to_f32, q4k_scales};
+use super::GgmlType;
+
+/// Elements of a Q8_K superblock.
+pub(crate) const QK: usize = 256;
+
+/// The activation blocks a weight type's integer dot takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActFormat {
+    /// Q8_0: 32 values, f16-rounded scale.
+    Q8_0,
+    /// Q8_K: 256 values, f32 scale, sums per 16.
+    Q8K,
+}
+
+/// Per-superblock factors of a prepared K-quant row: `value = d · sc[s] · q − dmin ·
+/// mn[s]` for the element's 16-value sub-block `s`.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub(crate) struct KMeta {
+    pub sc: [i16; 16],
+    pub mn: [i16; 16],
+    pub d: f32,
+    pub dmin: f32,
+}
+
+/// Prepares one encoded row of a 32-value block type: signed integers (`w`, one per element)
+/// and block scales (`d`, one per 32).
+pub(crate) type Prep32 = fn(src: &[u8], w: &mut [i8], d: &mut [f32]);
+/// Prepares one encoded K-quant row: unsigned integers (`q`, one per element) and one
+/// [`KMeta`] per 256.
+pub(crate) type PrepK = fn(src: &[u8], q: &mut [u8], m: &mut [KMeta]);
+
+/// How a weight type enters the q8 path.
+#[derive(Clone, Copy)]
+pub(crate) enum IntPlan {
+    B32(Prep32),
+    K(PrepK),
+}
+
+impl IntPlan {
+    /// The activation format the plan's dots take.
+    pub(crate) fn act_format(self) -> ActFormat {
+        match self {
+            IntPlan::B32(_) => ActFormat::Q8_0,
+            IntPlan::K(_) => ActFormat::Q8K,
+        }
+    }
+}
+
+/// The q8 plan of `ty`, or `None` when the type keeps the exact path (float types and the
+/// types without integer preparation).
+pub(crate) fn int_plan(ty: GgmlType) -> Option<IntPlan> {
+    Some(match ty {
+        GgmlType::Q8_0 => IntPlan::B32(prep_q8_0),
+        GgmlType::Q4_0 => IntPlan::B32(prep_q4_0),
+        GgmlType::Q5_0 => IntPlan::B32(prep_q5_0),
+        GgmlType::MXFP4 => IntPlan::B32(prep_mxfp4),
+        GgmlType::Q4_K => IntPlan::K(prep_q4_k),
+        GgmlType::Q5_K => IntPlan::K(prep_q5_k),
+        GgmlType::Q6_K => IntPlan::K(prep_q6_k),
+        _ => return None,
+    })
+}
+
+/// `n` activation rows of `cols` values, quantized: `qs` (`n × cols`), scales `d` (one per
+/// block: 32 values for Q8_0, 256 for Q8_K), and for Q8_K the sums of each 16 `qs`
+/// (`bsums`, `n × cols / 16`).
+#[derive(Default)]
+pub(crate) struct Q8Acts {
+    pub cols: usize,
+    pub qs: Vec<i8>,
+    pub d: Vec<f32>,
+    pub bsums: Vec<i16>,
+}
+
+impl Q8Acts {
+    /// Quantizes the `x.len() / cols` rows of `x` in `fmt`, reusing the buffers. `cols` is a
+    /// multiple of the format's block.
+    pub(crate) fn quantize(&mut self, fmt: ActFormat, x: &[f32], cols: usize) {
+        let n = x.len() / cols;
+        let be = match fmt {
+            ActFormat::Q8_0 => 32,
+            ActFormat::Q8K => QK,
+        };
+        assert!(cols.is_multiple_of(be) && x.len() == n * cols, "q8 shape");
+        self.cols = cols;
+        self.qs.resize(n * cols, 0);
+        self.d.resize(n * cols / be, 0.0);
+        self.bsums.resize(
+            if fmt == ActFormat::Q8K {
+                n * cols / 16
+            } else {
+                0
+            },
+            0,
+        );
+        quantize_rows(fmt, x, &mut self.qs, &mut self.d, &mut self.bsums);
+    }
+}
+
+/// Quantizes whole blocks of `x` in `fmt` into `qs` (`x.len()`), `d` (one per block) and,
+/// for Q8_K, `bsums` (one per 16 values; empty for Q8_0). The same IEEE operations at every
+/// level (compiled with AVX2 where the CPU has it, so rounding is one instruction).
+pub(crate) fn quantize_rows(
+    fmt: ActFormat,
+    x: &[f32],
+    qs: &mut [i8],
+    d: &mut [f32],
+    bsums: &mut [i16],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::SimdLevel::detect() >= super::SimdLevel::Avx2 {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(fmt: ActFormat, x: &[f32], qs: &mut [i8], d: &mut [f32], b: &mut [i16]) {
+            quantize_portable(fmt, x, qs, d, b)
+        }
+        // SAFETY: AVX2 and FMA detected.
+        return unsafe { avx2(fmt, x, qs, d, bsums) };
+    }
+    quantize_portable(fmt, x, qs, d, bsums)
+}
+
+#[inline(always)]
+fn quantize_portable(fmt: ActFormat, x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
+    match fmt {
+        ActFormat::Q8_0 => {
+            for ((xb, qb), d) in x.chunks_exact(32).zip(qs.chunks_exact_mut(32)).zip(d) {
+                *d = quantize_q8_0_block(xb, qb);
+            }
+        }
+        ActFormat::Q8K => {
+            for (((xb, qb), d), s) in x
+                .chunks_exact(QK)
+                .zip(qs.chunks_exact_mut(QK))
+                .zip(d)
+                .zip(bsums.chunks_exact_mut(16))
+            {
+                *d = quantize_q8_k_block(xb, qb, s);
+            }
+        }
+    }
+}
+
+/// Rounds an f32 to the nearest f16 value (ties to even), returned as f32.
+#[inline(always)]
+pub(crate) fn round_to_f16(v: f32) -> f32 {
+    f16_to_f32(f32_to_f16(v))
+}
+
+/// IEEE binary32 → binary16, round to nearest even (overflow to infinity).
+#[inline(always)]
+fn f32_to_f16(v: f32) -> u16 {
+    let b = v.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let a = f32::from_bits(b & 0x7FFF_FFFF);
+    if a.is_nan() {
+        return sign | 0x7E00;
+    }
+    if a >= 65520.0 {
+        return sign | 0x7C00;
+    }
+    if a < 6.103_515_6e-5 {
+        // subnormal half: multiples of 2^-24, rounded to even by the float addition
+        let q = (a * 16_777_216.0).round_ties_even() as u16;
+        return sign | q;
+    }
+    let e = ((a.to_bits() >> 23) as i32) - 127;
+    let man = a.to_bits() & 0x7F_FFFF;
+    let mut h = (((e + 15) as u32) << 10) | (man >> 13);
+    let rest = man & 0x1FFF;
+    if rest > 0x1000 || (rest == 0x1000 && (h & 1) == 1) {
+        h += 1;
+    }
+    sign | h as u16
+}
+
+/// One Q8_0 activation block: `q` from `x` (32 values), returns the f16-rounded scale.
+#[inline(always)]
+pub(crate) fn quantize_q8_0_block(x: &[f32], q: &mut [i8]) -> f32 {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    for (qv, &v) in q.iter_mut().zip(x) {
+        *qv = (v * id).round_ties_even() as i8;
+    }
+    round_to_f16(d)
+}
+
+/// One Q8_K activation block: `q` from `x` (256 values) and the sums of each 16; returns the
+/// scale (0 with all-zero `q` when `x` is all zero).
+#[inline(always)]
+pub(crate) fn quantize_q8_k_block(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax == 0.0 {
+        q.fill(0);
+        bsums.fill(0);
+        return 0.0;
+    }
+    let iscale = -127.0 / max;
+    for (qv, &v) in q.iter_mut().zip(x) {
+        *qv = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+    }
+    for (s, qb) in bsums.iter_mut().zip(q.chunks_exact(16)) {
+        *s = qb.iter().map(|&v| v as i16).sum();
+    }
+    1.0 / iscale
+}
+
+/// Q8_0 weights: `w = q`, `d` the block's f16.
+fn prep_q8_0(src: &[u8], w: &mut [i8], d: &mut [f32]) {
+    for ((b, wb), db) in src.chunks_exact(34).zip(w.chunks_exact_mut(32)).zip(d) {
+        *db = f16_at(b);
+        for (o, &q) in wb.iter_mut().zip(&b[2..34]) {
+            *o = q as i8;
+        }
+    }
+}
+
+/// Q4_0 weights: `w = q − 8` (low nibbles elements 0..16, high 16..32).
+fn prep_q4_0(src: &[u8], w: &mut [i8], d: &mut [f32]) {
+    for ((b, wb), db) in src.chunks_exact(18).zip(w.chunks_exact_mut(32)).zip(d) {
+        *db = f16_at(b);
+        let (lo, hi) = wb.split_at_mut(16);
+        for ((l, h), &q) in lo.iter_mut().zip(hi).zip(&b[2..18]) {
+            *l = (q & 15) as i8 - 8;
+            *h = (q >> 4) as i8 - 8;
+        }
+    }
+}
+
+/// Q5_0 weights: `w = q − 16`, the fifth bit of element `j` in bit `j` of `qh`.
+fn prep_q5_0(src: &[u8], w: &mut [i8], d: &mut [f32]) {
+    for ((b, wb), db) in src.chunks_exact(22).zip(w.chunks_exact_mut(32)).zip(d) {
+        *db = f16_at(b);
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        let (lo, hi) = wb.split_at_mut(16);
+        for (j, ((l, h), &q)) in lo.iter_mut().zip(hi).zip(&b[6..22]).enumerate() {
+            *l = ((q & 15) | ((((qh >> j) & 1) as u8) << 4)) as i8 - 16;
+            *h = ((q >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4)) as i8 - 16;
+        }
+    }
+}
+
+/// MXFP4 weights: the doubled E2M1 values, `d` the halved E8M0 scale.
+fn prep_mxfp4(src: &[u8], w: &mut [i8], d: &mut [f32]) {
+    use super::scalar::{e8m0_half, MXFP4_VALUES};
+    for ((b, wb), db) in src.chunks_exact(17).zip(w.chunks_exact_mut(32)).zip(d) {
+        *db = e8m0_half(b[0]);
+        let (lo, hi) = wb.split_at_mut(16);
+        for ((l, h), &q) in lo.iter_mut().zip(hi).zip(&b[1..17]) {
+            *l = MXFP4_VALUES[(q & 15) as usize];
+            *h = MXFP4_VALUES[(q >> 4) as usize];
+        }
+    }
+}
+
+/// Q4_K weights: nibbles, each 32-value sub-block's 6-bit scale and min on both its 16s.
+fn prep_q4_k(src: &[u8], q: &mut [u8], m: &mut [KMeta]) {
+    for ((b, qb), mb) in src.chunks_exact(144).zip(q.chunks_exact_mut(QK)).zip(m) {
+        let (sc, mn) = q4k_scales(&b[4..16]);
+        *mb = k_meta(f16_at(b), f16_at(&b[2..]), &sc, &mn);
+        for r in 0..8 {
+            let qs = &b[16 + 32 * (r / 2)..][..32];
+            let shift = 4 * (r & 1);
+            for (o, &v) in qb[32 * r..32 * r + 32].iter_mut().zip(qs) {
+                *o = (v >> shift) & 15;
+            }
+        }
+    }
+}
+
+/// Q5_K weights: as Q4_K with the fifth bit `(qh[l] >> r) & 1`.
+fn prep_q5_k(src: &[u8], q: &mut [u8], m: &mut [KMeta]) {
+    for ((b, qb), mb) in src.chunks_exact(176).zip(q.chunks_exact_mut(QK)).zip(m) {
+        let (sc, mn) = q4k_scales(&b[4..16]);
+        *mb = k_meta(f16_at(b), f16_at(&b[2..]), &sc, &mn);
+        let qh = &b[16..48];
+        for r in 0..8 {
+            let qs = &b[48 + 32 * (r / 2)..][..32];
+            let shift = 4 * (r & 1);
+            for ((o, &v), &h) in qb[32 * r..32 * r + 32].iter_mut().zip(qs).zip(qh) {
+                *o = ((v >> shift) & 15) | (((h >> r) & 1) << 4);
+            }
+        }
+    }
+}
+
+/// The [`KMeta`] of a 32-value-sub-block type: each sub-block's scale and min on both of
+/// its 16s.
+fn k_meta(d: f32, dmin: f32, sc: &[u8; 8], mn: &[u8; 8]) -> KMeta {
+    KMeta {
+        sc: std::array::from_fn(|s| sc[s / 2] as i16),
+        mn: std::array::from_fn(|s| mn[s / 2] as i16),
+        d,
+        dmin,
+    }
+}
+
+/// Q6_K weights: `q` in 0..64, `value = d · sc · (q − 32)`, so `mn = 32 · sc` and `dmin = d`.
+fn prep_q6_k(src: &[u8], q: &mut [u8], m: &mut [KMeta]) {
+    for ((b, qb), mb) in src.chunks_exact(210).zip(q.chunks_exact_mut(QK)).zip(m) {
+        let d = f16_at(&b[208..]);
+        // sub-block s = 8h + c covers elements 128h + 16c.. (see scalar::decode_q6_k)
+        let sc: [i16; 16] = std::array::from_fn(|s| b[192 + s] as i8 as i16);
+        *mb = KMeta {
+            sc,
+            mn: std::array::from_fn(|s| 32 * sc[s]),
+            d,
+            dmin: d,
+        };
+        for h in 0..2 {
+            let ql = &b[64 * h..];
+            let qh = &b[128 + 32 * h..];
+            for c in 0..8 {
+                let lo = &ql[16 * (c & 3)..][..16];
+                let hi = &qh[16 * (c & 1)..][..16];
+                let (ns, hs) = (4 * (c >> 2), 2 * (c >> 1));
+                let out = &mut qb[128 * h + 16 * c..][..16];
+                for k in 0..16 {
+                    out[k] = ((lo[k] >> ns) & 15) | (((hi[k] >> hs) & 3) << 4);
+                }
+            }
+        }
+    }
+}
+
+/// The fixed reduction of `W` lanes: halves added lane by lane (`a[i] += a[i + h]` for
+/// `h = W/2, W/4, …, 1`), as the SIMD reductions extract and add.
+pub(crate) fn fold<const W: usize>(mut a: [f32; W]) -> f32 {
+    let mut h = W / 2;
+    while h >= 1 {
+        for i in 0..h {
+            a[i] += a[i + h];
+        }
+        h /= 2;
+    }
+    a[0]
+}
+
+/// The scalar reference of the 32-value tile at lane width `W` (see the module header):
+/// `out[r * nt + t]` for prepared rows `w`/`d` (`nr` rows) and activation rows `t0..t0+nt`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ref_tile32<const W: usize>(
+    w: &[i8],
+    d: &[f32],
+    nr: usize,
+    a: &Q8Acts,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
+    let cols = a.cols;
+    let nb = cols / 32;
+    let bpc = W / 8;
+    for r in 0..nr {
+        let (wr, dr) = (&w[r * cols..][..cols], &d[r * nb..][..nb]);
+        for t in 0..nt {
+            let qa = &a.qs[(t0 + t) * cols..][..cols];
+            let da = &a.d[(t0 + t) * nb..][..nb];
+            let mut acc = [0f32; W];
+            for c in 0..nb.div_ceil(bpc) {
+                for (j, av) in acc.iter_mut().enumerate() {
+                    let b = c * bpc + j / 8;
+                    if b >= nb {
+                        *av = 0f32.mul_add(0.0, *av);
+                        continue;
+                    }
+                    let e = b * 32 + 4 * (j % 8);
+                    let s: i32 = (0..4).map(|i| wr[e + i] as i32 * qa[e + i] as i32).sum();
+                    *av = (s as f32).mul_add(dr[b] * da[b], *av);
+                }
+            }
+            out[r * nt + t] = fold(acc);
+        }
+    }
+}
+
+/// The scalar reference of the K-quant tile at lane width `W` (see the module header).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ref_tile_k<const W: usize>(
+    q: &[u8],
+    m: &[KMeta],
+    nr: usize,
+    a: &Q8Acts,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
+    let cols = a.cols;
+    let nsb = cols / QK;
+    for r in 0..nr {
+        let (qr, mr) = (&q[r * cols..][..cols], &m[r * nsb..][..nsb]);
+        for t in 0..nt {
+            let qa = &a.qs[(t0 + t) * cols..][..cols];
+            let mut acc = [0f32; W];
+            let mut accm = [0f32; 8];
+            for (sb, km) in mr.iter().enumerate() {
+                let dx = a.d[(t0 + t) * nsb + sb];
+                let bs = &a.bsums[((t0 + t) * nsb + sb) * 16..][..16];
+                let mut s = [0i32; W];
+                for c in 0..QK / (4 * W) {
+                    for (j, sv) in s.iter_mut().enumerate() {
+                        let e = sb * QK + c * 4 * W + 4 * j;
+                        let sub = (e % QK) / 16;
+                        let p: i32 = (0..4).map(|i| qr[e + i] as i32 * qa[e + i] as i32).sum();
+                        *sv += km.sc[sub] as i32 * p;
+                    }
+                }
+                for (av, &sv) in acc.iter_mut().zip(&s) {
+                    *av = (sv as f32).mul_add(km.d * dx, *av);
+                }
+                for (j, av) in accm.iter_mut().enumerate() {
+                    let mj = km.mn[2 * j] as i32 * bs[2 * j] as i32
+                        + km.mn[2 * j + 1] as i32 * bs[2 * j + 1] as i32;
+                    *av = (mj as f32).mul_add(km.dmin * dx, *av);
+                }
+            }
+            out[r * nt + t] = fold(acc) - fold(accm);
+        }
+    }
+}
+
+/// A 32-value tile: `out[r * nt + t]` = the dot of prepared row `r` (`w`, `d`) with
+/// activation row `t0 + t` of `a`; `1 <= nr <= rows`, `1 <= nt <= tokens` of its shape.
+pub(crate) type Tile32Fn =
+    fn(w: &[i8], d: &[f32], nr: usize, a: &Q8Acts, t0: usize, nt: usize, out: &mut [f32]);
+/// A K-quant tile, as [`Tile32Fn`] over prepared K rows (`q`, `m`).
+pub(crate) type TileKFn =
+    fn(q: &[u8], m: &[KMeta], nr: usize, a: &Q8Acts, t0: usize, nt: usize, out: &mut [f32]);
+
+/// One level's integer tiles and their largest shapes (rows, tokens).
+#[derive(Clone, Copy)]
+pub(crate) struct IntKernels {
+    /// Lane width of the level's float order (8 or 16).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub lanes: usize,
+    pub tile32: Tile32Fn,
+    pub shape32: (usize, usize),
+    pub tile_k: TileKFn,
+    pub shape_k: (usize, usize),
+    /// The quad tile of the 32-value types and its shape (row quads, token quads), where
+    /// the level has one: it replaces `tile32` (float order [`ref_pair32`]).
+    pub quad32: Option<(QuadTileFn, (usize, usize))>,
+    /// The quad tile of the K-quants and its shape, where the level has one: it replaces
+    /// `tile_k` (float order [`ref_pair_k`]).
+    pub quad_k: Option<(QuadKTileFn, (usize, usize))>,
+}
+
+/// The integer tiles at `level`: AVX-512 with VNNI (`avx512vnni`) runs lane width 16, AVX2
+/// (and AVX-512 without VNNI) lane width 8, every other level the scalar references at lane
+/// width 8 (NEON has no integer tiles yet). Panics if `level` is unavailable.
+pub(crate) fn int_kernels(level: super::SimdLevel) -> IntKernels {
+    use super::SimdLevel;
+    assert!(
+        level.is_available(),
+        "SIMD level {level:?} is not available"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::x86::{q8_avx2, q8_avx512};
+        if level == SimdLevel::Avx512 && is_x86_feature_detected!("avx512vnni") {
+            return IntKernels {
+                lanes: 16,
+                tile32: q8_avx512::tile32,
+                shape32: (q8_avx512::R32, q8_avx512::T32),
+                tile_k: q8_avx512::tile_k,
+                shape_k: (q8_avx512::RK, q8_avx512::TK),
+                quad32: Some((q8_avx512::quad_tile32, (q8_avx512::QR, q8_avx512::QT))),
+                quad_k: Some((q8_avx512::quad_tile_k, (q8_avx512::QRK, q8_avx512::QTK))),
+            };
+        }
+        if level >= SimdLevel::Avx2 {
+            return IntKernels {
+                lanes: 8,
+                tile32: q8_avx2::tile32,
+                shape32: (q8_avx2::R, q8_avx2::T),
+                tile_k: q8_avx2::tile_k,
+                shape_k: (q8_avx2::R, q8_avx2::T),
+                quad32: None,
+                quad_k: None,
+            };
+        }
+    }
+    let _ = level;
+    IntKernels {
+        lanes: 8,
+        tile32: ref_tile32::<8>,
+        shape32: (2, 4),
+        tile_k: ref_tile_k::<8>,
+        shape_k: (2, 4),
+        quad32: None,
+        quad_k: None,
+    }
+}
+
+/// Rows (and tokens) of a quad: a 16-lane register holds 4 tokens × 4 weight rows, lane
+/// `4q + p` the pair (token `q`, row `p`) of its quads.
+pub(crate) const QUAD: usize = 4;
+
+/// Q8_0 activations in token quads for the quad tile: per quad, block and 4-value group,
+/// 16 bytes (the group of each of the quad's 4 tokens, made unsigned: `q + 128`), and per
+/// quad and block the 4 tokens' scales. Tokens past `n` are zero (scale 0).
+#[derive(Default)]
+pub(crate) struct QuadActs {
+    pub cols: usize,
+    pub quads: usize,
+    pub a: Vec<u8>,
+    pub dx: Vec<f32>,
+}
+
+impl QuadActs {
+    /// Regroups the first `n` rows of `q` (Q8_0 activations) into quads (tests; the
+    /// product builds quads in parallel).
+    #[cfg(test)]
+    pub(crate) fn build(&mut self, q: &Q8Acts, n: usize) {
+        let cols = q.cols;
+        let (nb, ng) = (cols / 32, cols / 4);
+        self.cols = cols;
+        self.quads = n.div_ceil(QUAD);
+        self.a.resize(self.quads * ng * 16, 0);
+        self.dx.resize(self.quads * nb * QUAD, 0.0);
+        for (qd, (ac, dc)) in self
+            .a
+            .chunks_exact_mut(ng * 16)
+            .zip(self.dx.chunks_exact_mut(nb * QUAD))
+            .enumerate()
+        {
+            quad_of(q, n, qd, ac, dc);
+        }
+    }
+}
+
+/// Quad `qd` of `q`'s first `n` rows into `ac` (`cols * 4` bytes) and `dc` (`cols / 8`).
+pub(crate) fn quad_of(q: &Q8Acts, n: usize, qd: usize, ac: &mut [u8], dc: &mut [f32]) {
+    let cols = q.cols;
+    let nb = cols / 32;
+    for tq in 0..QUAD {
+        let t = qd * QUAD + tq;
+        if t < n {
+            let row = &q.qs[t * cols..][..cols];
+            for (g, v) in row.chunks_exact(4).enumerate() {
+                let o = &mut ac[g * 16 + tq * 4..][..4];
+                for (ob, &vb) in o.iter_mut().zip(v) {
+                    *ob = (vb as u8) ^ 0x80;
+                }
+            }
+            for b in 0..nb {
+                dc[b * QUAD + tq] = q.d[t * nb + b];
+            }
+        } else {
+            for g in 0..cols / 4 {
+                ac[g * 16 + tq * 4..][..4].fill(0x80);
+            }
+            for b in 0..nb {
+                dc[b * QUAD + tq] = 0.0;
+            }
+        }
+    }
+}
+
+/// Prepared rows of a 32-value type in row quads for the quad tile: per quad, block and
+/// 4-value group, 16 bytes (the group of each of the quad's 4 rows, signed); per quad and
+/// block the rows' scales `dw` and `init = −128 · Σ w` of each row's block.
+#[derive(Default)]
+pub(crate) struct QuadRows {
+    pub w: Vec<i8>,
+    pub dw: Vec<f32>,
+    pub init: Vec<i32>,
+}
+
+impl QuadRows {
+    /// Regroups `nr` prepared rows (`w`: `nr × cols`, `d`: `nr × cols / 32`) into quads;
+    /// rows past `nr` are zero.
+    pub(crate) fn build(&mut self, w: &[i8], d: &[f32], nr: usize, cols: usize) {
+        let (nb, ng) = (cols / 32, cols / 4);
+        let quads = nr.div_ceil(QUAD);
+        self.w.resize(quads * ng * 16, 0);
+        self.dw.resize(quads * nb * QUAD, 0.0);
+        self.init.resize(quads * nb * QUAD, 0);
+        for qd in 0..quads {
+            for p in 0..QUAD {
+                let r = qd * QUAD + p;
+                for b in 0..nb {
+                    let o = (qd * nb + b) * QUAD + p;
+                    if r < nr {
+                        let wb = &w[r * cols + 32 * b..][..32];
+                        self.dw[o] = d[r * nb + b];
+                        self.init[o] = -128 * wb.iter().map(|&v| v as i32).sum::<i32>();
+                        for g in 0..8 {
+                            let dst = (qd * ng + 8 * b + g) * 16 + 4 * p;
+                            self.w[dst..dst + 4].copy_from_slice(&wb[4 * g..4 * g + 4]);
+                        }
+                    } else {
+                        self.dw[o] = 0.0;
+                        self.init[o] = 0;
+                        for g in 0..8 {
+                            let dst = (qd * ng + 8 * b + g) * 16 + 4 * p;
+                            self.w[dst..dst + 4].fill(0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A quad tile: the dots of row quads `rq0..rq0 + nrq` of `w` with token quads
+/// `tq0..tq0 + ntq` of `a`; `out[(i * ntq + j) * 16 + 4q + p]` is (row `4(rq0 + i) + p`,
+/// token `4(tq0 + j) + q`). Each pair's value is [`ref_pair32`]'s.
+pub(crate) type QuadTileFn =
+    fn(w: &QuadRows, rq0: usize, nrq: usize, a: &QuadActs, tq0: usize, ntq: usize, out: &mut [f32]);
+
+/// The scalar reference of one quad-tile pair: per block `b` in order, the exact integer
+/// sum `s` of the block's 32 products, then `acc = fma(s, dw · dx, acc)` from 0.
+#[cfg(test)]
+pub(crate) fn ref_pair32(w: &[i8], d: &[f32], a: &[i8], da: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (b, (wb, ab)) in w.chunks_exact(32).zip(a.chunks_exact(32)).enumerate() {
+        let s: i32 = wb.iter().zip(ab).map(|(&x, &y)| x as i32 * y as i32).sum();
+        acc = (s as f32).mul_add(d[b] * da[b], acc);
+    }
+    acc
+}
+
+/// Prepared K-quant rows in row quads for the K quad tile: per quad and 4-value group, 16
+/// bytes (each of the quad's rows' unsigned `q`); per quad and superblock the rows' `d`,
+/// `dmin` (4 each), per 16-value sub-block their scales (4 × i32), and per pair of
+/// sub-blocks their mins (4 dwords of two i16). Rows past `nr` are zero.
+#[derive(Default)]
+pub(crate) struct QuadKRows {
+    pub q: Vec<u8>,
+    pub sc: Vec<i32>,
+    pub mn: Vec<i32>,
+    pub d: Vec<f32>,
+    pub dmin: Vec<f32>,
+}
+
+impl QuadKRows {
+    /// Regroups `nr` prepared rows (`q`: `nr × cols`, `m`: `nr × cols / 256`).
+    pub(crate) fn build(&mut self, q: &[u8], m: &[KMeta], nr: usize, cols: usize) {
+        let (nsb, ng) = (cols / QK, cols / 4);
+        let quads = nr.div_ceil(QUAD);
+        self.q.resize(quads * ng * 16, 0);
+        self.sc.resize(quads * nsb * 16 * QUAD, 0);
+        self.mn.resize(quads * nsb * 8 * QUAD, 0);
+        self.d.resize(quads * nsb * QUAD, 0.0);
+        self.dmin.resize(quads * nsb * QUAD, 0.0);
+        for qd in 0..quads {
+            for p in 0..QUAD {
+                let r = qd * QUAD + p;
+                let real = r < nr;
+                for g in 0..ng {
+                    let dst = (qd * ng + g) * 16 + 4 * p;
+                    match real {
+                        true => self.q[dst..dst + 4].copy_from_slice(&q[r * cols + 4 * g..][..4]),
+                        false => self.q[dst..dst + 4].fill(0),
+                    }
+                }
+                for sb in 0..nsb {
+                    let km = if real {
+                        m[r * nsb + sb]
+                    } else {
+                        KMeta::default()
+                    };
+                    let o = (qd * nsb + sb) * QUAD + p;
+                    self.d[o] = km.d;
+                    self.dmin[o] = km.dmin;
+                    for j in 0..16 {
+                        self.sc[((qd * nsb + sb) * 16 + j) * QUAD + p] = km.sc[j] as i32;
+                    }
+                    for jj in 0..8 {
+                        let pair = (km.mn[2 * jj] as u16 as u32)
+                            | ((km.mn[2 * jj + 1] as u16 as u32) << 16);
+                        self.mn[((qd * nsb + sb) * 8 + jj) * QUAD + p] = pair as i32;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q8_K activations in token quads for the K quad tile: per quad and 4-value group, 16
+/// bytes (each token's signed `q`); per quad, superblock and pair of 16-sums, 4 dwords of
+/// two i16 sums; per quad and superblock the 4 scales. Tokens past `n` are zero.
+#[derive(Default)]
+pub(crate) struct QuadKActs {
+    pub cols: usize,
+    pub a: Vec<i8>,
+    pub bs: Vec<i32>,
+    pub dx: Vec<f32>,
+}
+
+impl QuadKActs {
+    /// Resizes for `n` tokens of `cols` values; returns the per-quad lengths (a, bs, dx).
+    pub(crate) fn shape(&mut self, n: usize, cols: usize) -> (usize, usize, usize) {
+        let quads = n.div_ceil(QUAD);
+        let nsb = cols / QK;
+        let lens = (cols * QUAD, nsb * 8 * QUAD, nsb * QUAD);
+        self.cols = cols;
+        self.a.resize(quads * lens.0, 0);
+        self.bs.resize(quads * lens.1, 0);
+        self.dx.resize(quads * lens.2, 0.0);
+        lens
+    }
+
+    /// Regroups the first `n` rows of `q` (Q8_K activations) into quads (tests).
+    #[cfg(test)]
+    pub(crate) fn build(&mut self, q: &Q8Acts, n: usize) {
+        let (la, lb, ld) = self.shape(n, q.cols);
+        for (qd, ((a, b), d)) in self
+            .a
+            .chunks_exact_mut(la)
+            .zip(self.bs.chunks_exact_mut(lb))
+            .zip(self.dx.chunks_exact_mut(ld))
+            .enumerate()
+        {
+            quad_k_of(q, n, qd, a, b, d);
+        }
+    }
+}
+
+/// Quad `qd` of `q`'s first `n` Q8_K rows (see [`QuadKActs`]).
+pub(crate) fn quad_k_of(
+    q: &Q8Acts,
+    n: usize,
+    qd: usize,
+    a: &mut [i8],
+    bs: &mut [i32],
+    dx: &mut [f32],
+) {
+    let cols = q.cols;
+    let nsb = cols / QK;
+    for tq in 0..QUAD {
+        let t = qd * QUAD + tq;
+        let real = t < n;
+        for g in 0..cols / 4 {
+            let o = &mut a[g * 16 + tq * 4..][..4];
+            match real {
+                true => o.copy_from_slice(&q.qs[t * cols + 4 * g..][..4]),
+                false => o.fill(0),
+            }
+        }
+        for sb in 0..nsb {
+            dx[sb * QUAD + tq] = if real { q.d[t * nsb + sb] } else { 0.0 };
+            for jj in 0..8 {
+                let (lo, hi) = match real {
+                    true => {
+                        let b = &q.bsums[(t * nsb + sb) * 16..];
+                        (b[2 * jj], b[2 * jj + 1])
+                    }
+                    false => (0, 0),
+                };
+                bs[(sb * 8 + jj) * QUAD + tq] =
+                    ((lo as u16 as u32) | ((hi as u16 as u32) << 16)) as i32;
+            }
+        }
+    }
+}
+
+/// A K quad tile, as [`QuadTileFn`] over [`QuadKRows`] and [`QuadKActs`]; each pair's value
+/// is [`ref_pair_k`]'s.
+pub(crate) type QuadKTileFn = fn(
+    w: &QuadKRows,
+    rq0: usize,
+    nrq: usize,
+    a: &QuadKActs,
+    tq0: usize,
+    ntq: usize,
+    out: &mut [f32],
+);
+
+/// The scalar reference of one K quad-tile pair: per superblock in order, the exact
+/// integers `S = Σ_s sc[s] · Σ_{i ∈ s} q · a` and `M = Σ_s mn[s] · bsum[s]`, then
+/// `acc = fma(S, d · dx, acc)`, `accm = fma(M, dmin · dx, accm)`; the result is `acc − accm`.
+#[cfg(test)]
+pub(crate) fn ref_pair_k(q: &[u8], m: &[KMeta], a: &[i8], da: &[f32], bs: &[i16]) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (sb, km) in m.iter().enumerate() {
+        let (mut s, mut mi) = (0i32, 0i32);
+        for j in 0..16 {
+            let e = sb * QK + 16 * j;
+            let p: i32 = (0..16).map(|i| q[e + i] as i32 * a[e + i] as i32).sum();
+            s += km.sc[j] as i32 * p;
+            mi += km.mn[j] as i32 * bs[sb * 16 + j] as i32;
+        }
+        acc = (s as f32).mul_add(km.d * da[sb], acc);
+        accm = (mi as f32).mul_add(km.dmin * da[sb], accm);
+    }
+    acc - accm
+}
