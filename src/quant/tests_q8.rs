@@ -1,4 +1,4 @@
-//! Tests of the q8 path (`q8.rs`): activation quantization against its definition, prepared
+//! Tests of the q8 path (`q8/`): activation quantization against its definition, prepared
 //! rows against dequantization, and every level's integer tiles against the scalar
 //! reference of their lane width, bit for bit, on random rows, odd block counts and partial
 //! tiles.

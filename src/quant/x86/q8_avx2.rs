@@ -1,4 +1,4 @@
-//! AVX2 integer tiles of the q8 path (`quant/q8.rs`, lane width 8): each output equals
+//! AVX2 integer tiles of the q8 path (`quant/q8/`, lane width 8): each output equals
 //! `ref_tile32::<8>` / `ref_tile_k::<8>` bit for bit.
 //!
 //! - 32-value types, 2 rows × 4 tokens: one block per 32-byte register; `vpmaddubsw` of

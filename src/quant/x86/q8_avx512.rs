@@ -1,4 +1,4 @@
-//! AVX-512 VNNI integer tiles of the q8 path (`quant/q8.rs`, lane width 16): each output
+//! AVX-512 VNNI integer tiles of the q8 path (`quant/q8/`, lane width 16): each output
 //! equals `ref_tile32::<16>` / `ref_tile_k::<16>` bit for bit.
 //!
 //! - 32-value types, 4 rows × 4 tokens: a 64-byte chunk holds two blocks (lanes 0–7 and
