@@ -23,8 +23,7 @@ use std::io;
 
 use anyhow::Result;
 
-mod mtp;
-pub use self::mtp::{ChunkedMatrix, MtpLayer};
+pub use super::mtp_layer::{ChunkedMatrix, MtpLayer};
 
 use super::embed_head::{Embedding, Head};
 use super::layers::add_into;
@@ -185,16 +184,16 @@ pub trait Blocks: Send + Sync {
 pub struct Decoder<B: Blocks> {
     /// The family's part (its config is there).
     pub blocks: B,
-    dims: Dims,
+    pub(super) dims: Dims,
     /// Per layer: the spine unit id and the layer's weights.
     layers: Vec<(usize, B::Layer)>,
-    embedding: Embedding,
-    head: Head,
+    pub(super) embedding: Embedding,
+    pub(super) head: Head,
     /// Final RMSNorm weights (`hidden`).
     final_norm: Vec<f32>,
     placement: Placement,
     /// The multi-token-prediction layer, when loaded ([`Decoder::with_mtp`]).
-    mtp: Option<MtpLayer<B::Layer>>,
+    pub(super) mtp: Option<MtpLayer<B::Layer>>,
     /// The arithmetic of every matrix product of a forward pass.
     numerics: crate::kernels::Numerics,
 }

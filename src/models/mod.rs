@@ -11,6 +11,8 @@ pub mod layers;
 pub mod loading;
 mod model;
 pub mod moe;
+mod mtp_decoder;
+pub mod mtp_layer;
 pub mod registry;
 pub mod rope;
 

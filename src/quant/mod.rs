@@ -470,7 +470,7 @@ const BASE_TYPES: [GgmlType; N_BASE] = [
     GgmlType::MXFP4,
 ];
 
-/// The types with kernels, in kernel-table order (see `slot`): [`BASE_TYPES`], then
+/// The types with kernels, in kernel-table order (see `slot`): `BASE_TYPES`, then
 /// [`EXT_TYPES`].
 pub const SLOT_TYPES: [GgmlType; N_SLOTS] = join(BASE_TYPES, EXT_TYPES);
 

@@ -30,12 +30,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::aligned::AlignedBuf;
+pub use super::counters::{ExpertCounters, LayerCounters};
 use super::direct::{AlignedSpan, DirectFile};
 use super::expert_cache::{CachePolicy, ExpertCache};
 use super::heat::Heat;
 use super::io_engine::{FileCounters, IoEngine, IoOptions, Req};
 use super::streamer::{IoStats, Unit, UnitBytes};
-use super::telemetry::LayerCounters;
 
 mod prefetch;
 pub use prefetch::{expert_layout, ExpertLayout, PrefetchMode};
@@ -58,45 +58,6 @@ pub struct ExpertStoreOptions {
     /// routing, in file order (`--read-ahead`; see `experts/prefetch.rs`). Default: false (the
     /// CLI's default is on).
     pub read_ahead: bool,
-}
-
-/// Cumulative counters of the expert store.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ExpertCounters {
-    /// Expert uses served from the cache.
-    pub hits: u64,
-    /// Expert uses read from disk.
-    pub misses: u64,
-    /// Bytes read from disk for experts.
-    pub bytes: u64,
-    /// Read requests completed.
-    pub reads: u64,
-    /// Nanoseconds compute waited for expert reads.
-    pub wait_ns: u64,
-    /// Nanoseconds spent computing experts.
-    pub compute_ns: u64,
-    /// Guessed experts whose reads prefetch started.
-    pub prefetch_reads: u64,
-    /// Expert uses (counted in `misses`) served by a prefetch that had landed or was in flight.
-    pub prefetch_hits: u64,
-    /// Prefetched experts dropped unused after their reads started.
-    pub prefetch_wasted: u64,
-    /// Bytes read for prefetched experts that were dropped unused (counted in `bytes`).
-    pub prefetch_wasted_bytes: u64,
-    /// Guesses dropped before any of their reads started (no bytes read).
-    pub prefetch_cancelled: u64,
-}
-
-impl ExpertCounters {
-    /// Prefetch recall: the share of expert uses not served by the cache whose reads a
-    /// prefetch had already started (`prefetch_hits / misses`; 0 without misses).
-    pub fn prefetch_recall(&self) -> f64 {
-        if self.misses == 0 {
-            0.0
-        } else {
-            self.prefetch_hits as f64 / self.misses as f64
-        }
-    }
 }
 
 /// A re-encoding applied to each miss once its bytes land (see [`ExpertStore::set_transform`]):

@@ -2,6 +2,7 @@
 //! reads the rest ahead of compute.
 
 pub mod aligned;
+pub mod counters;
 pub mod direct;
 pub mod expert_cache;
 pub mod experts;

@@ -9,7 +9,9 @@
 use std::os::unix::fs::MetadataExt;
 use std::time::Instant;
 
-use super::experts::{ExpertCounters, ExpertStore};
+pub use super::counters::delta;
+use super::counters::{ExpertCounters, LayerCounters};
+use super::experts::ExpertStore;
 use super::io_engine::FileCounters;
 
 /// A point-in-time copy of the store's counters.
@@ -32,46 +34,6 @@ impl Snapshot {
             at: Instant::now(),
         }
     }
-}
-
-/// Counter differences `b − a`.
-pub fn delta(a: &ExpertCounters, b: &ExpertCounters) -> ExpertCounters {
-    ExpertCounters {
-        hits: b.hits - a.hits,
-        misses: b.misses - a.misses,
-        bytes: b.bytes - a.bytes,
-        reads: b.reads - a.reads,
-        wait_ns: b.wait_ns - a.wait_ns,
-        compute_ns: b.compute_ns - a.compute_ns,
-        prefetch_reads: b.prefetch_reads - a.prefetch_reads,
-        prefetch_hits: b.prefetch_hits - a.prefetch_hits,
-        prefetch_wasted: b.prefetch_wasted - a.prefetch_wasted,
-        prefetch_wasted_bytes: b.prefetch_wasted_bytes - a.prefetch_wasted_bytes,
-        prefetch_cancelled: b.prefetch_cancelled - a.prefetch_cancelled,
-    }
-}
-
-/// Cumulative counters of one decoder layer in the expert store, since it was made.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LayerCounters {
-    /// Expert uses (hits and misses) of the layer.
-    pub uses: u64,
-    /// Expert uses not served by the cache.
-    pub misses: u64,
-    /// Bytes read for the layer's experts, demand, prefetch and read-ahead alike.
-    pub bytes: u64,
-    /// Nanoseconds compute waited for expert reads while the layer's experts ran.
-    pub wait_ns: u64,
-    /// Nanoseconds computing the layer's experts.
-    pub compute_ns: u64,
-    /// Nanoseconds of the layer's spine (attention, norms, router, shared experts; a
-    /// streamed spine unit's wait included), as the decoder reports it
-    /// ([`ExpertStore::add_spine_ns`]).
-    pub spine_ns: u64,
-    /// Distinct experts of the layer used at least once.
-    pub touched: u64,
-    /// Bytes of those experts' reads (each expert once, its aligned buffer).
-    pub touched_bytes: u64,
 }
 
 /// One layer's share of a phase (the JSON of [`LayerCounters`] differences).

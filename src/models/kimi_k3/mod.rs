@@ -127,7 +127,7 @@ pub fn load(g: &GgufModel, opts: &LoadOptions) -> Result<(KimiK3, WeightStore)> 
 }
 
 /// Loads a Kimi K3 Hugging Face folder (or a pack of one) under `opts`: the layout llama.cpp's
-/// converter reads (`conversion/kimi_k3.py`; see [`hf`]), BF16/F16/F32 weights with routed
+/// converter reads (`conversion/kimi_k3.py`; see `hf.rs`), BF16/F16/F32 weights with routed
 /// experts in the same types or as compressed-tensors MXFP4 (repacked to GGML MXFP4 as they
 /// land, or once at load when resident).
 ///

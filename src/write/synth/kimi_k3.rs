@@ -383,7 +383,7 @@ fn check(s: &KimiK3Shape) -> Result<()> {
 /// The file [`write_kimi_k3_gguf`] writes, without writing it: its exact size, tensor bytes
 /// and the bytes of one expert (its slices of `ffn_{gate,up,down}_exps`).
 ///
-/// Errors: as [`check`].
+/// Errors: as `check` (the shape checks).
 pub fn plan(s: &KimiK3Shape) -> Result<Planned> {
     check(s)?;
     let specs = specs(s);
@@ -423,7 +423,7 @@ fn fill_tensor(rng: &mut Rng, ty: GgmlType, f: Fill, out: &mut [u8]) {
 /// Writes a random-weight `kimi-k3` GGUF of shape `s` to `path` (must not exist), seeded by
 /// `seed`. `progress(bytes written, total)` runs after each tensor.
 ///
-/// Errors: `path` exists, the shape fails [`check`], or a write fails (the message names the
+/// Errors: `path` exists, the shape fails `check`, or a write fails (the message names the
 /// file).
 pub fn write_kimi_k3_gguf(
     s: &KimiK3Shape,

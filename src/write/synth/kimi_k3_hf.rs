@@ -5,7 +5,7 @@
 //! and router bias, and the routed experts as compressed-tensors MXFP4
 //! (`quantization_config.format = mxfp4-pack-quantized`): per projection `weight_packed` (U8
 //! `[rows, cols / 2]`, random E2M1 nibble pairs) and `weight_scale` (U8 `[rows, cols / 32]`
-//! E8M0 exponents from [`fill::e8m0_low`] of the fan-in). One routed expert is 3 × latent ×
+//! E8M0 exponents from `fill::e8m0_low` of the fan-in). One routed expert is 3 × latent ×
 //! FFN × 17/32 bytes, as in the GGUF form ([`super::kimi_k3`]); no vision tower is written.
 
 use super::fill;
