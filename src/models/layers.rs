@@ -10,7 +10,7 @@ use crate::kernels::ops::{
     rms_norm, rms_norm_inplace, rope_angles, rope_interleaved_sc, rope_neox_sc, softcap,
     softmax_inplace,
 };
-use crate::kernels::{matmul, matvec, Matrix};
+use crate::kernels::{matmul, matvec, matvec_many, Matrix};
 
 /// `Y = X Wᵀ` for `n` rows of `x` (`n × w.cols`) into `y` (`n × w.rows`); matvec for one row.
 pub fn mm(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
@@ -18,6 +18,19 @@ pub fn mm(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
         matvec(w, x, y)
     } else {
         matmul(w, x, n, y)
+    }
+}
+
+/// [`mm`] of several matrices over the same `n` rows `x`: `ys[i] = X ws[i]ᵀ`. One row (a
+/// decode step) takes one parallel region for all of them (`kernels::matvec_many`); a batch
+/// runs one product after another. The values are those of separate [`mm`] calls.
+pub fn mm_many(ws: &[&Matrix], x: &[f32], n: usize, ys: &mut [&mut [f32]]) {
+    if n == 1 {
+        matvec_many(ws, x, ys)
+    } else {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            matmul(w, x, n, y)
+        }
     }
 }
 
@@ -59,8 +72,7 @@ pub fn swiglu_mlp(gate: &Matrix, up: &Matrix, down: &Matrix, x: &[f32], n: usize
     let ff = gate.rows;
     let mut g = vec![0f32; n * ff];
     let mut u = vec![0f32; n * ff];
-    mm(gate, x, n, &mut g);
-    mm(up, x, n, &mut u);
+    mm_many(&[gate, up], x, n, &mut [&mut g, &mut u]);
     g.iter_mut().zip(&u).for_each(|(a, b)| *a = silu(*a) * b);
     mm(down, &g, n, out);
 }
@@ -166,9 +178,7 @@ pub fn gqa_attention(
     let mut q = vec![0f32; n * qd];
     let mut k = vec![0f32; n * kvd];
     let mut v = vec![0f32; n * kvd];
-    mm(&w.q, xn, n, &mut q);
-    mm(&w.k, xn, n, &mut k);
-    mm(&w.v, xn, n, &mut v);
+    mm_many(&[&w.q, &w.k, &w.v], xn, n, &mut [&mut q, &mut k, &mut v]);
     if let Some([bq, bk, bv, _]) = w.biases {
         add_bias(&mut q, bq);
         add_bias(&mut k, bk);
