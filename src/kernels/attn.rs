@@ -8,19 +8,36 @@
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
 use crate::quant::SimdLevel;
+use std::cell::Cell;
 
 /// Keys scored together (lanes of one block: 8 AVX-512 or 16 AVX2 registers).
 pub const KEY_BLOCK: usize = 128;
 
 /// Keys of `heads` heads transposed: element `e` of head `h` at position `j` is
 /// `data[(h * dim + e) * stride + j]`; `stride` covers the positions plus a whole block of
-/// zero padding, so any block starting at a valid position can be read whole.
+/// padding (whatever the reused buffer held there), so any block starting at a valid position
+/// can be read whole.
 pub struct KeysT {
     data: Vec<f32>,
     /// Where the transposed rows begin in `data` (its first 64-byte boundary).
     off: usize,
     stride: usize,
     dim: usize,
+}
+
+/// Positions transposed together by [`KeysT::new`].
+const TRANSPOSE_TILE: usize = 16;
+
+thread_local! {
+    /// The buffer of this thread's last [`KeysT`], kept for the next one.
+    static SPARE: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+impl Drop for KeysT {
+    fn drop(&mut self) {
+        let data = std::mem::take(&mut self.data);
+        SPARE.with(|s| s.set(data));
+    }
 }
 
 /// The SIMD path the CPU has.
@@ -48,14 +65,28 @@ impl KeysT {
     /// position). Panics if `k` is shorter than `positions * heads * dim`.
     pub fn new(k: &[f32], positions: usize, heads: usize, dim: usize) -> Self {
         let stride = positions.div_ceil(KEY_BLOCK) * KEY_BLOCK + KEY_BLOCK;
-        let mut data = vec![0f32; heads * dim * stride + 16];
+        // the thread's buffer of the last call, grown when short: a decode step transposes
+        // the keys of every layer, and a fresh zeroed allocation each time cost as much as
+        // the transposition. Its padding past `positions` is left as it was: a block's lanes
+        // are independent and those past the scored range are dropped.
+        let mut data = SPARE.with(Cell::take);
+        let need = heads * dim * stride + 16;
+        if data.len() < need {
+            data.clear();
+            data.resize(need, 0.0);
+        }
         let off = data.as_ptr().align_offset(64).min(16);
         let t = &mut data[off..];
-        for j in 0..positions {
-            for h in 0..heads {
-                let src = &k[(j * heads + h) * dim..][..dim];
-                for (e, &v) in src.iter().enumerate() {
-                    t[(h * dim + e) * stride + j] = v;
+        // in tiles of `TRANSPOSE_TILE` positions: each tile's source rows stay in L1 while
+        // every transposed row gets a contiguous run of them
+        let width = heads * dim;
+        assert!(k.len() >= positions * width, "keys too short");
+        for j0 in (0..positions).step_by(TRANSPOSE_TILE) {
+            let j1 = (j0 + TRANSPOSE_TILE).min(positions);
+            for c in 0..width {
+                let dst = &mut t[c * stride + j0..c * stride + j1];
+                for (jj, d) in dst.iter_mut().enumerate() {
+                    *d = k[(j0 + jj) * width + c];
                 }
             }
         }
@@ -320,5 +351,34 @@ mod tests {
         let mut z = Vec::new();
         kt.scores(0, &q, 5, 5, &mut z);
         assert!(z[0] == 0.0 && z[0].is_sign_negative());
+    }
+
+    #[test]
+    fn a_reused_buffer_leaves_no_trace_in_the_scores() {
+        let (heads, dim) = (2, 40);
+        // a longer transposition of NaN keys leaves its buffer to the next one
+        drop(KeysT::new(
+            &vec![f32::NAN; 700 * heads * dim],
+            700,
+            heads,
+            dim,
+        ));
+        let pos = 150;
+        let k: Vec<f32> = (0..pos * heads * dim)
+            .map(|i| ((i * 7919) % 1000) as f32 / 999.0 - 0.5)
+            .collect();
+        let q: Vec<f32> = (0..dim).map(|e| e as f32 / 40.0 - 0.3).collect();
+        let kt = KeysT::new(&k, pos, heads, dim);
+        for simd in levels() {
+            for h in 0..heads {
+                let mut got = Vec::new();
+                kt.scores_at(simd, h, &q, 0, pos - 1, &mut got);
+                for (j, g) in got.iter().enumerate() {
+                    let kj = &k[(j * heads + h) * dim..][..dim];
+                    let want = q.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>();
+                    assert_eq!(g.to_bits(), want.to_bits(), "h{h} j{j}");
+                }
+            }
+        }
     }
 }

@@ -2,14 +2,18 @@
 //! output rows so the thread count never changes a result.
 
 pub mod attn;
+mod fused;
 pub mod gelu;
 mod gemm;
 mod gemm_q8;
 pub mod numerics;
 pub mod ops;
+pub mod pool;
 pub mod small_batch;
 
+pub use fused::{matvec_many, matvec_many_at};
 pub use numerics::{exact_pinned, with_numerics, Numerics};
+pub use pool::on_pool;
 
 use crate::quant::{self, GgmlType, SimdLevel};
 use rayon::prelude::*;

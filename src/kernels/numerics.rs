@@ -98,3 +98,39 @@ pub fn exact_pinned<R>(f: impl FnOnce() -> R) -> R {
 pub fn current() -> Numerics {
     CURRENT.with(|c| c.get())
 }
+
+/// The calling thread's numerics state (its [`with_numerics`] setting and whether it is inside
+/// [`exact_pinned`]), to re-establish on the pool thread that runs a forward pass for it
+/// ([`super::pool::on_pool`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Carried {
+    current: Numerics,
+    pinned: bool,
+}
+
+impl Carried {
+    /// This thread's state.
+    pub(super) fn here() -> Self {
+        Self {
+            current: CURRENT.with(Cell::get),
+            pinned: PINNED.with(Cell::get),
+        }
+    }
+
+    /// Runs `f` with this state on the current thread, restoring the thread's own afterwards
+    /// (also when `f` panics).
+    pub(super) fn run<R>(self, f: impl FnOnce() -> R) -> R {
+        struct Restore(Carried);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                CURRENT.with(|c| c.set(self.0.current));
+                PINNED.with(|c| c.set(self.0.pinned));
+            }
+        }
+        let _restore = Restore(Carried {
+            current: CURRENT.with(|c| c.replace(self.current)),
+            pinned: PINNED.with(|c| c.replace(self.pinned)),
+        });
+        f()
+    }
+}

@@ -162,3 +162,67 @@ fn matmul_t_is_the_ordered_sum_at_any_batch_and_thread_count() {
         }
     }
 }
+
+/// `matvec_many` (several matrices of one input in one parallel region) equals `dot_row` of
+/// every row of every matrix bit for bit, at every level and for 1 and 3 threads, with
+/// matrices of different types and sizes (one below a task's minimum, several split).
+#[test]
+fn matvec_many_equals_dot_row_per_matrix_at_any_thread_count() {
+    let cols = 17 * 32;
+    let mut rng = Rng::new(5);
+    let specs = [
+        (GgmlType::Q4_0, 700),
+        (GgmlType::Q8_0, 3),
+        (GgmlType::F32, 90),
+    ];
+    let datas: Vec<Vec<u8>> = specs
+        .iter()
+        .map(|&(ty, rows)| {
+            (0..rows)
+                .flat_map(|_| random_row(ty, cols / ty.block_elems(), &mut rng))
+                .collect()
+        })
+        .collect();
+    let ws: Vec<Matrix> = specs
+        .iter()
+        .zip(&datas)
+        .map(|(&(ty, rows), d)| Matrix::new(ty, rows, cols, d).unwrap())
+        .collect();
+    let wr: Vec<&Matrix> = ws.iter().collect();
+    let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+    for level in SimdLevel::available() {
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut ys: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; w.rows]).collect();
+            pool.install(|| {
+                let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+                matvec_many_at(level, &wr, &x, &mut outs)
+            });
+            for (w, y) in ws.iter().zip(&ys) {
+                for (r, v) in y.iter().enumerate() {
+                    let want = quant::dot_row_at(level, w.ty, w.row(r), &x);
+                    assert_eq!(
+                        v.to_bits(),
+                        want.to_bits(),
+                        "{} {level:?} t{threads} r{r}",
+                        w.ty
+                    );
+                }
+            }
+        }
+    }
+    // under q8 numerics it is the per-matrix matvec, which stays exact
+    let mut ys: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; w.rows]).collect();
+    with_numerics(Numerics::Q8, || {
+        let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+        matvec_many(&wr, &x, &mut outs)
+    });
+    for (w, y) in ws.iter().zip(&ys) {
+        let mut want = vec![0f32; w.rows];
+        matvec(w, &x, &mut want);
+        assert!(y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}

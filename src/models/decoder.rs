@@ -412,9 +412,12 @@ impl<B: Blocks> Model for Decoder<B> {
                 s.plan([self.layers[0].0]);
             }
         };
-        crate::kernels::with_numerics(self.numerics, || {
-            run_pass(store, cache, tokens, self.dims.vocab_size, plan, |s, k| {
-                self.forward_planned(s, k, tokens, logits)
+        // the whole pass on one pool thread: its products enter the pool without a hand-off
+        crate::kernels::on_pool(|| {
+            crate::kernels::with_numerics(self.numerics, || {
+                run_pass(store, cache, tokens, self.dims.vocab_size, plan, |s, k| {
+                    self.forward_planned(s, k, tokens, logits)
+                })
             })
         })
     }

@@ -10,7 +10,7 @@ use crate::kernels::ops::{
     rms_norm, rms_norm_inplace, rope_angles, rope_interleaved_sc, rope_neox_sc, softcap,
     softmax_inplace,
 };
-use crate::kernels::{matmul, matvec, Matrix};
+use crate::kernels::{matmul, matvec, matvec_many, Matrix};
 
 /// `Y = X Wᵀ` for `n` rows of `x` (`n × w.cols`) into `y` (`n × w.rows`); matvec for one row.
 pub fn mm(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
@@ -18,6 +18,19 @@ pub fn mm(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
         matvec(w, x, y)
     } else {
         matmul(w, x, n, y)
+    }
+}
+
+/// [`mm`] of several matrices over the same `n` rows `x`: `ys[i] = X ws[i]ᵀ`. One row (a
+/// decode step) takes one parallel region for all of them (`kernels::matvec_many`); a batch
+/// runs one product after another. The values are those of separate [`mm`] calls.
+pub fn mm_many(ws: &[&Matrix], x: &[f32], n: usize, ys: &mut [&mut [f32]]) {
+    if n == 1 {
+        matvec_many(ws, x, ys)
+    } else {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            matmul(w, x, n, y)
+        }
     }
 }
 
@@ -59,8 +72,7 @@ pub fn swiglu_mlp(gate: &Matrix, up: &Matrix, down: &Matrix, x: &[f32], n: usize
     let ff = gate.rows;
     let mut g = vec![0f32; n * ff];
     let mut u = vec![0f32; n * ff];
-    mm(gate, x, n, &mut g);
-    mm(up, x, n, &mut u);
+    mm_many(&[gate, up], x, n, &mut [&mut g, &mut u]);
     g.iter_mut().zip(&u).for_each(|(a, b)| *a = silu(*a) * b);
     mm(down, &g, n, out);
 }
@@ -166,9 +178,7 @@ pub fn gqa_attention(
     let mut q = vec![0f32; n * qd];
     let mut k = vec![0f32; n * kvd];
     let mut v = vec![0f32; n * kvd];
-    mm(&w.q, xn, n, &mut q);
-    mm(&w.k, xn, n, &mut k);
-    mm(&w.v, xn, n, &mut v);
+    mm_many(&[&w.q, &w.k, &w.v], xn, n, &mut [&mut q, &mut k, &mut v]);
     if let Some([bq, bk, bv, _]) = w.biases {
         add_bias(&mut q, bq);
         add_bias(&mut k, bk);
@@ -245,8 +255,11 @@ pub fn attention_with_sinks(
 
 /// Queries per key head from which [`attention_with_sinks`] transposes the keys once
 /// (`kernels::attn::KeysT`) and scores a block of keys at a time; the scores are the same
-/// sequential sums bit for bit either way, only faster for prompts.
-const TRANSPOSE_MIN_QUERIES: usize = 8;
+/// sequential sums bit for bit either way. One query is enough: a decode step's scores one
+/// key at a time are a chain of dependent adds per key (9% of Gemma 3 270M's decode time in
+/// `perf`), while copying a key into the transposed block costs a load and a store per
+/// element (BENCHMARKS.md, "Decode spine").
+const TRANSPOSE_MIN_QUERIES: usize = 1;
 
 /// [`attention_with_sinks`], scoring through transposed keys or one key at a time.
 #[allow(clippy::too_many_arguments)]
@@ -263,7 +276,10 @@ fn attention_at(
     let (nh, hd) = (s.n_heads, s.head_dim);
     let (qd, kvd, group) = (nh * hd, s.n_kv_heads * hd, nh / s.n_kv_heads);
     let n = q.len() / qd.max(1);
-    let kt = transposed.then(|| KeysT::new(k_cache, pos0 + n, s.n_kv_heads, hd));
+    // the first position any row attends to (a sliding window drops the ones before)
+    let lo0 = s.window.map_or(0, |w| (pos0 + 1).saturating_sub(w));
+    let kt =
+        transposed.then(|| KeysT::new(&k_cache[lo0 * kvd..], pos0 + n - lo0, s.n_kv_heads, hd));
     out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
         let (t, h) = (i / nh, i % nh);
         let p = pos0 + t;
@@ -273,7 +289,7 @@ fn attention_at(
         let mut scores: Vec<f32> = match &kt {
             Some(kt) => {
                 let mut v = Vec::with_capacity(p + 1 - lo);
-                kt.scores(h / group, qh, lo, p, &mut v);
+                kt.scores(h / group, qh, lo - lo0, p - lo0, &mut v);
                 v
             }
             None => (lo..=p)
@@ -337,7 +353,9 @@ mod tests {
     }
 
     /// Scoring through transposed keys gives the outputs of scoring one key at a time, bit
-    /// for bit: a 70-token prompt after 9 cached positions, grouped heads, a window, a cap.
+    /// for bit: a 70-token prompt after 9 cached positions, and single decode rows whose
+    /// window starts past the first positions (only the window is transposed), with grouped
+    /// heads, a window, a cap, with and without sinks.
     #[test]
     fn transposed_keys_change_no_bit() {
         let s = AttnShape {
@@ -347,24 +365,31 @@ mod tests {
             window: Some(50),
             softcap: Some(30.0),
         };
-        let (pos0, n) = (9, 70);
-        let total = pos0 + n;
-        let mut x = 1u32;
-        let mut next = move || {
-            x = x.wrapping_mul(1664525).wrapping_add(1013904223);
-            (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        };
-        let kvd = s.n_kv_heads * s.head_dim;
-        let k: Vec<f32> = (0..total * kvd).map(|_| 3.0 * next()).collect();
-        let v: Vec<f32> = (0..total * kvd).map(|_| next()).collect();
-        let q: Vec<f32> = (0..n * s.n_heads * s.head_dim).map(|_| next()).collect();
-        let run = |transposed: bool| {
-            let mut o = vec![0f32; q.len()];
-            attention_at(&s, &q, &k, &v, pos0, None, transposed, &mut o);
-            o
-        };
-        let (a, b) = (run(false), run(true));
-        assert!(a.iter().any(|v| *v != 0.0));
-        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        for (pos0, n) in [(9, 70), (120, 1), (49, 1), (50, 1), (0, 1)] {
+            let total = pos0 + n;
+            let mut x = 1u32 + pos0 as u32;
+            let mut next = move || {
+                x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+                (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            };
+            let kvd = s.n_kv_heads * s.head_dim;
+            let k: Vec<f32> = (0..total * kvd).map(|_| 3.0 * next()).collect();
+            let v: Vec<f32> = (0..total * kvd).map(|_| next()).collect();
+            let q: Vec<f32> = (0..n * s.n_heads * s.head_dim).map(|_| next()).collect();
+            let sinks = [0.5f32, -1.0, 2.0, 0.0];
+            for sk in [None, Some(&sinks[..])] {
+                let run = |transposed: bool| {
+                    let mut o = vec![0f32; q.len()];
+                    attention_at(&s, &q, &k, &v, pos0, sk, transposed, &mut o);
+                    o
+                };
+                let (a, b) = (run(false), run(true));
+                assert!(a.iter().any(|v| *v != 0.0));
+                assert!(
+                    a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "pos0 {pos0} n {n}"
+                );
+            }
+        }
     }
 }

@@ -15,7 +15,7 @@
 
 use std::io;
 
-use super::layers::{add_into, mm, rms_norm_rows, silu};
+use super::layers::{add_into, mm, mm_many, rms_norm_rows, silu};
 use super::loading::MatRef;
 use crate::kernels::ops::softmax_inplace;
 use crate::kernels::Matrix;
@@ -432,8 +432,7 @@ where
         let ff = w.gate.rows;
         let mut g = vec![0f32; m * ff];
         let mut u = vec![0f32; m * ff];
-        mm(&w.gate, xg, m, &mut g);
-        mm(&w.up, xg, m, &mut u);
+        mm_many(&[&w.gate, &w.up], xg, m, &mut [&mut g, &mut u]);
         g.iter_mut().zip(&u).for_each(|(a, b)| *a = silu(*a) * b);
         mm(&w.down, &g, m, y);
     })

@@ -14,7 +14,9 @@ pub use config::Config;
 use anyhow::Result;
 
 use super::embed_head::{head_chunks, Embedding, Head};
-use super::layers::{add_post_normed, gqa_attention, mm, rms_norm_rows, AttnShape, Gqa, GqaRope};
+use super::layers::{
+    add_post_normed, gqa_attention, mm, mm_many, rms_norm_rows, AttnShape, Gqa, GqaRope,
+};
 use super::rope::RopeStyle;
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::ExpertStep;
@@ -366,8 +368,8 @@ impl Blocks for Gemma3Blocks {
         rms_norm_rows(x, &nrm.ffn, eps, xn);
         let mut g = vec![0f32; n * ff];
         let mut up = vec![0f32; n * ff];
-        mm(&w.gate.view(u), xn, n, &mut g);
-        mm(&w.up.view(u), xn, n, &mut up);
+        let (gate, upm) = (w.gate.view(u), w.up.view(u));
+        mm_many(&[&gate, &upm], xn, n, &mut [&mut g, &mut up]);
         // element-wise, so split over threads for a prompt (same values per element)
         g.par_chunks_mut(GELU_CHUNK)
             .zip(up.par_chunks(GELU_CHUNK))
