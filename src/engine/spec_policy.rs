@@ -27,7 +27,7 @@
 //! With the priors the first drafts are short (one token with the defaults); the length grows
 //! with acceptance.
 
-use super::speculative::SpecConfig;
+use super::spec_types::SpecConfig;
 
 /// Weight of the past in the running averages, per observation.
 const DECAY: f64 = 0.85;
