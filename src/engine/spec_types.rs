@@ -15,7 +15,7 @@ use crate::models::KvCache;
 pub fn check_rollback(cache: &KvCache) -> Result<()> {
     if cache.state.iter().any(|s| !s.is_empty()) {
         anyhow::bail!(
-            "speculative decoding (--lookup, --draft-model) needs a KV cache that can be rolled back past rejected drafts, \
+            "speculative decoding (--lookup, --draft-model, --draft mtp) needs a KV cache that can be rolled back past rejected drafts, \
              but this model keeps a recurrent state (Kimi Delta Attention layers) that cannot be; run it without speculation"
         );
     }
@@ -66,6 +66,12 @@ pub struct SpecStats {
     pub verify_bytes: u64,
     /// Bytes read by plain passes.
     pub plain_bytes: u64,
+    /// Drafts made on steps without a verification (shadow drafts, judged against the plain
+    /// pass's token, and drafts too short to verify).
+    pub shadow_drafts: u64,
+    /// Bytes read making those drafts (the multi-token-prediction layer's streamed experts;
+    /// 0 for prompt lookup and resident draft models).
+    pub shadow_bytes: u64,
     /// Times the policy switched to plain passes because verification was not expected to pay
     /// (acceptance too low for its measured cost).
     pub fallbacks: u64,
@@ -103,6 +109,7 @@ impl SpecStats {
              drafted / accepted   {} / {} ({:.1}% accepted, {:.2} per verification)\n\
              target passes        {} ({} verification, {} plain; {} fallbacks)\n\
              bytes / token        {:.1} KiB verified, {:.1} KiB plain\n\
+             shadow drafts        {} ({:.1} KiB read)\n\
              draft model RAM      {:.1} MiB\n",
             self.source,
             self.drafted,
@@ -115,6 +122,8 @@ impl SpecStats {
             self.fallbacks,
             self.verify_bytes_per_token() / 1024.0,
             self.plain_bytes_per_token() / 1024.0,
+            self.shadow_drafts,
+            self.shadow_bytes as f64 / 1024.0,
             self.draft_bytes as f64 / 1048576.0,
         )
     }

@@ -17,8 +17,10 @@
 //!   probability `p(x)`, else drawn from `p` without `x`. Every random number comes from the
 //!   target sampler's seeded PRNG, so a seeded run repeats.
 //!
-//! [`Speculator`] runs one decode step at a time, choosing the draft length from recent
-//! acceptance and measured cost, or a plain pass when verification is not expected to pay
+//! [`Speculator`] runs one decode step at a time, choosing the draft length from measured
+//! acceptance and cost, or a plain pass when verification is not expected to pay or the
+//! acceptance is not measured yet; on plain passes the source shadow-drafts one token (free
+//! sources always, others within a probe budget) to measure its acceptance
 //! ([`Policy`], `spec_policy.rs`).
 
 use anyhow::Result;
@@ -276,26 +278,27 @@ impl Speculator {
             self.cost = Some(kind);
         }
         let kind = self.cost.expect("set");
-        let cost = |b: u64| match kind {
+        let cost = |b: u64, t: std::time::Instant| match kind {
             Cost::Bytes => Some(b as f64),
-            Cost::Seconds => Some(t0.elapsed().as_secs_f64()),
+            Cost::Seconds => Some(t.elapsed().as_secs_f64()),
             Cost::None => None,
         };
         let room = s.cache.n_ctx - s.cache.len - 1;
         let free = self.source.free();
-        let (want, switched) = self.policy.decide(free);
-        if switched {
+        let dec = self.policy.decide(free);
+        if dec.fallback {
             self.stats.fallbacks += 1;
         }
-        let k = want.min(room).min(left.saturating_sub(1));
+        let k = dec.draft.min(room).min(left.saturating_sub(1));
         let min = self.config.draft_min.max(1);
         // a draft not verified, whose first token is judged against the plain pass's
         let mut shadow = None;
-        if k >= min || (want == 0 && free && room > 0 && left > 1) {
-            let mut d = self.source.draft_for(s, history, k.max(1))?;
-            d.tokens.truncate(k.max(1));
+        if k >= min || (dec.draft == 0 && dec.shadow && room > 0 && left > 1) {
+            let n = if k >= min { k } else { 1 };
+            let mut d = self.source.draft_for(s, history, n)?;
+            d.tokens.truncate(n);
             if let Some(q) = d.q.as_mut() {
-                q.truncate(k.max(1));
+                q.truncate(n);
             }
             if k >= min && d.tokens.len() >= min {
                 let (v, all) = verify_rows(s, sampler, history, &d)?;
@@ -307,25 +310,30 @@ impl Speculator {
                 st.verify_tokens += v.accepted as u64 + 1;
                 st.verify_bytes += b;
                 self.policy
-                    .record_verify(d.tokens.len(), v.accepted, cost(b));
+                    .record_verify(d.tokens.len(), v.accepted, cost(b, t0));
                 let mut out = d.tokens[..v.accepted].to_vec();
                 out.push(v.next);
                 return Ok((out, if rows { all } else { Vec::new() }));
             }
-            if free {
-                shadow = d.tokens.first().copied();
+            let b = bytes(s) - b0;
+            self.stats.shadow_drafts += 1;
+            self.stats.shadow_bytes += b;
+            if !free {
+                self.policy.record_draft_cost(cost(b, t0));
             }
+            shadow = d.tokens.first().copied();
         }
+        let (b1, t1) = (bytes(s), std::time::Instant::now());
         let last = *history.last().expect("a token to continue from");
         let mut l = s
             .model
             .forward(&mut s.store, &mut s.cache, &[last], Logits::Last)?;
         let raw = if rows { l.clone() } else { Vec::new() };
         let t = sampler.sample(&mut l, history);
-        let b = bytes(s) - b0;
+        let b = bytes(s) - b1;
         self.stats.plain_passes += 1;
         self.stats.plain_bytes += b;
-        self.policy.record_plain(cost(b));
+        self.policy.record_plain(cost(b, t1));
         if let Some(x) = shadow {
             self.policy.record_shadow(x == t);
         }
