@@ -120,6 +120,16 @@ fn mtp_logits_match_the_reference() {
 
 /// `n` greedy tokens after `prompt`, through `spec` when given.
 fn gen(s: &mut Session, prompt: &[u32], n: usize, spec: Option<&mut Speculator>) -> Vec<u32> {
+    gen_stats(s, prompt, n, spec).0
+}
+
+/// [`gen`] with the generation's statistics.
+fn gen_stats(
+    s: &mut Session,
+    prompt: &[u32],
+    n: usize,
+    spec: Option<&mut Speculator>,
+) -> (Vec<u32>, deltafin::engine::GenStats) {
     let never = |_: u32| false;
     let o = GenerateOptions {
         max_tokens: n,
@@ -128,7 +138,7 @@ fn gen(s: &mut Session, prompt: &[u32], n: usize, spec: Option<&mut Speculator>)
     };
     let mut sampler = Sampler::new(greedy());
     s.cache.clear();
-    let (ids, _, _) = s
+    let (ids, _, st) = s
         .generate_with(
             prompt,
             &mut sampler,
@@ -138,7 +148,49 @@ fn gen(s: &mut Session, prompt: &[u32], n: usize, spec: Option<&mut Speculator>)
             &mut |_| {},
         )
         .unwrap();
-    ids
+    (ids, st)
+}
+
+/// The adaptive policy on a streamed target whose MTP drafts are (nearly) never right (random
+/// weights): the layer's experts stream, so each shadow draft costs bytes, and the policy makes
+/// them only within its probe budget (`spec_policy::PROBE_SHARE` of the bytes read so far,
+/// plus the first draft's). The byte counts are deterministic.
+#[test]
+fn adaptive_mtp_on_a_streamed_target_stays_within_the_probe_budget() {
+    let prompt = u32s(&reference(NAME)["prompt_ids"]);
+    let n = 64;
+    let b = smallest_budget();
+    let (plain, ps) = gen_stats(&mut session(Some(b), true), &prompt, n, None);
+    let mut s = session(Some(b), true);
+    let mut sp = Speculator::new(
+        Box::new(MtpDraft::new(&s, &greedy()).unwrap()),
+        SpecConfig::default(),
+    );
+    let (got, st) = gen_stats(&mut s, &prompt, n, Some(&mut sp));
+    assert_eq!(got, plain);
+    let sp = st.speculative.unwrap();
+    assert_eq!(st.prefill_bytes, ps.prefill_bytes);
+    let extra = st.decode_bytes - ps.decode_bytes;
+    let first = sp.shadow_bytes / sp.shadow_drafts.max(1);
+    assert!(
+        extra as f64 <= 0.02 * st.decode_bytes as f64 + first as f64,
+        "{extra} extra bytes over {}: {sp:?}",
+        ps.decode_bytes
+    );
+    // one shadow draft, the first (its catch-up pass over the prompt streams the layer's
+    // spine, head and experts: 2.7 MiB here, where nothing is resident); no verification
+    assert_eq!(
+        (sp.verify_passes, sp.plain_passes, sp.shadow_drafts),
+        (0, 63, 1)
+    );
+    assert_eq!(
+        sp.plain_bytes, ps.decode_bytes,
+        "plain passes read what plain decoding reads"
+    );
+    assert_eq!(
+        (ps.decode_bytes, extra, sp.shadow_bytes),
+        (19353600, 2858336, 2858336)
+    );
 }
 
 #[test]
@@ -171,10 +223,10 @@ fn greedy_mtp_equals_plain_decoding() {
             assert_eq!(got, plain, "{budget:?} {cfg:?}");
             let st = &sp.stats;
             assert_eq!(st.source, "mtp");
-            assert!(
-                st.drafted > 0 && st.verify_passes > 0 && st.accepted <= st.drafted,
-                "{st:?}"
-            );
+            assert!(st.accepted <= st.drafted, "{st:?}");
+            if !cfg.adaptive {
+                assert!(st.drafted > 0 && st.verify_passes > 0, "{st:?}");
+            }
             assert_eq!(st.verify_tokens + st.plain_passes, n as u64 - 1, "{st:?}");
             if !cfg.adaptive {
                 // every step verifies but the last, which has one token left to make

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use common::gguf::{gguf_path, reference, session_at, smallest_budget};
 use common::hf::u32s;
-use deltafin::engine::draft::{Draft, LookupDraft, ModelDraft};
+use deltafin::engine::draft::{Draft, DraftSource, LookupDraft, ModelDraft};
 use deltafin::engine::speculative::{check_rollback, verify};
 use deltafin::engine::{
     GenStats, GenerateOptions, Sampler, SamplerConfig, Session, SpecConfig, Speculator,
@@ -53,6 +53,15 @@ fn gen(
     (ids, st)
 }
 
+/// A fixed draft length of `k` (`--draft-fixed`), for tests that need verifications.
+fn fixed(k: usize) -> SpecConfig {
+    SpecConfig {
+        draft_max: k,
+        draft_min: 1,
+        adaptive: false,
+    }
+}
+
 fn lookup() -> Speculator {
     Speculator::new(Box::new(LookupDraft::default()), SpecConfig::default())
 }
@@ -82,7 +91,9 @@ fn greedy_speculation_equals_plain_decoding_on_every_moe_fixture() {
         for budget in [None, Some(smallest_budget(&path))] {
             let label = format!("{family} budget {budget:?}");
             let mut s = session_at(&path, budget);
-            let mut sp = lookup();
+            // a fixed draft length: random weights rarely repeat the prompt, so the adaptive
+            // policy may never verify
+            let mut sp = Speculator::new(Box::new(LookupDraft::default()), fixed(4));
             let (got, st) = gen(&mut s, &prompt, 32, &greedy(), Some(&mut sp));
             assert_eq!(got, want, "{label}: lookup");
             let sst = st.speculative.unwrap();
@@ -98,7 +109,8 @@ fn greedy_speculation_equals_plain_decoding_on_every_moe_fixture() {
             for draft in ["f32", sibling] {
                 let d = session_at(&gguf_path(family, draft), None);
                 let md = ModelDraft::new(d, &greedy()).unwrap();
-                let mut sp = Speculator::new(Box::new(md), SpecConfig::default());
+                // a fixed draft length: the adaptive policy (resident, timed) may not verify
+                let mut sp = Speculator::new(Box::new(md), fixed(4));
                 let mut s = session_at(&path, budget);
                 let (got, st) = gen(&mut s, &prompt, 32, &greedy(), Some(&mut sp));
                 assert_eq!(got, want, "{label}: draft model {draft}");
@@ -416,9 +428,9 @@ fn run_speculates_with_the_same_output_and_reports_it() {
     // streams under the same 800 KiB)
     let qwen3 = gguf_path("qwen3", "f32");
     for (extra, source, budget) in [
-        (vec!["--lookup"], "lookup", "800K"),
+        (vec!["--lookup", "--draft-fixed"], "lookup", "800K"),
         (
-            vec!["--draft-model", qwen3.to_str().unwrap()],
+            vec!["--draft-model", qwen3.to_str().unwrap(), "--draft-fixed"],
             "draft-model",
             "1726K",
         ),
@@ -650,5 +662,85 @@ fn a_draft_model_takes_its_share_of_the_ram_budget() {
             kib((600 << 10) - share)
         )) && e.contains("for the KV cache for 17 tokens"),
         "{e}"
+    );
+}
+
+/// A draft source that always proposes `token`, free (like prompt lookup) or not (like a
+/// draft model).
+struct Always {
+    token: u32,
+    free: bool,
+}
+
+impl DraftSource for Always {
+    fn name(&self) -> &'static str {
+        "always"
+    }
+    fn draft(&mut self, _history: &[u32], k: usize) -> anyhow::Result<Draft> {
+        Ok(Draft {
+            tokens: vec![self.token; k],
+            q: None,
+        })
+    }
+    fn free(&self) -> bool {
+        self.free
+    }
+}
+
+/// "Never slower": on a streamed MoE target (every expert read on demand, so a verification
+/// reads the union of its rows' experts), a source whose drafts are never accepted costs the
+/// adaptive policy no verification and no byte over plain decoding, whether it drafts for
+/// free or not (drafting reads nothing here), while a fixed draft length pays for every
+/// rejected verification.
+#[test]
+fn adaptive_speculation_with_a_never_accepted_source_reads_what_plain_decoding_reads() {
+    let path = gguf_path("qwen3_moe", "f32");
+    let budget = Some(smallest_budget(&path));
+    let prompt = repeated_prompt("qwen3_moe");
+    let (want, ps) = gen(&mut session_at(&path, budget), &prompt, 32, &greedy(), None);
+    // a token plain decoding never chooses: greedy, its drafts are never accepted
+    let token = (0..).find(|t| !want.contains(t)).unwrap();
+    for free in [true, false] {
+        let src = Always { token, free };
+        let mut sp = Speculator::new(Box::new(src), SpecConfig::default());
+        let (got, st) = gen(
+            &mut session_at(&path, budget),
+            &prompt,
+            32,
+            &greedy(),
+            Some(&mut sp),
+        );
+        assert_eq!(got, want, "free {free}");
+        let sst = st.speculative.unwrap();
+        assert_eq!(
+            (
+                sst.verify_passes,
+                sst.plain_passes,
+                sst.shadow_drafts,
+                sst.shadow_bytes
+            ),
+            (0, 31, if free { 30 } else { 29 }, 0),
+            "free {free}: every plain pass but the last shadow-drafts (the first, the baseline, \
+             only for free): {sst:?}"
+        );
+        assert_eq!(st.decode_bytes, ps.decode_bytes, "free {free}");
+    }
+    let src = Always { token, free: true };
+    let mut sp = Speculator::new(Box::new(src), fixed(2));
+    let (got, st) = gen(
+        &mut session_at(&path, budget),
+        &prompt,
+        32,
+        &greedy(),
+        Some(&mut sp),
+    );
+    assert_eq!(got, want);
+    let sst = st.speculative.unwrap();
+    assert_eq!((sst.verify_passes, sst.accepted), (30, 0), "{sst:?}");
+    assert!(
+        st.decode_bytes > ps.decode_bytes,
+        "{} vs {}",
+        st.decode_bytes,
+        ps.decode_bytes
     );
 }

@@ -151,7 +151,7 @@ impl ModelDraft {
     ///
     /// Errors: the draft model keeps a recurrent state, which cannot be rolled back.
     pub fn new(session: Session, config: &SamplerConfig) -> Result<Self> {
-        super::speculative::check_rollback(&session.cache)?;
+        super::spec_types::check_rollback(&session.cache)?;
         Ok(Self {
             session,
             sampler: Sampler::new(draft_sampling(config)),

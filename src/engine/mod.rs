@@ -3,10 +3,12 @@
 
 pub mod draft;
 pub mod draft_mtp;
+mod generate;
 pub mod report;
 pub mod sampler;
 pub mod session;
 pub mod spec_policy;
+pub mod spec_types;
 pub mod speculative;
 
 pub use sampler::{Sampler, SamplerConfig, SamplerOrder};

@@ -17,31 +17,19 @@
 //!   probability `p(x)`, else drawn from `p` without `x`. Every random number comes from the
 //!   target sampler's seeded PRNG, so a seeded run repeats.
 //!
-//! [`Speculator`] runs one decode step at a time, choosing the draft length from recent
-//! acceptance and measured cost, or a plain pass when verification is not expected to pay
+//! [`Speculator`] runs one decode step at a time, choosing the draft length from measured
+//! acceptance and cost, or a plain pass when verification is not expected to pay or the
+//! acceptance is not measured yet; on plain passes the source shadow-drafts one token (free
+//! sources always, others within a probe budget) to measure its acceptance
 //! ([`Policy`], `spec_policy.rs`).
 
 use anyhow::Result;
-use serde::Serialize;
 
 use super::draft::{Draft, DraftSource};
 use super::sampler::Sampler;
 use super::session::Session;
-use crate::models::{KvCache, Logits};
-
-/// Refuses speculation over a cache holding a recurrent state (Kimi Delta Attention): that
-/// state cannot be rolled back past rejected drafts ([`KvCache::truncate`] clears it).
-///
-/// Errors: the cache has a recurrent state.
-pub fn check_rollback(cache: &KvCache) -> Result<()> {
-    if cache.state.iter().any(|s| !s.is_empty()) {
-        anyhow::bail!(
-            "speculative decoding (--lookup, --draft-model) needs a KV cache that can be rolled back past rejected drafts, \
-             but this model keeps a recurrent state (Kimi Delta Attention layers) that cannot be; run it without speculation"
-        );
-    }
-    Ok(())
-}
+pub use super::spec_types::{check_rollback, SpecConfig, SpecStats};
+use crate::models::Logits;
 
 /// The outcome of one verification pass.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -174,122 +162,6 @@ pub fn verify_rows(
     Ok((Verdict { accepted, next }, all))
 }
 
-/// Settings of speculative decoding.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SpecConfig {
-    /// Most tokens drafted per verification pass (llama.cpp's `--draft-max`).
-    pub draft_max: usize,
-    /// Fewest drafted tokens worth a verification pass; with fewer, the step is a plain pass
-    /// (llama.cpp's `--draft-min`).
-    pub draft_min: usize,
-    /// Adapt the draft length to recent acceptance and fall back to plain passes while
-    /// verification is not expected to pay ([`Policy`]); else always draft `draft_max`.
-    pub adaptive: bool,
-}
-
-impl Default for SpecConfig {
-    /// Up to 8 drafts, at least 1, adaptive.
-    fn default() -> Self {
-        Self {
-            draft_max: 8,
-            draft_min: 1,
-            adaptive: true,
-        }
-    }
-}
-
-/// What speculation did in one generation. Bytes are bytes the target read from disk
-/// (aligned spans; 0 when every weight is resident).
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct SpecStats {
-    /// The draft source (`lookup`, `draft-model`).
-    pub source: String,
-    /// Tokens drafted and sent to verification.
-    pub drafted: u64,
-    /// Drafted tokens accepted.
-    pub accepted: u64,
-    /// Verification passes of the target.
-    pub verify_passes: u64,
-    /// Plain (one-token) passes of the target: no draft, or fallback.
-    pub plain_passes: u64,
-    /// Tokens the verification passes yielded (accepted drafts plus one each).
-    pub verify_tokens: u64,
-    /// Bytes read by verification passes.
-    pub verify_bytes: u64,
-    /// Bytes read by plain passes.
-    pub plain_bytes: u64,
-    /// Times the policy switched to plain passes because verification was not expected to pay
-    /// (acceptance too low for its measured cost).
-    pub fallbacks: u64,
-    /// RAM the draft model holds (weights, KV cache, activations), taken out of the RAM
-    /// budget before the target was placed; 0 for prompt lookup.
-    pub draft_bytes: u64,
-}
-
-impl SpecStats {
-    /// Accepted ÷ drafted (0 with no draft).
-    pub fn acceptance_rate(&self) -> f64 {
-        ratio(self.accepted, self.drafted)
-    }
-    /// Accepted drafts per verification pass.
-    pub fn mean_accepted(&self) -> f64 {
-        ratio(self.accepted, self.verify_passes)
-    }
-    /// Target forward passes after the prompt.
-    pub fn target_passes(&self) -> u64 {
-        self.verify_passes + self.plain_passes
-    }
-    /// Bytes per token yielded by verification passes.
-    pub fn verify_bytes_per_token(&self) -> f64 {
-        ratio(self.verify_bytes, self.verify_tokens)
-    }
-    /// Bytes per token of plain passes (one token each).
-    pub fn plain_bytes_per_token(&self) -> f64 {
-        ratio(self.plain_bytes, self.plain_passes)
-    }
-    /// The `--stats` lines.
-    pub fn table(&self) -> String {
-        format!(
-            "--- speculative ---\n\
-             source               {}\n\
-             drafted / accepted   {} / {} ({:.1}% accepted, {:.2} per verification)\n\
-             target passes        {} ({} verification, {} plain; {} fallbacks)\n\
-             bytes / token        {:.1} KiB verified, {:.1} KiB plain\n\
-             draft model RAM      {:.1} MiB\n",
-            self.source,
-            self.drafted,
-            self.accepted,
-            100.0 * self.acceptance_rate(),
-            self.mean_accepted(),
-            self.target_passes(),
-            self.verify_passes,
-            self.plain_passes,
-            self.fallbacks,
-            self.verify_bytes_per_token() / 1024.0,
-            self.plain_bytes_per_token() / 1024.0,
-            self.draft_bytes as f64 / 1048576.0,
-        )
-    }
-    /// The `--stats-json` object: the counters and the ratios.
-    pub fn json(&self) -> serde_json::Value {
-        let mut v = serde_json::to_value(self).expect("serializable");
-        v["acceptance_rate"] = self.acceptance_rate().into();
-        v["mean_accepted"] = self.mean_accepted().into();
-        v["target_passes"] = self.target_passes().into();
-        v["verify_bytes_per_token"] = self.verify_bytes_per_token().into();
-        v["plain_bytes_per_token"] = self.plain_bytes_per_token().into();
-        v
-    }
-}
-
-fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 {
-        0.0
-    } else {
-        a as f64 / b as f64
-    }
-}
-
 pub use super::spec_policy::Policy;
 
 /// Speculative decoding over a draft source: one [`Speculator::step`] per decode step.
@@ -406,26 +278,27 @@ impl Speculator {
             self.cost = Some(kind);
         }
         let kind = self.cost.expect("set");
-        let cost = |b: u64| match kind {
+        let cost = |b: u64, t: std::time::Instant| match kind {
             Cost::Bytes => Some(b as f64),
-            Cost::Seconds => Some(t0.elapsed().as_secs_f64()),
+            Cost::Seconds => Some(t.elapsed().as_secs_f64()),
             Cost::None => None,
         };
         let room = s.cache.n_ctx - s.cache.len - 1;
         let free = self.source.free();
-        let (want, switched) = self.policy.decide(free);
-        if switched {
+        let dec = self.policy.decide(free);
+        if dec.fallback {
             self.stats.fallbacks += 1;
         }
-        let k = want.min(room).min(left.saturating_sub(1));
+        let k = dec.draft.min(room).min(left.saturating_sub(1));
         let min = self.config.draft_min.max(1);
         // a draft not verified, whose first token is judged against the plain pass's
         let mut shadow = None;
-        if k >= min || (want == 0 && free && room > 0 && left > 1) {
-            let mut d = self.source.draft_for(s, history, k.max(1))?;
-            d.tokens.truncate(k.max(1));
+        if k >= min || (dec.draft == 0 && dec.shadow && room > 0 && left > 1) {
+            let n = if k >= min { k } else { 1 };
+            let mut d = self.source.draft_for(s, history, n)?;
+            d.tokens.truncate(n);
             if let Some(q) = d.q.as_mut() {
-                q.truncate(k.max(1));
+                q.truncate(n);
             }
             if k >= min && d.tokens.len() >= min {
                 let (v, all) = verify_rows(s, sampler, history, &d)?;
@@ -437,25 +310,30 @@ impl Speculator {
                 st.verify_tokens += v.accepted as u64 + 1;
                 st.verify_bytes += b;
                 self.policy
-                    .record_verify(d.tokens.len(), v.accepted, cost(b));
+                    .record_verify(d.tokens.len(), v.accepted, cost(b, t0));
                 let mut out = d.tokens[..v.accepted].to_vec();
                 out.push(v.next);
                 return Ok((out, if rows { all } else { Vec::new() }));
             }
-            if free {
-                shadow = d.tokens.first().copied();
+            let b = bytes(s) - b0;
+            self.stats.shadow_drafts += 1;
+            self.stats.shadow_bytes += b;
+            if !free {
+                self.policy.record_draft_cost(cost(b, t0));
             }
+            shadow = d.tokens.first().copied();
         }
+        let (b1, t1) = (bytes(s), std::time::Instant::now());
         let last = *history.last().expect("a token to continue from");
         let mut l = s
             .model
             .forward(&mut s.store, &mut s.cache, &[last], Logits::Last)?;
         let raw = if rows { l.clone() } else { Vec::new() };
         let t = sampler.sample(&mut l, history);
-        let b = bytes(s) - b0;
+        let b = bytes(s) - b1;
         self.stats.plain_passes += 1;
         self.stats.plain_bytes += b;
-        self.policy.record_plain(cost(b));
+        self.policy.record_plain(cost(b, t1));
         if let Some(x) = shadow {
             self.policy.record_shadow(x == t);
         }
