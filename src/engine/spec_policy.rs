@@ -36,7 +36,10 @@
 //!   above it on the line from a plain pass (`1 + (c(j) − 1) k / j`), else as `1 + β₀ k`, `β₀`
 //!   = [`BETA_PRIOR`]: batched passes cost far from linearly in their rows (a resident pass of
 //!   2 rows can cost 3 plain passes and one of 9 rows 4), so a length is judged by what it
-//!   was measured to cost. Resident sampled decoding keeps the estimate `1 + β₀ k` and counts
+//!   was measured to cost. A verification tries at most twice the longest length measured
+//!   so far (the shortest allowed first), so a length's cost is learned from short probes up:
+//!   a streamed model's verification can cost nearly a plain pass more per draft (the union
+//!   of its rows' experts), far above the prior. Resident sampled decoding keeps the estimate `1 + β₀ k` and counts
 //!   costs in plain passes (a draft not verified at [`SHADOW_PRIOR`]): its choices then depend
 //!   on the tokens only, so seeded runs repeat.
 
@@ -152,9 +155,23 @@ impl Policy {
     fn best(&self) -> (usize, f64) {
         let a = self.alpha().min(0.999);
         let lo = self.cfg.draft_min.max(1);
-        (lo..=self.cfg.draft_max.max(lo))
+        (lo..=self.longest_eligible(lo))
             .map(|k| (k, expected(a, k) / self.cost(k)))
             .fold((0, 1.0), |b, x| if x.1 > b.1 { x } else { b })
+    }
+
+    /// The longest draft length a verification may try now: when passes are measured, at
+    /// most twice the longest length measured so far (`lo`, the shortest allowed, before any),
+    /// so a length's cost is learned from short, cheap probes up (a streamed model's
+    /// verification can cost nearly one plain pass more per draft, far above the prior);
+    /// `draft_max` otherwise.
+    fn longest_eligible(&self, lo: usize) -> usize {
+        let max = self.cfg.draft_max.max(lo);
+        if !self.measured {
+            return max;
+        }
+        let longest = (1..self.ratio.len()).rev().find(|&j| self.ratio[j].1 > 0.0);
+        longest.map_or(lo, |j| (2 * j).max(lo)).min(max)
     }
 
     /// A plain pass's cost in the cost's unit (1 when passes are not measured).
@@ -376,6 +393,34 @@ mod tests {
             );
         }
         assert_eq!(shadows, 40, "2% of 102 plain-pass units in drafts of 0.05");
+    }
+
+    #[test]
+    fn measured_lengths_grow_by_doubling_from_the_shortest() {
+        let mut p = Policy::new(cfg(8, 1));
+        p.measure();
+        p.record_plain(Some(100.0));
+        for _ in 0..20 {
+            p.record_shadow(true);
+        }
+        // α ≈ 1 and the prior prices 8 drafts at 3 passes, but nothing is measured: 1 draft
+        assert_eq!(p.decide(true), d(1, false, false));
+        p.record_verify(1, 1, Some(110.0));
+        assert_eq!(
+            p.decide(true),
+            d(2, false, false),
+            "twice the longest measured"
+        );
+        p.record_verify(2, 2, Some(120.0));
+        assert_eq!(p.decide(true), d(4, false, false));
+        p.record_verify(4, 4, Some(140.0));
+        assert_eq!(p.decide(true), d(8, false, false), "then draft_max");
+        // not measured (resident sampled): the prior's best length at once
+        let mut q = Policy::new(cfg(8, 1));
+        for _ in 0..20 {
+            q.record_shadow(true);
+        }
+        assert_eq!(q.decide(true), d(8, false, false));
     }
 
     #[test]
