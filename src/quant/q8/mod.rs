@@ -356,5 +356,34 @@ pub(crate) fn int_kernels(level: super::SimdLevel) -> IntKernels {
 
 pub(crate) mod acts;
 pub(crate) mod quad;
+pub(crate) mod vec;
 pub(crate) use acts::*;
 pub(crate) use quad::*;
+
+/// The single-row kernel of `ty` at `level` and the activation layout it reads, where the
+/// level has one whose outputs equal its batched path's ([`matmul_q8`](crate::kernels)
+/// for 2 or more tokens) bit for bit: AVX-512 with VNNI, Q8_0 / Q4_0 / Q5_0 / Q4_K / Q6_K
+/// (the quad tiles' order, [`ref_pair32`] / [`ref_pair_k`]). `None` elsewhere: those
+/// single-token products run the batched path's tiles with one token.
+pub(crate) fn vec_kernel(
+    level: super::SimdLevel,
+    ty: GgmlType,
+) -> Option<(vec::VecLayout, vec::VecRowsFn)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::x86::q8_vec_avx512 as v;
+        use vec::VecLayout as L;
+        if level == super::SimdLevel::Avx512 && is_x86_feature_detected!("avx512vnni") {
+            return Some(match ty {
+                GgmlType::Q8_0 => (L::Natural32, v::rows_q8_0),
+                GgmlType::Q4_0 => (L::Natural32, v::rows_q4_0),
+                GgmlType::Q5_0 => (L::Natural32, v::rows_q5_0),
+                GgmlType::Q4_K => (L::NibbleK, v::rows_q4_k),
+                GgmlType::Q6_K => (L::NaturalK, v::rows_q6_k),
+                _ => return None,
+            });
+        }
+    }
+    let _ = (level, ty);
+    None
+}
