@@ -467,8 +467,8 @@ fn q8_numerics_are_named_in_the_statistics() {
 }
 
 /// Under `--numerics q8`, speculative decoding gives plain decoding's greedy output token for
-/// token: verification passes are exact (`kernels::exact_pinned`) as plain single-token steps
-/// are, while the prompt is computed in q8 in both. A repeating prompt makes lookup draft
+/// token: verification passes and plain single-token steps both run q8, and a row's q8 values
+/// are the same in a batch and alone (`kernels::matvec_q8`), as is the q8 prompt. A repeating prompt makes lookup draft
 /// (and get verified) on most steps; the statistics show that it did.
 #[test]
 fn q8_numerics_keep_speculative_output_equal_to_plain() {

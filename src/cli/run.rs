@@ -89,8 +89,8 @@ pub struct RunArgs {
     pub no_direct_io: bool,
     /// Arithmetic of the matrix products: `exact` (default; every product equals the
     /// stored weights' exact dot) or `q8` (lossy, faster prompts: activations quantized to 8
-    /// bits per block and integer dot products, as llama.cpp computes, in passes of 2 or
-    /// more tokens; single-token decode stays exact; --stats names it).
+    /// bits per block and integer dot products, as llama.cpp computes, in prompts and decode
+    /// alike; --stats names it).
     #[arg(long, default_value = "exact")]
     pub numerics: crate::models::Numerics,
     #[command(flatten)]

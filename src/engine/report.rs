@@ -57,7 +57,7 @@ fn numerics_note(n: crate::models::Numerics) -> String {
     match n {
         crate::models::Numerics::Exact => "exact".into(),
         n => format!(
-            "{n} (lossy: activations quantized to 8 bits per block, integer dots for Q8_0/Q4_0/Q5_0/MXFP4/Q4_K/Q5_K/Q6_K weights in passes of 2+ tokens; decode exact)"
+            "{n} (lossy: activations quantized to 8 bits per block, integer dots for Q8_0/Q4_0/Q5_0/MXFP4/Q4_K/Q5_K/Q6_K weights in every pass, prompts and decode; other types exact)"
         ),
     }
 }

@@ -27,8 +27,9 @@ const PANEL_BYTES: usize = 96 * 1024;
 /// Multiply-adds a task should cover at least, so small products run on one thread.
 const MIN_TASK_MACS: usize = 1 << 20;
 
-/// Tokens from which a level's quad tiles run (below: the direct tiles).
-const QUAD_MIN_ROWS: usize = 2;
+/// Tokens from which a level's quad tiles run: every count, so that one token's values are
+/// those of its row in a batch (the direct tiles' float order differs at the VNNI level).
+const QUAD_MIN_ROWS: usize = 1;
 
 /// Activation rows above which the quantization is split over threads.
 const PAR_QUANT_ROWS: usize = 8;
@@ -67,8 +68,8 @@ pub(super) fn matmul_q8(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &m
     let k = int_kernels(level);
     let mut run = |(a, qa, qk): &mut (Q8Acts, QuadActs, QuadKActs)| {
         quantize(a, plan.act_format(), x, w.cols, n);
-        // quad tiles for batches; one token (decode) takes the direct tiles, which read
-        // the prepared rows without regrouping them (a different float order: see quant::q8)
+        // quad tiles for every token count where the level has them (one token too: the
+        // direct tiles' float order differs, see quant::q8)
         let (q32, qkt) = if n >= QUAD_MIN_ROWS {
             (k.quad32, k.quad_k)
         } else {

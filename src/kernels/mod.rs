@@ -6,6 +6,7 @@ mod fused;
 pub mod gelu;
 mod gemm;
 mod gemm_q8;
+mod matvec_q8;
 pub mod numerics;
 pub mod ops;
 pub mod pool;
@@ -104,10 +105,13 @@ fn check_shapes(w: &Matrix, x: &[f32], n: usize, y: &[f32]) {
 /// `quant::dot_row(w.ty, w.row(r), x)` exactly. Runs on the current rayon pool, split by
 /// output rows. Panics on shape mismatches or a type without kernels.
 ///
-/// Exact also under `Numerics::Q8`: the q8 single-token product (the direct integer tiles,
-/// [`matmul_q8_at`] with `n == 1`) measured slower than this one on the demo model
-/// (BENCHMARKS.md), so decode stays exact.
+/// Inside [`with_numerics`]`(Numerics::Q8, ..)`, a weight type with an integer path takes
+/// [`matmul_q8_at`] with one token instead (equal to the q8 batched product's row for the
+/// same activation row, bit for bit).
 pub fn matvec(w: &Matrix, x: &[f32], y: &mut [f32]) {
+    if numerics::current() == Numerics::Q8 && gemm_q8::supports(w) {
+        return matmul_q8_at(SimdLevel::detect(), w, x, 1, y);
+    }
     matvec_at(SimdLevel::detect(), w, x, y)
 }
 
@@ -152,11 +156,10 @@ impl OutPtr {
 /// tiles (several rows × several tokens) whose every output follows the fused `dot_row`'s
 /// accumulation order (`gemm.rs`). Split over threads by ranges of rows.
 ///
-/// Inside [`with_numerics`]`(Numerics::Q8, ..)`, for `n >= 2`, a weight type with an
-/// integer path takes it instead ([`matmul_q8_at`]); every other type, and `n == 1`
-/// ([`matvec`]), stays exact.
+/// Inside [`with_numerics`]`(Numerics::Q8, ..)`, a weight type with an integer path takes
+/// it instead ([`matmul_q8_at`]); every other type stays exact.
 pub fn matmul(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
-    if n >= 2 && numerics::current() == Numerics::Q8 && gemm_q8::supports(w) {
+    if n >= 1 && numerics::current() == Numerics::Q8 && gemm_q8::supports(w) {
         return matmul_q8_at(SimdLevel::detect(), w, x, n, y);
     }
     matmul_at(SimdLevel::detect(), w, x, n, y)
@@ -165,11 +168,17 @@ pub fn matmul(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
 /// The lossy q8 product at a forced level: `x` (`n × w.cols`) is quantized to 8 bits per
 /// block (Q8_0 per 32 values for Q8_0 / Q4_0 / Q5_0 / MXFP4 weights, Q8_K per 256 for
 /// Q4_K / Q5_K / Q6_K) and each `y[t * w.rows + r]` is the integer dot of `quant::q8`
-/// (equal to its scalar reference at the level's lane width). Types without an integer
-/// path run [`matmul_at`] (exact). Panics on shape mismatches or an unavailable level.
+/// (equal to its scalar reference at the level's lane width). Each row's value does not
+/// depend on `n`: one token (decode, `matvec_q8.rs`'s single-row kernels where the level has
+/// them) gives the values of that token's row in a batch, bit for bit. Types without an
+/// integer path run [`matmul_at`] (exact). Panics on shape mismatches or an unavailable
+/// level.
 pub fn matmul_q8_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
     check_shapes(w, x, n, y);
     if n == 0 || w.rows == 0 {
+        return;
+    }
+    if n == 1 && matvec_q8::matvec_q8(level, w, x, y) {
         return;
     }
     if !gemm_q8::matmul_q8(level, w, x, n, y) {
@@ -206,6 +215,8 @@ pub fn matmul_tiled_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mu
 mod tests;
 #[cfg(test)]
 mod tests_gemm;
+#[cfg(test)]
+mod tests_q8;
 
 /// `Y = X W` for a weight stored input-major (`w.rows` = inputs, `w.cols` = outputs, as
 /// Hugging Face stores GPT-OSS's BF16 expert matrices `[in, out]`): `n` rows of `x`

@@ -4,8 +4,9 @@
 //!
 //! A model carries its setting (`models::Model::numerics`) and runs each forward pass
 //! inside [`with_numerics`], which sets it for the calling thread for the pass's duration;
-//! [`super::matmul`] reads it there (for 2 or more tokens; `matvec` stays exact). It is
-//! never process-wide: two
+//! [`super::matmul`] and [`super::matvec`] read it there (single-token passes take the q8
+//! single-row dots of `matvec_q8.rs`, equal to a batch's rows bit for bit). It is never
+//! process-wide: two
 //! models in one process (a draft and its target) keep their own.
 
 use std::cell::Cell;
@@ -18,9 +19,9 @@ pub enum Numerics {
     Exact,
     /// Lossy: activations quantized per block to 8 bits (Q8_0 per 32 values for the
     /// 32-value weight types, Q8_K per 256 for the K-quants), integer dot products. Q8_0,
-    /// Q4_0, Q5_0, MXFP4, Q4_K, Q5_K and Q6_K weights, in passes of 2 or more tokens
-    /// (prompts); every other type, single-token passes (decode) and speculative
-    /// verification passes ([`exact_pinned`]) stay exact.
+    /// Q4_0, Q5_0, MXFP4, Q4_K, Q5_K and Q6_K weights, in every pass (prompts, decode,
+    /// speculative verification: a row's values do not depend on the batch); every other
+    /// type stays exact.
     Q8,
 }
 
@@ -76,9 +77,8 @@ pub fn with_numerics<R>(n: Numerics, f: impl FnOnce() -> R) -> R {
 }
 
 /// Runs `f` with every matrix product exact, whatever the models it runs set with
-/// [`with_numerics`]: speculative verification passes, so that a verified token's logits
-/// are the ones a plain (single-token, always exact) decoding step computes and greedy
-/// speculative output equals plain decoding's under `--numerics q8` too.
+/// [`with_numerics`] (no longer needed by speculative verification, since q8 single-token
+/// and batched rows agree; kept for callers that want exact products inside a q8 model).
 pub fn exact_pinned<R>(f: impl FnOnce() -> R) -> R {
     struct Restore(bool, Numerics);
     impl Drop for Restore {

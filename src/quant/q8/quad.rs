@@ -2,7 +2,7 @@
 //! Q8_K activations for the AVX-512 VNNI quad tiles (4 tokens × 4 weight rows per 16-lane
 //! register), their tile signatures and the scalar references they equal bit for bit.
 
-use super::{KMeta, Q8Acts, QK};
+use super::acts::{KMeta, Q8Acts, QK};
 
 /// Rows (and tokens) of a quad: a 16-lane register holds 4 tokens × 4 weight rows, lane
 /// `4q + p` the pair (token `q`, row `p`) of its quads.

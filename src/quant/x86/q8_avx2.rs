@@ -12,7 +12,7 @@
 
 // Register tiles are indexed by row and token: index loops say which is which.
 #![allow(clippy::needless_range_loop)]
-use crate::quant::q8::{KMeta, Q8Acts, QK};
+use crate::quant::q8::acts::{KMeta, Q8Acts, QK};
 use std::arch::x86_64::*;
 
 /// Rows × tokens of both tiles.

@@ -13,7 +13,8 @@
 
 // Register tiles are indexed by row and token: index loops say which is which.
 #![allow(clippy::needless_range_loop)]
-use crate::quant::q8::{KMeta, Q8Acts, QuadActs, QuadKActs, QuadKRows, QuadRows, QK, QUAD};
+use crate::quant::q8::acts::{KMeta, Q8Acts, QK};
+use crate::quant::q8::quad::{QuadActs, QuadKActs, QuadKRows, QuadRows, QUAD};
 use std::arch::x86_64::*;
 
 /// Rows × tokens of the 32-value tile.
