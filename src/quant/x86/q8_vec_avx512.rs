@@ -127,6 +127,21 @@ wrapper32!(rows_q8_0, 0, 34, VecLayout::Natural32);
 wrapper32!(rows_q4_0, 1, 18, VecLayout::Natural32);
 wrapper32!(rows_q5_0, 2, 22, VecLayout::Natural32);
 
+/// Asks for the `len` bytes at `blk`'s offset in the next 16-row group (read by the next
+/// call on this thread, rows `r0 + 16..`) to be brought into L1 while this group computes:
+/// 16 rows read side by side defeat the hardware prefetcher (measured on the demo model's
+/// Q8_0 LM head: 24 → 29 tok/s at 1 thread). A hint: it never faults, so the address may
+/// lie past the matrix.
+#[inline(always)]
+unsafe fn prefetch_next_group(blk: *const u8, rb: usize, len: usize) {
+    let next = blk.wrapping_add(VEC_ROWS * rb);
+    let mut o = 0;
+    while o < len {
+        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(o) as *const i8);
+        o += 64;
+    }
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn inner32<const TY: u8, const BB: usize>(
     base: *const u8,
@@ -154,6 +169,9 @@ unsafe fn inner32<const TY: u8, const BB: usize>(
         let mut v = [_mm512_setzero_si512(); VEC_ROWS];
         for r in 0..VEC_ROWS {
             let blk = rows[r].add(BB * b0);
+            // the next 16-row group's bytes at the same offset, read by the next call
+            // (a hint: never faults, so the address may lie past the matrix)
+            prefetch_next_group(blk, rb, 2 * BB);
             let u = if TY == 0 {
                 let lo = _mm256_loadu_si256(blk.add(2) as *const __m256i);
                 let hi = match two {
@@ -268,6 +286,7 @@ unsafe fn inner_k<const TY: u8, const BB: usize>(
         let mut v = [_mm512_setzero_si512(); VEC_ROWS];
         for r in 0..VEC_ROWS {
             let blk = rows[r].add(BB * sb);
+            prefetch_next_group(blk, rb, BB);
             let mut s = _mm512_setzero_si512();
             let m = if TY == 0 {
                 let w0 = std::ptr::read_unaligned(blk.add(4) as *const u32);
