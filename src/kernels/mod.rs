@@ -13,7 +13,7 @@ pub mod pool;
 pub mod small_batch;
 
 pub use fused::{matvec_many, matvec_many_at};
-pub use numerics::{exact_pinned, with_numerics, Numerics};
+pub use numerics::{with_numerics, Numerics};
 pub use pool::on_pool;
 
 use crate::quant::{self, GgmlType, SimdLevel};

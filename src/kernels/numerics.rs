@@ -55,11 +55,10 @@ impl std::str::FromStr for Numerics {
 
 thread_local! {
     static CURRENT: Cell<Numerics> = const { Cell::new(Numerics::Exact) };
-    static PINNED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Runs `f` with `n` as this thread's numerics (but [`Numerics::Exact`] inside
-/// [`exact_pinned`]), restoring the previous setting afterwards (also when `f` panics).
+/// Runs `f` with `n` as this thread's numerics, restoring the previous setting afterwards
+/// (also when `f` panics).
 pub fn with_numerics<R>(n: Numerics, f: impl FnOnce() -> R) -> R {
     struct Restore(Numerics);
     impl Drop for Restore {
@@ -67,30 +66,7 @@ pub fn with_numerics<R>(n: Numerics, f: impl FnOnce() -> R) -> R {
             CURRENT.with(|c| c.set(self.0));
         }
     }
-    let n = if PINNED.with(Cell::get) {
-        Numerics::Exact
-    } else {
-        n
-    };
     let _restore = Restore(CURRENT.with(|c| c.replace(n)));
-    f()
-}
-
-/// Runs `f` with every matrix product exact, whatever the models it runs set with
-/// [`with_numerics`] (no longer needed by speculative verification, since q8 single-token
-/// and batched rows agree; kept for callers that want exact products inside a q8 model).
-pub fn exact_pinned<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(bool, Numerics);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            PINNED.with(|c| c.set(self.0));
-            CURRENT.with(|c| c.set(self.1));
-        }
-    }
-    let _restore = Restore(
-        PINNED.with(|c| c.replace(true)),
-        CURRENT.with(|c| c.replace(Numerics::Exact)),
-    );
     f()
 }
 
@@ -99,38 +75,20 @@ pub fn current() -> Numerics {
     CURRENT.with(|c| c.get())
 }
 
-/// The calling thread's numerics state (its [`with_numerics`] setting and whether it is inside
-/// [`exact_pinned`]), to re-establish on the pool thread that runs a forward pass for it
-/// ([`super::pool::on_pool`]).
+/// The calling thread's numerics (its [`with_numerics`] setting), to re-establish on the pool
+/// thread that runs a forward pass for it ([`super::pool::on_pool`]).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Carried {
-    current: Numerics,
-    pinned: bool,
-}
+pub(super) struct Carried(Numerics);
 
 impl Carried {
-    /// This thread's state.
+    /// This thread's setting.
     pub(super) fn here() -> Self {
-        Self {
-            current: CURRENT.with(Cell::get),
-            pinned: PINNED.with(Cell::get),
-        }
+        Self(current())
     }
 
-    /// Runs `f` with this state on the current thread, restoring the thread's own afterwards
+    /// Runs `f` with this setting on the current thread, restoring the thread's own afterwards
     /// (also when `f` panics).
     pub(super) fn run<R>(self, f: impl FnOnce() -> R) -> R {
-        struct Restore(Carried);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                CURRENT.with(|c| c.set(self.0.current));
-                PINNED.with(|c| c.set(self.0.pinned));
-            }
-        }
-        let _restore = Restore(Carried {
-            current: CURRENT.with(|c| c.replace(self.current)),
-            pinned: PINNED.with(|c| c.replace(self.pinned)),
-        });
-        f()
+        with_numerics(self.0, f)
     }
 }

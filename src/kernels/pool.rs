@@ -11,7 +11,7 @@ use super::numerics::Carried;
 
 /// Runs `f` on a thread of the current rayon pool (the global one outside any pool) and
 /// returns its result; runs it right here when the caller already is a pool thread. The
-/// caller's numerics ([`super::with_numerics`], [`super::exact_pinned`]) hold inside `f`.
+/// caller's numerics ([`super::with_numerics`]) hold inside `f`.
 /// A panic in `f` propagates to the caller.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if rayon::current_thread_index().is_some() {
@@ -24,7 +24,7 @@ pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::{exact_pinned, numerics, with_numerics, Numerics};
+    use crate::kernels::{numerics, with_numerics, Numerics};
 
     #[test]
     fn runs_on_a_pool_thread_with_the_callers_numerics() {
@@ -34,11 +34,6 @@ mod tests {
         });
         assert!(idx.is_some(), "not on a pool thread");
         assert_eq!(n, Numerics::Q8);
-        // pinned exact wins over the model's setting on the pool thread too
-        let n = exact_pinned(|| with_numerics(Numerics::Q8, || on_pool(numerics::current)));
-        assert_eq!(n, Numerics::Exact);
-        let n = exact_pinned(|| on_pool(|| with_numerics(Numerics::Q8, numerics::current)));
-        assert_eq!(n, Numerics::Exact);
         // the pool thread's own state is restored afterwards
         assert_eq!(on_pool(numerics::current), Numerics::Exact);
         // nested: already on the pool, runs in place

@@ -6,16 +6,7 @@
 use super::*;
 use crate::quant::q8::vec_kernel;
 use crate::quant::tests::{random_row, random_x, Rng};
-
-const INT_TYPES: [GgmlType; 7] = [
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q5_0,
-    GgmlType::MXFP4,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+use crate::quant::tests_q8::INT_TYPES;
 
 fn pool(threads: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()

@@ -32,7 +32,7 @@ macro_rules! families {
 
 families!(gemma3, llama, gpt_oss, deepseek_v3, kimi_linear, kimi_k3);
 
-pub use crate::kernels::{exact_pinned, Numerics};
+pub use crate::kernels::Numerics;
 pub use kv_cache::KvCache;
 pub use model::{run_pass, BudgetTooSmall, LoadOptions, Logits, Model, Mtp, MtpOut, Placement};
 pub use registry::{Family, ModelAndStore};

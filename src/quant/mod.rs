@@ -254,7 +254,7 @@ pub(crate) mod tests;
 #[cfg(test)]
 mod tests_lowbit;
 #[cfg(test)]
-mod tests_q8;
+pub(crate) mod tests_q8;
 pub(crate) mod tile;
 
 #[cfg(target_arch = "aarch64")]

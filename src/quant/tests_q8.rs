@@ -7,7 +7,8 @@ use super::q8::*;
 use super::tests::{random_row, random_x, Rng};
 use super::*;
 
-const INT_TYPES: [GgmlType; 7] = [
+/// The types with an integer path under `--numerics q8` (`q8::int_plan`).
+pub(crate) const INT_TYPES: [GgmlType; 7] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q5_0,
