@@ -127,9 +127,23 @@ pub fn verify_rows(
     batch.extend_from_slice(&draft.tokens);
     // in the model's numerics: under q8 a row's values are the same in this batch and in
     // a plain single-token step (kernels::matvec_q8), so greedy output equals plain decoding
+    // row 0 is the token plain decoding would run; the drafts' own experts stay tentative in
+    // the expert store until the verdict (store/experts/speculative.rs)
+    if let Some(es) = s.store.experts_mut() {
+        es.begin_drafts(1);
+    }
     let all = s
         .model
-        .forward(&mut s.store, &mut s.cache, &batch, Logits::All)?;
+        .forward(&mut s.store, &mut s.cache, &batch, Logits::All);
+    let all = match all {
+        Ok(all) => all,
+        Err(e) => {
+            if let Some(es) = s.store.experts_mut() {
+                es.end_drafts(0);
+            }
+            return Err(e);
+        }
+    };
     let v = s.model.vocab_size();
     let mut h = history.to_vec();
     let mut accepted = 0;
@@ -157,6 +171,9 @@ pub fn verify_rows(
         }
     };
     s.cache.truncate(base + 1 + accepted);
+    if let Some(es) = s.store.experts_mut() {
+        es.end_drafts(1 + accepted);
+    }
     let mut all = all;
     all.truncate((accepted + 1) * v);
     Ok((Verdict { accepted, next }, all))

@@ -43,8 +43,9 @@ pub trait ExpertSource {
     /// One expert's weights, borrowed for the duration of [`ExpertSource::with_expert`].
     type View<'a>;
     /// Announces the experts of `layer` a batch uses, in ascending id order, before any of them
-    /// is taken (so reads can start at once).
-    fn plan_experts(&mut self, layer: usize, ids: &[usize]);
+    /// is taken (so reads can start at once); `first_rows[i]` is the first batch row that uses
+    /// `ids[i]` (a speculative verification's draft rows are told apart by it).
+    fn plan_experts(&mut self, layer: usize, ids: &[usize], first_rows: &[usize]);
     /// Runs `f` on expert `id` of `layer`; experts are taken in the order they were planned.
     ///
     /// Errors: the expert's bytes could not be read (the message names the file).
@@ -85,16 +86,18 @@ pub struct StoreExperts<'a> {
     pub store: &'a mut WeightStore,
 }
 
-/// Announces the experts `ids` of `layer` to `store`: to its expert store when one is attached,
-/// else as the units `unit(id)` to its streamer (resident units are skipped).
+/// Announces the experts `ids` of `layer` (first used by the batch rows `first_rows`) to
+/// `store`: to its expert store when one is attached, else as the units `unit(id)` to its
+/// streamer (resident units are skipped).
 pub(super) fn plan_in_store(
     store: &mut WeightStore,
     layer: usize,
     ids: &[usize],
+    first_rows: &[usize],
     unit: impl Fn(usize) -> usize,
 ) {
     match store.experts_mut() {
-        Some(es) => es.plan(layer, ids),
+        Some(es) => es.plan_rows(layer, ids, Some(first_rows)),
         None => store.plan(ids.iter().map(|&e| unit(e))),
     }
 }
@@ -134,9 +137,9 @@ impl ExpertMats {
 impl ExpertSource for StoreExperts<'_> {
     type View<'a> = ExpertView<'a>;
 
-    fn plan_experts(&mut self, layer: usize, ids: &[usize]) {
+    fn plan_experts(&mut self, layer: usize, ids: &[usize], first_rows: &[usize]) {
         let l = &self.table.units[layer];
-        plan_in_store(self.store, layer, ids, |e| l[e].0);
+        plan_in_store(self.store, layer, ids, first_rows, |e| l[e].0);
     }
 
     fn for_each_landed(
@@ -465,7 +468,9 @@ pub fn moe_forward_with<S: ExpertSource>(
         }
     }
     let ids: Vec<usize> = groups.keys().copied().collect();
-    src.plan_experts(layer, &ids);
+    // groups list their tokens in row order: the first is the first row using the expert
+    let first_rows: Vec<usize> = groups.values().map(|g| g[0].0).collect();
+    src.plan_experts(layer, &ids, &first_rows);
     after_plan(src);
     // each expert's output rows (group order), computed as its bytes land
     let mut outs: std::collections::BTreeMap<usize, Vec<f32>> = Default::default();
@@ -560,7 +565,7 @@ mod tests {
     impl ExpertSource for Fake {
         type View<'a> = ExpertView<'a>;
 
-        fn plan_experts(&mut self, _layer: usize, ids: &[usize]) {
+        fn plan_experts(&mut self, _layer: usize, ids: &[usize], _first_rows: &[usize]) {
             self.planned.extend_from_slice(ids);
         }
         fn with_expert<R>(

@@ -187,6 +187,16 @@ impl ExpertCache {
         out
     }
 
+    /// [`ExpertCache::admit`] only when `bytes` fit beside what is held: nothing is evicted
+    /// (for an expert only a speculative draft row used; see `experts/speculative.rs`).
+    /// Returns `bytes` itself when it is not kept, else nothing.
+    pub fn admit_spare(&mut self, key: Key, bytes: UnitBytes) -> Vec<UnitBytes> {
+        if self.used + bytes.buffer_bytes() > self.budget {
+            return vec![bytes];
+        }
+        self.admit(key, bytes)
+    }
+
     /// Offers the bytes of a just-read `key` (its use already recorded by
     /// [`ExpertCache::hit`]). Returns the buffers that leave: the
     /// evicted entries', or `bytes` itself when the policy keeps nothing or it does not fit.

@@ -38,6 +38,7 @@ use super::io_engine::{FileCounters, IoEngine, IoOptions, Req};
 use super::streamer::{IoStats, Unit, UnitBytes};
 
 mod prefetch;
+mod speculative;
 pub use prefetch::{expert_layout, ExpertLayout, PrefetchMode};
 
 /// Options of the expert store (CLI: `--cache`, `--heat-file`, `--io-engine`, `--io-depth`,
@@ -131,6 +132,8 @@ pub struct ExpertStore {
     ra_active: bool,
     /// The cache's budget as given, restored when read-ahead ends.
     cache_given: usize,
+    /// Draft rows of a verification pass (see `experts/speculative.rs`).
+    drafts: speculative::DraftRows,
 }
 
 /// The aligned reads of `unit` with byte-adjacent ranges of one file merged (a pack record's
@@ -252,6 +255,7 @@ impl ExpertStore {
             ra_slots,
             ra_active: false,
             cache_given: cache_bytes,
+            drafts: Default::default(),
         })
     }
 
@@ -352,18 +356,39 @@ impl ExpertStore {
     /// Looks up the experts `ids` of `layer` (ascending, each once) and starts reading the ones
     /// the cache does not hold. Take them with [`ExpertStore::for_each_landed`].
     pub fn plan(&mut self, layer: usize, ids: &[usize]) {
+        self.plan_rows(layer, ids, None);
+    }
+
+    /// [`ExpertStore::plan`], with `first_rows[i]` the first batch row that uses `ids[i]`:
+    /// within a verification pass ([`ExpertStore::begin_drafts`]) an expert first used by a
+    /// draft row is tentative (see `experts/speculative.rs`). `None`: every row is row 0.
+    pub fn plan_rows(&mut self, layer: usize, ids: &[usize], first_rows: Option<&[usize]>) {
         assert!(self.planned.is_none(), "a layer planned twice");
         self.hits_now.clear();
+        self.drafts.now.clear();
         self.switch_read_ahead(ids.len(), self.units[layer].len());
         let mut misses = 0;
-        for &e in ids {
-            self.heat.counts[layer][e] += 1;
+        for (i, &e) in ids.iter().enumerate() {
+            let row = first_rows.map_or(0, |r| r[i]);
+            let tentative = self.drafts.tentative(row);
+            let key = (layer as u32, e as u32);
+            if tentative {
+                self.drafts.uses.push((layer, e, row));
+                self.drafts.now.push(e);
+            } else {
+                self.heat.counts[layer][e] += 1;
+            }
             if !self.seen[layer][e] {
                 self.seen[layer][e] = true;
                 self.layers[layer].touched += 1;
                 self.layers[layer].touched_bytes += self.units[layer][e].buffer_bytes() as u64;
             }
-            if self.cache.hit((layer as u32, e as u32)).is_some() {
+            let held = if tentative {
+                self.cache.contains(key)
+            } else {
+                self.cache.hit(key).is_some()
+            };
+            if held {
                 self.hits_now.push(e);
                 continue;
             }
@@ -611,7 +636,12 @@ impl ExpertStore {
         };
         f(e, &b);
         self.counters.compute_ns += t.elapsed().as_nanos() as u64;
-        let out = self.cache.admit((layer as u32, e as u32), b);
+        let key = (layer as u32, e as u32);
+        let out = if self.drafts.now.contains(&e) {
+            self.cache.admit_spare(key, b)
+        } else {
+            self.cache.admit(key, b)
+        };
         self.refill(out);
     }
 
@@ -666,6 +696,7 @@ impl ExpertStore {
         self.guesses.clear();
         self.planned = None;
         self.hits_now.clear();
+        self.end_drafts(0);
         let mut bufs: Vec<AlignedBuf> = self
             .landing
             .drain()

@@ -211,9 +211,9 @@ impl ExpertTable {
 impl ExpertSource for OssExperts<'_> {
     type View<'a> = OssExpertView<'a>;
 
-    fn plan_experts(&mut self, layer: usize, ids: &[usize]) {
+    fn plan_experts(&mut self, layer: usize, ids: &[usize], first_rows: &[usize]) {
         let l = &self.table.units[layer];
-        plan_in_store(self.store, layer, ids, |e| l[e].0);
+        plan_in_store(self.store, layer, ids, first_rows, |e| l[e].0);
     }
 
     fn for_each_landed(
