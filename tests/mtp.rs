@@ -1,10 +1,11 @@
-//! Multi-token prediction (`--draft mtp`; src/models/decoder/mtp.rs, src/engine/draft_mtp.rs)
-//! on the `deepseek_v3_mtp` fixture (tools/reference/hf_fixtures.py: the `deepseek_v3` target
-//! plus a layer 3 written by the script, with a torch reference of its forward pass): the
-//! layer's logits equal the reference, resident and streamed; greedy decoding with
-//! `--draft mtp` equals plain decoding token for token, resident and streamed, in the library
-//! and the CLI, which reports the source's statistics; a model without the layer is refused
-//! with a clear error.
+//! Multi-token prediction (`--draft mtp`; src/models/mtp_layer.rs, src/models/mtp_decoder.rs,
+//! src/engine/draft_mtp.rs) on the `deepseek_v3_mtp` fixture (tools/reference/hf_fixtures.py:
+//! the `deepseek_v3` target plus a layer 3 written by the script, with a torch reference of its
+//! forward pass): the layer's logits equal the reference, resident and streamed; greedy
+//! decoding with `--draft mtp` equals plain decoding token for token, resident and streamed, in
+//! the library and the CLI, which reports the source's statistics; a layer without its own
+//! `shared_head.head` or `embed_tokens` uses the target's LM head or embeddings; a model without
+//! the layer is refused with a clear error.
 
 mod common;
 
@@ -12,6 +13,7 @@ use common::hf::{f32s, fixture, reference, rel_diff, u32s, REL_TOL};
 use deltafin::engine::draft_mtp::MtpDraft;
 use deltafin::engine::{GenerateOptions, Sampler, SamplerConfig, Session, SpecConfig, Speculator};
 use deltafin::models::{load_hf, LoadOptions, Logits};
+use std::path::Path;
 
 const NAME: &str = "deepseek_v3_mtp";
 
@@ -27,16 +29,26 @@ fn opts(ram_budget: Option<u64>, mtp: bool) -> LoadOptions {
 }
 
 fn session(ram_budget: Option<u64>, mtp: bool) -> Session {
-    let (m, s) = load_hf(&fixture(NAME), &opts(ram_budget, mtp)).unwrap();
+    session_of(&fixture(NAME), ram_budget, mtp)
+}
+
+/// [`session`] over the checkpoint folder `dir`.
+fn session_of(dir: &Path, ram_budget: Option<u64>, mtp: bool) -> Session {
+    let (m, s) = load_hf(dir, &opts(ram_budget, mtp)).unwrap();
     Session::new(m, s, 128, 128)
 }
 
 /// The smallest budget (4 KiB steps) under which the model with its MTP layer loads: every
 /// spine unit and expert streamed.
 fn smallest_budget() -> u64 {
+    smallest_budget_of(&fixture(NAME))
+}
+
+/// [`smallest_budget`] of the checkpoint folder `dir`.
+fn smallest_budget_of(dir: &Path) -> u64 {
     let mut b = 4 << 10;
     loop {
-        match load_hf(&fixture(NAME), &opts(Some(b), true)) {
+        match load_hf(dir, &opts(Some(b), true)) {
             Ok((m, _)) => {
                 let p = m.placement();
                 assert_eq!(p.resident_bytes, 0, "{}", p.summary);
@@ -326,4 +338,151 @@ fn draft_mtp_on_a_model_without_the_layer_is_refused() {
     }
     let o = deltafin(&["run", "-m", "x", "-p", "hi", "--draft", "mtp", "--lookup"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot be used with"));
+}
+
+const HEAD: &str = "model.layers.3.shared_head.head.weight";
+const EMBED: &str = "model.layers.3.embed_tokens.weight";
+
+/// What a copy of the fixture ([`variant`]) holds as one of the MTP layer's own tensors.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Own {
+    /// The fixture's own tensor.
+    Kept,
+    /// The target's counterpart under the layer's name (`lm_head.weight` as `shared_head.head`,
+    /// `model.embed_tokens.weight` as `embed_tokens`).
+    Target,
+    /// None: the layer falls back to the target's.
+    Absent,
+}
+
+/// A copy of the fixture whose MTP layer's `shared_head.head` and `embed_tokens` are as
+/// `head` and `embed` say (the file rewritten with the `safetensors` crate; the rest as is).
+fn variant(head: Own, embed: Own) -> tempfile::TempDir {
+    let dir = common::hf::edited_copy(NAME, |_| {});
+    let p = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&p).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out = Vec::new();
+    for (name, view) in st.tensors() {
+        let (which, target) = match name.as_str() {
+            HEAD => (head, "lm_head.weight"),
+            EMBED => (embed, "model.embed_tokens.weight"),
+            _ => {
+                out.push((name, view));
+                continue;
+            }
+        };
+        match which {
+            Own::Kept => out.push((name, view)),
+            Own::Target => out.push((name, st.tensor(target).unwrap())),
+            Own::Absent => {}
+        }
+    }
+    let n = out.len();
+    std::fs::write(&p, safetensors::serialize(out, None).unwrap()).unwrap();
+    let absent = [head, embed].iter().filter(|&&o| o == Own::Absent).count();
+    assert_eq!(n + absent, st.len());
+    dir
+}
+
+/// The MTP layer's logits (bits) over the reference ids (`Logits::All`, entry `i` from the
+/// target's `h_i` and token `i + 1`), then those of one chained step (its own last hidden
+/// state and its own draft), with the model's placement summary.
+fn mtp_logit_bits(dir: &Path, budget: Option<u64>) -> (Vec<u32>, String) {
+    let ids = u32s(&reference(NAME)["mtp_reference"]["ids"]);
+    let t = ids.len();
+    let mut s = session_of(dir, budget, true);
+    s.prefill(&ids, Logits::Last).unwrap();
+    let rows = s.cache.hidden.rows[..(t - 1) * 64].to_vec();
+    let mtp = s.model.mtp().expect("loaded with its MTP layer");
+    let mut cache = mtp.new_mtp_cache(128);
+    let out = mtp
+        .forward_mtp(&mut s.store, &mut cache, &rows, &ids[1..], Logits::All)
+        .unwrap();
+    let v = 512;
+    let tok = common::hf::argmax(&out.logits[(t - 2) * v..]);
+    let h = &out.hidden[(t - 2) * 64..];
+    let chained = mtp
+        .forward_mtp(&mut s.store, &mut cache, h, &[tok], Logits::Last)
+        .unwrap();
+    let bits = out.logits.iter().chain(&chained.logits);
+    (
+        bits.map(|x| x.to_bits()).collect(),
+        s.model.placement().summary.clone(),
+    )
+}
+
+/// A layer without its own `shared_head.head` uses the target's LM head, one without its own
+/// `embed_tokens` the target's embeddings: its logits are bit for bit those of a layer that
+/// carries copies of the target's tensors under its own names (loaded as its own units),
+/// resident and streamed (each fallback plans and reads the target's units), and differ from
+/// the fixture's (whose own tensors are not the target's).
+#[test]
+fn mtp_head_and_embeddings_fall_back_to_the_targets() {
+    use Own::*;
+    let (own, own_summary) = mtp_logit_bits(&fixture(NAME), None);
+    for (head, embed) in [(Target, Kept), (Kept, Target), (Target, Target)] {
+        let drop = |o: Own| if o == Target { Absent } else { o };
+        let copies = variant(head, embed);
+        let fallback = variant(drop(head), drop(embed));
+        // spine-class units: the 3 layers, the MTP block, and its own head and embeddings
+        // (one chunk each) where the checkpoint has them
+        let units = 4 + [drop(head), drop(embed)]
+            .iter()
+            .filter(|&&o| o != Absent)
+            .count();
+        for streamed in [false, true] {
+            let at = |d: &Path| streamed.then(|| smallest_budget_of(d));
+            let (want, s1) = mtp_logit_bits(copies.path(), at(copies.path()));
+            let (got, s2) = mtp_logit_bits(fallback.path(), at(fallback.path()));
+            assert_eq!(got.len(), 52 * 512 + 512);
+            assert!(got == want, "{head:?} {embed:?} streamed {streamed}");
+            assert!(
+                got != own,
+                "{head:?} {embed:?}: the fixture's own tensors differ"
+            );
+            let (k, m) = if streamed { (0, 0) } else { (1, 24) };
+            let head1 = format!("{}/6 layers and {m}/24 experts resident", 6 * k);
+            let head2 = format!("{}/{units} layers and {m}/24 experts resident", units * k);
+            assert!(s1.starts_with(&head1), "{s1}");
+            assert!(s2.starts_with(&head2), "{s2}");
+            assert!(s2.contains("multi-token-prediction layer loaded"), "{s2}");
+        }
+    }
+    assert!(own_summary.starts_with("6/6 layers"), "{own_summary}");
+}
+
+/// Greedy `--draft mtp` (3 drafts per verification) on the fallback variants equals plain
+/// decoding (the reference continuation), resident and streamed.
+#[test]
+fn greedy_mtp_with_fallback_head_or_embeddings_equals_plain_decoding() {
+    use Own::*;
+    let r = reference(NAME);
+    let prompt = u32s(&r["prompt_ids"]);
+    let want = u32s(&r["continuation_ids"]);
+    let n = want.len();
+    let cfg = SpecConfig {
+        draft_max: 3,
+        draft_min: 1,
+        adaptive: false,
+    };
+    for (head, embed) in [(Absent, Kept), (Kept, Absent), (Absent, Absent)] {
+        let dir = variant(head, embed);
+        for budget in [None, Some(smallest_budget_of(dir.path()))] {
+            let mut s = session_of(dir.path(), budget, true);
+            let mut sp =
+                Speculator::new(Box::new(MtpDraft::new(&s, &greedy()).unwrap()), cfg.clone());
+            let got = gen(&mut s, &prompt, n, Some(&mut sp));
+            assert_eq!(got, want, "{head:?} {embed:?} {budget:?}");
+            let st = &sp.stats;
+            assert_eq!(st.source, "mtp");
+            // 16 tokens: the first from the prompt, 14 verifications of 3 drafts but the
+            // last (2 left), none accepted (random weights), then one plain pass
+            assert_eq!(
+                (st.drafted, st.accepted, st.verify_passes, st.plain_passes),
+                (39, 0, 14, 1),
+                "{head:?} {embed:?} {budget:?}"
+            );
+        }
+    }
 }

@@ -296,3 +296,144 @@ fn a_cancelled_speculative_generation_leaves_a_sound_cache() {
     assert_eq!(run(&mut spec, &second, None), want);
     assert_eq!(run(&mut spec, &first, None), run(&mut plain, &first, None));
 }
+
+/// An engine over the `deepseek_v3_mtp` fixture (its own tokenizer and chat template), with
+/// its multi-token-prediction layer drafting (`--draft mtp`) at the fixed draft length
+/// `draft` (`--draft-max N --draft-fixed`: these tests assert accepted drafts), or plain
+/// (loaded without the layer) with `None`.
+fn mtp_engine(draft: Option<usize>) -> Engine {
+    use deltafin::engine::draft_mtp::MtpDraft;
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/deepseek_v3_mtp");
+    let opened = deltafin::load::open_any(Some(&path)).unwrap();
+    let tok = opened.tokenizer().unwrap();
+    let tmpl = opened.chat_template(&tok).unwrap();
+    let (model, store) = opened
+        .load_weights(&deltafin::models::LoadOptions {
+            n_ctx: 256,
+            mtp: draft.is_some(),
+            ..Default::default()
+        })
+        .unwrap();
+    let session = Session::new(model, store, 256, 64);
+    let mut e = Engine::new(session, Arc::new(tok), Some(Arc::new(tmpl)), greedy());
+    if let Some(k) = draft {
+        let d = MtpDraft::new(&e.session, &greedy()).unwrap();
+        e.spec = Some(Speculator::new(
+            Box::new(d),
+            SpecConfig {
+                draft_max: k,
+                draft_min: 1,
+                adaptive: false,
+            },
+        ));
+    }
+    e
+}
+
+/// `--draft mtp` through the router on the DeepSeek V3 fixture with its MTP layer: greedy
+/// /v1/completions and /v1/chat/completions, streamed and whole, answer exactly what the
+/// model answers without speculation (logprobs too, bit for bit), over requests that reuse
+/// the previous request's KV cache; `usage` reports the source `mtp` and its counters.
+#[tokio::test]
+async fn draft_mtp_through_the_router_answers_what_plain_decoding_answers() {
+    let r: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/hf/deepseek_v3_mtp/reference.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let prompt = r["prompt_text"].as_str().unwrap();
+    let plain = app_with(mtp_engine(None), None);
+    let spec = app_with(mtp_engine(Some(3)), None);
+    let completion = |extra: Value| {
+        let mut v = json!({"model": "qwen3_moe", "prompt": prompt, "max_tokens": 20});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        v
+    };
+    let requests = [
+        ("/v1/completions", completion(json!({}))),
+        ("/v1/completions", completion(json!({"stream": true}))),
+        ("/v1/completions", completion(json!({"logprobs": 2}))),
+        (
+            "/v1/chat/completions",
+            chat("Which experts?", json!({"max_tokens": 20})),
+        ),
+        (
+            "/v1/chat/completions",
+            chat("Which experts?", json!({"max_tokens": 20, "stream": true})),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(
+                "Why café",
+                json!({"max_tokens": 24, "logprobs": true, "top_logprobs": 2}),
+            ),
+        ),
+    ];
+    let mut got = Vec::new();
+    for (path, body) in requests {
+        let (s, a) = call(&plain, path, body.clone()).await;
+        assert_eq!(s, StatusCode::OK, "{a}");
+        let (s, b) = call(&spec, path, body.clone()).await;
+        assert_eq!(s, StatusCode::OK, "{b}");
+        if body["stream"] == json!(true) {
+            assert_eq!(b, a, "{path} {body}");
+            got.push(json!(null));
+            continue;
+        }
+        let (a, b): (Value, Value) = (
+            serde_json::from_str(&a).unwrap(),
+            serde_json::from_str(&b).unwrap(),
+        );
+        assert_eq!(b["choices"], a["choices"], "{path} {body}");
+        assert_eq!(
+            b["usage"]["completion_tokens"],
+            a["usage"]["completion_tokens"]
+        );
+        assert_eq!(
+            b["usage"]["prompt_tokens_details"],
+            a["usage"]["prompt_tokens_details"]
+        );
+        assert!(a["usage"].get("speculative").is_none(), "{a}");
+        let sp = &b["usage"]["speculative"];
+        assert_eq!(sp["source"], "mtp", "{sp}");
+        let (drafted, accepted) = (
+            sp["drafted"].as_u64().unwrap(),
+            sp["accepted"].as_u64().unwrap(),
+        );
+        assert_eq!(
+            b["usage"]["completion_tokens_details"],
+            json!({"accepted_prediction_tokens": accepted,
+                   "rejected_prediction_tokens": drafted - accepted})
+        );
+        got.push(json!([
+            b["usage"]["completion_tokens"],
+            b["usage"]["prompt_tokens_details"]["cached_tokens"],
+            sp["drafted"],
+            sp["accepted"],
+            sp["verify_passes"],
+            sp["plain_passes"]
+        ]));
+    }
+    // [completion tokens, cached prompt tokens, drafted, accepted, verifications, plain
+    // passes]: 3 drafts per verification but the last, whose one token left is a plain pass;
+    // none accepted (the fixture's MTP layer has random weights: its drafts are never the
+    // target's tokens). The chat requests reuse 1 and 3 tokens of the previous request's
+    // cache, and draft from their first step (the layer rebuilds its entries from the target's
+    // hidden rows of the reused prefix).
+    assert_eq!(
+        Value::Array(got),
+        json!([
+            [20, 0, 51, 0, 18, 1],
+            null,
+            [20, 37, 51, 0, 18, 1],
+            [20, 1, 51, 0, 18, 1],
+            null,
+            [24, 3, 63, 0, 22, 1]
+        ])
+    );
+}

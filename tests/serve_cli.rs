@@ -110,3 +110,46 @@ fn chat_speculates_with_the_same_answers() {
         );
     }
 }
+
+/// `chat --draft mtp` on the DeepSeek V3 fixture with its multi-token-prediction layer
+/// prints exactly what plain decoding prints, over turns that reuse the KV cache and a
+/// `/reset`, and each answer's table names the source `mtp` and its counters.
+#[test]
+fn chat_draft_mtp_gives_the_same_answers() {
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/hf/deepseek_v3_mtp"
+    );
+    let args = ["chat", "-m", model, "--temp", "0", "-n", "12"];
+    let input = "Which experts?\nAnd again\n/reset\nabc abc abc\n";
+    let (plain, _) = deltafin(&args, input);
+    let mut a = args.to_vec();
+    a.extend([
+        "--draft",
+        "mtp",
+        "--draft-max",
+        "3",
+        "--draft-fixed",
+        "--stats",
+    ]);
+    let (out, err) = deltafin(&a, input);
+    assert_eq!(out, plain);
+    assert_eq!(err.matches("--- speculative ---").count(), 3, "{err}");
+    assert_eq!(
+        err.matches("source               mtp\n").count(),
+        3,
+        "{err}"
+    );
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("drafted / accepted") || l.starts_with("target passes"))
+        .collect();
+    // each answer (12 tokens): 10 verifications of 3 drafts but the last, then one plain
+    // pass; none accepted (the fixture's MTP layer has random weights); the second turn,
+    // reusing the first's cache, drafts from its first step like the others
+    let answer = [
+        "drafted / accepted   27 / 0 (0.0% accepted, 0.00 per verification)",
+        "target passes        11 (10 verification, 1 plain; 0 fallbacks)",
+    ];
+    assert_eq!(lines, answer.repeat(3), "{err}");
+}

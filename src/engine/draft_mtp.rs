@@ -114,8 +114,10 @@ impl DraftSource for MtpDraft {
                 return Err(e);
             }
         };
+        // the target's hidden rows stay (they are budgeted for the whole context): a request
+        // that keeps only a prefix of the cache (the server's prefix reuse) may diverge before
+        // the positions caught up on, and the entry there is rebuilt from the target's row
         self.cached = history.to_vec();
-        tcache.hidden.drop_before(len);
         let mut logits = out.logits;
         let mut h_last = out.hidden[out.hidden.len() - w..].to_vec();
         let mut h = history.to_vec();

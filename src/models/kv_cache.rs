@@ -20,17 +20,19 @@ pub struct KvCache {
     /// a fixed number of floats whatever the position, zero before the first token
     /// ([`KvCache::with_state`]).
     pub state: Vec<Vec<f32>>,
-    /// The final hidden states (before the final norm) of recent positions, kept only when
-    /// [`HiddenRows::on`]: what a multi-token-prediction drafter reads after each pass.
+    /// The final hidden states (before the final norm) of the cached positions, kept only
+    /// when [`HiddenRows::on`]: what a multi-token-prediction drafter reads after each pass.
     pub hidden: HiddenRows,
 }
 
 /// The final hidden state (the residual stream after the last layer, before the final
 /// RMSNorm; `hidden` floats per position) of the positions `pos0 .. pos0 + rows.len() /
-/// width`, appended by every forward pass while `on` and taken by a multi-token-prediction
+/// width`, appended by every forward pass while `on` and read by a multi-token-prediction
 /// drafter ([`crate::models::Mtp`]), which needs `h_i` for every position `i` (DeepSeek-V3
-/// technical report, sec. 2.2). Rolled back with the cache ([`KvCache::truncate`]). Memory:
-/// `4 × hidden` bytes per position not yet taken (at most the cache's `n_ctx` positions).
+/// technical report, sec. 2.2), also of positions it caught up on before, when the sequence
+/// changes after them (a request reusing only a prefix of the cache). Rolled back with the
+/// cache ([`KvCache::truncate`]). Memory: `4 × hidden` bytes per cached position (at most the
+/// cache's `n_ctx` positions, budgeted at load).
 #[derive(Clone, Debug, Default)]
 pub struct HiddenRows {
     /// Whether forward passes record their rows (set for models loaded with their MTP layer).
@@ -79,13 +81,6 @@ impl HiddenRows {
             self.rows
                 .truncate((n - self.pos0).min(self.len()) * self.width);
         }
-    }
-
-    /// Forgets the rows of positions `< n` (taken by the drafter).
-    pub fn drop_before(&mut self, n: usize) {
-        let k = n.saturating_sub(self.pos0).min(self.len());
-        self.rows.drain(..k * self.width);
-        self.pos0 += k;
     }
 
     /// The row of position `p`, when held.
@@ -199,12 +194,11 @@ mod tests {
         assert_eq!(c.hidden.rows, vec![1.0, 2.0, 3.0, 4.0]);
         c.truncate(2);
         assert_eq!(c.hidden.rows, vec![1.0, 2.0]);
-        c.hidden.drop_before(1);
-        assert_eq!((c.hidden.pos0, c.hidden.row(1)), (1, Some(&[2.0][..])));
-        assert_eq!(c.hidden.row(0), None);
+        assert_eq!((c.hidden.pos0, c.hidden.row(1)), (0, Some(&[2.0][..])));
+        assert_eq!(c.hidden.row(2), None);
         // a recomputed position replaces what followed it
         c.hidden.record(1, &[7.0, 8.0], 1);
-        assert_eq!(c.hidden.rows, vec![7.0, 8.0]);
+        assert_eq!(c.hidden.rows, vec![1.0, 7.0, 8.0]);
         // a gap starts over
         c.hidden.record(6, &[9.0], 1);
         assert_eq!((c.hidden.pos0, c.hidden.rows.clone()), (6, vec![9.0]));
