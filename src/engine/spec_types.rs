@@ -31,7 +31,7 @@ pub struct SpecConfig {
     /// (llama.cpp's `--draft-min`).
     pub draft_min: usize,
     /// Adapt the draft length to recent acceptance and fall back to plain passes while
-    /// verification is not expected to pay ([`Policy`]); else always draft `draft_max`.
+    /// verification is not expected to pay ([`Policy`](super::spec_policy::Policy)); else always draft `draft_max`.
     pub adaptive: bool,
 }
 

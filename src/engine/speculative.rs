@@ -125,13 +125,14 @@ pub fn verify_rows(
     let mut batch = Vec::with_capacity(draft.tokens.len() + 1);
     batch.push(last);
     batch.extend_from_slice(&draft.tokens);
-    // in the model's numerics: under q8 a row's values are the same in this batch and in
-    // a plain single-token step (kernels::matvec_q8), so greedy output equals plain decoding
     // row 0 is the token plain decoding would run; the drafts' own experts stay tentative in
-    // the expert store until the verdict (store/experts/speculative.rs)
+    // the expert store until the verdict (store/experts/speculative.rs). A pass refused
+    // before any read does not reset the store, so a failure ends the drafts here.
     if let Some(es) = s.store.experts_mut() {
         es.begin_drafts(1);
     }
+    // in the model's numerics: under q8 a row's values are the same in this batch and in
+    // a plain single-token step (kernels::matvec_q8), so greedy output equals plain decoding
     let all = s
         .model
         .forward(&mut s.store, &mut s.cache, &batch, Logits::All);

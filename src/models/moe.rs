@@ -97,7 +97,7 @@ pub(super) fn plan_in_store(
     unit: impl Fn(usize) -> usize,
 ) {
     match store.experts_mut() {
-        Some(es) => es.plan_rows(layer, ids, Some(first_rows)),
+        Some(es) => es.plan(layer, ids, first_rows),
         None => store.plan(ids.iter().map(|&e| unit(e))),
     }
 }

@@ -354,22 +354,18 @@ impl ExpertStore {
     }
 
     /// Looks up the experts `ids` of `layer` (ascending, each once) and starts reading the ones
-    /// the cache does not hold. Take them with [`ExpertStore::for_each_landed`].
-    pub fn plan(&mut self, layer: usize, ids: &[usize]) {
-        self.plan_rows(layer, ids, None);
-    }
-
-    /// [`ExpertStore::plan`], with `first_rows[i]` the first batch row that uses `ids[i]`:
-    /// within a verification pass ([`ExpertStore::begin_drafts`]) an expert first used by a
-    /// draft row is tentative (see `experts/speculative.rs`). `None`: every row is row 0.
-    pub fn plan_rows(&mut self, layer: usize, ids: &[usize], first_rows: Option<&[usize]>) {
+    /// the cache does not hold; `first_rows[i]` is the first batch row that uses `ids[i]`
+    /// (within a verification pass, [`ExpertStore::begin_drafts`], an expert first used by a
+    /// draft row is tentative: see `experts/speculative.rs`). Take them with
+    /// [`ExpertStore::for_each_landed`].
+    pub fn plan(&mut self, layer: usize, ids: &[usize], first_rows: &[usize]) {
         assert!(self.planned.is_none(), "a layer planned twice");
         self.hits_now.clear();
         self.drafts.now.clear();
         self.switch_read_ahead(ids.len(), self.units[layer].len());
         let mut misses = 0;
         for (i, &e) in ids.iter().enumerate() {
-            let row = first_rows.map_or(0, |r| r[i]);
+            let row = first_rows[i];
             let tentative = self.drafts.tentative(row);
             let key = (layer as u32, e as u32);
             if tentative {

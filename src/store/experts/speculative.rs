@@ -9,7 +9,7 @@
 //! tokens reuse, and that cost lands on the plain passes that follow, where the speculation
 //! policy cannot see it (measured: with the LFU-DA cache a streamed MoE decoded 8-22% more
 //! bytes per token with `--lookup` than without, when drafts were rarely accepted;
-//! BENCHMARKS.md, "Speculation and the expert cache"). So:
+//! BENCHMARKS.md, "`--lookup` on the streamed 16-layer synth after the doubling rule"). So:
 //! - an expert whose first row is a draft row (*tentative*) is looked up without recording a
 //!   use; a miss is read, computed and then admitted only into room the cache has spare (it
 //!   evicts nothing);
@@ -108,7 +108,7 @@ mod tests {
     /// read.
     fn pass(s: &mut ExpertStore, ids: &[usize], rows: &[usize]) -> u64 {
         let b0 = s.counters().bytes;
-        s.plan_rows(0, ids, Some(rows));
+        s.plan(0, ids, rows);
         let mut got = Vec::new();
         s.for_each_landed(0, &mut |e, b| got.push((e, b.record()[0])))
             .unwrap();
