@@ -1,4 +1,4 @@
-//! Speculative decoding through the OpenAI router (`--lookup` in `serve`): streams, whole bodies,
+//! Speculative decoding through the OpenAI router (`--lookup` and `--draft mtp` in `serve`): streams, whole bodies,
 //! logprobs, usage and metrics identical to plain decoding; the echo model and the real fixture of
 //! `tests/common/serve.rs` (see `tests/serve_api.rs`).
 
