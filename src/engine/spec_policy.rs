@@ -42,6 +42,12 @@
 //!   of its rows' experts), far above the prior. Resident sampled decoding keeps the estimate `1 + β₀ k` and counts
 //!   costs in plain passes (a draft not verified at [`SHADOW_PRIOR`]): its choices then depend
 //!   on the tokens only, so seeded runs repeat.
+//! - A measured cost is not trusted forever: when the acceptance says a verification of the
+//!   shortest length would pay at the prior cost but the measured one says it does not, it
+//!   is tried again (a *re-probe*) whenever its expected loss fits in the probe budget
+//!   ([`Policy::decide`]), so one timed pass that met a busy core cannot hold speculation
+//!   off for the rest of a generation. Measured costs age by [`DECAY`] with every plain pass
+//!   too, so a re-probe after a long hold outweighs what was measured before it.
 
 use super::spec_types::SpecConfig;
 
@@ -174,6 +180,27 @@ impl Policy {
         longest.map_or(lo, |j| (2 * j).max(lo)).min(max)
     }
 
+    /// A verification of the shortest allowed length that the measured costs say does not
+    /// pay, tried again (a *re-probe*) when the acceptance says it would pay at the prior cost
+    /// (`E(lo) > 1 + β₀ lo`) and its expected loss (`(c(lo) − E(lo))` plain passes) fits in
+    /// the probe budget. One slow measurement (a pass that met a busy core, the first pass of
+    /// a batch shape) would otherwise hold speculation off for the rest of the generation;
+    /// re-probes cost at most [`PROBE_SHARE`] of the generation, and each one spends part
+    /// of it, so they grow rarer while verifications keep measuring dear.
+    fn reprobe(&self) -> Option<usize> {
+        if !self.measured || self.seen < MIN_EVIDENCE {
+            return None;
+        }
+        let a = self.alpha().min(0.999);
+        let lo = self.cfg.draft_min.max(1);
+        let gain = expected(a, lo);
+        if lo > self.cfg.draft_max || gain <= 1.0 + BETA_PRIOR * lo as f64 {
+            return None;
+        }
+        let loss = (self.cost(lo) - gain).max(0.0) * self.plain_cost();
+        (self.extra + loss <= PROBE_SHARE * self.spent).then_some(lo)
+    }
+
     /// A plain pass's cost in the cost's unit (1 when passes are not measured).
     fn plain_cost(&self) -> f64 {
         if self.measured {
@@ -203,6 +230,14 @@ impl Policy {
         }
         let (k, _) = self.best();
         if k > 0 && self.seen >= MIN_EVIDENCE {
+            self.holding = false;
+            return Decision {
+                draft: k,
+                shadow: false,
+                fallback: false,
+            };
+        }
+        if let Some(k) = self.reprobe() {
             self.holding = false;
             return Decision {
                 draft: k,
@@ -251,6 +286,11 @@ impl Policy {
     pub fn record_plain(&mut self, cost: Option<f64>) {
         if let Some(c) = cost {
             self.plain = (self.plain.0 * DECAY + c, self.plain.1 * DECAY + 1.0);
+            // verification costs age with the passes after them: a re-probe after a long
+            // hold replaces what was measured before it (down to a floor, never to nothing)
+            for r in self.ratio.iter_mut().filter(|r| r.1 > 1e-6) {
+                *r = (r.0 * DECAY, r.1 * DECAY);
+            }
         }
         self.spent += cost.unwrap_or(1.0);
     }
@@ -421,6 +461,46 @@ mod tests {
             q.record_shadow(true);
         }
         assert_eq!(q.decide(true), d(8, false, false));
+    }
+
+    #[test]
+    fn a_dear_measurement_is_re_probed_within_the_probe_budget() {
+        // resident, timed: plain passes take 1 s; the first verification met a busy core (3 s)
+        let mut p = Policy::new(cfg(4, 1));
+        p.measure();
+        p.record_plain(Some(1.0));
+        for _ in 0..4 {
+            p.record_shadow(true);
+        }
+        assert_eq!(p.decide(true), d(1, false, false));
+        p.record_verify(1, 1, Some(3.0));
+        // α ≈ 0.9: E(1) ≈ 1.9 tokens for 3 passes does not pay; the loss (1.1 passes) must
+        // first fit in 2% of what was spent (1 + 3 s, then 1 s per plain pass)
+        assert_eq!(p.decide(true), d(0, true, true));
+        let mut plain = 0;
+        while p.decide(true).draft == 0 {
+            p.record_plain(Some(1.0));
+            p.record_shadow(true);
+            plain += 1;
+        }
+        // α → 0.999: 1 s extra + 1.0 s expected loss ≤ 2% of (4 + n) s from n = 97
+        assert_eq!(plain, 97, "{:?}", p.budget());
+        // the re-probe measures 1.2 s, which outweighs the old 3 s (aged by every plain pass
+        // since): α stays high, verifying pays, and the next length is tried
+        p.record_verify(1, 1, Some(1.2));
+        assert_eq!(p.decide(true), d(2, false, false), "c(1) = {}", p.cost(1));
+        // drafts never accepted: no re-probe, however long the generation
+        let mut q = Policy::new(cfg(4, 1));
+        q.measure();
+        q.record_plain(Some(1.0));
+        q.record_shadow(true);
+        q.record_shadow(true);
+        q.record_verify(1, 0, Some(3.0));
+        for _ in 0..1000 {
+            assert_eq!(q.decide(true).draft, 0);
+            q.record_plain(Some(1.0));
+            q.record_shadow(false);
+        }
     }
 
     #[test]
