@@ -1,5 +1,5 @@
 //! Alternated timing of the small-batch kernel against the tiled path (and n single-row
-//! matvecs) for 2-4 rows over Q8_0 / Q4_K matrices of LM-head and projection sizes:
+//! matvecs) for 1 (the matvec alone) to 8 rows over Q8_0 / Q4_K / Q5_0 matrices of LM-head and projection sizes:
 //! `cargo run --release --example small_batch_probe`. Prints ms per call (median of 9).
 use deltafin::kernels::{matmul_tiled_at, matvec_at, small_batch::matmul_small, Matrix};
 use deltafin::quant::{GgmlType, SimdLevel};
@@ -36,6 +36,7 @@ fn main() {
         (GgmlType::Q4_K, 262144, 768),
         (GgmlType::Q8_0, 2048, 640),
         (GgmlType::Q4_K, 4096, 1536),
+        (GgmlType::Q5_0, 2048, 640),
     ] {
         let d = data(ty, rows, cols);
         let w = Matrix {
@@ -44,7 +45,22 @@ fn main() {
             cols,
             data: &d,
         };
-        for n in 2..=4 {
+        let n1 = {
+            let x: Vec<f32> = (0..cols).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
+            let mut y = vec![0f32; rows];
+            let reps = if rows > 100000 { 3 } else { 600 };
+            let mut t1 = vec![];
+            for _ in 0..9 {
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    matvec_at(lv, &w, &x, &mut y);
+                }
+                t1.push(t.elapsed().as_secs_f64() / reps as f64);
+            }
+            median(t1)
+        };
+        println!("{ty:?} {rows}x{cols} n=1: matvec {:.3} ms", n1 * 1e3);
+        for n in [2, 3, 4, 6, 8] {
             let x: Vec<f32> = (0..n * cols)
                 .map(|i| ((i % 97) as f32 - 48.0) / 50.0)
                 .collect();
@@ -81,7 +97,7 @@ fn main() {
                 "bit-identical"
             );
             let (s, t, v) = (median(ts), median(tt), median(tv));
-            println!("{ty:?} {rows}x{cols} n={n}: small {:.3} ms, tiled {:.3} ms, {n} matvecs {:.3} ms; small/tiled {:.2}", s * 1e3, t * 1e3, v * 1e3, s / t);
+            println!("{ty:?} {rows}x{cols} n={n}: small {:.3} ms, tiled {:.3} ms, {n} matvecs {:.3} ms; small/tiled {:.2}, small/matvec {:.2}", s * 1e3, t * 1e3, v * 1e3, s / t, s / n1);
         }
     }
 }

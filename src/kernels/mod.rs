@@ -195,7 +195,7 @@ pub fn matmul_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32
     if n == 0 || w.rows == 0 {
         return;
     }
-    if n <= small_batch::SMALL_BATCH_MAX {
+    if n <= small_batch::max_rows(level, w.ty) {
         return small_batch::matmul_small(level, w, x, n, y);
     }
     gemm::matmul_tiled(level, w, x, n, y)

@@ -1,34 +1,52 @@
-//! `Y = X Wᵀ` for a batch of 2 to [`SMALL_BATCH_MAX`] rows (a speculative verification: the
-//! last token plus a few drafts): each weight row is read once and dotted with every
-//! activation row by the same row kernel as [`super::matvec`] (`quant::row_kernels`' dot), so
-//! each output equals `quant::dot_row` bit for bit, as the tiled path's do. At these batch
-//! sizes the tiled path's per-panel decoding into scratch costs more than it saves; a weight
-//! row stays in L1 between its few dots, so the pass reads the matrix from memory once, like
-//! a single-row matvec. Split over threads by ranges of rows.
+//! `Y = X Wᵀ` for a batch of 2 to [`max_rows`] rows (a speculative verification: the
+//! last token plus a few drafts), each output equal to `quant::dot_row` bit for bit, as the
+//! tiled path's are. Each weight row is read once and, where the level has a multi-row dot
+//! (`quant::rows_kernel`: AVX-512, up to 8 rows), each of its blocks is decoded once into
+//! registers and multiplied into every activation row's accumulators, so a pass of a few
+//! rows costs little more than one matvec's decoding plus one multiply-add per row; elsewhere
+//! the weight row is dotted with each activation row by the matvec's row kernel (2 rows at
+//! most: from 3 rows up the tiled path's decode-once wins there). At these batch sizes the
+//! tiled path's per-panel decoding into scratch costs more than it saves. Split over threads
+//! by ranges of rows.
 
 use rayon::prelude::*;
 
 use super::{check_shapes, rows_per_task, Matrix, OutPtr};
 use crate::quant::{self, SimdLevel};
 
-/// Largest batch [`matmul_small`] takes.
+/// Largest batch [`matmul_small`] takes without a multi-row dot.
 pub const SMALL_BATCH_MAX: usize = 2;
 
-/// `y[t * w.rows + r] = dot(w.row(r), x[t])` for the `n` (≤ [`SMALL_BATCH_MAX`]) rows of `x`
-/// (`n × w.cols`) into `y` (`n × w.rows`). Panics on a shape mismatch.
+/// Largest batch [`matmul_small`] takes for weights of type `ty` at `level`: the multi-row
+/// dot's maximum where the level has one for `ty`, else [`SMALL_BATCH_MAX`].
+pub fn max_rows(level: SimdLevel, ty: quant::GgmlType) -> usize {
+    quant::rows_kernel(level, ty).map_or(SMALL_BATCH_MAX, |k| k.1.max(SMALL_BATCH_MAX))
+}
+
+/// `y[t * w.rows + r] = dot(w.row(r), x[t])` for the `n` (≤ [`max_rows`]) rows of `x`
+/// (`n × w.cols`) into `y` (`n × w.rows`). Panics on a shape mismatch or a larger batch.
 pub fn matmul_small(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
     check_shapes(w, x, n, y);
-    assert!(n <= SMALL_BATCH_MAX, "batch of {n} rows");
+    assert!(n <= max_rows(level, w.ty), "batch of {n} rows");
     let (dot, _, _) = quant::row_kernels(level, w.ty);
+    let multi = quant::rows_kernel(level, w.ty).filter(|k| n <= k.1);
     let (rows, cols) = (w.rows, w.cols);
     let rb = w.ty.row_bytes(cols).unwrap_or(0);
     let per = rows_per_task(rows, rb * n);
     let out = OutPtr(y.as_mut_ptr());
     let run = |first: usize, count: usize| {
+        let mut v = [0f32; 8];
         for r in first..first + count {
             let wr = &w.data[r * rb..(r + 1) * rb];
-            for t in 0..n {
-                let v = dot(wr, &x[t * cols..(t + 1) * cols]);
+            match multi {
+                Some((k, _)) => k(wr, x, &mut v[..n]),
+                None => {
+                    for (t, v) in v[..n].iter_mut().enumerate() {
+                        *v = dot(wr, &x[t * cols..(t + 1) * cols]);
+                    }
+                }
+            }
+            for (t, &v) in v[..n].iter().enumerate() {
                 // SAFETY: index `t * rows + r` is inside `y` (checked shapes) and written by
                 // this task only (rows `first .. first + count` are its own)
                 unsafe { *out.get().add(t * rows + r) = v };

@@ -26,10 +26,15 @@ fn case(ty: GgmlType, rows: usize, n: usize, seed: u64) -> (Vec<u8>, usize, Vec<
     (data, cols, x)
 }
 
+/// Batches of 2 to 8 rows take the small-batch path (the multi-row dots at AVX-512), 9 the
+/// tiled one; all equal `dot_row`.
 #[test]
 fn matvec_and_matmul_equal_dot_row_bit_for_bit() {
-    let (rows, n) = (301, 5);
-    for level in SimdLevel::available() {
+    let rows = 301;
+    for (level, n) in SimdLevel::available()
+        .into_iter()
+        .flat_map(|l| [2, 3, 5, 8, 9].map(|n| (l, n)))
+    {
         for (i, &ty) in SLOT_TYPES.iter().enumerate() {
             let (data, cols, x) = case(ty, rows, n, 7 + i as u64);
             let w = Matrix::new(ty, rows, cols, &data).unwrap();

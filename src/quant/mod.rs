@@ -328,6 +328,10 @@ impl SimdLevel {
 
 /// Dot product of one encoded row (bytes) with f32 activations of the same length.
 pub(crate) type DotFn = fn(&[u8], &[f32]) -> f32;
+/// `(row, x, out)`: `out[t]` = the [`DotFn`] of `row` with row `t` of `x` (`out.len()` rows
+/// of equal length, 1 to the level's maximum), bit for bit; each weight block is decoded
+/// once for all the rows.
+pub(crate) type DotRowsFn = fn(&[u8], &[f32], &mut [f32]);
 /// Dequantizes one encoded row (bytes) into f32 elements.
 pub(crate) type DeqFn = fn(&[u8], &mut [f32]);
 /// Dot product of two f32 vectors in a level's accumulation order.
@@ -352,6 +356,9 @@ pub(crate) struct LevelKernels {
     pub f32_tile: Option<tile::TileKernel>,
     /// The batch tile over prepared rows (`prep`'s dot's operations), if the level has one.
     pub prep_tile: Option<tile::TileKernel>,
+    /// Multi-row dots that decode each block once for a few activation rows, equal to `dot`
+    /// bit for bit, where the level has them.
+    pub dot_rows: [Option<DotRowsFn>; N_SLOTS],
 }
 
 /// Number of types with kernels (the length of every kernel table).
@@ -512,6 +519,7 @@ static SCALAR: LevelKernels = LevelKernels {
     prep: [None; N_SLOTS],
     f32_tile: tile::SCALAR_F32_TILE,
     prep_tile: None,
+    dot_rows: [None; N_SLOTS],
 };
 
 /// The kernels of `level`. Panics when this CPU cannot run it (the tables of SIMD levels
@@ -560,6 +568,22 @@ pub(crate) fn row_kernels(level: SimdLevel, ty: GgmlType) -> (DotFn, DeqFn, F32D
     }
     let s = slot(ty).unwrap_or_else(|| panic!("no kernels for {ty}"));
     (k.dot[s], k.deq[s], k.dot_f32)
+}
+
+/// The multi-row dot for `ty` at `level` and the most rows it takes, where the level has
+/// one (AVX-512). Panics as [`row_kernels`] does when the level is unavailable.
+pub(crate) fn rows_kernel(level: SimdLevel, ty: GgmlType) -> Option<(DotRowsFn, usize)> {
+    let k = if level == SimdLevel::detect() {
+        best_kernels()
+    } else {
+        level_kernels(level)
+    };
+    let s = slot(ty)?;
+    #[cfg(target_arch = "x86_64")]
+    let max = x86::avx512::MAX_ROWS;
+    #[cfg(not(target_arch = "x86_64"))]
+    let max = 0;
+    k.dot_rows[s].map(|f| (f, max))
 }
 
 /// How a batch computes the dots of one weight row with many activation vectors so that

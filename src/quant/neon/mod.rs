@@ -114,4 +114,5 @@ pub(crate) static KERNELS: LevelKernels = LevelKernels {
     prep: [None; N_SLOTS],
     f32_tile: None,
     prep_tile: None,
+    dot_rows: [None; N_SLOTS],
 };

@@ -18,6 +18,45 @@ use std::arch::x86_64::*;
 
 type Acc = [__m512; 2];
 
+/// Where a block decoder's values go when they are not stored: the accumulators of one
+/// activation row (`Acc`, the fused dot's), or of several rows ([`Rows`]). `take` adds
+/// `w0 · x[0..16]` and `w1 · x[16..32]` into them (one fused multiply-add per accumulator,
+/// for each row in turn), so every row accumulates in the fused dot's order.
+trait Sink {
+    /// Accumulates 32 decoded values against the activations at `x` (of the first row).
+    ///
+    /// # Safety
+    /// AVX-512F and FMA must be available; `x` (and, for [`Rows`], each later row at its
+    /// stride) must be valid for 32 reads.
+    unsafe fn take(&mut self, w0: __m512, w1: __m512, x: *const f32);
+}
+
+impl Sink for Acc {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn take(&mut self, w0: __m512, w1: __m512, x: *const f32) {
+        self[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), self[0]);
+        self[1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x.add(16)), self[1]);
+    }
+}
+
+/// The accumulators of `N` activation rows `stride` floats apart: a weight block decoded
+/// once is multiplied into all of them (a speculative verification's few rows).
+struct Rows<const N: usize> {
+    acc: [Acc; N],
+    stride: usize,
+}
+
+impl<const N: usize> Sink for Rows<N> {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn take(&mut self, w0: __m512, w1: __m512, x: *const f32) {
+        for (t, a) in self.acc.iter_mut().enumerate() {
+            a.take(w0, w1, x.add(t * self.stride));
+        }
+    }
+}
+
 /// Either stores the 32 decoded values at `dst` (`STORE`) or accumulates them against `x`.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
@@ -26,14 +65,13 @@ unsafe fn emit<const STORE: bool>(
     w1: __m512,
     x: *const f32,
     dst: *mut f32,
-    acc: &mut Acc,
+    acc: &mut impl Sink,
 ) {
     if STORE {
         _mm512_storeu_ps(dst, w0);
         _mm512_storeu_ps(dst.add(16), w1);
     } else {
-        acc[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), acc[0]);
-        acc[1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x.add(16)), acc[1]);
+        acc.take(w0, w1, x);
     }
 }
 
@@ -51,7 +89,7 @@ fn scaled(d: __m512, q: __m512i) -> __m512 {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn blk_f32<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+unsafe fn blk_f32<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut impl Sink) {
     let w0 = _mm512_loadu_ps(p as *const f32);
     let w1 = _mm512_loadu_ps(p.add(64) as *const f32);
     emit::<S>(w0, w1, x, dst, acc);
@@ -59,7 +97,7 @@ unsafe fn blk_f32<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn blk_f16<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+unsafe fn blk_f16<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut impl Sink) {
     let w0 = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
     let w1 = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32) as *const __m256i));
     emit::<S>(w0, w1, x, dst, acc);
@@ -67,7 +105,7 @@ unsafe fn blk_f16<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn blk_bf16<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+unsafe fn blk_bf16<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut impl Sink) {
     let h0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
     let h1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.add(32) as *const __m256i));
     let w0 = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h0));
@@ -77,7 +115,7 @@ unsafe fn blk_bf16<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn blk_q8_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+unsafe fn blk_q8_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut impl Sink) {
     let d = _mm512_set1_ps(f16s(p));
     let q0 = _mm512_cvtepi8_epi32(load16(p.add(2)));
     let q1 = _mm512_cvtepi8_epi32(load16(p.add(18)));
@@ -86,7 +124,7 @@ unsafe fn blk_q8_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn blk_q4_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+unsafe fn blk_q4_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut impl Sink) {
     let d = _mm512_set1_ps(f16s(p));
     let qs = load16(p.add(2));
     let m = _mm_set1_epi8(15);
@@ -101,7 +139,7 @@ unsafe fn blk_q4_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn blk_q5_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+unsafe fn blk_q5_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut impl Sink) {
     let d = _mm512_set1_ps(f16s(p));
     let qh = (p.add(2) as *const u32).read_unaligned().to_le();
     let qs = load16(p.add(6));
@@ -123,7 +161,7 @@ unsafe fn emit_q32<const S: bool>(
     p: *const u8,
     x: *const f32,
     dst: *mut f32,
-    acc: &mut Acc,
+    acc: &mut impl Sink,
 ) {
     let d = _mm512_set1_ps(f16s(p));
     emit::<S>(_mm512_mul_ps(d, q[0]), _mm512_mul_ps(d, q[1]), x, dst, acc);
@@ -131,13 +169,23 @@ unsafe fn emit_q32<const S: bool>(
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c,gfni")]
-unsafe fn blk_q4_0_gfni<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+unsafe fn blk_q4_0_gfni<const S: bool>(
+    p: *const u8,
+    x: *const f32,
+    dst: *mut f32,
+    acc: &mut impl Sink,
+) {
     emit_q32::<S>(q32::q_q4_0_gfni(p), p, x, dst, acc);
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c,gfni")]
-unsafe fn blk_q5_0_gfni<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+unsafe fn blk_q5_0_gfni<const S: bool>(
+    p: *const u8,
+    x: *const f32,
+    dst: *mut f32,
+    acc: &mut impl Sink,
+) {
     emit_q32::<S>(q32::q_q5_0_gfni(p), p, x, dst, acc);
 }
 
@@ -147,7 +195,7 @@ unsafe fn blk_q5_0_gfni<const S: bool>(p: *const u8, x: *const f32, dst: *mut f3
 /// low 4 bits of each 32-bit index.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn blk_q4_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+unsafe fn blk_q4_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut impl Sink) {
     let (ds, ms) = q4k_factors(p);
     let iota = _mm512_setr_ps(
         0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
@@ -194,7 +242,7 @@ unsafe fn q6_chunk(ql: *const u8, qh: *const u8, c: usize) -> __m512i {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn blk_q6_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+unsafe fn blk_q6_k<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut impl Sink) {
     let f = q6k_factors(p);
     let off = _mm512_set1_epi32(32);
     for h in 0..2 {
@@ -239,7 +287,12 @@ unsafe fn q6_chunk_gfni(ql: *const u8, qh: *const u8, c: usize) -> __m512i {
 /// Q6_K with GFNI decoding: same values and order as `blk_q6_k`.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c,gfni")]
-unsafe fn blk_q6_k_gfni<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+unsafe fn blk_q6_k_gfni<const S: bool>(
+    p: *const u8,
+    x: *const f32,
+    dst: *mut f32,
+    acc: &mut impl Sink,
+) {
     let f = q6k_factors(p);
     for h in 0..2 {
         let ql = p.add(64 * h);
@@ -258,7 +311,12 @@ unsafe fn blk_q6_k_gfni<const S: bool>(p: *const u8, x: *const f32, dst: *mut f3
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn blk_mxfp4<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut Acc) {
+unsafe fn blk_mxfp4<const S: bool>(
+    p: *const u8,
+    x: *const f32,
+    dst: *mut f32,
+    acc: &mut impl Sink,
+) {
     let d = _mm512_set1_ps(e8m0_half(*p));
     let (lo, hi) = mxfp4_values(load16(p.add(1)));
     let w0 = scaled(d, _mm512_cvtepi8_epi32(lo));
@@ -281,6 +339,97 @@ dot_kernel!(avx512 "avx512f,avx512bw,avx512vl,avx2,fma,f16c,gfni";
 kernels!(avx512; dot_q4_k, deq_q4_k, blk_q4_k, 144, 256, 0, no_tail);
 kernels!(avx512; dot_q6_k, deq_q6_k, blk_q6_k, 210, 256, 0, no_tail);
 kernels!(avx512; dot_mxfp4, deq_mxfp4, blk_mxfp4, 17, 32, 0, no_tail);
+
+/// Defines `$name(row, x, out)`: `out[t] = dot(row, x[t·cols .. (t+1)·cols])` for the
+/// `out.len()` (1 to [`MAX_ROWS`]) activation rows of `x`, equal to the fused dot
+/// (`dot_kernel!` over the same block decoder `$blk`) bit for bit: each block is decoded
+/// once and multiplied into every row's accumulators ([`Rows`]), each row's accumulation,
+/// tail and reduction being the fused dot's.
+macro_rules! rows_kernel {
+    ($feat:literal; $name:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
+        fn $name(row: &[u8], x: &[f32], out: &mut [f32]) {
+            #[target_feature(enable = $feat)]
+            unsafe fn inner<const N: usize>(row: &[u8], x: &[f32], out: &mut [f32]) {
+                use crate::quant::ROUND;
+                let cols = x.len() / N;
+                let mut acc = Rows::<N> {
+                    acc: [[_mm512_setzero_ps(); 2]; N],
+                    stride: cols,
+                };
+                const STEP: (usize, usize) = super::common::walk_step($bb, $be, $esz);
+                let (bb, be) = STEP;
+                let nb = cols / be;
+                let (p, xp) = (row.as_ptr(), x.as_ptr());
+                for b in 0..nb {
+                    // the fused dot's prefetch (see `dot_kernel!`)
+                    let mut o = 0;
+                    while o < bb {
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            p.wrapping_add(b * bb + o + super::common::PF) as *const i8
+                        );
+                        o += 64;
+                    }
+                    $blk::<false>(
+                        p.add(b * bb),
+                        xp.add(b * be),
+                        std::ptr::null_mut(),
+                        &mut acc,
+                    );
+                }
+                let done = nb * be;
+                let mut w = [0f32; ROUND];
+                if done < cols {
+                    let t: fn(&[u8], &mut [f32]) = $tail;
+                    t(&row[done * $esz..], &mut w[..cols - done]);
+                }
+                for (t, o) in out.iter_mut().enumerate() {
+                    let mut tail = 0f32;
+                    for (k, &xv) in x[t * cols + done..(t + 1) * cols].iter().enumerate() {
+                        tail += w[k] * xv;
+                    }
+                    *o = super::common::finish_avx512(&acc.acc[t]) + tail;
+                }
+            }
+            let n = out.len();
+            assert!((1..=MAX_ROWS).contains(&n) && x.len() % n == 0, "{n} rows");
+            crate::quant::check_len(row.len(), x.len() / n, $bb, $be);
+            // SAFETY: as for the fused dots (`dot_kernel!`): the table holding this function
+            // is handed out only after detection of the features; reads stay inside `row`
+            // (length checked) and `x` (`n` rows of the checked length).
+            unsafe {
+                match n {
+                    1 => inner::<1>(row, x, out),
+                    2 => inner::<2>(row, x, out),
+                    3 => inner::<3>(row, x, out),
+                    4 => inner::<4>(row, x, out),
+                    5 => inner::<5>(row, x, out),
+                    6 => inner::<6>(row, x, out),
+                    7 => inner::<7>(row, x, out),
+                    _ => inner::<8>(row, x, out),
+                }
+            }
+        }
+    };
+}
+
+/// Most activation rows a multi-row dot ([`crate::quant::DotRowsFn`]) takes: 8 rows × 2
+/// accumulators leave 16 of the 32 vector registers to the block decoders.
+pub(crate) const MAX_ROWS: usize = 8;
+
+rows_kernel!("avx512f,avx2,fma,f16c"; rows_f32, blk_f32, 4, 1, 4, decode_f32);
+rows_kernel!("avx512f,avx2,fma,f16c"; rows_f16, blk_f16, 2, 1, 2, decode_f16);
+rows_kernel!("avx512f,avx2,fma,f16c"; rows_bf16, blk_bf16, 2, 1, 2, decode_bf16);
+rows_kernel!("avx512f,avx2,fma,f16c"; rows_q8_0, blk_q8_0, 34, 32, 0, no_tail);
+rows_kernel!("avx512f,avx2,fma,f16c"; rows_q4_0, blk_q4_0, 18, 32, 0, no_tail);
+rows_kernel!("avx512f,avx2,fma,f16c"; rows_q5_0, blk_q5_0, 22, 32, 0, no_tail);
+rows_kernel!("avx512f,avx512bw,avx512vl,avx2,fma,f16c,gfni";
+    rows_q4_0_gfni, blk_q4_0_gfni, 18, 32, 0, no_tail);
+rows_kernel!("avx512f,avx512bw,avx512vl,avx2,fma,f16c,gfni";
+    rows_q5_0_gfni, blk_q5_0_gfni, 22, 32, 0, no_tail);
+rows_kernel!("avx512f,avx2,fma,f16c"; rows_q4_k, blk_q4_k, 144, 256, 0, no_tail);
+rows_kernel!("avx512f,avx2,fma,f16c"; rows_q6_k, blk_q6_k, 210, 256, 0, no_tail);
+rows_kernel!("avx512f,avx2,fma,f16c,gfni"; rows_q6_k_gfni, blk_q6_k_gfni, 210, 256, 0, no_tail);
+rows_kernel!("avx512f,avx2,fma,f16c"; rows_mxfp4, blk_mxfp4, 17, 32, 0, no_tail);
 
 // The low-bit types' dots and dequantization (`EXT_TYPES` order): the AVX2 level's
 // in-register block decoders (256-bit registers), accumulated in this level's 16 lanes.
@@ -312,6 +461,20 @@ pub(crate) static KERNELS_GFNI: LevelKernels = LevelKernels {
         ],
         EXT_DOT,
     ),
+    dot_rows: crate::quant::join(
+        [
+            Some(rows_f32),
+            Some(rows_f16),
+            Some(rows_bf16),
+            Some(rows_q8_0),
+            Some(rows_q4_0_gfni),
+            Some(rows_q5_0_gfni),
+            Some(rows_q4_k),
+            Some(rows_q6_k_gfni),
+            Some(rows_mxfp4),
+        ],
+        [None; crate::quant::N_EXT],
+    ),
     ..BASE
 };
 
@@ -335,4 +498,18 @@ const BASE: LevelKernels = LevelKernels {
     prep: [None; N_SLOTS],
     f32_tile: tile::F32_TILE,
     prep_tile: None,
+    dot_rows: crate::quant::join(
+        [
+            Some(rows_f32),
+            Some(rows_f16),
+            Some(rows_bf16),
+            Some(rows_q8_0),
+            Some(rows_q4_0),
+            Some(rows_q5_0),
+            Some(rows_q4_k),
+            Some(rows_q6_k),
+            Some(rows_mxfp4),
+        ],
+        [None; crate::quant::N_EXT],
+    ),
 };

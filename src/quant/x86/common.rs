@@ -410,6 +410,7 @@ macro_rules! level_table {
             ),
             f32_tile: tile::F32_TILE,
             prep_tile: tile::PREP_TILE,
+            dot_rows: [None; $crate::quant::N_SLOTS],
         }
     };
 }
