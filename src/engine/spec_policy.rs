@@ -32,8 +32,10 @@
 //!   streams, seconds when it is resident and decoding is greedy): a running average of each
 //!   verification's cost over the running cost of plain passes (the first step is then a
 //!   plain pass, to measure it). A length not yet measured is estimated from the longest
-//!   measured length `j` below it as `c(j) + β₀ (k − j)`, else from the shortest measured one
-//!   above it on the line from a plain pass (`1 + (c(j) − 1) k / j`), else as `1 + β₀ k`, `β₀`
+//!   measured length `j` below it as the dearer of `c(j) + β₀ (k − j)` and the line from a
+//!   plain pass through it (`1 + (c(j) − 1) k / j`: a streamed MoE target's rows each add
+//!   their own experts' bytes, nearly a plain pass each), else from the shortest measured one
+//!   above it on that line, else as `1 + β₀ k`, `β₀`
 //!   = [`BETA_PRIOR`]: batched passes cost far from linearly in their rows (a resident pass of
 //!   2 rows can cost 3 plain passes and one of 9 rows 4), so a length is judged by what it
 //!   was measured to cost. A verification tries at most twice the longest length measured
@@ -42,11 +44,12 @@
 //!   of its rows' experts), far above the prior. Resident sampled decoding keeps the estimate `1 + β₀ k` and counts
 //!   costs in plain passes (a draft not verified at [`SHADOW_PRIOR`]): its choices then depend
 //!   on the tokens only, so seeded runs repeat.
-//! - A measured cost is not trusted forever: when the acceptance says a verification of the
-//!   shortest length would pay at the prior cost but the measured one says it does not, it
+//! - A timed cost is not trusted forever: when the acceptance says a verification of the
+//!   shortest length would pay at the prior cost but the measured time says it does not, it
 //!   is tried again (a *re-probe*) whenever its expected loss fits in the probe budget
 //!   ([`Policy::decide`]), so one timed pass that met a busy core cannot hold speculation
-//!   off for the rest of a generation. Measured costs age by [`DECAY`] with every plain pass
+//!   off for the rest of a generation. Bytes are not re-probed: a verification reads what
+//!   its rows route to, whatever else runs on the machine. Measured costs age by [`DECAY`] with every plain pass
 //!   too, so a re-probe after a long hold outweighs what was measured before it.
 
 use super::spec_types::SpecConfig;
@@ -95,6 +98,8 @@ pub struct Policy {
     extra: f64,
     /// Whether passes are measured (set by the caller at the first step).
     measured: bool,
+    /// Whether the measured costs are wall-clock times (noisy: re-probed).
+    timed: bool,
     /// Whether the last decision was a plain pass.
     holding: bool,
 }
@@ -121,6 +126,7 @@ impl Policy {
             spent: 0.0,
             extra: 0.0,
             measured: false,
+            timed: false,
             holding: true,
         }
     }
@@ -128,6 +134,13 @@ impl Policy {
     /// Says that passes are measured: costs will come with every record.
     pub fn measure(&mut self) {
         self.measured = true;
+    }
+
+    /// Says that passes are measured in wall-clock time, which a busy core can inflate:
+    /// dear measurements are re-probed ([`Policy::decide`]).
+    pub fn measure_timed(&mut self) {
+        self.measured = true;
+        self.timed = true;
     }
 
     /// The running acceptance probability `α`.
@@ -149,7 +162,8 @@ impl Policy {
             return c;
         }
         if let Some((j, c)) = (1..k).rev().find_map(|j| m(j).map(|c| (j, c))) {
-            return c + BETA_PRIOR * (k - j) as f64;
+            let line = 1.0 + (c - 1.0).max(0.0) * k as f64 / j as f64;
+            return (c + BETA_PRIOR * (k - j) as f64).max(line);
         }
         match (k + 1..self.ratio.len()).find_map(|j| m(j).map(|c| (j, c))) {
             Some((j, c)) => 1.0 + (c - 1.0).max(0.0) * k as f64 / j as f64,
@@ -188,7 +202,7 @@ impl Policy {
     /// re-probes cost at most [`PROBE_SHARE`] of the generation, and each one spends part
     /// of it, so they grow rarer while verifications keep measuring dear.
     fn reprobe(&self) -> Option<usize> {
-        if !self.measured || self.seen < MIN_EVIDENCE {
+        if !self.timed || self.seen < MIN_EVIDENCE {
             return None;
         }
         let a = self.alpha().min(0.999);
@@ -467,7 +481,7 @@ mod tests {
     fn a_dear_measurement_is_re_probed_within_the_probe_budget() {
         // resident, timed: plain passes take 1 s; the first verification met a busy core (3 s)
         let mut p = Policy::new(cfg(4, 1));
-        p.measure();
+        p.measure_timed();
         p.record_plain(Some(1.0));
         for _ in 0..4 {
             p.record_shadow(true);
@@ -489,9 +503,23 @@ mod tests {
         // since): α stays high, verifying pays, and the next length is tried
         p.record_verify(1, 1, Some(1.2));
         assert_eq!(p.decide(true), d(2, false, false), "c(1) = {}", p.cost(1));
+        // the same in bytes (a streamed target): what a verification reads is no accident of
+        // the machine's load, so it is not re-probed
+        let mut b = Policy::new(cfg(4, 1));
+        b.measure();
+        b.record_plain(Some(1.0));
+        for _ in 0..4 {
+            b.record_shadow(true);
+        }
+        b.record_verify(1, 1, Some(3.0));
+        for _ in 0..1000 {
+            assert_eq!(b.decide(true).draft, 0);
+            b.record_plain(Some(1.0));
+            b.record_shadow(true);
+        }
         // drafts never accepted: no re-probe, however long the generation
         let mut q = Policy::new(cfg(4, 1));
-        q.measure();
+        q.measure_timed();
         q.record_plain(Some(1.0));
         q.record_shadow(true);
         q.record_shadow(true);
@@ -514,6 +542,14 @@ mod tests {
         assert_eq!(p.cost(5), 1.75, "c(2) + 3 β₀");
         assert_eq!(p.cost(1), 1.0, "on the line from a plain pass to c(2)");
         assert_eq!(p.budget(), (-100.0, 200.0), "2 tokens for the bytes of one");
+        // streamed MoE without a cache: each row reads its own experts, c(1) = 1.875 plain
+        // passes; longer lengths are priced on the line through it, not at c(1) + β₀ per row
+        let mut p = Policy::new(cfg(6, 1));
+        p.measure();
+        p.record_plain(Some(100.0));
+        p.record_verify(1, 0, Some(187.5));
+        assert_eq!(p.cost(2), 2.75);
+        assert_eq!(p.cost(4), 4.5);
         // streamed MoE: c(4) = 3 plain passes; c(2) interpolated at 2
         let mut p = Policy::new(cfg(6, 2));
         p.measure();

@@ -290,8 +290,10 @@ impl Speculator {
         let t0 = std::time::Instant::now();
         if self.cost.is_none() {
             let kind = Cost::of(s, sampler);
-            if kind != Cost::None {
-                self.policy.measure();
+            match kind {
+                Cost::Bytes => self.policy.measure(),
+                Cost::Seconds => self.policy.measure_timed(),
+                Cost::None => {}
             }
             self.cost = Some(kind);
         }
