@@ -31,11 +31,11 @@
 //! - `c(k)` is measured per draft length when passes are measured (bytes read when the model
 //!   streams, seconds when it is resident and decoding is greedy): a running average of each
 //!   verification's cost over the running cost of plain passes (the first step is then a
-//!   plain pass, to measure it). A length not yet measured is estimated from the longest
-//!   measured length `j` below it as the dearer of `c(j) + β₀ (k − j)` and the line from a
-//!   plain pass through it (`1 + (c(j) − 1) k / j`: a streamed MoE target's rows each add
-//!   their own experts' bytes, nearly a plain pass each), else from the shortest measured one
-//!   above it on that line, else as `1 + β₀ k`, `β₀`
+//!   plain pass, to measure it). A length not yet measured is estimated on the line from a
+//!   plain pass through the longest measured length `j` below it (`1 + (c(j) − 1) k / j`: a
+//!   streamed MoE target's rows each add their own experts' bytes, nearly a plain pass
+//!   each, while a streamed dense target's rows add nothing), else through the shortest
+//!   measured one above it, else as `1 + β₀ k`, `β₀`
 //!   = [`BETA_PRIOR`]: batched passes cost far from linearly in their rows (a resident pass of
 //!   2 rows can cost 3 plain passes and one of 9 rows 4), so a length is judged by what it
 //!   was measured to cost. A verification tries at most twice the longest length measured
@@ -161,11 +161,8 @@ impl Policy {
         if let Some(c) = m(k) {
             return c;
         }
-        if let Some((j, c)) = (1..k).rev().find_map(|j| m(j).map(|c| (j, c))) {
-            let line = 1.0 + (c - 1.0).max(0.0) * k as f64 / j as f64;
-            return (c + BETA_PRIOR * (k - j) as f64).max(line);
-        }
-        match (k + 1..self.ratio.len()).find_map(|j| m(j).map(|c| (j, c))) {
+        let below = (1..k).rev().find_map(|j| m(j).map(|c| (j, c)));
+        match below.or_else(|| (k + 1..self.ratio.len()).find_map(|j| m(j).map(|c| (j, c)))) {
             Some((j, c)) => 1.0 + (c - 1.0).max(0.0) * k as f64 / j as f64,
             None => 1.0 + BETA_PRIOR * k as f64,
         }
@@ -539,7 +536,7 @@ mod tests {
         p.record_plain(Some(100.0));
         p.record_verify(2, 1, Some(100.0));
         assert_eq!(p.cost(2), 1.0);
-        assert_eq!(p.cost(5), 1.75, "c(2) + 3 β₀");
+        assert_eq!(p.cost(5), 1.0, "on the line through c(2): rows add nothing");
         assert_eq!(p.cost(1), 1.0, "on the line from a plain pass to c(2)");
         assert_eq!(p.budget(), (-100.0, 200.0), "2 tokens for the bytes of one");
         // streamed MoE without a cache: each row reads its own experts, c(1) = 1.875 plain
