@@ -187,14 +187,13 @@ impl ExpertCache {
         out
     }
 
-    /// [`ExpertCache::admit`] only when `bytes` fit beside what is held: nothing is evicted
-    /// (for an expert only a speculative draft row used; see `experts/speculative.rs`).
-    /// Returns `bytes` itself when it is not kept, else nothing.
-    pub fn admit_spare(&mut self, key: Key, bytes: UnitBytes) -> Vec<UnitBytes> {
-        if self.used + bytes.buffer_bytes() > self.budget {
-            return vec![bytes];
-        }
-        self.admit(key, bytes)
+    /// Takes `key` out of the cache without counting a use or aging the others (a
+    /// speculative draft's expert whose draft was rejected); returns its bytes when held.
+    pub fn remove(&mut self, key: Key) -> Option<UnitBytes> {
+        let e = self.map.remove(&key)?;
+        self.order.remove(&(e.prio, e.tick, key));
+        self.used -= e.bytes.buffer_bytes();
+        Some(e.bytes)
     }
 
     /// Offers the bytes of a just-read `key` (its use already recorded by

@@ -369,7 +369,8 @@ impl ExpertStore {
             let tentative = self.drafts.tentative(row);
             let key = (layer as u32, e as u32);
             if tentative {
-                self.drafts.uses.push((layer, e, row));
+                let held = self.cache.contains(key);
+                self.drafts.uses.push((layer, e, row, !held));
                 self.drafts.now.push(e);
             } else {
                 self.heat.counts[layer][e] += 1;
@@ -633,11 +634,9 @@ impl ExpertStore {
         f(e, &b);
         self.counters.compute_ns += t.elapsed().as_nanos() as u64;
         let key = (layer as u32, e as u32);
-        let out = if self.drafts.now.contains(&e) {
-            self.cache.admit_spare(key, b)
-        } else {
-            self.cache.admit(key, b)
-        };
+        // a tentative expert is admitted as plain decoding would admit it: the verdict
+        // takes it out again if only rejected rows used it (`end_drafts`)
+        let out = self.cache.admit(key, b);
         self.refill(out);
     }
 

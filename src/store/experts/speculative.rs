@@ -1,23 +1,25 @@
 //! Draft rows in the expert store: while speculative decoding verifies drafted tokens
-//! ([`ExpertStore::begin_drafts`]), the experts that only draft rows use are read and computed
-//! like any other, but they neither displace cached experts nor count as uses until the
-//! verification says which drafts were accepted ([`ExpertStore::end_drafts`]).
+//! ([`ExpertStore::begin_drafts`]), the experts that only draft rows use are read, computed
+//! and admitted to the cache like any other, but they count as uses only when the
+//! verification says which drafts were accepted ([`ExpertStore::end_drafts`]), and the
+//! rejected drafts' misses leave the cache then.
 //!
 //! Why: a verification of `k` drafts routes `k + 1` rows, so it reads experts that plain
-//! decoding, one token at a time, would only read for the tokens actually kept. Admitted to
-//! the cache as plain uses, the rejected drafts' experts would evict the experts the next
-//! tokens reuse, and that cost lands on the plain passes that follow, where the speculation
-//! policy cannot see it (measured: with the LFU-DA cache a streamed MoE decoded 8-22% more
-//! bytes per token with `--lookup` than without, when drafts were rarely accepted;
-//! BENCHMARKS.md, "`--lookup` on the streamed 16-layer synth after the doubling rule"). So:
+//! decoding, one token at a time, would only read for the tokens actually kept. Admitted and
+//! counted as plain uses, the rejected drafts' experts would stay and evict the experts the
+//! next tokens reuse (measured: with the LFU-DA cache a streamed MoE decoded 8-22% more bytes
+//! per token with `--lookup` than without, when drafts were rarely accepted; BENCHMARKS.md,
+//! "`--lookup` on the streamed 16-layer synth after the doubling rule"). Admitted only into
+//! spare room (session 11), the accepted drafts' experts were not kept once the cache was
+//! full, and the tokens after them, which reuse them, read them again (+22% at 96 tokens;
+//! BENCHMARKS.md, "Speculation, session 12"). So:
 //! - an expert whose first row is a draft row (*tentative*) is looked up without recording a
-//!   use; a miss is read, computed and then admitted only into room the cache has spare (it
-//!   evicts nothing);
-//! - its use is recorded (the cache's use count, the heat file's count) when the verification
-//!   ends, for the rows it kept (the accepted drafts), as if plain decoding had used it.
+//!   use; a miss is read, computed and admitted as plain decoding would admit it;
+//! - when the verification ends, its use is recorded (the cache's use count, the heat file's
+//!   count) if a kept row (an accepted draft) used it, as if plain decoding had; if only
+//!   rejected rows used it and this pass read it, it is taken out of the cache again.
 //!
-//! The cache then holds what plain decoding would hold, save the accepted drafts' misses
-//! that found no room, and a verification's cost in bytes is its own.
+//! What a rejected draft still costs: its reads, and the entries its misses evicted.
 
 use super::ExpertStore;
 
@@ -26,8 +28,9 @@ use super::ExpertStore;
 pub(super) struct DraftRows {
     /// Batch rows at or past this index are drafts; `None` outside a verification.
     pub from: Option<usize>,
-    /// Tentative uses of the pass so far: (layer, expert, first batch row using it).
-    pub uses: Vec<(usize, usize, usize)>,
+    /// Tentative uses of the pass so far: (layer, expert, first batch row using it, whether
+    /// it was a miss, read and admitted by this pass).
+    pub uses: Vec<(usize, usize, usize, bool)>,
     /// The tentative experts of the layer planned now.
     pub now: Vec<usize>,
 }
@@ -54,11 +57,18 @@ impl ExpertStore {
     pub fn end_drafts(&mut self, kept: usize) {
         self.drafts.from = None;
         self.drafts.now.clear();
-        for (layer, e, row) in std::mem::take(&mut self.drafts.uses) {
+        let mut back = Vec::new();
+        for (layer, e, row, missed) in std::mem::take(&mut self.drafts.uses) {
+            let key = (layer as u32, e as u32);
             if row < kept {
                 self.heat.counts[layer][e] += 1;
-                self.cache.hit((layer as u32, e as u32));
+                self.cache.hit(key);
+            } else if missed {
+                back.extend(self.cache.remove(key));
             }
+        }
+        if !back.is_empty() {
+            self.refill(back);
         }
     }
 }
@@ -119,57 +129,67 @@ mod tests {
     }
 
     #[test]
-    fn rejected_draft_rows_leave_the_cache_as_plain_decoding_would() {
+    fn rejected_draft_rows_leave_the_cache_and_count_no_uses() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = store(dir.path());
         // plain passes fill the cache with experts 0 and 1
         assert_eq!(pass(&mut s, &[0, 1], &[0, 0]), 2 * 4096);
         assert_eq!(pass(&mut s, &[0, 1], &[0, 0]), 0, "both cached");
-        // a verification: row 0 uses 0 and 1, the draft rows 2 and 3; the drafts are read
-        // but evict nothing, and are rejected
+        // a verification: row 0 uses 0, the draft row 1 uses 2; the draft's miss is read and
+        // admitted (evicting 1, the entry plain decoding would evict), then rejected
         s.begin_drafts(1);
-        assert_eq!(pass(&mut s, &[0, 1, 2, 3], &[0, 0, 1, 2]), 2 * 4096);
+        assert_eq!(pass(&mut s, &[0, 2], &[0, 1]), 4096);
+        assert!(s.cache().contains((0, 2)), "admitted while the pass runs");
         s.end_drafts(1);
-        assert!(s.cache().contains((0, 0)) && s.cache().contains((0, 1)));
-        assert!(!s.cache().contains((0, 2)) && !s.cache().contains((0, 3)));
+        assert!(s.cache().contains((0, 0)));
+        assert!(
+            !s.cache().contains((0, 2)),
+            "a rejected draft's miss leaves"
+        );
         assert_eq!(
             s.heat.counts[0],
-            [3, 3, 0, 0],
+            [3, 2, 0, 0],
             "rejected drafts are no uses"
         );
-        assert_eq!(
-            pass(&mut s, &[0, 1], &[0, 0]),
-            0,
-            "plain decoding's cache kept"
-        );
-        // the same verification as plain rows (no begin_drafts) evicts what they displace
-        assert_eq!(pass(&mut s, &[0, 1, 2, 3], &[0, 0, 1, 2]), 2 * 4096);
-        assert_eq!(s.heat.counts[0], [5, 5, 1, 1]);
-        assert!(s.cache().contains((0, 2)) && s.cache().contains((0, 3)));
+        assert_eq!(s.cache().len(), 1);
+        // an expert a rejected draft found cached stays
+        assert_eq!(pass(&mut s, &[1], &[0]), 4096);
+        s.begin_drafts(1);
+        assert_eq!(pass(&mut s, &[0, 1], &[0, 1]), 0);
+        s.end_drafts(1);
+        assert!(s.cache().contains((0, 0)) && s.cache().contains((0, 1)));
+        assert_eq!(s.heat.counts[0], [4, 3, 0, 0]);
+        // the same rows as plain rows (no begin_drafts): every use counts, 3 stays cached
+        assert_eq!(pass(&mut s, &[0, 3], &[0, 1]), 4096);
+        assert_eq!(s.heat.counts[0], [5, 3, 0, 1]);
+        assert!(s.cache().contains((0, 3)));
     }
 
     #[test]
-    fn accepted_draft_rows_count_as_uses_when_the_verification_ends() {
+    fn accepted_draft_rows_count_as_uses_and_stay_cached() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = store(dir.path());
-        // an empty cache has room: a tentative miss is admitted into it
         s.begin_drafts(1);
         assert_eq!(pass(&mut s, &[0, 2], &[0, 1]), 2 * 4096);
         assert_eq!(s.heat.counts[0], [1, 0, 0, 0], "not counted before the end");
-        // row 1 (the first draft) accepted: its expert's use counts now
+        // row 1 (the first draft) accepted: its expert's use counts now, and it stays
         s.end_drafts(2);
         assert_eq!(s.heat.counts[0], [1, 0, 1, 0]);
-        assert!(s.cache().contains((0, 2)), "admitted into spare room");
-        // a full cache: the tentative expert 3 is read again each time and never admitted
+        assert!(s.cache().contains((0, 0)) && s.cache().contains((0, 2)));
+        // a full cache: the accepted draft's expert 3 is admitted as a plain miss would be
         s.begin_drafts(1);
         assert_eq!(pass(&mut s, &[0, 3], &[0, 2]), 4096);
         s.end_drafts(3);
-        assert!(!s.cache().contains((0, 3)));
+        assert!(
+            s.cache().contains((0, 3)),
+            "kept for the tokens that reuse it"
+        );
         assert_eq!(s.heat.counts[0], [2, 0, 1, 1]);
+        assert_eq!(pass(&mut s, &[3], &[0]), 0, "the next token's use is a hit");
         // an expert a kept row and a draft row share is a plain use (its first row decides)
         s.begin_drafts(1);
-        assert_eq!(pass(&mut s, &[2], &[0]), 0);
+        assert_eq!(pass(&mut s, &[3], &[0]), 0);
         s.end_drafts(1);
-        assert_eq!(s.heat.counts[0], [2, 0, 2, 1]);
+        assert_eq!(s.heat.counts[0], [2, 0, 1, 3]);
     }
 }
