@@ -749,3 +749,62 @@ fn adaptive_speculation_with_a_never_accepted_source_reads_what_plain_decoding_r
         ps.decode_bytes
     );
 }
+
+/// A streamed MoE target with an expert cache and a resident spine: a verification cannot read
+/// less than plain decoding for its tokens (an accepted draft's experts are its own plain
+/// pass's misses, the rows' shared experts plain decoding's cache hits), so the adaptive
+/// policy verifies nothing and reads exactly plain decoding's bytes, lookup's free shadow
+/// drafts still judged; `--draft-fixed` still verifies, with the same output.
+#[test]
+fn adaptive_speculation_on_a_cached_moe_with_a_resident_spine_reads_what_plain_decoding_reads() {
+    let path = gguf_path("qwen3_moe", "f32");
+    let prompt = repeated_prompt("qwen3_moe");
+    let mut budget = smallest_budget(&path);
+    let (budget, cache) = loop {
+        let s = session_at(&path, Some(budget));
+        let cache = s.store.experts().map_or(0, |e| e.cache().budget());
+        if s.model.placement().spine_streamed_bytes == 0 && cache > 0 {
+            break (budget, cache);
+        }
+        budget += 64 << 10;
+        assert!(
+            budget < 64 << 20,
+            "no budget with a resident spine and a cache"
+        );
+    };
+    assert!(cache > 0, "{budget}");
+    let (want, ps) = gen(
+        &mut session_at(&path, Some(budget)),
+        &prompt,
+        32,
+        &greedy(),
+        None,
+    );
+    assert!(ps.decode_bytes > 0, "experts stream at {budget}");
+    let mut sp = lookup();
+    let (got, st) = gen(
+        &mut session_at(&path, Some(budget)),
+        &prompt,
+        32,
+        &greedy(),
+        Some(&mut sp),
+    );
+    assert_eq!(got, want);
+    let sst = st.speculative.unwrap();
+    assert_eq!(st.decode_bytes, ps.decode_bytes, "{sst:?}");
+    assert_eq!((sst.verify_passes, sst.plain_passes), (0, 31), "{sst:?}");
+    assert!(
+        sst.shadow_drafts > 0,
+        "lookup's drafts are still judged: {sst:?}"
+    );
+    let mut sp = Speculator::new(Box::new(LookupDraft::default()), fixed(4));
+    let (got, st) = gen(
+        &mut session_at(&path, Some(budget)),
+        &prompt,
+        32,
+        &greedy(),
+        Some(&mut sp),
+    );
+    assert_eq!(got, want);
+    assert!(st.speculative.unwrap().verify_passes > 0);
+}

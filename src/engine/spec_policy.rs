@@ -44,6 +44,13 @@
 //!   of its rows' experts), far above the prior. Resident sampled decoding keeps the estimate `1 + β₀ k` and counts
 //!   costs in plain passes (a draft not verified at [`SHADOW_PRIOR`]): its choices then depend
 //!   on the tokens only, so seeded runs repeat.
+//! - With an expert cache, a streamed target's verification is not priced by its bytes
+//!   next to plain passes' (the cache warms during a generation and single passes spike, so
+//!   the ratio can be off by a factor of ten either way): it is charged what plain decoding
+//!   would have read for its tokens plus the bytes read for experts only rejected drafts
+//!   used ([`Policy::record_verify_waste`]). In bytes it then pays only where the rows share
+//!   streamed spine bytes; where the spine is resident nothing is verified
+//!   ([`Policy::no_gain`]): plain decoding reads no more for the same tokens.
 //! - A timed cost is not trusted forever: when the acceptance says a verification of the
 //!   shortest length would pay at the prior cost but the measured time says it does not, it
 //!   is tried again (a *re-probe*) whenever its expected loss fits in the probe budget
@@ -100,6 +107,8 @@ pub struct Policy {
     measured: bool,
     /// Whether the measured costs are wall-clock times (noisy: re-probed).
     timed: bool,
+    /// Whether no verification can cost less than plain decoding ([`Policy::no_gain`]).
+    no_gain: bool,
     /// Whether the last decision was a plain pass.
     holding: bool,
 }
@@ -127,6 +136,7 @@ impl Policy {
             extra: 0.0,
             measured: false,
             timed: false,
+            no_gain: false,
             holding: true,
         }
     }
@@ -134,6 +144,15 @@ impl Policy {
     /// Says that passes are measured: costs will come with every record.
     pub fn measure(&mut self) {
         self.measured = true;
+    }
+
+    /// Says that no verification can cost less than plain decoding for its tokens: every
+    /// step is then a plain pass (a free source still shadow-drafts, so its acceptance is
+    /// reported). For a streamed target with an expert cache whose spine is resident: there
+    /// an accepted draft's experts are the misses its own plain pass would read, the experts
+    /// its rows share would be cache hits, and a rejected draft's misses are extra reads.
+    pub fn no_gain(&mut self) {
+        self.no_gain = true;
     }
 
     /// Says that passes are measured in wall-clock time, which a busy core can inflate:
@@ -231,6 +250,13 @@ impl Policy {
                 fallback: false,
             };
         }
+        if self.no_gain {
+            return Decision {
+                draft: 0,
+                shadow: free,
+                fallback: false,
+            };
+        }
         if self.measured && self.plain.1 == 0.0 {
             // the baseline first
             return Decision {
@@ -291,6 +317,18 @@ impl Policy {
                 *r = (r.0 * DECAY + c / p, r.1 * DECAY + 1.0);
             }
         }
+    }
+
+    /// Records a verification of `drafted` tokens with `accepted` accepted whose cost is
+    /// charged as plain decoding's for its tokens (`accepted + 1` plain passes at the running
+    /// plain cost) plus `waste`, in the cost's unit: for a streamed target with an expert
+    /// cache, the bytes read for experts only rejected drafts used, less the streamed spine
+    /// bytes the accepted rows shared (an accepted draft's own experts are misses its plain
+    /// pass would read too, and experts its rows share would be cache hits for plain
+    /// decoding). A measured plain pass must come first (the first step is one).
+    pub fn record_verify_waste(&mut self, drafted: usize, accepted: usize, waste: f64) {
+        let p = self.plain_cost();
+        self.record_verify(drafted, accepted, Some((accepted + 1) as f64 * p + waste));
     }
 
     /// Records a plain pass that cost `cost` (`None` when passes are not measured).

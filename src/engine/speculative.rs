@@ -39,6 +39,9 @@ pub struct Verdict {
     /// The target's own token after the accepted drafts (a correction, or a bonus token when
     /// every draft was accepted).
     pub next: u32,
+    /// Bytes the pass read for experts only rejected drafts used
+    /// ([`crate::store::experts::ExpertStore::end_drafts`]; 0 without an expert store).
+    pub wasted_bytes: u64,
 }
 
 /// The probability of `id` in a sparse distribution (0 when absent).
@@ -172,12 +175,20 @@ pub fn verify_rows(
         }
     };
     s.cache.truncate(base + 1 + accepted);
-    if let Some(es) = s.store.experts_mut() {
-        es.end_drafts(1 + accepted);
-    }
+    let wasted_bytes = s
+        .store
+        .experts_mut()
+        .map_or(0, |es| es.end_drafts(1 + accepted));
     let mut all = all;
     all.truncate((accepted + 1) * v);
-    Ok((Verdict { accepted, next }, all))
+    Ok((
+        Verdict {
+            accepted,
+            next,
+            wasted_bytes,
+        },
+        all,
+    ))
 }
 
 pub use super::spec_policy::Policy;
@@ -295,6 +306,12 @@ impl Speculator {
                 Cost::Seconds => self.policy.measure_timed(),
                 Cost::None => {}
             }
+            // bytes with an expert cache and a resident spine: verification cannot read less
+            // than plain decoding (see `Policy::no_gain`)
+            let cached = s.store.experts().is_some_and(|e| e.cache().budget() > 0);
+            if kind == Cost::Bytes && cached && s.model.placement().spine_streamed_bytes == 0 {
+                self.policy.no_gain();
+            }
             self.cost = Some(kind);
         }
         let kind = self.cost.expect("set");
@@ -329,8 +346,21 @@ impl Speculator {
                 st.verify_passes += 1;
                 st.verify_tokens += v.accepted as u64 + 1;
                 st.verify_bytes += b;
-                self.policy
-                    .record_verify(d.tokens.len(), v.accepted, cost(b, t0));
+                // with an expert cache a verification's bytes next to plain passes' say
+                // little (the cache warms, passes spike): charge what it wasted instead
+                let cached = s.store.experts().is_some_and(|e| e.cache().budget() > 0);
+                if kind == Cost::Bytes && cached {
+                    let shared =
+                        v.accepted as u64 * s.model.placement().spine_streamed_bytes as u64;
+                    self.policy.record_verify_waste(
+                        d.tokens.len(),
+                        v.accepted,
+                        v.wasted_bytes as f64 - shared as f64,
+                    );
+                } else {
+                    self.policy
+                        .record_verify(d.tokens.len(), v.accepted, cost(b, t0));
+                }
                 let mut out = d.tokens[..v.accepted].to_vec();
                 out.push(v.next);
                 return Ok((out, if rows { all } else { Vec::new() }));

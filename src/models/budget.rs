@@ -402,6 +402,13 @@ pub(super) fn place(
         .filter(|(_, r)| !**r)
         .map(|(u, _)| u.payload_bytes())
         .sum();
+    let spine_streamed_bytes: usize = units
+        .iter()
+        .zip(&resident)
+        .enumerate()
+        .filter(|(i, (_, r))| !**r && !(n_spine..n_weight).contains(i))
+        .map(|(_, (u, _))| u.payload_bytes())
+        .sum();
     let count = |r: &[bool]| r.iter().filter(|r| **r).count();
     let (res_spine, res_experts) = (
         count(&resident[..n_spine]),
@@ -490,6 +497,7 @@ pub(super) fn place(
     let placement = Placement {
         resident_bytes: store.resident_bytes(),
         streamed_bytes,
+        spine_streamed_bytes,
         stream_buffer_bytes: store.stream_buffer_bytes() + s.io_bytes,
         kv_bytes: r.kv_bytes,
         scratch_bytes: r.scratch_bytes,

@@ -107,8 +107,13 @@ pub enum Logits {
 pub struct Placement {
     /// Bytes of weights kept in RAM.
     pub resident_bytes: usize,
-    /// Bytes of weights read from disk on every forward pass.
+    /// Bytes of weights read from disk on every forward pass (routed experts that are not
+    /// resident included, as if every one were used).
     pub streamed_bytes: usize,
+    /// Of those, the bytes that are not routed experts (layers' dense weights, the LM head,
+    /// the embedding): what every pass reads whatever its routing, and what the rows of one
+    /// batch share.
+    pub spine_streamed_bytes: usize,
     /// Bytes of stream buffers.
     pub stream_buffer_bytes: usize,
     /// Bytes of KV cache.

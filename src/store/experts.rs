@@ -369,8 +369,12 @@ impl ExpertStore {
             let tentative = self.drafts.tentative(row);
             let key = (layer as u32, e as u32);
             if tentative {
-                let held = self.cache.contains(key);
-                self.drafts.uses.push((layer, e, row, !held));
+                let read = if self.cache.contains(key) {
+                    0
+                } else {
+                    self.units[layer][e].buffer_bytes() as u64
+                };
+                self.drafts.uses.push((layer, e, row, read));
                 self.drafts.now.push(e);
             } else {
                 self.heat.counts[layer][e] += 1;

@@ -255,6 +255,7 @@ impl Gemma3 {
         let placement = Placement {
             resident_bytes: store.resident_bytes(),
             streamed_bytes,
+            spine_streamed_bytes: streamed_bytes,
             stream_buffer_bytes: store.stream_buffer_bytes(),
             kv_bytes,
             scratch_bytes: scratch_bytes + norms_bytes,

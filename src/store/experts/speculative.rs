@@ -28,9 +28,9 @@ use super::ExpertStore;
 pub(super) struct DraftRows {
     /// Batch rows at or past this index are drafts; `None` outside a verification.
     pub from: Option<usize>,
-    /// Tentative uses of the pass so far: (layer, expert, first batch row using it, whether
-    /// it was a miss, read and admitted by this pass).
-    pub uses: Vec<(usize, usize, usize, bool)>,
+    /// Tentative uses of the pass so far: (layer, expert, first batch row using it, bytes
+    /// this pass read for it: 0 when it was cached).
+    pub uses: Vec<(usize, usize, usize, u64)>,
     /// The tentative experts of the layer planned now.
     pub now: Vec<usize>,
 }
@@ -53,23 +53,28 @@ impl ExpertStore {
     /// Ends the verification pass begun with [`ExpertStore::begin_drafts`], keeping batch rows
     /// `..kept` (the rows before the drafts, then the accepted drafts): the tentative uses of
     /// those rows are recorded now, in the cache's use counts and the heat counts; the others
-    /// are forgotten. Nothing happens outside a verification.
-    pub fn end_drafts(&mut self, kept: usize) {
+    /// are forgotten, and those this pass read leave the cache. Returns the bytes read for
+    /// experts only rejected rows used (what the rejected drafts cost in reads; buffer bytes).
+    /// Nothing happens outside a verification (0).
+    pub fn end_drafts(&mut self, kept: usize) -> u64 {
         self.drafts.from = None;
         self.drafts.now.clear();
         let mut back = Vec::new();
-        for (layer, e, row, missed) in std::mem::take(&mut self.drafts.uses) {
+        let mut wasted = 0;
+        for (layer, e, row, read) in std::mem::take(&mut self.drafts.uses) {
             let key = (layer as u32, e as u32);
             if row < kept {
                 self.heat.counts[layer][e] += 1;
                 self.cache.hit(key);
-            } else if missed {
+            } else if read > 0 {
+                wasted += read;
                 back.extend(self.cache.remove(key));
             }
         }
         if !back.is_empty() {
             self.refill(back);
         }
+        wasted
     }
 }
 
@@ -140,7 +145,7 @@ mod tests {
         s.begin_drafts(1);
         assert_eq!(pass(&mut s, &[0, 2], &[0, 1]), 4096);
         assert!(s.cache().contains((0, 2)), "admitted while the pass runs");
-        s.end_drafts(1);
+        assert_eq!(s.end_drafts(1), 4096, "the rejected draft's read");
         assert!(s.cache().contains((0, 0)));
         assert!(
             !s.cache().contains((0, 2)),
@@ -156,7 +161,7 @@ mod tests {
         assert_eq!(pass(&mut s, &[1], &[0]), 4096);
         s.begin_drafts(1);
         assert_eq!(pass(&mut s, &[0, 1], &[0, 1]), 0);
-        s.end_drafts(1);
+        assert_eq!(s.end_drafts(1), 0, "nothing read");
         assert!(s.cache().contains((0, 0)) && s.cache().contains((0, 1)));
         assert_eq!(s.heat.counts[0], [4, 3, 0, 0]);
         // the same rows as plain rows (no begin_drafts): every use counts, 3 stays cached
@@ -179,7 +184,7 @@ mod tests {
         // a full cache: the accepted draft's expert 3 is admitted as a plain miss would be
         s.begin_drafts(1);
         assert_eq!(pass(&mut s, &[0, 3], &[0, 2]), 4096);
-        s.end_drafts(3);
+        assert_eq!(s.end_drafts(3), 0, "accepted: no waste");
         assert!(
             s.cache().contains((0, 3)),
             "kept for the tokens that reuse it"
