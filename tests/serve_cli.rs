@@ -149,7 +149,47 @@ fn chat_draft_mtp_gives_the_same_answers() {
     // reusing the first's cache, drafts from its first step like the others
     let answer = [
         "drafted / accepted   27 / 0 (0.0% accepted, 0.00 per verification)",
-        "target passes        11 (10 verification, 1 plain; 0 fallbacks)",
+        "target passes        11 (10 verification, 1 plain; 0 fallbacks; 0 tokens past the stop)",
     ];
     assert_eq!(lines, answer.repeat(3), "{err}");
+}
+
+/// `chat --stats-json FILE`: one JSON object per answer, one per line, with the turn, the
+/// finish reason, the token counts (the second turn reuses the first's KV cache) and the
+/// speculation counters.
+#[test]
+fn chat_stats_json_writes_one_line_per_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("chat.jsonl");
+    let args = [
+        "chat",
+        "-m",
+        MODEL,
+        "--temp",
+        "0",
+        "-n",
+        "6",
+        "--lookup",
+        "--stats-json",
+        f.to_str().unwrap(),
+    ];
+    deltafin(&args, "Hello Hello Hello\nHello again\n");
+    let text = std::fs::read_to_string(&f).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for (i, v) in lines.iter().enumerate() {
+        assert_eq!(v["turn"], i as u64 + 1, "{v}");
+        assert_eq!(v["finish"], "length", "{v}");
+        assert_eq!(v["completion_tokens"], 6, "{v}");
+        assert_eq!(v["speculative"]["source"], "lookup", "{v}");
+    }
+    assert_eq!(lines[0]["cached_tokens"], 0);
+    assert!(
+        lines[1]["cached_tokens"].as_u64().unwrap() > 0,
+        "{}",
+        lines[1]
+    );
 }

@@ -808,3 +808,50 @@ fn adaptive_speculation_on_a_cached_moe_with_a_resident_spine_reads_what_plain_d
     assert_eq!(got, want);
     assert!(st.speculative.unwrap().verify_passes > 0);
 }
+
+/// A stop string inside a verification's accepted drafts: the output ends at the stop as
+/// plain decoding's does, and the tokens the step yielded past it are reported as
+/// `discarded`, so `1 + plain_passes + verify_tokens − discarded` is the generated count.
+/// Draft flags without a draft source are refused.
+#[test]
+fn tokens_accepted_past_a_stop_are_reported_as_discarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = common::demo_gguf();
+    let m = demo.to_str().unwrap();
+    let p = "Repeat after me exactly: the quick brown fox jumps over the lazy dog. the quick \
+             brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog.";
+    let stop = "dog.\n\nThe quick";
+    let base = [
+        "run", "-m", m, "-p", p, "-n", "40", "--temp", "0", "--stop", stop,
+    ];
+    let plain = deltafin(&base);
+    assert!(plain.status.success(), "{}", stderr_of(&plain));
+    let json = dir.path().join("s.json");
+    let mut a = base.to_vec();
+    a.extend([
+        "--lookup",
+        "--draft-fixed",
+        "--stats-json",
+        json.to_str().unwrap(),
+    ]);
+    let spec = deltafin(&a);
+    assert_eq!(spec.stdout, plain.stdout, "{}", stderr_of(&spec));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let sp = &v["speculative"];
+    let n = |k: &str| sp[k].as_u64().unwrap();
+    assert_eq!(v["finish"], format!("Stop({stop:?})"), "{v}");
+    assert!(n("discarded") > 0, "{sp}");
+    assert_eq!(
+        1 + n("plain_passes") + n("verify_tokens") - n("discarded"),
+        v["generated_tokens"].as_u64().unwrap(),
+        "{sp}"
+    );
+    let o = deltafin(&["run", "-m", m, "-p", "hi", "-n", "2", "--draft-max", "4"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr_of(&o).contains("<--lookup|--draft-model <DRAFT_MODEL>|--draft <DRAFT>>"),
+        "{}",
+        stderr_of(&o)
+    );
+}

@@ -306,6 +306,19 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             "expert_read_bytes_per_s": drive_bw,
             "io_wait_share": wait / 100.0,
         });
+        if let (false, Some(sp)) = (is_prefill(name), &st.speculative) {
+            notes += &format!(
+                "{name}: speculative ({}): {} / {} drafts accepted, {} target passes \
+                 ({} verification, {} plain; {} fallbacks)\n",
+                sp.source,
+                sp.accepted,
+                sp.drafted,
+                sp.target_passes(),
+                sp.verify_passes,
+                sp.plain_passes,
+                sp.fallbacks
+            );
+        }
         if let (true, Some(e)) = (is_prefill(name), &st.experts) {
             let (j, line) = prefill_summary(name, e, a.store.drive_bandwidth);
             v["summary"]["prefill"] = j;

@@ -14,7 +14,8 @@ use crate::serve::generate::Params;
 
 /// Arguments of `deltafin chat`: those of `run` (model, budget, sampling, speculative
 /// decoding; `-n` bounds each answer; `--system` sets the first system message; `--stats`
-/// prints speculation's counters after each answer).
+/// prints speculation's counters after each answer; `--stats-json FILE` writes one JSON object
+/// per answer, one per line: turn, finish reason, token counts, seconds, speculation).
 #[derive(clap::Args, Debug, Clone)]
 pub struct ChatArgs {
     #[command(flatten)]
@@ -38,6 +39,13 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
     let system = a.run.system.take();
     a.run.chat = false;
     let (mut engine, _) = super::run::load_engine(&a.run, 4096)?;
+    let mut stats_file = match &a.run.stats_json {
+        Some(p) => {
+            Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)
+        }
+        None => None,
+    };
+    let mut turn = 0u64;
     let tmpl = engine
         .template
         .clone()
@@ -124,6 +132,22 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
             if let Some(sp) = &o.speculative {
                 eprint!("{}", sp.table());
             }
+        }
+        if let Some(f) = stats_file.as_mut() {
+            turn += 1;
+            let mut v = json!({
+                "turn": turn,
+                "finish": o.finish.as_str(),
+                "prompt_tokens": o.prompt_tokens,
+                "cached_tokens": o.cached_tokens,
+                "completion_tokens": o.completion_tokens,
+                "ttft_s": o.ttft_s,
+                "decode_s": o.decode_s,
+            });
+            if let Some(sp) = &o.speculative {
+                v["speculative"] = sp.json();
+            }
+            writeln!(f, "{v}").context("writing the --stats-json file")?;
         }
         history.push(json!({"role": "assistant", "content": answer}));
     }

@@ -21,28 +21,32 @@ use crate::tokenizer::ModelTokenizer;
 pub struct SpecArgs {
     /// Speculative decoding with prompt lookup: drafts are the tokens that followed the latest
     /// earlier occurrence of the last 3 (down to 1) tokens in the prompt and output so far.
-    #[arg(long, conflicts_with = "draft_model")]
+    #[arg(long, conflicts_with = "draft_model", group = "draft_source")]
     pub lookup: bool,
     /// Speculative decoding with this draft model (any model `run` accepts, with the same
     /// vocabulary: the same number of tokens and the same token texts), kept resident with its
     /// own KV cache; its weights, KV cache and activations come out of --ram-budget before the
     /// model is placed.
-    #[arg(long, conflicts_with = "draft")]
+    #[arg(long, conflicts_with = "draft", group = "draft_source")]
     pub draft_model: Option<PathBuf>,
     /// Speculative decoding with a draft source of the model itself: `mtp`, its
     /// multi-token-prediction layer (DeepSeek V3 / Kimi K2 checkpoints that ship it,
     /// `num_nextn_predict_layers`), loaded with the model under the same RAM budget and
     /// drafting from the model's own hidden states.
-    #[arg(long, value_enum, conflicts_with = "lookup")]
+    #[arg(long, value_enum, conflicts_with = "lookup", group = "draft_source")]
     pub draft: Option<DraftKind>,
-    /// Most tokens drafted per verification pass.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// Most tokens drafted per verification pass (with a draft source).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64),
+          requires = "draft_source")]
     pub draft_max: u32,
-    /// Fewest drafted tokens worth a verification pass (fewer: a plain decoding step).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// Fewest drafted tokens worth a verification pass (fewer: a plain decoding step; with a
+    /// draft source).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64),
+          requires = "draft_source")]
     pub draft_min: u32,
-    /// Always draft --draft-max tokens: no adaptive draft length, no fallback to plain decoding.
-    #[arg(long)]
+    /// Always draft --draft-max tokens: no adaptive draft length, no fallback to plain decoding
+    /// (with a draft source).
+    #[arg(long, requires = "draft_source")]
     pub draft_fixed: bool,
 }
 

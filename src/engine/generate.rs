@@ -76,15 +76,21 @@ impl Session {
         }
         let t_first = Instant::now();
         let io_first = self.store.stats().snapshot();
+        // tokens a step yielded past the stop (accepted drafts after a stop string or an
+        // end-of-generation token), not output
+        let mut discarded = 0;
         'gen: while out.len() < opts.max_tokens {
-            for tok in next.drain(..) {
+            let n = next.len();
+            for (i, tok) in next.drain(..).enumerate() {
                 out.push(tok);
                 history.push(tok);
                 if let Some(f) = text.push(tok, opts, detok, emit) {
                     finish = f;
+                    discarded = n - i - 1;
                     break 'gen;
                 }
                 if out.len() >= opts.max_tokens {
+                    discarded = n - i - 1;
                     break 'gen;
                 }
             }
@@ -114,7 +120,10 @@ impl Session {
         text.finish(emit);
         let t_end = Instant::now();
         let io_end = self.store.stats().snapshot();
-        stats.speculative = spec.map(|sp| sp.stats.clone());
+        stats.speculative = spec.map(|sp| crate::engine::SpecStats {
+            discarded: discarded as u64,
+            ..sp.stats.clone()
+        });
         stats.generated_tokens = out.len();
         stats.ttft_s = (t_first - t0).as_secs_f64();
         stats.decode_s = (t_end - t_first).as_secs_f64();

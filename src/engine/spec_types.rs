@@ -78,6 +78,11 @@ pub struct SpecStats {
     /// RAM the draft model holds (weights, KV cache, activations), taken out of the RAM
     /// budget before the target was placed; 0 for prompt lookup.
     pub draft_bytes: u64,
+    /// Tokens the last step yielded after the generation stopped (a stop string or an
+    /// end-of-generation token among accepted drafts): counted in `accepted` and
+    /// `verify_tokens`, not output. So `1 + plain_passes + verify_tokens − discarded` is the
+    /// number of generated tokens.
+    pub discarded: u64,
 }
 
 impl SpecStats {
@@ -107,7 +112,7 @@ impl SpecStats {
             "--- speculative ---\n\
              source               {}\n\
              drafted / accepted   {} / {} ({:.1}% accepted, {:.2} per verification)\n\
-             target passes        {} ({} verification, {} plain; {} fallbacks)\n\
+             target passes        {} ({} verification, {} plain; {} fallbacks; {} tokens past the stop)\n\
              bytes / token        {:.1} KiB verified, {:.1} KiB plain\n\
              shadow drafts        {} ({:.1} KiB read)\n\
              draft model RAM      {:.1} MiB\n",
@@ -120,6 +125,7 @@ impl SpecStats {
             self.verify_passes,
             self.plain_passes,
             self.fallbacks,
+            self.discarded,
             self.verify_bytes_per_token() / 1024.0,
             self.plain_bytes_per_token() / 1024.0,
             self.shadow_drafts,

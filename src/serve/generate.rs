@@ -406,7 +406,11 @@ impl Engine {
             cached_tokens: keep,
             ttft_s: (t_first - t0).as_secs_f64(),
             decode_s: (t_end - t_first).as_secs_f64(),
-            speculative: self.spec.as_ref().map(|sp| sp.stats.clone()),
+            speculative: self.spec.as_ref().map(|sp| SpecStats {
+                // what the last step yielded past the stop or the cancellation
+                discarded: (step.len() - at) as u64,
+                ..sp.stats.clone()
+            }),
         })
     }
 }
