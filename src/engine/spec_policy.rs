@@ -56,8 +56,9 @@
 //!   is tried again (a *re-probe*) whenever its expected loss fits in the probe budget
 //!   ([`Policy::decide`]), so one timed pass that met a busy core cannot hold speculation
 //!   off for the rest of a generation. Bytes are not re-probed: a verification reads what
-//!   its rows route to, whatever else runs on the machine. Measured costs age by [`DECAY`] with every plain pass
-//!   too, so a re-probe after a long hold outweighs what was measured before it.
+//!   its rows route to, whatever else runs on the machine. Measured costs age by [`DECAY`]
+//!   with every plain pass too, so a re-probe after a long hold outweighs what was measured
+//!   before it.
 
 use super::spec_types::SpecConfig;
 
