@@ -56,7 +56,7 @@
 //!   is tried again (a *re-probe*) whenever its expected loss fits in the probe budget
 //!   ([`Policy::decide`]), so one timed pass that met a busy core cannot hold speculation
 //!   off for the rest of a generation. Bytes are not re-probed: a verification reads what
-//!   its rows route to, whatever else runs on the machine. Measured costs age by [`DECAY`]
+//!   its rows route to, whatever else runs on the machine. Measured costs age by `DECAY` (0.85)
 //!   with every plain pass too, so a re-probe after a long hold outweighs what was measured
 //!   before it.
 
