@@ -36,7 +36,9 @@
 //!   streamed MoE target's rows each add their own experts' bytes, nearly a plain pass
 //!   each, while a streamed dense target's rows add nothing), else through the shortest
 //!   measured one above it, else as `1 + β₀ k`, `β₀`
-//!   = [`BETA_PRIOR`]: batched passes cost far from linearly in their rows (a resident pass of
+//!   = [`BETA_PRIOR`] (on a streamed MoE without an expert cache, 0.9 of the routed experts'
+//!   share of a plain pass's bytes, measured on the first: [`Policy::set_row_prior`]; a row
+//!   reads its own experts, and wrong drafts route elsewhere): batched passes cost far from linearly in their rows (a resident pass of
 //!   2 rows can cost 3 plain passes and one of 9 rows 4), so a length is judged by what it
 //!   was measured to cost. A verification tries at most twice the longest length measured
 //!   so far (the shortest allowed first), so a length's cost is learned from short probes up:
@@ -110,6 +112,9 @@ pub struct Policy {
     timed: bool,
     /// Whether no verification can cost less than plain decoding ([`Policy::no_gain`]).
     no_gain: bool,
+    /// What one more verification row is assumed to cost until measured, in plain passes
+    /// ([`BETA_PRIOR`], or [`Policy::set_row_prior`]'s).
+    beta: f64,
     /// Whether the last decision was a plain pass.
     holding: bool,
 }
@@ -138,6 +143,7 @@ impl Policy {
             measured: false,
             timed: false,
             no_gain: false,
+            beta: BETA_PRIOR,
             holding: true,
         }
     }
@@ -154,6 +160,13 @@ impl Policy {
     /// its rows share would be cache hits, and a rejected draft's misses are extra reads.
     pub fn no_gain(&mut self) {
         self.no_gain = true;
+    }
+
+    /// Sets what one more verification row is assumed to cost until measured, in plain
+    /// passes, when the target says better than [`BETA_PRIOR`]: a streamed MoE without an
+    /// expert cache reads each row's own experts, nearly the routed share of a plain pass.
+    pub fn set_row_prior(&mut self, beta: f64) {
+        self.beta = beta.max(BETA_PRIOR);
     }
 
     /// Says that passes are measured in wall-clock time, which a busy core can inflate:
@@ -184,7 +197,7 @@ impl Policy {
         let below = (1..k).rev().find_map(|j| m(j).map(|c| (j, c)));
         match below.or_else(|| (k + 1..self.ratio.len()).find_map(|j| m(j).map(|c| (j, c)))) {
             Some((j, c)) => 1.0 + (c - 1.0).max(0.0) * k as f64 / j as f64,
-            None => 1.0 + BETA_PRIOR * k as f64,
+            None => 1.0 + self.beta * k as f64,
         }
     }
 
@@ -225,7 +238,7 @@ impl Policy {
         let a = self.alpha().min(0.999);
         let lo = self.cfg.draft_min.max(1);
         let gain = expected(a, lo);
-        if lo > self.cfg.draft_max || gain <= 1.0 + BETA_PRIOR * lo as f64 {
+        if lo > self.cfg.draft_max || gain <= 1.0 + self.beta * lo as f64 {
             return None;
         }
         let loss = (self.cost(lo) - gain).max(0.0) * self.plain_cost();

@@ -234,6 +234,12 @@ impl Cost {
     }
 }
 
+/// On a streamed MoE without an expert cache, the share of a plain pass's routed-expert
+/// bytes one more verification row is assumed to read until measured (the rest: experts it
+/// shares with the other rows; measured 12% on a random-weight Qwen3-MoE shape with wrong
+/// drafts, BENCHMARKS.md "Speculation, session 12").
+const ROW_PRIOR_SHARE: f64 = 0.9;
+
 impl Speculator {
     /// Speculation from `source` with `config`.
     pub fn new(source: Box<dyn DraftSource>, config: SpecConfig) -> Self {
@@ -374,6 +380,8 @@ impl Speculator {
             shadow = d.tokens.first().copied();
         }
         let (b1, t1) = (bytes(s), std::time::Instant::now());
+        let experts = |s: &Session| s.store.experts().map(|e| e.counters().bytes);
+        let e1 = experts(s);
         let last = *history.last().expect("a token to continue from");
         let mut l = s
             .model
@@ -381,6 +389,15 @@ impl Speculator {
         let raw = if rows { l.clone() } else { Vec::new() };
         let t = sampler.sample(&mut l, history);
         let b = bytes(s) - b1;
+        if self.stats.plain_passes == 0 && kind == Cost::Bytes && b > 0 {
+            // a streamed MoE without an expert cache: an extra row costs about the routed
+            // experts' share of a pass (less what rows share, unknown until measured)
+            let uncached = s.store.experts().is_some_and(|e| e.cache().budget() == 0);
+            if let (true, Some(a), Some(z)) = (uncached, e1, experts(s)) {
+                self.policy
+                    .set_row_prior(ROW_PRIOR_SHARE * (z - a) as f64 / b as f64);
+            }
+        }
         self.stats.plain_passes += 1;
         self.stats.plain_bytes += b;
         self.policy.record_plain(cost(b, t1));
