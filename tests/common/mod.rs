@@ -5,6 +5,7 @@ pub mod gguf;
 pub mod hf;
 pub mod pack;
 pub mod serve;
+pub mod spec;
 
 use std::path::PathBuf;
 
