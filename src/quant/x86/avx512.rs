@@ -362,13 +362,7 @@ macro_rules! rows_kernel {
                 let (p, xp) = (row.as_ptr(), x.as_ptr());
                 for b in 0..nb {
                     // the fused dot's prefetch (see `dot_kernel!`)
-                    let mut o = 0;
-                    while o < bb {
-                        _mm_prefetch::<_MM_HINT_T0>(
-                            p.wrapping_add(b * bb + o + super::common::PF) as *const i8
-                        );
-                        o += 64;
-                    }
+                    super::common::prefetch_block(p.wrapping_add(b * bb + super::common::PF), bb);
                     $blk::<false>(
                         p.add(b * bb),
                         xp.add(b * be),

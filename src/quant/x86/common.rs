@@ -136,6 +136,18 @@ pub(super) fn dot_f32_as_row(dot_f32row: DotFn, w: &[f32], x: &[f32]) -> f32 {
     dot_f32row(bytes, x)
 }
 
+/// Software prefetch of the `bb` bytes at `p` (a block some distance ahead of the one being
+/// decoded), one hint per 64-byte line. Hints never fault, so `p` may run past the row.
+#[inline(always)]
+pub(super) fn prefetch_block(p: *const u8, bb: usize) {
+    let mut o = 0;
+    while o < bb {
+        // SAFETY: a prefetch hint reads nothing and never faults, whatever the address
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o) as *const i8) };
+        o += 64;
+    }
+}
+
 /// Bytes and elements of one step of a row walk: a block of `bb` bytes and `be` elements, or
 /// for float rows (`be == 1`) a round of `ROUND` elements of `esz` bytes each.
 pub(super) const fn walk_step(bb: usize, be: usize, esz: usize) -> (usize, usize) {
@@ -199,13 +211,7 @@ macro_rules! dot_kernel {
                 let (p, xp) = (row.as_ptr(), x.as_ptr());
                 for b in 0..nb {
                     if let Some(pf) = $pf {
-                        // Software prefetch `pf` bytes ahead, one hint per 64-byte line of
-                        // the block (hints never fault, so running past the row is harmless).
-                        let mut o = 0;
-                        while o < bb {
-                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(b * bb + o + pf) as *const i8);
-                            o += 64;
-                        }
+                        $crate::quant::x86::common::prefetch_block(p.wrapping_add(b * bb + pf), bb);
                     }
                     $blk::<false>(
                         p.add(b * bb),
