@@ -581,6 +581,25 @@ mod tests {
     }
 
     #[test]
+    fn a_row_prior_from_the_target_prices_unmeasured_rows() {
+        // a streamed MoE without a cache: a row reads 0.85 of a pass until measured
+        let mut p = Policy::new(cfg(4, 1));
+        p.measure();
+        p.set_row_prior(0.85);
+        assert_eq!(p.cost(1), 1.85);
+        p.record_plain(Some(100.0));
+        p.record_shadow(true);
+        p.record_shadow(true);
+        // α ≈ 0.78: E(1) ≈ 1.78 < 1.85, so no probe (at 0.25 a row it would verify)
+        assert!(p.alpha() > 0.7 && p.alpha() < 0.85, "{}", p.alpha());
+        assert_eq!(p.decide(true), d(0, true, false));
+        // never below the default prior
+        p.set_row_prior(0.1);
+        assert_eq!(p.cost(1), 1.0 + BETA_PRIOR);
+        assert_eq!(p.decide(true), d(1, false, false));
+    }
+
+    #[test]
     fn measured_costs_set_the_length() {
         let mut p = Policy::new(cfg(6, 2));
         p.measure();

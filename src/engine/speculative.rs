@@ -205,6 +205,8 @@ pub struct Speculator {
     pub stats: SpecStats,
     /// What the policy compares, chosen at the first step.
     cost: Option<Cost>,
+    /// Whether the target has an expert store with a cache (set with `cost`).
+    cached: bool,
 }
 
 /// What [`Policy`] compares per token between verification and plain passes.
@@ -253,6 +255,7 @@ impl Speculator {
             config,
             stats,
             cost: None,
+            cached: false,
         }
     }
 
@@ -314,8 +317,8 @@ impl Speculator {
             }
             // bytes with an expert cache and a resident spine: verification cannot read less
             // than plain decoding (see `Policy::no_gain`)
-            let cached = s.store.experts().is_some_and(|e| e.cache().budget() > 0);
-            if kind == Cost::Bytes && cached && s.model.placement().spine_streamed_bytes == 0 {
+            self.cached = s.store.experts().is_some_and(|e| e.cache().budget() > 0);
+            if kind == Cost::Bytes && self.cached && s.model.placement().spine_streamed_bytes == 0 {
                 self.policy.no_gain();
             }
             self.cost = Some(kind);
@@ -354,8 +357,7 @@ impl Speculator {
                 st.verify_bytes += b;
                 // with an expert cache a verification's bytes next to plain passes' say
                 // little (the cache warms, passes spike): charge what it wasted instead
-                let cached = s.store.experts().is_some_and(|e| e.cache().budget() > 0);
-                if kind == Cost::Bytes && cached {
+                if kind == Cost::Bytes && self.cached {
                     let shared =
                         v.accepted as u64 * s.model.placement().spine_streamed_bytes as u64;
                     self.policy.record_verify_waste(
@@ -380,8 +382,10 @@ impl Speculator {
             shadow = d.tokens.first().copied();
         }
         let (b1, t1) = (bytes(s), std::time::Instant::now());
+        // expert bytes before the first plain pass (for the row prior below)
         let experts = |s: &Session| s.store.experts().map(|e| e.counters().bytes);
-        let e1 = experts(s);
+        let first = self.stats.plain_passes == 0 && kind == Cost::Bytes && !self.cached;
+        let e1 = if first { experts(s) } else { None };
         let last = *history.last().expect("a token to continue from");
         let mut l = s
             .model
@@ -389,14 +393,12 @@ impl Speculator {
         let raw = if rows { l.clone() } else { Vec::new() };
         let t = sampler.sample(&mut l, history);
         let b = bytes(s) - b1;
-        if self.stats.plain_passes == 0 && kind == Cost::Bytes && b > 0 {
+        if let (Some(a), true) = (e1, b > 0) {
             // a streamed MoE without an expert cache: an extra row costs about the routed
             // experts' share of a pass (less what rows share, unknown until measured)
-            let uncached = s.store.experts().is_some_and(|e| e.cache().budget() == 0);
-            if let (true, Some(a), Some(z)) = (uncached, e1, experts(s)) {
-                self.policy
-                    .set_row_prior(ROW_PRIOR_SHARE * (z - a) as f64 / b as f64);
-            }
+            let z = experts(s).unwrap_or(a);
+            self.policy
+                .set_row_prior(ROW_PRIOR_SHARE * (z - a) as f64 / b as f64);
         }
         self.stats.plain_passes += 1;
         self.stats.plain_bytes += b;
