@@ -29,7 +29,7 @@ pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64, load
          I/O wait             {:.3} s ({wait_share:.0}% of run)\n\
          placement            {}\n\
          numerics             {}\n\
-         resident weights     {}, streamed per pass {}, stream buffers {}, KV cache {}, activations {}\n\
+         resident weights     {}, not resident {} (read from disk when a pass uses it), stream buffers {}, KV cache {}, activations {}\n\
          peak RSS             {}\n\
          seed                 {seed}\n",
         s.prompt_tokens,
