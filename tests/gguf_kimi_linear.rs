@@ -7,7 +7,8 @@
 //!
 //! Tolerance: max |ours − llama.cpp| over the vocabulary ÷ max |llama.cpp|, at every prompt
 //! position, at most [`TOL`] (1e-4). Both sides compute in f32 over the same weights; they
-//! differ in summation order, in the KDA chunked form, and in small epsilons: llama.cpp
+//! differ in summation order, in the KDA form (llama.cpp runs prompts chunked, Deltafin every
+//! pass recurrent), and in small epsilons: llama.cpp
 //! L2-normalizes KDA queries and keys with `rms_norm_eps` (1e-5), Deltafin with transformers'
 //! 1e-6, and keeps `−exp(A_log)` where Deltafin takes `ln` of it back.
 

@@ -23,8 +23,6 @@ use serde_json::Value;
 
 const REF: &str = "kimi_k3_hf";
 const TOL: f32 = 1e-4;
-/// Chunked prefill against token-at-a-time decode (f32 summation order; as tests/gguf_kimi_k3.rs).
-const FORMS: f32 = 1e-5;
 
 fn session(path: &Path, ram_budget: Option<u64>) -> Session {
     let (m, s) = load_path(path, &opts(ram_budget)).unwrap();
@@ -121,7 +119,9 @@ fn kimi_k3_folders_greedy_continuations_match_llama_cpp() {
 }
 
 #[test]
-fn kimi_k3_folders_streamed_equal_resident_and_chunked_equals_recurrent() {
+fn kimi_k3_folders_streamed_equal_resident_and_prefill_equals_token_at_a_time() {
+    // bit for bit: every pass runs the delta rule in its recurrent form, whatever the CPU
+    // (src/models/kimi_linear/kda.rs; a 1e-5 bound on a chunked prefill failed on AVX-512 BF16)
     let ids = u32s(&reference(REF)["prompt_ids"]);
     for folder in ["kimi_k3", "kimi_k3_mxfp4"] {
         let path = fixture(folder);
@@ -134,8 +134,10 @@ fn kimi_k3_folders_streamed_equal_resident_and_chunked_equals_recurrent() {
                 .model
                 .forward(&mut s.store, &mut s.cache, &[t], Logits::Last)
                 .unwrap();
-            let rel = rel_diff(&l, &resident[i * vocab..(i + 1) * vocab]);
-            assert!(rel < FORMS, "{folder}: position {i}: rel {rel}");
+            assert!(
+                l[..] == resident[i * vocab..(i + 1) * vocab],
+                "{folder}: position {i}"
+            );
         }
     }
 }

@@ -269,6 +269,10 @@ use std::sync::OnceLock;
 /// `len % ROUND` elements of a float row in order, after the lane reduction.
 pub(crate) const ROUND: usize = 32;
 
+/// The environment variable that caps [`SimdLevel::detect`]: `scalar`, `neon`, `avx2` or
+/// `avx512` (a level this CPU lacks falls to the best one below it).
+pub const SIMD_CAP_VAR: &str = "DELTAFIN_SIMD";
+
 /// A CPU instruction-set level for the kernels. Each level fixes its own accumulation order,
 /// so results may differ between levels in the last bits, never between calls or threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -285,15 +289,53 @@ pub enum SimdLevel {
 }
 
 impl SimdLevel {
-    /// The best level this CPU supports, detected once and cached.
+    /// The level the kernels use: the best this CPU supports, detected once and cached,
+    /// capped by the environment variable [`SIMD_CAP_VAR`] when it is set (a developer's
+    /// knob, like rayon's `RAYON_NUM_THREADS`: the test suite runs once per level with it,
+    /// `docs/correctness.md`). Panics when the variable names no level ([`Self::parse`]).
     pub fn detect() -> SimdLevel {
         static BEST: OnceLock<SimdLevel> = OnceLock::new();
         *BEST.get_or_init(|| {
-            Self::available()
+            let best = Self::available()
                 .into_iter()
                 .max()
-                .unwrap_or(SimdLevel::Scalar)
+                .unwrap_or(SimdLevel::Scalar);
+            match std::env::var(SIMD_CAP_VAR) {
+                Ok(v) if !v.is_empty() => {
+                    let cap = Self::parse(&v).unwrap_or_else(|e| panic!("{SIMD_CAP_VAR}: {e}"));
+                    Self::available()
+                        .into_iter()
+                        .filter(|l| *l <= cap)
+                        .max()
+                        .unwrap_or(SimdLevel::Scalar)
+                        .min(best)
+                }
+                _ => best,
+            }
         })
+    }
+
+    /// The lowercase name: `scalar`, `neon`, `avx2` or `avx512`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Scalar => "scalar",
+            SimdLevel::Neon => "neon",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
+        }
+    }
+
+    /// The level named `s` ([`Self::name`]); an error lists the names otherwise.
+    pub fn parse(s: &str) -> Result<SimdLevel, String> {
+        [
+            SimdLevel::Scalar,
+            SimdLevel::Neon,
+            SimdLevel::Avx2,
+            SimdLevel::Avx512,
+        ]
+        .into_iter()
+        .find(|l| l.name() == s)
+        .ok_or_else(|| format!("unknown SIMD level '{s}' (expected scalar, neon, avx2 or avx512)"))
     }
 
     /// Every level this CPU can run (always includes `Scalar`), lowest first.

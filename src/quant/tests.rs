@@ -400,3 +400,29 @@ fn known_mxfp4_values() {
         assert_eq!(got[0].to_bits(), want.to_bits(), "e = {e}");
     }
 }
+
+/// Level names round-trip; an unknown name is refused with the list; the detected level is
+/// one this CPU runs, and no higher than `DELTAFIN_SIMD` when the suite runs under a cap.
+#[test]
+fn simd_level_names_and_cap() {
+    for l in [
+        SimdLevel::Scalar,
+        SimdLevel::Neon,
+        SimdLevel::Avx2,
+        SimdLevel::Avx512,
+    ] {
+        assert_eq!(SimdLevel::parse(l.name()), Ok(l));
+    }
+    assert_eq!(
+        SimdLevel::parse("sse4"),
+        Err("unknown SIMD level 'sse4' (expected scalar, neon, avx2 or avx512)".to_string())
+    );
+    let level = SimdLevel::detect();
+    assert!(level.is_available());
+    if let Ok(cap) = std::env::var(SIMD_CAP_VAR) {
+        assert!(
+            level <= SimdLevel::parse(&cap).unwrap(),
+            "{level:?} above {cap}"
+        );
+    }
+}

@@ -47,7 +47,7 @@ use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
 use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
 use super::deepseek_v3::mla::MlaShape;
 use super::kimi_linear::mixer::{kda_mixer, mla_mixer, KdaShape, KdaWeights, MlaLayer};
-use super::kimi_linear::{a_log_of_neg_exp, kda, Mixer};
+use super::kimi_linear::{a_log_of_neg_exp, Mixer};
 use super::layers::{add_into, mm, rms_norm_rows};
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef};
 use super::moe::{route_sigmoid_grouped, ExpertMats, ExpertStep, UnitExperts};
@@ -296,7 +296,8 @@ fn build(
         + 2 * c.moe.dense_ff.max(c.moe.expert_ff * c.moe.shared.max(1))
         + 4 * c.routed_width()
         + c.moe.experts;
-    let chunk = kda::CHUNK * kda::CHUNK + 8 * kda::CHUNK * c.kda_head_dim;
+    // the delta rule's per-head copies of q, k, g, v and beta for the batch's rows (kda::delta_rule)
+    let chunk = nb * (4 * c.kda_head_dim + 1);
     let scratch_bytes = 4
         * (nb * per_tok + c.vocab_size + rayon::current_num_threads() * (n_ctx + c.kv_lora_rank * (c.qk_nope_head_dim + 2) + chunk));
     let vec_bytes: usize = 4 * vecs
@@ -375,7 +376,6 @@ impl KimiK3Blocks {
     #[allow(clippy::too_many_arguments)]
     fn mixer(&self, l: usize, mix: &Mix, u: &UnitBytes, cache: &mut KvCache, pos0: usize, xn: &[f32], o: &mut [f32]) {
         let v = &self.vecs[l];
-        let n = o.len() / self.config.hidden_size;
         match mix {
             Mix::Kda(m) => {
                 let [q, k, vv, f_a, f_b, b, g, om] = m.map(|r| r.view(u));
@@ -394,7 +394,7 @@ impl KimiK3Blocks {
                     dt_bias: &v.dt_bias,
                     o_norm: &v.o_norm,
                 };
-                kda_mixer(&self.kda_shape(), &kw, xn, &mut cache.state[l], n > 1, o);
+                kda_mixer(&self.kda_shape(), &kw, xn, &mut cache.state[l], o);
             }
             Mix::Mla { q_a, q, kv_a, kv_b, v_b, gate, o: om } => {
                 let ml = MlaLayer {

@@ -65,9 +65,8 @@ pub struct KdaWeights<'a> {
 
 /// A KDA layer over the `n` normed rows `xn` (`n × hidden`) into `out` (`n × hidden`), its
 /// state (`state`: convolution inputs then `n_heads × head_dim²`) carried from the previous
-/// tokens and updated. `chunked`: the delta rule in the chunked form (prefill) rather than the
-/// recurrent one.
-pub fn kda_mixer(sh: &KdaShape, w: &KdaWeights<'_>, xn: &[f32], state: &mut [f32], chunked: bool, out: &mut [f32]) {
+/// tokens and updated.
+pub fn kda_mixer(sh: &KdaShape, w: &KdaWeights<'_>, xn: &[f32], state: &mut [f32], out: &mut [f32]) {
     let (h, hd, dim) = (sh.n_heads, sh.head_dim, sh.dim());
     let n = out.len() / w.o.rows;
     let (conv_st, rec_st) = state.split_at_mut(sh.conv_state());
@@ -109,7 +108,7 @@ pub fn kda_mixer(sh: &KdaShape, w: &KdaWeights<'_>, xn: &[f32], state: &mut [f32
     beta.iter_mut().for_each(|b| *b = sigmoid(*b));
     let mut o = vec![0f32; n * dim];
     let x = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
-    delta_rule(&x, h, hd, hd, chunked, rec_st, &mut o);
+    delta_rule(&x, h, hd, hd, rec_st, &mut o);
     // gated output norm
     let mut gate = vec![0f32; n * dim];
     match &w.g_a {

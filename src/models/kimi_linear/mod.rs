@@ -14,9 +14,9 @@
 //! The session's cache holds, per MLA layer, one latent row per position (`kv_lora_rank +
 //! qk_rope_head_dim` floats) and, per KDA layer, its recurrent state
 //! ([`Config::kda_state`] floats: the short convolutions' last inputs and one
-//! `head_dim × head_dim` matrix per head; [`KvCache::with_state`]). A pass of several tokens
-//! runs the delta rule in its chunked form, a single token in its recurrent form; the two agree
-//! to f32 rounding (`tests/hf_kimi_linear.rs` states the bound).
+//! `head_dim × head_dim` matrix per head; [`KvCache::with_state`]). Every pass runs the delta
+//! rule in its recurrent form, so a prompt's logits equal token-at-a-time decoding bit for bit
+//! ([`self::kda`] says why the chunked form is not used).
 //!
 //! Weight units: one spine unit per layer (mixer, dense MLP or router and shared experts) and
 //! one per (layer, routed expert), placed under the RAM budget as DeepSeek V3's
@@ -230,7 +230,8 @@ impl KimiLinear {
             + c.latent_dim()
             + 2 * c.intermediate_size.max(c.moe_intermediate_size * c.n_shared_experts)
             + c.n_routed_experts;
-        let chunk = kda::CHUNK * kda::CHUNK + 8 * kda::CHUNK * c.linear_head_dim;
+        // the delta rule's per-head copies of q, k, g, v and beta for the batch's rows (kda::delta_rule)
+        let chunk = nb * (4 * c.linear_head_dim + 1);
         let scratch_bytes = 4
             * (nb * per_tok
                 + c.vocab_size
@@ -364,7 +365,7 @@ impl Blocks for KimiLinearBlocks {
                     dt_bias: &v.dt_bias,
                     o_norm: &v.o_norm,
                 };
-                kda_mixer(&self.kda_shape(), &kw, &s.xn, &mut cache.state[l], n > 1, &mut o);
+                kda_mixer(&self.kda_shape(), &kw, &s.xn, &mut cache.state[l], &mut o);
             }
             Mix::Mla {
                 q_a,
