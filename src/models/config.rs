@@ -6,9 +6,62 @@
 
 use std::ops::RangeInclusive;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
+use serde_json::Value;
 
 use crate::source::gguf::GgufModel;
+
+/// Typed field lookup over alternative names in a `config.json`, errors naming the file and
+/// the field (Kimi Linear's and Kimi K3's configs).
+pub(crate) struct Fields<'a> {
+    pub v: &'a Value,
+    pub label: &'a str,
+}
+
+impl<'a> Fields<'a> {
+    /// The first of `names` present (and not null).
+    pub(crate) fn find<'n>(&self, names: &[&'n str]) -> Option<(&'n str, &'a Value)> {
+        names
+            .iter()
+            .find_map(|n| self.v.get(*n).filter(|x| !x.is_null()).map(|x| (*n, x)))
+    }
+
+    pub(crate) fn count(&self, names: &[&str], default: Option<usize>) -> Result<usize> {
+        match (self.find(names), default) {
+            (Some((n, x)), _) => x
+                .as_u64()
+                .map(|c| c as usize)
+                .ok_or_else(|| anyhow!("{}: '{n}' = {x} is not a count", self.label)),
+            (None, Some(d)) => Ok(d),
+            (None, None) => bail!("{}: missing field '{}'", self.label, names[0]),
+        }
+    }
+
+    pub(crate) fn opt_count(&self, names: &[&str]) -> Result<Option<usize>> {
+        match self.find(names) {
+            None => Ok(None),
+            Some(_) => self.count(names, None).map(Some),
+        }
+    }
+
+    pub(crate) fn float(&self, names: &[&str], default: f64) -> Result<f64> {
+        match self.find(names) {
+            None => Ok(default),
+            Some((n, x)) => x
+                .as_f64()
+                .ok_or_else(|| anyhow!("{}: '{n}' = {x} is not a number", self.label)),
+        }
+    }
+
+    pub(crate) fn flag(&self, names: &[&str], default: bool) -> Result<bool> {
+        match self.find(names) {
+            None => Ok(default),
+            Some((n, x)) => x
+                .as_bool()
+                .ok_or_else(|| anyhow!("{}: '{n}' = {x} is not a boolean", self.label)),
+        }
+    }
+}
 
 /// Functions for `#[serde(default = "…")]`: the defaults transformers' config classes give
 /// fields that published `config.json` files omit. Each family names the ones its config

@@ -345,3 +345,16 @@ pub fn mat(t: &TensorInfo, place: (usize, usize)) -> MatRef {
         bytes: t.n_bytes as usize,
     }
 }
+
+/// A tensor that llama.cpp accepts in either of two GGML shapes (`a`, else `b`).
+pub(crate) fn either<'a>(
+    ts: &Tensors<'a>,
+    name: &str,
+    a: &[usize],
+    b: &[usize],
+) -> Result<TensorInfo> {
+    match ts.by_name.get(name).map(|t| t.shape.len()) {
+        Some(r) if r == b.len() && r != a.len() => Ok(ts.get(name, b)?.clone()),
+        _ => Ok(ts.get(name, a)?.clone()),
+    }
+}

@@ -33,7 +33,6 @@
 
 mod config;
 pub mod gguf;
-pub mod mla;
 mod tensors;
 
 use anyhow::Result;
@@ -44,7 +43,7 @@ use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
 use self::tensors::{hf_checkpoint, unit_of_lins, Checkpoint, FfnTensors, KvB, Lin};
 use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
 use super::loading::{unit_of, CheckpointFiles, MatRef};
-use self::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
+use super::layers::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
 use super::moe::{route_sigmoid_grouped, store_swiglu_experts, ExpertMats, UnitExperts};
 use super::moe::ExpertStep;
 use super::decoder::{Blocks, CacheShape, ChunkedMatrix, Decoder, Dims, MtpLayer, RouterParts, Scratch};

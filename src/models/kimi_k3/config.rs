@@ -7,9 +7,8 @@ use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
 use crate::models::config::{gguf_count, gguf_sigmoid_moe, opt_gguf_count, GgufSigmoidMoe};
-use crate::models::kimi_linear::config::{mixers, Fields};
-use crate::models::kimi_linear::gguf::gguf_hybrid_attn;
-use crate::models::kimi_linear::Mixer;
+use crate::models::config::Fields;
+use crate::models::layers::hybrid::{gguf_hybrid_attn, mixers, Mixer};
 use crate::source::gguf::GgufModel;
 
 /// The `general.architecture` llama.cpp gives Kimi K3.
@@ -41,7 +40,7 @@ pub struct Config {
     /// `ssm.conv_kernel`: taps of KDA's short convolutions.
     pub conv_kernel: usize,
     /// `kda.gate_lower_bound` (K3: −5): switches the decay activation (see
-    /// [`crate::models::kimi_linear::kda::decay`]).
+    /// [`crate::models::layers::kda::decay`]).
     pub gate_lower_bound: Option<f32>,
     /// `attention.q_lora_rank` (absent: a plain `attn_q`).
     pub q_lora_rank: Option<usize>,

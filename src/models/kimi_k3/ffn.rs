@@ -6,7 +6,7 @@
 use std::io;
 
 use crate::kernels::Matrix;
-use crate::models::kimi_linear::kda::sigmoid;
+use crate::models::layers::kda::sigmoid;
 use crate::models::layers::mm;
 use crate::models::moe::{moe_forward_with, ExpertStep, StoreExperts, UnitExperts};
 

@@ -23,8 +23,8 @@
 use anyhow::Result;
 
 use super::config::Config;
-use crate::models::kimi_linear::gguf::either;
-use crate::models::kimi_linear::Mixer;
+use crate::models::layers::hybrid::Mixer;
+use crate::models::loading::either;
 use crate::models::loading::Tensors;
 use crate::source::gguf::GgufModel;
 use crate::source::tensor::TensorInfo;

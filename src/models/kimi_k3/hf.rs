@@ -31,7 +31,7 @@ use serde_json::Value;
 
 use super::config::{merged_text_config, Config};
 use super::gguf::{Checkpoint, FfnTensors, LayerTensors, MixTensors, Score};
-use crate::models::kimi_linear::Mixer;
+use crate::models::layers::hybrid::Mixer;
 use crate::models::loading::Tensors;
 use crate::quant::GgmlType;
 use crate::source::hf::HfModel;

@@ -11,14 +11,8 @@
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
-/// What one layer's token mixer is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mixer {
-    /// Kimi Delta Attention (recurrent).
-    Kda,
-    /// Multi-head latent attention without RoPE.
-    Mla,
-}
+use crate::models::config::Fields;
+use crate::models::layers::hybrid::{mixers, Mixer};
 
 /// The fields of `config.json` the forward pass uses.
 #[derive(Clone, Debug, PartialEq)]
@@ -213,123 +207,6 @@ impl Config {
     pub fn kda_state(&self) -> usize {
         (self.linear_conv_kernel_dim - 1) * 3 * self.kda_dim()
             + self.linear_num_heads * self.linear_head_dim * self.linear_head_dim
-    }
-}
-
-/// Typed field lookup over alternative names, errors naming the file and the field (also
-/// used by Kimi K3's `config.json`, [`crate::models::kimi_k3::Config::from_hf_json`]).
-pub(crate) struct Fields<'a> {
-    pub v: &'a Value,
-    pub label: &'a str,
-}
-
-impl<'a> Fields<'a> {
-    /// The first of `names` present (and not null).
-    pub(crate) fn find<'n>(&self, names: &[&'n str]) -> Option<(&'n str, &'a Value)> {
-        names
-            .iter()
-            .find_map(|n| self.v.get(*n).filter(|x| !x.is_null()).map(|x| (*n, x)))
-    }
-
-    pub(crate) fn count(&self, names: &[&str], default: Option<usize>) -> Result<usize> {
-        match (self.find(names), default) {
-            (Some((n, x)), _) => x
-                .as_u64()
-                .map(|c| c as usize)
-                .ok_or_else(|| anyhow!("{}: '{n}' = {x} is not a count", self.label)),
-            (None, Some(d)) => Ok(d),
-            (None, None) => bail!("{}: missing field '{}'", self.label, names[0]),
-        }
-    }
-
-    pub(crate) fn opt_count(&self, names: &[&str]) -> Result<Option<usize>> {
-        match self.find(names) {
-            None => Ok(None),
-            Some(_) => self.count(names, None).map(Some),
-        }
-    }
-
-    pub(crate) fn float(&self, names: &[&str], default: f64) -> Result<f64> {
-        match self.find(names) {
-            None => Ok(default),
-            Some((n, x)) => x
-                .as_f64()
-                .ok_or_else(|| anyhow!("{}: '{n}' = {x} is not a number", self.label)),
-        }
-    }
-
-    pub(crate) fn flag(&self, names: &[&str], default: bool) -> Result<bool> {
-        match self.find(names) {
-            None => Ok(default),
-            Some((n, x)) => x
-                .as_bool()
-                .ok_or_else(|| anyhow!("{}: '{n}' = {x} is not a boolean", self.label)),
-        }
-    }
-}
-
-/// Per-layer mixers: `layer_types` (`linear_attention` / `full_attention`) when present, else
-/// `linear_attn_config.full_attn_layers` and `kda_layers` (1-based; one of them alone: the
-/// other kind at every other layer), else transformers'
-/// default (MLA at every 4th layer from layer 4, counting from 0: `i > 0 && i % 4 == 0`).
-pub(crate) fn mixers(v: &Value, la: Option<&Value>, n: usize, label: &str) -> Result<Vec<Mixer>> {
-    if let Some(t) = v.get("layer_types").and_then(Value::as_array) {
-        if t.len() != n {
-            bail!("{label}: 'layer_types' has {} entries for {n} layers", t.len());
-        }
-        return t
-            .iter()
-            .map(|x| match x.as_str() {
-                Some("linear_attention") => Ok(Mixer::Kda),
-                Some("full_attention") => Ok(Mixer::Mla),
-                _ => bail!("{label}: 'layer_types' entry {x} is not linear_attention or full_attention"),
-            })
-            .collect();
-    }
-    let list = |k: &str| -> Result<Option<Vec<usize>>> {
-        let Some(a) = la.and_then(|o| o.get(k)) else {
-            return Ok(None);
-        };
-        let a = a
-            .as_array()
-            .ok_or_else(|| anyhow!("{label}: 'linear_attn_config.{k}' is not a list"))?;
-        a.iter()
-            .map(|x| match x.as_u64() {
-                Some(i) if (1..=n as u64).contains(&i) => Ok(i as usize - 1),
-                _ => bail!("{label}: 'linear_attn_config.{k}' entry {x} is outside 1..={n}"),
-            })
-            .collect::<Result<Vec<_>>>()
-            .map(Some)
-    };
-    match (list("full_attn_layers")?, list("kda_layers")?) {
-        (Some(full), Some(kda)) => {
-            let mut m = vec![None; n];
-            for (ls, kind) in [(full, Mixer::Mla), (kda, Mixer::Kda)] {
-                for l in ls {
-                    if m[l].replace(kind).is_some() {
-                        bail!("{label}: layer {} is listed twice in 'linear_attn_config'", l + 1);
-                    }
-                }
-            }
-            m.iter()
-                .enumerate()
-                .map(|(l, x)| {
-                    x.ok_or_else(|| {
-                        anyhow!("{label}: layer {} is in neither 'full_attn_layers' nor 'kda_layers'", l + 1)
-                    })
-                })
-                .collect()
-        }
-        // one list alone: the other kind everywhere else (llama.cpp's converters read
-        // `full_attn_layers` only)
-        (Some(full), None) => Ok((0..n).map(|l| if full.contains(&l) { Mixer::Mla } else { Mixer::Kda }).collect()),
-        (None, Some(kda)) => Ok((0..n).map(|l| if kda.contains(&l) { Mixer::Kda } else { Mixer::Mla }).collect()),
-        (None, None) => Ok((0..n)
-            .map(|i| match i > 0 && i % 4 == 0 {
-                true => Mixer::Mla,
-                false => Mixer::Kda,
-            })
-            .collect()),
     }
 }
 

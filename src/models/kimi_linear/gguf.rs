@@ -28,14 +28,15 @@
 //! Norm epsilons follow llama.cpp: the latent norms (`attn_kv_a_norm`, `attn_q_a_norm`) use
 //! `attention.layer_norm_rms_epsilon`, as the other RMSNorms.
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 use serde_json::json;
 
-use super::config::{Config, Mixer};
+use super::config::Config;
 use super::tensors::{Checkpoint, FfnTensors, KdaTensors, KvB, LayerTensors, MixTensors, MlaTensors};
 use super::KimiLinear;
-use crate::models::config::{gguf_count, gguf_sigmoid_moe, opt_gguf_count, GgufSigmoidMoe};
-use crate::models::loading::Tensors;
+use crate::models::config::{gguf_count, gguf_sigmoid_moe, GgufSigmoidMoe};
+use crate::models::layers::hybrid::{gguf_hybrid_attn, Mixer};
+use crate::models::loading::{either, Tensors};
 use crate::models::LoadOptions;
 use crate::source::gguf::GgufModel;
 use crate::source::tensor::TensorInfo;
@@ -44,8 +45,6 @@ use crate::store::WeightStore;
 /// The `general.architecture` llama.cpp gives Kimi Linear.
 pub const ARCH: &str = "kimi-linear";
 
-/// Dimension limit checked at load (a hostile file must not make us allocate terabytes).
-const DIM_MAX: u64 = 1 << 20;
 
 /// Reads the configuration of a `kimi-linear` GGUF as a Kimi Linear [`Config`].
 ///
@@ -112,96 +111,6 @@ pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
         },
     });
     Config::from_json(&v, &file)
-}
-
-/// The layer map and attention widths that llama.cpp's hybrid KDA + MLA architectures
-/// (`kimi-linear`, `kimi-k3`) write under the same keys `ARCH.*`.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct GgufHybridAttn {
-    /// `block_count`.
-    pub layers: usize,
-    /// `embedding_length`.
-    pub hidden: usize,
-    /// `attention.head_count`: the heads of both mixers (llama.cpp has one count).
-    pub heads: usize,
-    /// Per layer, from the array `attention.head_count_kv` (0: KDA, else MLA).
-    pub mixers: Vec<Mixer>,
-    /// `attention.kv_lora_rank`.
-    pub kv_lora_rank: usize,
-    /// `attention.q_lora_rank` (absent: a full-rank query projection).
-    pub q_lora_rank: Option<usize>,
-    /// `rope.dimension_count`: the rotary part of an MLA key head.
-    pub rope: usize,
-    /// `attention.key_length_mla` minus `rope`.
-    pub qk_nope: usize,
-    /// `attention.value_length_mla`.
-    pub v_head_dim: usize,
-    /// `kda.head_dim`.
-    pub kda_head_dim: usize,
-    /// `ssm.conv_kernel`: taps of the KDA short convolutions.
-    pub conv_kernel: usize,
-    /// Rows of `token_embd.weight`.
-    pub vocab: usize,
-}
-
-/// Reads [`GgufHybridAttn`] from the keys `{arch}.*` and the token table. Errors name the
-/// file and the key or tensor: a missing key, a count out of range, a `head_count_kv` that
-/// is not an array of one count per block, a `key_length_mla` not above
-/// `rope.dimension_count`, a token table of no rows (or over 2^24).
-pub(crate) fn gguf_hybrid_attn(g: &GgufModel, arch: &str) -> Result<GgufHybridAttn> {
-    let file = g.file_name();
-    let k = |s: &str| format!("{arch}.{s}");
-    let n = gguf_count(g, &k("block_count"), 1..=4096)?;
-    let hidden = gguf_count(g, &k("embedding_length"), 1..=DIM_MAX)?;
-    let heads = gguf_count(g, &k("attention.head_count"), 1..=4096)?;
-    let kv_key = k("attention.head_count_kv");
-    let kv = g
-        .get(&kv_key)
-        .and_then(|v| v.as_array())
-        .and_then(|a| a.iter().map(|x| x.as_u64()).collect::<Option<Vec<u64>>>())
-        .ok_or_else(|| anyhow!("{file}: metadata key '{kv_key}' is not an array of counts (one per layer: 0 for KDA, else MLA)"))?;
-    if kv.len() != n {
-        bail!("{file}: metadata key '{kv_key}' has {} entries for {n} blocks", kv.len());
-    }
-    let kv_lora_rank = gguf_count(g, &k("attention.kv_lora_rank"), 1..=DIM_MAX)?;
-    let q_lora_rank = opt_gguf_count(g, &k("attention.q_lora_rank"), 1..=DIM_MAX)?;
-    let rope = gguf_count(g, &k("rope.dimension_count"), 0..=512)?;
-    let qk = gguf_count(g, &k("attention.key_length_mla"), 1..=8192)?;
-    let v_head_dim = gguf_count(g, &k("attention.value_length_mla"), 1..=8192)?;
-    if qk <= rope {
-        bail!("{file}: metadata key '{arch}.attention.key_length_mla' = {qk} leaves no room beside '{arch}.rope.dimension_count' = {rope}");
-    }
-    let kda_head_dim = gguf_count(g, &k("kda.head_dim"), 1..=8192)?;
-    let conv_kernel = gguf_count(g, &k("ssm.conv_kernel"), 1..=1024)?;
-    let embd = g
-        .tensor("token_embd.weight")
-        .ok_or_else(|| anyhow!("{file}: tensor 'token_embd.weight' is missing"))?;
-    let vocab = embd.shape.get(1).copied().unwrap_or(0);
-    if vocab == 0 || vocab > 1 << 24 {
-        bail!("{file}: tensor 'token_embd.weight' has {vocab} rows (vocabulary size)");
-    }
-    Ok(GgufHybridAttn {
-        layers: n,
-        hidden,
-        heads,
-        mixers: kv.iter().map(|&h| if h == 0 { Mixer::Kda } else { Mixer::Mla }).collect(),
-        kv_lora_rank,
-        q_lora_rank,
-        rope,
-        qk_nope: qk - rope,
-        v_head_dim,
-        kda_head_dim,
-        conv_kernel,
-        vocab: vocab as usize,
-    })
-}
-
-/// A tensor that llama.cpp accepts in either of two GGML shapes (`a`, else `b`).
-pub(crate) fn either<'a>(ts: &Tensors<'a>, name: &str, a: &[usize], b: &[usize]) -> Result<TensorInfo> {
-    match ts.by_name.get(name).map(|t| t.shape.len()) {
-        Some(r) if r == b.len() && r != a.len() => Ok(ts.get(name, b)?.clone()),
-        _ => Ok(ts.get(name, a)?.clone()),
-    }
 }
 
 /// Resolves the tensors of a `kimi-linear` GGUF for `c` ([`config_from_gguf`]), with shape

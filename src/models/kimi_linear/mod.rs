@@ -24,19 +24,20 @@
 
 pub(crate) mod config;
 pub mod gguf;
-pub mod kda;
-pub mod mixer;
 mod tensors;
 
 use anyhow::Result;
 
-pub use self::config::{Config, Mixer};
+pub use self::config::Config;
+pub use super::layers::hybrid::Mixer;
 
-use self::mixer::{kda_mixer, mla_mixer, KdaShape, KdaWeights, MlaLayer};
+use super::layers::hybrid::a_log_of_neg_exp;
+use super::layers::kda;
+use super::layers::mixers::{kda_mixer, mla_mixer, KdaShape, KdaWeights, MlaLayer};
 use self::tensors::{hf_checkpoint, Checkpoint, FfnTensors, KvB, MixTensors};
 use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
 use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
-use super::deepseek_v3::mla::MlaShape;
+use super::layers::mla::MlaShape;
 use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef};
 use super::moe::{route_sigmoid_grouped, store_swiglu_experts, ExpertMats, ExpertStep, UnitExperts};
@@ -280,18 +281,6 @@ impl KimiLinear {
         };
         Ok(Decoder::placed(blocks, dims, layers, final_norm, placed))
     }
-}
-
-/// `A_log` from llama.cpp's `ssm_a` (`−exp(A_log)` per head): `ln(−a)`.
-///
-/// Errors: a value that is not negative and finite (named with the tensor).
-pub(crate) fn a_log_of_neg_exp(name: &str, a: Vec<f32>) -> Result<Vec<f32>> {
-    a.into_iter()
-        .map(|x| match x < 0.0 && x.is_finite() {
-            true => Ok((-x).ln()),
-            false => Err(anyhow::anyhow!("tensor '{name}' holds {x}: −exp(A_log) must be negative and finite")),
-        })
-        .collect()
 }
 
 impl KimiLinearBlocks {

@@ -18,7 +18,8 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 
-use super::config::{Config, Mixer};
+use super::config::Config;
+use crate::models::layers::hybrid::Mixer;
 use crate::models::loading::Tensors;
 use crate::source::hf::HfModel;
 use crate::source::pack::PackInfo;
@@ -50,7 +51,7 @@ pub(crate) struct MlaTensors {
 
 /// An MLA layer's `kv_b_proj`: joint (Hugging Face) or split as llama.cpp's converter writes it
 /// (`attn_k_b`, each head's key rows transposed, and `attn_v_b`; see
-/// [`crate::models::deepseek_v3::mla::MlaWeights`]).
+/// [`crate::models::layers::mla::MlaWeights`]).
 pub(crate) enum KvB {
     Joint(TensorInfo),
     Split { k: TensorInfo, v: TensorInfo },

@@ -2,6 +2,11 @@
 //! grouped-query attention over the KV cache. Every output element is computed the same way
 //! whatever the batch size and thread count, so prefill equals token-by-token decode.
 
+pub mod hybrid;
+pub mod kda;
+pub mod mixers;
+pub mod mla;
+
 use super::rope::RopeStyle;
 use rayon::prelude::*;
 

@@ -4,10 +4,10 @@
 //! "rotary" key used as is, never rotated).
 
 use super::kda::{decay, delta_rule, l2norm_eps, short_conv_silu, sigmoid, DeltaInputs};
-use crate::kernels::Matrix;
+use super::mla::{mla_attention, MlaShape, MlaWeights};
+use super::{mm, rms_norm_rows};
 use crate::kernels::ops::rms_norm;
-use crate::models::deepseek_v3::mla::{mla_attention, MlaShape, MlaWeights};
-use crate::models::layers::{mm, rms_norm_rows};
+use crate::kernels::Matrix;
 
 /// Sizes of a KDA layer.
 #[derive(Clone, Copy, Debug)]
@@ -66,7 +66,13 @@ pub struct KdaWeights<'a> {
 /// A KDA layer over the `n` normed rows `xn` (`n × hidden`) into `out` (`n × hidden`), its
 /// state (`state`: convolution inputs then `n_heads × head_dim²`) carried from the previous
 /// tokens and updated.
-pub fn kda_mixer(sh: &KdaShape, w: &KdaWeights<'_>, xn: &[f32], state: &mut [f32], out: &mut [f32]) {
+pub fn kda_mixer(
+    sh: &KdaShape,
+    w: &KdaWeights<'_>,
+    xn: &[f32],
+    state: &mut [f32],
+    out: &mut [f32],
+) {
     let (h, hd, dim) = (sh.n_heads, sh.head_dim, sh.dim());
     let n = out.len() / w.o.rows;
     let (conv_st, rec_st) = state.split_at_mut(sh.conv_state());
@@ -77,12 +83,17 @@ pub fn kda_mixer(sh: &KdaShape, w: &KdaWeights<'_>, xn: &[f32], state: &mut [f32
         for (i, m) in [&w.q, &w.k, &w.v].into_iter().enumerate() {
             mm(m, xn, n, &mut t);
             for r in 0..n {
-                qkv[r * 3 * dim + i * dim..r * 3 * dim + (i + 1) * dim].copy_from_slice(&t[r * dim..(r + 1) * dim]);
+                qkv[r * 3 * dim + i * dim..r * 3 * dim + (i + 1) * dim]
+                    .copy_from_slice(&t[r * dim..(r + 1) * dim]);
             }
         }
     }
     short_conv_silu(&mut qkv, 3 * dim, w.conv, sh.conv, conv_st);
-    let (mut q, mut k, mut v) = (vec![0f32; n * dim], vec![0f32; n * dim], vec![0f32; n * dim]);
+    let (mut q, mut k, mut v) = (
+        vec![0f32; n * dim],
+        vec![0f32; n * dim],
+        vec![0f32; n * dim],
+    );
     let scale = 1.0 / (hd as f32).sqrt();
     for r in 0..n {
         let row = &qkv[r * 3 * dim..(r + 1) * 3 * dim];
@@ -107,7 +118,13 @@ pub fn kda_mixer(sh: &KdaShape, w: &KdaWeights<'_>, xn: &[f32], state: &mut [f32
     mm(&w.b, xn, n, &mut beta);
     beta.iter_mut().for_each(|b| *b = sigmoid(*b));
     let mut o = vec![0f32; n * dim];
-    let x = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
+    let x = DeltaInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        beta: &beta,
+    };
     delta_rule(&x, h, hd, hd, rec_st, &mut o);
     // gated output norm
     let mut gate = vec![0f32; n * dim];

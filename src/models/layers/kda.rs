@@ -104,7 +104,15 @@ pub fn decay(f: &mut [f32], a_log: &[f32], dt_bias: &[f32], lower_bound: Option<
 /// One head's recurrent step (see the module header). `s`: the state, `dk × dv` row-major;
 /// `q` (scaled), `k` (both L2-normed) and `g` (log decay): `dk`; `v`, `out`: `dv`; `beta`
 /// the delta-rule strength.
-pub fn delta_step(s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: f32, out: &mut [f32]) {
+pub fn delta_step(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    out: &mut [f32],
+) {
     let dv = v.len();
     for (row, &gi) in s.chunks_exact_mut(dv).zip(g) {
         let e = gi.exp();
@@ -154,10 +162,19 @@ pub fn delta_rule(
         .map(|(h, s)| {
             let gather = |src: &[f32], w: usize| -> Vec<f32> {
                 (0..n)
-                    .flat_map(|t| src[(t * n_heads + h) * w..(t * n_heads + h + 1) * w].iter().copied())
+                    .flat_map(|t| {
+                        src[(t * n_heads + h) * w..(t * n_heads + h + 1) * w]
+                            .iter()
+                            .copied()
+                    })
                     .collect()
             };
-            let (q, k, v, g) = (gather(x.q, dk), gather(x.k, dk), gather(x.v, dv), gather(x.g, dk));
+            let (q, k, v, g) = (
+                gather(x.q, dk),
+                gather(x.k, dk),
+                gather(x.v, dv),
+                gather(x.g, dk),
+            );
             let beta: Vec<f32> = (0..n).map(|t| x.beta[t * n_heads + h]).collect();
             let mut o = vec![0f32; n * dv];
             for t in 0..n {
@@ -205,9 +222,18 @@ mod tests {
         }
         q.iter_mut().for_each(|x| *x /= (dk as f32).sqrt());
         let v = data(n * h * dv, 3);
-        let g: Vec<f32> = data(n * h * dk, 4).iter().map(|x| -0.3 * (x + 1.0)).collect();
+        let g: Vec<f32> = data(n * h * dk, 4)
+            .iter()
+            .map(|x| -0.3 * (x + 1.0))
+            .collect();
         let beta: Vec<f32> = data(n * h, 5).iter().map(|&x| sigmoid(2.0 * x)).collect();
-        let x = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
+        let x = DeltaInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            beta: &beta,
+        };
         let s0 = data(h * dk * dv, 6);
         let (mut s1, mut s2) = (s0.clone(), s0.clone());
         let mut o1 = vec![0f32; n * h * dv];
@@ -229,7 +255,15 @@ mod tests {
         assert_eq!(s1, s2);
         // head 1's first output from s0 by hand: decay, delta, read
         let (mut s, mut o) = (s0[dk * dv..].to_vec(), vec![0f32; dv]);
-        delta_step(&mut s, &q[dk..2 * dk], &k[dk..2 * dk], &v[dv..2 * dv], &g[dk..2 * dk], beta[1], &mut o);
+        delta_step(
+            &mut s,
+            &q[dk..2 * dk],
+            &k[dk..2 * dk],
+            &v[dv..2 * dv],
+            &g[dk..2 * dk],
+            beta[1],
+            &mut o,
+        );
         assert_eq!(o, o1[dv..2 * dv]);
         assert_ne!(s, s0[dk * dv..]);
     }
