@@ -3,7 +3,7 @@
 # under a 2048 MB memory limit (-m) and a 2 s per-input timeout (-t), then prints executions,
 # crashes and hangs per target. Exits non-zero when a target could not run or found a crash or a
 # hang (their inputs are left in fuzz/out/T/default/crashes/ and hangs/). Needs fuzz/setup.sh
-# once (cargo-afl 0.18.2 and its AFL++ build); see README.md, "Fuzzing".
+# once (cargo-afl 0.18.2 and its AFL++ build); see docs/fuzzing.md.
 set -euo pipefail
 cd "$(dirname "$0")"
 secs=${SECONDS_PER_TARGET:-120}

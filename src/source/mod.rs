@@ -7,6 +7,20 @@
 //! Nothing here writes a file, computes or touches the network: writing packs, GGUF files and
 //! synthetic models is [`crate::write`]'s, fetching models [`crate::pull`]'s. This module
 //! must never import `write`, `models`, `engine` or `cli`.
+//!
+//! Files:
+//!
+//! - `gguf.rs`: the GGUF model reader (versions 2 and 3, split files, a folder holding one
+//!   model); `gguf_parse.rs`: the file parser, every size read from the file checked before it
+//!   is used; `gguf_meta.rs`: typed metadata getters; `gguf_value.rs`: metadata values and the
+//!   reader's errors.
+//! - `hf.rs`: Hugging Face folders: safetensors headers and the sharded index. A multimodal
+//!   checkpoint's `language_model.` prefix is removed, so its text model has text-only names.
+//! - `pack.rs`: opening a pack as the model it was made of; `pack_format.rs`: the manifest's
+//!   types, read with a size bound; `pack_check.rs`: every manifest field checked against the
+//!   others and the files, for opening and `--verify` alike; `pack_info.rs`: what the loaders
+//!   need of an opened pack beyond its tensor index.
+//! - `tensor.rs`: the tensor index (name → file, byte range, type, shape).
 
 pub mod gguf;
 mod gguf_meta;

@@ -1,5 +1,22 @@
 //! Weight storage: aligned buffers, direct I/O reads, resident units and the streamer that
 //! reads the rest ahead of compute.
+//!
+//! Files:
+//!
+//! - `aligned.rs`: heap buffers aligned for direct I/O; `direct.rs`: `O_DIRECT` positional
+//!   reads into them, buffered where the file system refuses `O_DIRECT`.
+//! - `weights.rs`: the weight store (resident and streamed units); `streamer.rs`: units and the
+//!   read-ahead streamer.
+//! - `relocate.rs`: pack relocation, a pack's logical coordinates mapped to its physical files.
+//! - `experts.rs`: the expert store. `experts/prefetch.rs`: guess prefetch and the read-ahead of
+//!   long batches. `experts/speculative.rs`: a verification's draft-only experts count as uses
+//!   only once accepted, and rejected drafts' misses leave the cache at the verdict.
+//! - `io_engine.rs`: the expert store's read engine, io_uring (`io_engine/uring.rs`) or a pread
+//!   pool (`io_engine/pool.rs`).
+//! - `expert_cache.rs`: the expert cache (LFU-DA, LRU, none); `heat.rs`: the heat file.
+//! - `counters.rs`: raw counters (`ExpertCounters`, per layer `LayerCounters`; a leaf module);
+//!   `telemetry.rs`: statistics (snapshots, per-layer `LayerIo`, JSON).
+//! - `plan.rs`: residency planning under the RAM budget.
 
 pub mod aligned;
 pub mod counters;

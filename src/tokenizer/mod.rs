@@ -16,6 +16,24 @@
 //! follows llama.cpp: special and user-defined tokens are cut out of the raw text first (longest
 //! text first), and decoding concatenates llama.cpp's token pieces. Chat templates live in
 //! [`chat`], streamed detokenization in [`stream`].
+//!
+//! Files:
+//!
+//! - `hf.rs`: Hugging Face `tokenizer.json`; `tiktoken.rs`: Kimi's `tiktoken.model` as a
+//!   `tokenizers` BPE.
+//! - GGUF vocabularies: `vocab.rs` (the stored vocabulary and its token attributes), `bpe.rs`
+//!   (SentencePiece `llama` as a `tokenizers` BPE), `byte_bpe.rs` (byte-level `gpt2`), every
+//!   llama.cpp pre-tokenizer in `pre_tokenizers.rs`, split as llama.cpp splits in
+//!   `pre_split.rs`; special tokens cut out of raw text first in `partition.rs`; `packed.rs`: the
+//!   vocabulary's strings in one buffer.
+//! - `chat.rs`: chat templates through `minijinja`, rendered as transformers'
+//!   `render_jinja_template` renders them (message normalization, variables,
+//!   `{% generation %}`); `chat_py.rs`: Python value printing, `tojson`, local-time
+//!   `strftime_now`.
+//! - `literal.rs`: message text kept literal inside rendered templates (used by
+//!   `ModelTokenizer::encode_messages`).
+//! - `stream.rs`: streaming detokenization.
+//! - `model_tokenizer.rs`: either kind behind `ModelTokenizer`.
 
 mod bpe;
 mod byte_bpe;
