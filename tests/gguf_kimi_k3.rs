@@ -80,7 +80,7 @@ fn kimi_k3_gguf_streamed_equals_resident() {
 
 #[test]
 fn kimi_k3_gguf_prefill_equals_token_at_a_time_bit_for_bit() {
-    // every pass runs the delta rule in its recurrent form (src/models/kimi_linear/kda.rs)
+    // every pass runs the delta rule in its recurrent form (src/models/layers/kda.rs)
     let ids = u32s(&reference(FAMILY)["prompt_ids"]);
     let (all, vocab) = all_logits(None);
     let mut s = session_at(&gguf_path(FAMILY, "f32"), None);

@@ -121,7 +121,7 @@ fn kimi_k3_folders_greedy_continuations_match_llama_cpp() {
 #[test]
 fn kimi_k3_folders_streamed_equal_resident_and_prefill_equals_token_at_a_time() {
     // bit for bit: every pass runs the delta rule in its recurrent form, whatever the CPU
-    // (src/models/kimi_linear/kda.rs; a 1e-5 bound on a chunked prefill failed on AVX-512 BF16)
+    // (src/models/layers/kda.rs; a 1e-5 bound on a chunked prefill failed on AVX-512 BF16)
     let ids = u32s(&reference(REF)["prompt_ids"]);
     for folder in ["kimi_k3", "kimi_k3_mxfp4"] {
         let path = fixture(folder);

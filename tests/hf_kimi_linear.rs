@@ -6,7 +6,7 @@
 //! Tolerances: 1e-4 relative (max |ours − reference| / max |reference|) at every prompt
 //! position over the whole vocabulary. transformers runs the prompt through the chunked delta
 //! rule and decode steps through the recurrent one; Deltafin runs every pass in the recurrent
-//! form (`src/models/kimi_linear/kda.rs` says why), so its prompt logits equal token-at-a-time
+//! form (`src/models/layers/kda.rs` says why), so its prompt logits equal token-at-a-time
 //! decoding bit for bit.
 
 mod common;

@@ -15,18 +15,21 @@
 //!   `num_hidden_layers`).
 //! - One folder per family, owning its config, GGUF metadata mapping, tensor names and blocks:
 //!   - `llama/`: Qwen3, Qwen3-MoE, Llama, Mixtral (`config.rs`, `gguf.rs`);
-//!   - `deepseek_v3/`: DeepSeek V3, Kimi K2 (`config.rs`, `tensors.rs`, `gguf.rs`, multi-head
-//!     latent attention in `mla.rs`);
+//!   - `deepseek_v3/`: DeepSeek V3, Kimi K2 (`config.rs`, `tensors.rs`, `gguf.rs`);
 //!   - `gpt_oss/`: `config.rs`, `experts.rs`, `gguf.rs`;
 //!   - `gemma3/`: `config.rs`;
-//!   - `kimi_linear/`: Kimi Linear (`config.rs`, `tensors.rs`, `gguf.rs`, the delta rule in
-//!     `kda.rs`, the KDA and no-RoPE MLA mixers in `mixer.rs`);
-//!   - `kimi_k3/`: Kimi K3, reusing `kimi_linear`'s KDA and MLA mixers. `config.rs` (GGUF
-//!     metadata and `config.json`); tensors from GGUF in `gguf.rs` and from Hugging Face folders
-//!     in `hf.rs`, both into one `Checkpoint`; compressed-tensors MXFP4 experts repacked to GGML
-//!     MXFP4 as they land in `mxfp4.rs`; SiTU, SiTU experts, latent MoE and the
-//!     attention-residual mix in `ffn.rs`.
-//! - Shared blocks: `layers.rs` (grouped-query attention, norms), `moe.rs` (routing and the MoE
+//!   - `kimi_linear/`: Kimi Linear (`config.rs`, `tensors.rs`, `gguf.rs`);
+//!   - `kimi_k3/`: Kimi K3. `config.rs` (GGUF metadata and `config.json`); tensors from GGUF
+//!     in `gguf.rs` and from Hugging Face folders in `hf.rs`, both into one `Checkpoint`;
+//!     compressed-tensors MXFP4 experts repacked to GGML MXFP4 as they land in `mxfp4.rs`;
+//!     SiTU, SiTU experts, latent MoE and the attention-residual mix in `ffn.rs`.
+//!
+//!   No family imports another: what two families share lives beside them.
+//! - Shared blocks: `layers/` (`mod.rs`: grouped-query attention, norms; `mla.rs`:
+//!   multi-head latent attention over a latent cache, DeepSeek V3, Kimi Linear, Kimi K3;
+//!   `kda.rs`: the Kimi Delta Attention rule; `mixers.rs`: the KDA and no-RoPE MLA token
+//!   mixers of Kimi Linear and K3; `hybrid.rs`: their per-layer KDA/MLA layout from
+//!   `config.json` or GGUF), `moe.rs` (routing and the MoE
 //!   block), `rope.rs` (RoPE scaling), `embed_head.rs` (embeddings, LM head), `loading.rs`
 //!   (tensor resolution and units), `budget.rs` (placement under the RAM budget), `config.rs`
 //!   (serde defaults and bounded GGUF getters), `kv_cache.rs` (KV rows, latent rows and
