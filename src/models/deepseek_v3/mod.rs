@@ -288,7 +288,7 @@ impl DeepseekV3 {
         let scratch_bytes = 4
             * (nb * per_tok
                 + c.vocab_size
-                + rayon::current_num_threads() * (n_ctx + rank * (c.qk_nope_head_dim + 2)));
+                + crate::models::layers::pass_threads() * (n_ctx + rank * (c.qk_nope_head_dim + 2)));
         let n_blocks = c.num_hidden_layers + usize::from(mtp_t.is_some());
         let mut norms_bytes =
             4 * (d * (2 * n_blocks + 1) + n_blocks * (c.q_lora_rank.unwrap_or(0) + rank + ne));

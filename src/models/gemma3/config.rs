@@ -214,7 +214,7 @@ impl Config {
             + 2 * self.q_dim()
             + 2 * self.kv_dim()
             + 2 * self.intermediate_size;
-        4 * (n * per_tok + m * self.vocab_size + rayon::current_num_threads() * n_ctx)
+        4 * (n * per_tok + m * self.vocab_size + crate::models::layers::pass_threads() * n_ctx)
     }
 }
 

@@ -15,19 +15,15 @@ use anyhow::Result;
 
 use super::embed_head::{head_chunks, Embedding, Head};
 use super::layers::{
-    add_post_normed, gqa_attention, mm, mm_many, rms_norm_rows, AttnShape, Gqa, GqaRope,
+    add_post_normed, geglu_rows, gqa_attention, mm, mm_many, rms_norm_rows, rope_inv_freq,
+    softcap, AttnShape, Gqa, GqaRope,
 };
 use super::rope::RopeStyle;
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::ExpertStep;
 use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
 use super::{KvCache, LoadOptions, Placement};
-use crate::kernels::gelu::geglu_tanh;
-use crate::kernels::ops::{rope_inv_freq, softcap};
-use rayon::prelude::*;
 
-/// Elements per parallel GeGLU task (a decode token's 2048-wide row stays on one thread).
-const GELU_CHUNK: usize = 8192;
 use crate::source::gguf::GgufModel;
 use crate::store::plan::{choose_resident, Candidate};
 use crate::store::{Unit, UnitBytes, WeightStore};
@@ -372,11 +368,7 @@ impl Blocks for Gemma3Blocks {
         let (gate, upm) = (w.gate.view(u), w.up.view(u));
         mm_many(&[&gate, &upm], xn, n, &mut [&mut g, &mut up]);
         // element-wise, so split over threads for a prompt (same values per element)
-        g.par_chunks_mut(GELU_CHUNK)
-            .zip(up.par_chunks(GELU_CHUNK))
-            .for_each(|(gc, uc)| {
-                geglu_tanh(gc, uc);
-            });
+        geglu_rows(&mut g, &up);
         mm(&w.down.view(u), &g, n, &mut o);
         add_post_normed(x, &mut o, &nrm.post_ffw, eps);
     }

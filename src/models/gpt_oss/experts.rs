@@ -3,19 +3,18 @@
 //! [`super::gpt_oss`]).
 //!
 //! Three layouts: Hugging Face float experts (input-major `gate_up` with gate in the even and
-//! up in the odd outputs, computed in place with [`matmul_t`]); Hugging Face MXFP4 experts
+//! up in the odd outputs, computed in place with [`mm_t`]); Hugging Face MXFP4 experts
 //! (`*_blocks` + `*_scales`, repacked into GGML `MXFP4` rows); and GGUF experts as llama.cpp's
 //! converter writes them (`convert_hf_to_gguf.py`, `conversion/gpt_oss.py`): separate
 //! output-major `gate` and `up` matrices (the even and odd rows of Hugging Face's `gate_up`)
 //! and `down`, in any GGML type (MXFP4 as stored), with separate `gate`/`up`/`down` biases.
 
 use crate::models::budget::recycling_transform;
-use crate::models::layers::{add_bias, mm};
+use crate::models::layers::{add_bias, mm, mm_t, row_f32, Matrix};
 use crate::models::loading::MatRef;
 use crate::models::moe::{landed_in_store, plan_in_store, ExpertSource};
-use crate::kernels::{matmul_t, Matrix};
 use crate::quant::mxfp4::repack_hf_mxfp4;
-use crate::quant::{dequantize_row, GgmlType};
+use crate::quant::GgmlType;
 use crate::store::{AlignedBuf, ExpertTransform, UnitBytes, WeightStore};
 
 /// Where one expert's tensors lie in its unit as read.
@@ -260,16 +259,12 @@ pub(super) fn expert_ffn(
 ) {
     let proj = |mat: &Matrix, x: &[f32], out: &mut [f32]| {
         if w.transposed {
-            matmul_t(mat, x, m, out)
+            mm_t(mat, x, m, out)
         } else {
             mm(mat, x, m, out)
         }
     };
-    let bias = |b: &Matrix| {
-        let mut v = vec![0f32; b.cols];
-        dequantize_row(b.ty, b.data, &mut v);
-        v
-    };
+    let bias = row_f32;
     let (gu_b, d_b) = (bias(&w.gate_up_bias), bias(&w.down_bias));
     let (ff2, h) = (gu_b.len(), d_b.len());
     let mut gu = vec![0f32; m * ff2];

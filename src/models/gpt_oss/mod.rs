@@ -348,7 +348,7 @@ impl GptOss {
         let nb = opts.n_batch.max(1);
         let per_tok = 4 * d + 2 * qd + 2 * kvd + 3 * ff + ne;
         let scratch_bytes =
-            4 * (nb * per_tok + c.vocab_size + rayon::current_num_threads() * n_ctx);
+            4 * (nb * per_tok + c.vocab_size + crate::models::layers::pass_threads() * n_ctx);
         let vec_bytes = 4 * (c.num_hidden_layers * (2 * d + qd + 2 * kvd + d + ne + nh) + d);
         let placed = place(
             opts,

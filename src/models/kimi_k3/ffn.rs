@@ -5,9 +5,8 @@
 
 use std::io;
 
-use crate::kernels::Matrix;
 use crate::models::layers::kda::sigmoid;
-use crate::models::layers::mm;
+use crate::models::layers::{mm, Matrix};
 use crate::models::moe::{moe_forward_with, ExpertStep, StoreExperts, UnitExperts};
 
 /// SiTU's two parameters (`activation.situ_beta`, `activation.situ_linear_beta`).

@@ -299,7 +299,7 @@ fn build(
     // the delta rule's per-head copies of q, k, g, v and beta for the batch's rows (kda::delta_rule)
     let chunk = nb * (4 * c.kda_head_dim + 1);
     let scratch_bytes = 4
-        * (nb * per_tok + c.vocab_size + rayon::current_num_threads() * (n_ctx + c.kv_lora_rank * (c.qk_nope_head_dim + 2) + chunk));
+        * (nb * per_tok + c.vocab_size + crate::models::layers::pass_threads() * (n_ctx + c.kv_lora_rank * (c.qk_nope_head_dim + 2) + chunk));
     let vec_bytes: usize = 4 * vecs
         .iter()
         .map(|v| {

@@ -236,7 +236,7 @@ impl KimiLinear {
         let scratch_bytes = 4
             * (nb * per_tok
                 + c.vocab_size
-                + rayon::current_num_threads() * (n_ctx + c.kv_lora_rank * (c.qk_nope_head_dim + 2) + chunk));
+                + crate::models::layers::pass_threads() * (n_ctx + c.kv_lora_rank * (c.qk_nope_head_dim + 2) + chunk));
         let vec_bytes: usize = 4 * vecs
             .iter()
             .map(|v| v.input.len() + v.post_attn.len() + v.bias.len() + v.conv.len() + v.a_log.len() + v.dt_bias.len() + v.o_norm.len())

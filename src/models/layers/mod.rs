@@ -11,11 +11,50 @@ use super::rope::RopeStyle;
 use rayon::prelude::*;
 
 use crate::kernels::attn::{weighted_rows, KeysT};
+use crate::kernels::gelu::geglu_tanh;
 use crate::kernels::ops::{
-    rms_norm, rms_norm_inplace, rope_angles, rope_interleaved_sc, rope_neox_sc, softcap,
-    softmax_inplace,
+    rms_norm, rms_norm_inplace, rope_angles, rope_interleaved_sc, rope_neox_sc, softmax_inplace,
 };
-use crate::kernels::{matmul, matvec, matvec_many, Matrix};
+use crate::kernels::{matmul, matmul_t, matvec, matvec_many};
+use crate::quant::dequantize_row;
+
+/// Gemma's logit soft-capping `cap · tanh(x / cap)` and the RoPE inverse frequencies, for the
+/// families that apply them outside the shared blocks.
+pub use crate::kernels::ops::{rope_inv_freq, softcap};
+/// A weight matrix view in its stored encoding (`rows × cols`), what the blocks below take.
+pub use crate::kernels::Matrix;
+
+/// Elements per parallel task of [`geglu_rows`] (a decode token's 2048-wide row stays on one
+/// thread).
+const GELU_CHUNK: usize = 8192;
+
+/// `Y = X W` for `n` rows of `x` (`n × w.rows`) into `y` (`n × w.cols`): a weight stored
+/// transposed (GPT-OSS's Hugging Face `gate_up_proj` / `down_proj`, `in × out`).
+pub fn mm_t(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    matmul_t(w, x, n, y);
+}
+
+/// A one-row weight (a bias, `1 × cols`) decoded to f32 (`cols` values).
+pub fn row_f32(b: &Matrix) -> Vec<f32> {
+    let mut v = vec![0f32; b.cols];
+    dequantize_row(b.ty, b.data, &mut v);
+    v
+}
+
+/// GeGLU with the tanh GELU in place over `g` (`g ← gelu_tanh(g) · up`, element-wise, any
+/// number of rows), split over threads in chunks of 8192 elements: each element's value does
+/// not depend on the split.
+pub fn geglu_rows(g: &mut [f32], up: &[f32]) {
+    g.par_chunks_mut(GELU_CHUNK)
+        .zip(up.par_chunks(GELU_CHUNK))
+        .for_each(|(gc, uc)| geglu_tanh(gc, uc));
+}
+
+/// The threads a forward pass splits its work over (the global pool's size): families size
+/// their per-thread scratch with it.
+pub fn pass_threads() -> usize {
+    rayon::current_num_threads()
+}
 
 /// `Y = X Wᵀ` for `n` rows of `x` (`n × w.cols`) into `y` (`n × w.rows`); matvec for one row.
 pub fn mm(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {

@@ -311,7 +311,7 @@ impl Llama {
         let nb = opts.n_batch.max(1);
         let per_tok = 4 * d + 2 * qd + 2 * kvd + 2 * ff.max(eff) + ne;
         let scratch_bytes =
-            4 * (nb * per_tok + c.vocab_size + rayon::current_num_threads() * n_ctx);
+            4 * (nb * per_tok + c.vocab_size + crate::models::layers::pass_threads() * n_ctx);
         let hd = c.head_dim();
         let qk_norms = if ck.layers.iter().any(|l| l.qk_norm.is_some()) {
             2 * hd
