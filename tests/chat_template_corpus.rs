@@ -149,7 +149,7 @@ fn tests_and_filters_answer_as_jinja2_does() {
         rows.len(),
         failures.join("\n")
     );
-    assert_eq!(rows.len(), 2695);
+    assert_eq!(rows.len(), 2715);
     // 3 None values x (2 `for` loops + `>` + slice), 4 undefined x (`>` + slice), 9 strings,
     // lists and mappings `> 0`.
     assert_eq!(lenient, 29);

@@ -497,10 +497,22 @@ fn groupby(v: Value, attr: Option<&str>, kw: Kwargs) -> Result<Value, Error> {
     filters::groupby(v, attr, kw)
 }
 
-/// Python's `int(x)`, the default (0) where it fails: strings as integers (or floats,
-/// truncated), floats truncated, booleans as 0 and 1. Errors: `Undefined`.
-fn py_int(v: &Value, default: Option<Value>, base: Option<u32>) -> Result<Value, Error> {
-    let default = default.unwrap_or(Value::from(0));
+/// Python's `int(x)` (`int(x, base)` for a string), `default` (0) where it fails: strings
+/// as integers (a `0x`/`0o`/`0b` prefix matching the base, base 0 reading the prefix) or as
+/// floats truncated, floats truncated, booleans as 0 and 1. Arguments `default`, `base` (10),
+/// positional or by name. Errors: `Undefined`; an unknown argument.
+fn py_int(v: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, Error> {
+    let [default, base] = py_args(&args, ["default", "base"])?;
+    let default = if default.is_undefined() {
+        Value::from(0)
+    } else {
+        default
+    };
+    let base = if base.is_undefined() {
+        10
+    } else {
+        u32::try_from(base)?
+    };
     Ok(match v.kind() {
         K::Undefined => return Err(Error::from(ErrorKind::UndefinedError)),
         K::Bool => Value::from(i64::from(v.is_true())),
@@ -508,20 +520,48 @@ fn py_int(v: &Value, default: Option<Value>, base: Option<u32>) -> Result<Value,
         K::Number => trunc(f64::try_from(v.clone())?).unwrap_or(default),
         K::String => {
             let s = py_num_text(v.as_str().unwrap_or_default());
-            let radix = base.unwrap_or(10);
-            match i64::from_str_radix(&s, radix) {
-                Ok(i) if !s.starts_with('+') || s.len() > 1 => Value::from(i),
-                _ if radix == 10 => py_float_text(&s).and_then(trunc).unwrap_or(default),
-                _ => default,
+            match py_int_text(&s, base) {
+                Some(i) => Value::from(i),
+                None if base == 10 => py_float_text(&s).and_then(trunc).unwrap_or(default),
+                None => default,
             }
         }
         _ => default,
     })
 }
 
-/// Python's `float(x)`, the default (0.0) where it fails. Errors: `Undefined`.
-fn py_float(v: &Value, default: Option<Value>) -> Result<Value, Error> {
-    let default = default.unwrap_or(Value::from(0.0));
+/// An integer's text in `base` (2 to 36, or 0: the prefix decides), sign and prefix allowed.
+fn py_int_text(s: &str, base: u32) -> Option<i64> {
+    let (neg, body) = match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let lower = body.to_ascii_lowercase();
+    let prefixed = [("0x", 16), ("0o", 8), ("0b", 2)]
+        .into_iter()
+        .find(|(p, b)| lower.starts_with(p) && (base == *b || base == 0));
+    let (digits, radix) = match prefixed {
+        Some((p, b)) => (&lower[p.len()..], b),
+        None if base == 0 => (lower.as_str(), 10),
+        None => (lower.as_str(), base),
+    };
+    if digits.is_empty() || digits.starts_with(['+', '-']) || !(2..=36).contains(&radix) {
+        return None;
+    }
+    let n = i64::from_str_radix(digits, radix).ok()?;
+    Some(if neg { -n } else { n })
+}
+
+/// Python's `float(x)`, `default` (0.0; positional or by name) where it fails. Errors:
+/// `Undefined`; an unknown argument.
+fn py_float(v: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, Error> {
+    let [default] = py_args(&args, ["default"])?;
+    let default = if default.is_undefined() {
+        Value::from(0.0)
+    } else {
+        default
+    };
     Ok(match v.kind() {
         K::Undefined => return Err(Error::from(ErrorKind::UndefinedError)),
         K::Bool => Value::from(if v.is_true() { 1.0 } else { 0.0 }),

@@ -77,6 +77,11 @@ OTHERS = ["{% if raise_exception is callable %}Y{% else %}N{% endif %}",
           "{% for x in [1] %}{% if loop is callable %}Y{% else %}N{% endif %}{% endfor %}",
           "{% if messages | map('upper') is iterable %}Y{% else %}N{% endif %}",
           "{% if messages | reverse is sequence %}Y{% else %}N{% endif %}"]
+# Numbers read from text, with defaults and bases.
+OTHERS += ["{{ x | int }}|{{ x | float }}".replace("x", repr(x)) for x in
+           ["42", " -3.7 ", "1e3", "1_000", "_1", "+5", "inf", "nan", "0x1A", "3.", ".5", "1,5"]]
+OTHERS += ["{{ 'ab' | int(7) }}", "{{ 'ab' | float(2.5) }}", "{{ 'ab' | float(default=-1.0) }}", "{{ '0x1A' | int(base=16) }}", "{{ '1A' | int(0, 16) }}",
+           "{{ 7.9 | int }}", "{{ -7.9 | int }}", "{{ 'z' | int(base=36) }}"]
 
 
 def templates():
