@@ -174,3 +174,33 @@ fn a_template_that_never_ends_runs_out_of_fuel() {
     let e = t.render(&[], true).unwrap_err().to_string();
     assert!(e.contains("fuel"), "{e}");
 }
+
+/// The tools guard of Qwen3-Coder's and NVIDIA Nemotron 3 Nano's templates: Jinja2's `none is
+/// iterable` is false, so `tools | length` is never reached without tools (minijinja's own
+/// test answered true and the render failed with "cannot calculate length of value of type
+/// none"); an undefined variable is iterable and empty. Outputs as transformers renders them.
+#[test]
+fn tools_guard_skips_none_and_undefined_tools() {
+    let t = ChatTemplate::new(
+        "{%- if tools is iterable and tools | length > 0 %}\n\
+         {{- '<tools>' }}{% for t in tools %}{{ t.function.name }};{% endfor %}{{ '</tools>\\n' }}\n\
+         {%- endif %}\n\
+         {%- if functions is iterable and functions | length > 0 %}{{ 'functions' }}{% endif %}\n\
+         {%- for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
+        "",
+        "",
+    )
+    .unwrap();
+    let msgs = serde_json::json!([{"role": "user", "content": "hi"}]);
+    assert_eq!(t.render_json(&msgs, None, false).unwrap(), "user: hi\n");
+    assert_eq!(
+        t.render_json(&msgs, Some(&serde_json::json!([])), false)
+            .unwrap(),
+        "user: hi\n"
+    );
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+    assert_eq!(
+        t.render_json(&msgs, Some(&tools), false).unwrap(),
+        "<tools>f;</tools>\nuser: hi\n"
+    );
+}

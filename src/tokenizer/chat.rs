@@ -3,8 +3,9 @@
 //! renders them with Jinja2: `trim_blocks`, `lstrip_blocks`, loop controls (`break`,
 //! `continue`), `{% generation %}` blocks, Python string and dict methods
 //! (`minijinja-contrib`'s pycompat), Python's printing of values and transformers' `tojson`,
-//! `raise_exception` and `strftime_now` ([`super::chat_py`]); the variables `messages`
-//! (normalized: [`normalize_messages`]), `tools`, `documents`, `add_generation_prompt`, the
+//! `raise_exception` and `strftime_now` ([`super::chat_py`]), Jinja2's tests and filters where
+//! minijinja's answer otherwise (`none is iterable` is false: [`super::chat_jinja2`]); the
+//! variables `messages` (normalized: [`normalize_messages`]), `tools`, `documents`, `add_generation_prompt`, the
 //! special tokens the tokenizer names (`bos_token`, `eos_token`, `unk_token`, `pad_token`, …)
 //! and any extra keyword arguments ([`RenderOptions::extra`]).
 
@@ -138,6 +139,7 @@ impl ChatTemplate {
         );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         minijinja_contrib::add_to_environment(&mut env);
+        super::chat_jinja2::add_to_environment(&mut env);
         env.set_formatter(py_format);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);

@@ -89,9 +89,10 @@ pub fn py_str_repr(s: &str) -> String {
 
 /// Python's `str()` of a template value (`repr` = false) or its `repr()` (inside containers):
 /// `None`, `True`/`False`, Python float text, lists as `[a, b]`, mappings as `{k: v}`.
-/// Undefined prints nothing, as Jinja2's default `Undefined`.
+/// Undefined prints nothing, as Jinja2's default `Undefined` (`Undefined` inside containers).
 pub fn py_text(v: &Value, repr: bool) -> Result<String, Error> {
     Ok(match v.kind() {
+        K::Undefined if repr => "Undefined".into(),
         K::Undefined => String::new(),
         K::None => "None".into(),
         K::Bool => if v.is_true() { "True" } else { "False" }.into(),
@@ -137,8 +138,9 @@ pub fn py_format(out: &mut Output, _state: &mut State, v: &Value) -> Result<(), 
 /// U+FFFF). Floats print as Python's `repr`; NaN and infinities as `NaN`, `Infinity`,
 /// `-Infinity`. The result is marked safe (never HTML-escaped).
 ///
-/// Errors: unknown keyword arguments, a value JSON cannot hold (a mapping key that is not a
-/// string, number, boolean or none; a function), more than four positional arguments.
+/// Errors: unknown keyword arguments, a value JSON cannot hold (an undefined value, as Python's
+/// `Undefined`; a mapping key that is not a string, number, boolean or none; a function), more
+/// than four positional arguments.
 pub fn tojson(value: &Value, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
     const NAMES: [&str; 4] = ["ensure_ascii", "indent", "separators", "sort_keys"];
     if args.len() > NAMES.len() {
@@ -277,7 +279,7 @@ impl JsonWriter {
 
     fn value(&self, v: &Value, depth: usize, out: &mut String) -> Result<(), Error> {
         match v.kind() {
-            K::Undefined | K::None => out.push_str("null"),
+            K::None => out.push_str("null"),
             K::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
             K::Number if v.is_integer() => out.push_str(&v.to_string()),
             K::Number => out.push_str(&json_float(f64::try_from(v.clone())?)),

@@ -38,6 +38,7 @@
 mod bpe;
 mod byte_bpe;
 pub mod chat;
+mod chat_jinja2;
 pub mod chat_py;
 pub mod hf;
 mod literal;
