@@ -28,7 +28,9 @@ use crate::tokenizer::chat::ChatTemplate;
 /// answer, one per line: turn, finish reason, token counts, seconds, speculation).
 #[derive(clap::Args, Debug, Clone)]
 // `--system` needs no `--chat` here: every prompt of `chat` is a chat turn.
-#[command(mut_arg("system", |a| a.requires(clap::builder::Resettable::<clap::Id>::Reset)))]
+#[command(mut_arg("system", |a| a
+    .requires(clap::builder::Resettable::<clap::Id>::Reset)
+    .help("System prompt of the conversation (`/system TEXT` changes it)")))]
 pub struct ChatArgs {
     #[command(flatten)]
     pub run: super::run::RunArgs,
