@@ -16,6 +16,7 @@ use clap::{Parser, Subcommand};
 
 pub mod bench;
 pub mod chat;
+pub mod fit_ctx;
 pub mod inspect;
 pub mod pack;
 pub mod pull;

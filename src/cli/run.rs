@@ -356,15 +356,18 @@ pub fn describe_prompt(text: &str, ids: &[u32], tok: &crate::tokenizer::ModelTok
 /// has one), weights under `a`'s budget with a KV cache of `--ctx-size` tokens (default
 /// `default_ctx`, at most the model's context), and the sampling defaults of `a` (flags, else
 /// the model's generation config, else Deltafin's), speculating when `a` asks for it
-/// (`--lookup`, `--draft-model`). Returns the engine and the model's id (its file or folder
-/// name).
+/// (`--lookup`, `--draft-model`). With `fit_ctx`, a default context that does not fit the
+/// budget becomes the largest that does, said on standard error ([`super::fit_ctx`]).
+/// Returns the engine and the model's id (its file or folder name).
 ///
 /// Errors: as `run`'s loading; a prompt flag (`--prompt`, `--chat`), which these commands
 /// take from their clients instead; speculation the model cannot do
-/// ([`super::spec_args::SpecArgs::speculator`]).
+/// ([`super::spec_args::SpecArgs::speculator`]); with `fit_ctx`, a `--ctx-size` that does not
+/// fit the budget while a smaller one would (the error names the largest).
 pub fn load_engine(
     a: &RunArgs,
     default_ctx: usize,
+    fit_ctx: bool,
 ) -> Result<(crate::serve::generate::Engine, String)> {
     if a.prompt.is_some() || a.chat {
         bail!("--prompt and --chat belong to `deltafin run`; this command takes its prompts from its clients");
@@ -385,7 +388,7 @@ pub fn load_engine(
     let budget = crate::store::plan::ram_budget(a.ram_budget, limit).map_err(anyhow::Error::msg)?;
     let draft = a.spec.load_draft(n_ctx, a.batch_size, !a.no_direct_io)?;
     let flag = a.ram_budget.is_some();
-    let opts = LoadOptions {
+    let mut opts = LoadOptions {
         ram_budget: target_budget(budget, flag, draft.as_ref())?,
         n_ctx,
         n_batch: a.batch_size,
@@ -394,8 +397,21 @@ pub fn load_engine(
         mtp: a.spec.mtp(),
         numerics: a.numerics,
     };
-    let (model, store) = opened
-        .load_weights(&opts)
+    let mut loaded = opened.load_weights(&opts);
+    if let (true, Err(e)) = (fit_ctx, &loaded) {
+        use super::fit_ctx::{budget_name, chosen_line, largest_fitting, too_large};
+        if let Some((n, t)) = largest_fitting(&opened, &opts, e) {
+            let name = budget_name(t.budget, flag, draft.is_some());
+            if a.ctx_size.is_some() {
+                return Err(too_large(n, n_ctx, &t, &name));
+            }
+            eprintln!("{}", chosen_line(n, n_ctx, &t, &name));
+            opts.n_ctx = n;
+            loaded = opened.load_weights(&opts);
+        }
+    }
+    let n_ctx = opts.n_ctx;
+    let (model, store) = loaded
         .map_err(|e| explain_budget(e, budget, flag, draft.as_ref()))
         .map_err(|e| match (a.ram_budget, &limit) {
             (None, Some(l)) => crate::models::BudgetTooSmall::under_limit(e, l),

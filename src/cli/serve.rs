@@ -52,7 +52,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if api_key.as_deref() == Some("") {
         bail!("--api-key is empty");
     }
-    let (mut engine, model_id) = super::run::load_engine(&a.run, 4096)?;
+    let (mut engine, model_id) = super::run::load_engine(&a.run, 4096, false)?;
     engine.default_max_tokens = Some(a.run.max_tokens);
     serve(
         engine,
