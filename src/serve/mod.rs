@@ -6,8 +6,9 @@
 //! - [`worker`]: the bounded FIFO queue and the model's one thread;
 //! - [`generate`]: [`generate::Engine`], one generation with KV prefix reuse (also used by
 //!   `deltafin chat`); [`stop`]: stop strings over streamed text; [`tools`]: tool-call syntaxes;
-//! - [`metrics`]: Prometheus text.
+//! - [`metrics`]: Prometheus text; [`access`]: the request log (one line per request).
 
+pub mod access;
 pub mod error;
 pub mod generate;
 pub mod metrics;
