@@ -226,7 +226,7 @@ fn read_unit(
 static LOAD_METER: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 
 /// The load meter: `(planned, read)` bytes of resident units over every load of this process
-/// so far (see [`LOAD_METER`]).
+/// so far.
 pub fn load_meter() -> (u64, u64) {
     (
         LOAD_METER[0].load(Ordering::Relaxed),
