@@ -14,13 +14,20 @@
 //! [`OpenedModel::load_weights`].
 
 use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget};
 
 use crate::engine::sampler::ModelSampling;
 use crate::models::{load_gguf, load_hf_model, Model};
-use crate::source::gguf::GgufModel;
+use crate::progress;
+use crate::source::gguf::{GgufModel, Value};
+
 use crate::source::hf::{is_hf_folder, HfModel};
+use crate::store::plan::Allowance;
+use crate::store::streamer::load_meter;
 use crate::store::WeightStore;
 use crate::tokenizer::chat::ChatTemplate;
 use crate::tokenizer::hf::HfTokenizer;
@@ -122,6 +129,30 @@ impl OpenedModel {
         }
     }
 
+    /// What the model holds in RAM besides its budget ([`Allowance::estimate`]): from the
+    /// bytes of its tokenizer data (a GGUF model's metadata as stored; a folder's
+    /// `tokenizer.json`, `tiktoken.model` and `tokenizer_config.json`) and its tensor count.
+    pub fn allowance(&self) -> Allowance {
+        let (tok_bytes, tensors) = match self {
+            OpenedModel::Gguf(g) => (
+                g.metadata
+                    .iter()
+                    .map(|(k, v)| 12 + k.len() as u64 + stored_bytes(v))
+                    .sum(),
+                g.tensors.len(),
+            ),
+            OpenedModel::Hf(h) => (
+                ["tokenizer.json", "tiktoken.model", "tokenizer_config.json"]
+                    .iter()
+                    .filter_map(|f| std::fs::metadata(h.dir.join(f)).ok())
+                    .map(|m| m.len())
+                    .sum(),
+                h.tensors.len(),
+            ),
+        };
+        Allowance::estimate(tok_bytes, tensors as u64)
+    }
+
     /// Loads the weights under `opts` ([`load_gguf`] or [`load_hf_model`]).
     pub fn load_weights(
         &self,
@@ -136,7 +167,9 @@ impl OpenedModel {
     /// Builds what `opts` asks for (tokenizer, sampling defaults, chat template, in that
     /// order), then loads the weights; the opened headers are dropped on return.
     pub fn load(self, opts: &Options) -> Result<Loaded> {
+        let progress = LoadProgress::start("loading");
         let tokenizer = if opts.tokenizer || opts.chat_template {
+            progress.phase("loading: tokenizer");
             Some(self.tokenizer()?)
         } else {
             None
@@ -149,7 +182,9 @@ impl OpenedModel {
             (Some(t), true) => Some(self.chat_template(t)?),
             _ => None,
         };
+        progress.phase("loading: weights");
         let (model, store) = self.load_weights(&opts.weights)?;
+        drop(progress);
         Ok(Loaded {
             model,
             store,
@@ -191,6 +226,102 @@ pub struct Loaded {
 /// says ([`OpenedModel::load`]).
 pub fn load(path: Option<&Path>, opts: &Options) -> Result<Loaded> {
     open_any(path)?.load(opts)
+}
+
+/// Bytes `v` takes in a GGUF file (its value, without the key and type tag).
+fn stored_bytes(v: &Value) -> u64 {
+    match v {
+        Value::U8(_) | Value::I8(_) | Value::Bool(_) => 1,
+        Value::U16(_) | Value::I16(_) => 2,
+        Value::U32(_) | Value::I32(_) | Value::F32(_) => 4,
+        Value::U64(_) | Value::I64(_) | Value::F64(_) => 8,
+        Value::String(s) => 8 + s.len() as u64,
+        Value::Array(a) => 12 + a.iter().map(stored_bytes).sum::<u64>(),
+    }
+}
+
+/// How long a load runs before [`LoadProgress`] shows itself.
+pub const PROGRESS_DELAY: Duration = Duration::from_secs(1);
+
+/// The progress of a model load on standard error: nothing for a load shorter than
+/// [`PROGRESS_DELAY`] or when standard error is not a terminal; else the phase (`loading:
+/// tokenizer`) with a spinner, then, once resident weights are being read, a byte bar of them
+/// ([`crate::progress::bar_style`], fed by [`crate::store::streamer::load_meter`]). Cleared
+/// when dropped.
+pub struct LoadProgress {
+    bar: ProgressBar,
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LoadProgress {
+    /// Starts watching a load labelled `label` (a thread draws it from [`PROGRESS_DELAY`] on).
+    pub fn start(label: &str) -> Self {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+        bar.set_style(progress::spinner_style());
+        bar.set_message(label.to_string());
+        if !progress::stderr_is_terminal() {
+            return Self {
+                bar,
+                stop: None,
+                thread: None,
+            };
+        }
+        let (tx, rx) = mpsc::channel::<()>();
+        let b = bar.clone();
+        let (planned0, read0) = load_meter();
+        let thread = std::thread::spawn(move || {
+            if rx.recv_timeout(PROGRESS_DELAY) != Err(mpsc::RecvTimeoutError::Timeout) {
+                return;
+            }
+            b.set_draw_target(ProgressDrawTarget::stderr());
+            let mut bytes = false;
+            loop {
+                let (planned, read) = load_meter();
+                let (planned, read) = (planned - planned0, read - read0);
+                if planned > 0 && !bytes {
+                    bytes = true;
+                    b.set_style(progress::bar_style());
+                    b.reset();
+                }
+                if bytes {
+                    b.set_length(planned);
+                    b.set_position(read.min(planned));
+                }
+                b.tick();
+                match rx.recv_timeout(Duration::from_millis(100)) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => break,
+                }
+            }
+            b.finish_and_clear();
+        });
+        Self {
+            bar,
+            stop: Some(tx),
+            thread: Some(thread),
+        }
+    }
+
+    /// Names the phase the load is in (`loading: weights`).
+    pub fn phase(&self, label: &str) {
+        self.bar.set_message(label.to_string());
+    }
+
+    /// Runs `f` with the progress line out of the way (for printing to standard error).
+    pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.bar.suspend(f)
+    }
+}
+
+impl Drop for LoadProgress {
+    fn drop(&mut self) {
+        self.stop.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.bar.finish_and_clear();
+    }
 }
 
 /// The sampling settings in `dir/generation_config.json`, none when the file is absent.

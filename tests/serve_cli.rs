@@ -193,3 +193,82 @@ fn chat_stats_json_writes_one_line_per_answer() {
         lines[1]
     );
 }
+
+/// `deltafin serve` logs each request in one line on standard error (method, path, status,
+/// prompt and completion tokens, milliseconds), at info level with no flag: a completion, a
+/// streamed one, and a request for an unknown path.
+#[test]
+fn serve_logs_each_request_in_one_line() {
+    use std::io::{BufRead, BufReader, Read};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args(["serve", "-m", MODEL, "--port", "0", "--temp", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("serving qwen3_moe on http://")
+        .and_then(|r| r.strip_suffix(" (OpenAI API under /v1)"))
+        .unwrap_or_else(|| panic!("{first}"))
+        .to_string();
+    let request = |method: &str, path: &str, body: &str| -> String {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let whole = request(
+        "POST",
+        "/v1/completions",
+        r#"{"model":"qwen3_moe","prompt":"Hello","max_tokens":3}"#,
+    );
+    assert!(
+        whole.starts_with("HTTP/1.1 200")
+            && whole.contains(r#""usage":{"prompt_tokens":5,"completion_tokens":3,"#),
+        "{whole}"
+    );
+    let streamed = request(
+        "POST",
+        "/v1/chat/completions",
+        r#"{"model":"qwen3_moe","messages":[{"role":"user","content":"Hi"}],"max_tokens":2,"stream":true}"#,
+    );
+    assert!(streamed.contains("data: [DONE]"), "{streamed}");
+    let missing = request("GET", "/nowhere", "");
+    assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+    // SAFETY: signalling the child we started, by its id.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "{rest}");
+    // each line: a timestamp, INFO, then the fields in order
+    let fields: Vec<&str> = rest
+        .lines()
+        .filter_map(|l| l.split_once(" INFO request ").map(|(_, f)| f))
+        .collect();
+    assert_eq!(fields.len(), 3, "{rest}");
+    let split = |f: &str| -> (String, u64) {
+        let (a, ms) = f.rsplit_once(" ms=").unwrap();
+        (a.to_string(), ms.parse().unwrap())
+    };
+    let lines: Vec<(String, u64)> = fields.iter().map(|f| split(f)).collect();
+    assert_eq!(
+        lines.iter().map(|l| l.0.as_str()).collect::<Vec<_>>(),
+        [
+            "method=POST path=/v1/completions status=200 prompt_tokens=5 completion_tokens=3",
+            "method=POST path=/v1/chat/completions status=200 prompt_tokens=17 completion_tokens=2",
+            "method=GET path=/nowhere status=404 prompt_tokens=0 completion_tokens=0",
+        ]
+    );
+}

@@ -482,3 +482,43 @@ fn qwen3_moe_gguf_in_every_low_bit_type_loads_and_runs() {
         std::fs::remove_file(&path).unwrap();
     }
 }
+
+/// A piped `synth` (standard error not a terminal) prints a plain line each time it passes
+/// another tenth of the bytes (one line when a tensor passes several), then its summary.
+#[test]
+fn piped_synth_prints_a_line_every_tenth() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t.gguf");
+    let o = deltafin(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--format",
+        "gguf",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(
+        lines[..lines.len() - 1],
+        [
+            "synth: 25.0 KiB of 232.4 KiB written (10%)",
+            "synth: 47.4 KiB of 232.4 KiB written (20%)",
+            "synth: 83.4 KiB of 232.4 KiB written (35%)",
+            "synth: 94.8 KiB of 232.4 KiB written (40%)",
+            "synth: 130.8 KiB of 232.4 KiB written (56%)",
+            "synth: 148.8 KiB of 232.4 KiB written (64%)",
+            "synth: 178.1 KiB of 232.4 KiB written (76%)",
+            "synth: 196.1 KiB of 232.4 KiB written (84%)",
+            "synth: 214.1 KiB of 232.4 KiB written (92%)",
+            "synth: 232.4 KiB of 232.4 KiB written (100%)",
+        ],
+        "{err}"
+    );
+    assert!(
+        lines[lines.len() - 1].starts_with(&format!("wrote {} (", out.display())),
+        "{err}"
+    );
+}

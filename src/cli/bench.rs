@@ -93,6 +93,7 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
     let dropped = name.starts_with("cold-") && drop_page_cache();
     let t = std::time::Instant::now();
     let opened = open_any(Some(a.model.as_path()))?;
+    let (limit, budget) = super::run::checked_budget(a.ram_budget, &opened)?;
     // token ids only (a draft model's vocabulary check and --prompt need the tokenizer), no
     // sampling defaults
     let tok = match a.spec.enabled() || a.prompt.is_some() {
@@ -117,8 +118,6 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
     };
     let n_gen = if is_prefill(name) { 1 } else { a.tokens };
     let n_ctx = decode_p + n_gen * if warm { 2 } else { 1 } + 1;
-    let limit = crate::store::plan::MemoryLimit::of_this_process();
-    let budget = crate::store::plan::ram_budget(a.ram_budget, limit).map_err(anyhow::Error::msg)?;
     let draft = match name {
         _ if is_prefill(name) => None,
         _ => a.spec.load_draft(n_ctx, decode_p.max(1), true)?,

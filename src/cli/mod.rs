@@ -69,8 +69,9 @@ pub fn init_threads(threads: Option<usize>) {
 
 /// Installs the stderr subscriber for `tracing` once: warnings of Deltafin (a heat file that
 /// cannot be saved, io_uring falling back) always reach standard error; with `trace` (the
-/// `--trace` flag of `run` and `bench`) the expert store's debug spans do too.
-pub fn init_tracing(trace: bool) {
+/// `--trace` flag of `run` and `bench`) the expert store's debug spans do too; with `serve`
+/// (`deltafin serve`) the request log (`crate::serve::access`, info level), with timestamps.
+pub fn init_tracing(trace: bool, serve: bool) {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -79,6 +80,13 @@ pub fn init_tracing(trace: bool) {
         builder
             .with_env_filter(tracing_subscriber::EnvFilter::new("deltafin=debug"))
             .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+            .try_init()
+    } else if serve {
+        builder
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "deltafin=warn,deltafin::serve::access=info",
+            ))
+            .with_target(false)
             .try_init()
     } else {
         builder
@@ -98,13 +106,16 @@ pub fn main() -> std::process::ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
-    init_tracing(match &cli.command {
-        Command::Run(a) => a.store.trace,
-        Command::Bench(a) => a.store.trace,
-        Command::Serve(a) => a.run.store.trace,
-        Command::Chat(a) => a.run.store.trace,
-        _ => false,
-    });
+    init_tracing(
+        match &cli.command {
+            Command::Run(a) => a.store.trace,
+            Command::Bench(a) => a.store.trace,
+            Command::Serve(a) => a.run.store.trace,
+            Command::Chat(a) => a.run.store.trace,
+            _ => false,
+        },
+        matches!(cli.command, Command::Serve(_)),
+    );
     let result = match cli.command {
         Command::Pull(a) => pull::run(a),
         Command::Run(a) => run::run(*a),

@@ -9,7 +9,7 @@ use super::spec_args::{explain_budget, target_budget};
 use crate::engine::report::{expert_table, stats_json, stats_table};
 use crate::engine::sampler::{ModelSampling, SamplerOrder, WHOLE_SEQUENCE};
 use crate::engine::{GenerateOptions, Sampler, SamplerConfig, Session};
-use crate::load::open_any;
+use crate::load::{open_any, LoadProgress};
 use crate::models::LoadOptions;
 use crate::store::plan::{parse_size, MemoryLimit};
 use crate::tokenizer::chat::Message;
@@ -180,12 +180,31 @@ fn non_empty(s: &str) -> Result<String, String> {
     }
 }
 
+/// This process's memory limit and the RAM budget to load `opened` with: `--ram-budget` (or
+/// the default under the limit) checked with the model's fixed allowance against the limit
+/// ([`crate::store::plan::fit_allowance`]), before the tokenizer is built.
+///
+/// Errors: the budget, or the allowance alone, does not fit the limit.
+pub fn checked_budget(
+    flag: Option<u64>,
+    opened: &crate::load::OpenedModel,
+) -> Result<(Option<MemoryLimit>, Option<u64>)> {
+    use crate::store::plan::{fit_allowance, ram_budget};
+    let limit = MemoryLimit::of_this_process();
+    let budget = ram_budget(flag, limit).map_err(anyhow::Error::msg)?;
+    let budget = fit_allowance(budget, flag.is_some(), limit, opened.allowance())
+        .map_err(anyhow::Error::msg)?;
+    Ok((limit, budget))
+}
+
 /// Runs `deltafin run`.
 pub fn run(mut a: RunArgs) -> Result<()> {
     a.model = super::model_path(a.model.as_deref())?;
     super::init_threads(a.threads);
     let t_load = std::time::Instant::now();
     let opened = open_any(a.model.as_deref())?;
+    let progress = LoadProgress::start("loading: tokenizer");
+    let (limit, budget) = checked_budget(a.ram_budget, &opened)?;
     let tok = opened.tokenizer()?;
     let model_sampling = opened.sampling()?;
     let prompt = match &a.prompt {
@@ -230,7 +249,7 @@ pub fn run(mut a: RunArgs) -> Result<()> {
             )?,
             false => prompt.clone(),
         };
-        eprint!("{}", describe_prompt(&text, &ids, &tok));
+        progress.suspend(|| eprint!("{}", describe_prompt(&text, &ids, &tok)));
     }
     let n_ctx = match a.ctx_size {
         Some(c) if c < ids.len() + 1 => bail!(
@@ -240,8 +259,6 @@ pub fn run(mut a: RunArgs) -> Result<()> {
         Some(c) => c,
         None => ids.len().saturating_add(a.max_tokens.max(1)),
     };
-    let limit = MemoryLimit::of_this_process();
-    let budget = crate::store::plan::ram_budget(a.ram_budget, limit).map_err(anyhow::Error::msg)?;
     let n_batch = a.batch_size.min(ids.len()).max(1);
     let draft = a.spec.load_draft(n_ctx, n_batch, !a.no_direct_io)?;
     let flag = a.ram_budget.is_some();
@@ -254,6 +271,7 @@ pub fn run(mut a: RunArgs) -> Result<()> {
         mtp: a.spec.mtp(),
         numerics: a.numerics,
     };
+    progress.phase("loading: weights");
     let (model, store) = opened
         .load_weights(&opts)
         .map_err(|e| explain_budget(e, budget, flag, draft.as_ref()))
@@ -261,6 +279,7 @@ pub fn run(mut a: RunArgs) -> Result<()> {
             (None, Some(l)) => crate::models::BudgetTooSmall::under_limit(e, l),
             _ => e,
         })?;
+    drop(progress);
     let limit = model.context_length();
     if ids.len() + 1 > limit {
         bail!(
@@ -374,18 +393,20 @@ pub fn load_engine(
     }
     super::init_threads(a.threads);
     let opened = open_any(a.model.as_deref())?;
+    let progress = LoadProgress::start("loading: tokenizer");
+    let (limit, budget) = checked_budget(a.ram_budget, &opened)?;
     let tok = opened.tokenizer()?;
     let model_sampling = opened.sampling()?;
     let template = match opened.chat_template(&tok) {
         Ok(t) => Some(t),
         Err(e) => {
-            eprintln!("warning: no chat template ({e:#}); chat requests will be refused");
+            progress.suspend(|| {
+                eprintln!("warning: no chat template ({e:#}); chat requests will be refused")
+            });
             None
         }
     };
     let n_ctx = a.ctx_size.unwrap_or(default_ctx).max(2);
-    let limit = MemoryLimit::of_this_process();
-    let budget = crate::store::plan::ram_budget(a.ram_budget, limit).map_err(anyhow::Error::msg)?;
     let draft = a.spec.load_draft(n_ctx, a.batch_size, !a.no_direct_io)?;
     let flag = a.ram_budget.is_some();
     let mut opts = LoadOptions {
@@ -397,6 +418,7 @@ pub fn load_engine(
         mtp: a.spec.mtp(),
         numerics: a.numerics,
     };
+    progress.phase("loading: weights");
     let mut loaded = opened.load_weights(&opts);
     if let (true, Err(e)) = (fit_ctx, &loaded) {
         use super::fit_ctx::{budget_name, chosen_line, largest_fitting, too_large};
@@ -417,6 +439,7 @@ pub fn load_engine(
             (None, Some(l)) => crate::models::BudgetTooSmall::under_limit(e, l),
             _ => e,
         })?;
+    drop(progress);
     drop(opened);
     crate::tokenizer::release_freed_memory();
     let session = Session::new(model, store, n_ctx, opts.n_batch);

@@ -87,7 +87,7 @@ impl StoreArgs {
     /// Installs the stderr subscriber for `tracing` ([`super::init_tracing`]): warnings
     /// always, the store's spans too when `--trace` is given.
     pub fn init_tracing(&self) {
-        super::init_tracing(self.trace);
+        super::init_tracing(self.trace, false);
     }
 
     /// The heat file for the model at `model` (None when off).

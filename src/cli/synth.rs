@@ -125,19 +125,11 @@ pub fn run(a: SynthArgs) -> Result<()> {
         bail!("--out DIR is required");
     };
     let t = std::time::Instant::now();
-    let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
-        )
-        .expect("template"),
-    );
-    let mut progress = |w, total| {
-        bar.set_length(total);
-        bar.set_position(w);
-    };
+    // a bar on a terminal, a plain line every 10% otherwise
+    let mut bar = crate::progress::Progress::new("synth", "written");
+    let mut progress = |w, total| bar.set(w, total);
     let p = write(&shape, enc, &out, a.shard_size, a.seed, &mut progress)?;
-    bar.finish_and_clear();
+    bar.finish();
     let secs = t.elapsed().as_secs_f64();
     let gb = p.total_bytes() as f64 / 1e9;
     eprintln!(

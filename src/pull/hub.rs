@@ -125,18 +125,9 @@ impl Progress for FileBar {
             return;
         }
         // hf-hub calls `init` again when a transfer (re)starts: keep one bar per file.
-        let bar = self.bar.get_or_insert_with(|| {
-            let b = indicatif::ProgressBar::new(size as u64);
-            b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
-                )
-                .expect("static template")
-                .progress_chars("=> "),
-            );
-            b.set_message(filename.to_string());
-            b
-        });
+        let bar = self
+            .bar
+            .get_or_insert_with(|| crate::progress::bar(size as u64, filename, true));
         bar.set_length(size as u64);
         bar.set_position(0);
     }

@@ -8,8 +8,9 @@
 //!   cancellation and speculative decoding (also driving `deltafin chat`); each decode step is
 //!   one `Speculator::step_rows`, whose verification logits give the logprobs;
 //! - [`stop`]: stop strings over streamed text; [`tools`]: tool-call syntaxes;
-//! - [`metrics`]: Prometheus text.
+//! - [`metrics`]: Prometheus text; [`access`]: the request log (one line per request).
 
+pub mod access;
 pub mod error;
 pub mod generate;
 pub mod metrics;

@@ -17,6 +17,7 @@ use axum::Router;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::access::{self, Tokens};
 use super::error::ApiError;
 use super::generate::{Chunk, Outcome, Params, TokenLogprob};
 use super::metrics::Metrics;
@@ -63,7 +64,8 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The router over `state`, with the API key check, request metrics and the body limit.
+/// The router over `state`, with the API key check, request metrics, the request log
+/// ([`access`]) and the body limit.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -79,6 +81,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         })
         .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), count))
+        .layer(middleware::from_fn(access::log_requests))
         .layer(DefaultBodyLimit::max(state.body_limit))
         .with_state(state)
 }
@@ -491,7 +494,11 @@ async fn whole(head: Head, mut rx: mpsc::UnboundedReceiver<Event>, want_lp: bool
             }
             Event::Done(o) => {
                 let lp = want_lp.then(|| sse::logprobs(head.kind, &lps, 0));
-                return axum::Json(head.complete(&text, lp, &o)).into_response();
+                let mut r = axum::Json(head.complete(&text, lp, &o)).into_response();
+                let tokens = Tokens::default();
+                tokens.set(o.prompt_tokens, o.completion_tokens);
+                r.extensions_mut().insert(tokens);
+                return r;
             }
             Event::Error(m) => {
                 return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m)
@@ -516,6 +523,8 @@ struct Streaming {
     /// Events ready to send, in order.
     out: std::collections::VecDeque<String>,
     ended: bool,
+    /// Filled in at the end, for the request log.
+    tokens: Tokens,
 }
 
 impl Streaming {
@@ -542,6 +551,7 @@ impl Streaming {
     }
 
     fn done(&mut self, o: &Outcome) {
+        self.tokens.set(o.prompt_tokens, o.completion_tokens);
         if !o.tool_calls.is_empty() {
             let delta = json!({"tool_calls": sse::tool_calls(&o.tool_calls, true)});
             self.out
@@ -575,7 +585,9 @@ fn stream_response(head: Head, rx: mpsc::UnboundedReceiver<Event>, want_lp: bool
         offset: 0,
         out: first,
         ended: false,
+        tokens: Tokens::default(),
     };
+    let tokens = st.tokens.clone();
     let body = futures_util::stream::unfold(st, |mut st| async move {
         loop {
             if let Some(e) = st.out.pop_front() {
@@ -591,6 +603,7 @@ fn stream_response(head: Head, rx: mpsc::UnboundedReceiver<Event>, want_lp: bool
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
+        .extension(tokens)
         .body(Body::from_stream(body))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }

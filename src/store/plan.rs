@@ -147,6 +147,102 @@ pub fn ram_budget(flag: Option<u64>, limit: Option<MemoryLimit>) -> Result<Optio
     }
 }
 
+/// What a loaded model holds in RAM besides its budget: the program itself, the parsed file
+/// headers (GGUF metadata, the tensor index) and the tokenizer. Estimated from the model by
+/// [`Allowance::estimate`]; checked with the budget against the memory limit by
+/// [`fit_allowance`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allowance {
+    /// Bytes held beside the budget while the weights load and run.
+    pub held: u64,
+    /// Bytes at the allowance's peak, while the tokenizer is built (before any weight is read).
+    pub peak: u64,
+}
+
+/// The program's own memory in [`Allowance::estimate`] (code, runtime, threads): 12 MiB, the
+/// peak RSS of a fixture model of 512 tokens less its weights.
+pub const ALLOWANCE_BASE: u64 = 12 << 20;
+
+/// Bytes of the tensor index per tensor in [`Allowance::estimate`] (its `TensorInfo`, name,
+/// shape and the unit lists; an estimate, not measured).
+pub const ALLOWANCE_PER_TENSOR: u64 = 512;
+
+impl Allowance {
+    /// The allowance of a model whose tokenizer data take `tokenizer_bytes` (the GGUF
+    /// metadata as stored in the file, or a folder's tokenizer files) and whose tensor index
+    /// holds `tensors` tensors:
+    ///
+    /// - `held = ALLOWANCE_BASE + 16.5 × tokenizer_bytes + ALLOWANCE_PER_TENSOR × tensors`
+    /// - `peak = ALLOWANCE_BASE + 25 × tokenizer_bytes + ALLOWANCE_PER_TENSOR × tensors`
+    ///
+    /// The factors are the demo model's (Gemma 3 270M Q4_K_M, 6.2 MiB of metadata, a
+    /// 262,144-token vocabulary): its peak RSS is 114 MiB over its budgeted bytes once the
+    /// tokenizer is built (the parsed metadata and the tokenizer's tables), and 167 MiB while
+    /// the tokenizer is built, whatever the budget (measured with `/usr/bin/time -v`).
+    pub fn estimate(tokenizer_bytes: u64, tensors: u64) -> Self {
+        let index = ALLOWANCE_PER_TENSOR.saturating_mul(tensors);
+        let fixed = ALLOWANCE_BASE.saturating_add(index);
+        Self {
+            held: fixed.saturating_add(tokenizer_bytes.saturating_mul(33) / 2),
+            peak: fixed.saturating_add(tokenizer_bytes.saturating_mul(25)),
+        }
+    }
+
+    /// The allowance in words for messages, e.g. `~114.6 MiB: program, file headers,
+    /// tokenizer; ~167.5 MiB while the tokenizer is built`.
+    fn describe(&self) -> String {
+        format!(
+            "~{}: program, file headers, tokenizer; ~{} while the tokenizer is built",
+            mib(self.held),
+            mib(self.peak)
+        )
+    }
+}
+
+/// The budget to load with once the model's fixed allowance `a` is counted: `budget` (from
+/// [`ram_budget`]; `flag`: given as `--ram-budget`) as it is when `budget + a.held` and
+/// `a.peak` fit `limit`, or, when it is the default, lowered to `limit - a.held`; with no
+/// limit or no budget, as it is.
+///
+/// Errors: a given budget plus the allowance exceeds the limit, as `--ram-budget 64.0 MiB plus
+/// this model's fixed allowance (~114.6 MiB: ...) exceeds the memory limit of 160.0 MiB
+/// (cgroup); at most 45.4 MiB fits`; or the limit cannot hold the allowance itself (its peak
+/// or what it holds), whatever the budget: the message says that no budget fits.
+pub fn fit_allowance(
+    budget: Option<u64>,
+    flag: bool,
+    limit: Option<MemoryLimit>,
+    a: Allowance,
+) -> Result<Option<u64>, String> {
+    let (Some(b), Some(l)) = (budget, limit) else {
+        return Ok(budget);
+    };
+    let room = l.bytes.checked_sub(a.held).filter(|_| l.bytes >= a.peak);
+    match (room, flag) {
+        (Some(r), _) if b <= r => Ok(Some(b)),
+        (Some(r), false) => Ok(Some(r)),
+        (Some(r), true) => Err(format!(
+            "--ram-budget {} plus this model's fixed allowance ({}) exceeds {}; at most {} fits",
+            mib(b),
+            a.describe(),
+            l.describe(),
+            mib(r)
+        )),
+        (None, true) => Err(format!(
+            "--ram-budget {} plus this model's fixed allowance ({}) exceeds {}; no budget fits: \
+             the allowance alone needs more",
+            mib(b),
+            a.describe(),
+            l.describe()
+        )),
+        (None, false) => Err(format!(
+            "{} cannot hold this model's fixed allowance ({}); no RAM budget fits",
+            l.describe(),
+            a.describe()
+        )),
+    }
+}
+
 /// `MemAvailable` in bytes from the text of `/proc/meminfo`.
 fn mem_available(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
@@ -286,6 +382,54 @@ mod tests {
             ram_budget(Some(200 << 20), Some(avail)),
             Err("--ram-budget 200.0 MiB is more than the memory limit of 100.0 MiB (MemAvailable) this process may use".into())
         );
+    }
+
+    #[test]
+    fn the_fixed_allowance_is_counted_against_the_limit() {
+        // the demo model: 6.2 MiB of metadata, 236 tensors
+        let a = Allowance::estimate(6_525_000, 236);
+        assert_eq!(a.held, (12 << 20) + 107_662_500 + 120_832);
+        assert_eq!(a.peak, (12 << 20) + 163_125_000 + 120_832);
+        let fit =
+            |b: u64, flag: bool, l: u64| fit_allowance(Some(b << 20), flag, Some(cgroup(l)), a);
+        assert_eq!(fit(64, true, 200), Ok(Some(64 << 20)));
+        assert_eq!(
+            fit(100, true, 180),
+            Err(
+                "--ram-budget 100.0 MiB plus this model's fixed allowance (~114.8 MiB: program, \
+                 file headers, tokenizer; ~167.7 MiB while the tokenizer is built) exceeds the \
+                 memory limit of 180.0 MiB (cgroup); at most 65.2 MiB fits"
+                    .into()
+            )
+        );
+        assert_eq!(
+            fit(64, true, 160),
+            Err(
+                "--ram-budget 64.0 MiB plus this model's fixed allowance (~114.8 MiB: program, \
+                 file headers, tokenizer; ~167.7 MiB while the tokenizer is built) exceeds the \
+                 memory limit of 160.0 MiB (cgroup); no budget fits: the allowance alone needs \
+                 more"
+                    .into()
+            )
+        );
+        // a default budget is lowered to what fits, or refused with the limit named
+        assert_eq!(fit(128, false, 200), Ok(Some((200 << 20) - a.held)));
+        assert_eq!(fit(64, false, 200), Ok(Some(64 << 20)));
+        assert_eq!(
+            fit(80, false, 160),
+            Err(
+                "the memory limit of 160.0 MiB (cgroup) cannot hold this model's fixed \
+                 allowance (~114.8 MiB: program, file headers, tokenizer; ~167.7 MiB while the \
+                 tokenizer is built); no RAM budget fits"
+                    .into()
+            )
+        );
+        // nothing to check without a limit or a budget
+        assert_eq!(
+            fit_allowance(Some(1 << 40), true, None, a),
+            Ok(Some(1 << 40))
+        );
+        assert_eq!(fit_allowance(None, false, Some(cgroup(100)), a), Ok(None));
     }
 
     #[test]

@@ -220,11 +220,33 @@ fn read_unit(
     })
 }
 
+/// Bytes of resident units that [`WeightStore::open_full`](super::WeightStore::open_full) is
+/// about to read, and has read ([`load_resident`]), summed over every load of this process:
+/// what a progress display of a load watches (the difference of two readings).
+static LOAD_METER: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// The load meter: `(planned, read)` bytes of resident units over every load of this process
+/// so far.
+pub fn load_meter() -> (u64, u64) {
+    (
+        LOAD_METER[0].load(Ordering::Relaxed),
+        LOAD_METER[1].load(Ordering::Relaxed),
+    )
+}
+
+/// Adds `bytes` of resident units about to be read to the load meter.
+pub(super) fn plan_resident_bytes(bytes: u64) {
+    LOAD_METER[0].fetch_add(bytes, Ordering::Relaxed);
+}
+
 /// Reads `unit` once into a buffer of its own (for resident weights).
 ///
 /// Errors: a read fails or a range lies past its file's end (the message names the file).
 pub fn load_resident(files: &[DirectFile], unit: &Unit, stats: &IoStats) -> io::Result<UnitBytes> {
-    read_unit(files, unit, AlignedBuf::new(unit.buffer_bytes()), stats).map_err(|(e, _)| e)
+    let b =
+        read_unit(files, unit, AlignedBuf::new(unit.buffer_bytes()), stats).map_err(|(e, _)| e)?;
+    LOAD_METER[1].fetch_add(unit.buffer_bytes() as u64, Ordering::Relaxed);
+    Ok(b)
 }
 
 /// Reads units on a background thread into a fixed ring of `slots` buffers of `slot_bytes`

@@ -196,6 +196,13 @@ impl WeightStore {
         let mut residency = Vec::with_capacity(units.len());
         let mut resident_bytes = 0;
         let mut slot = extra_slot_bytes;
+        let planned = units.iter().zip(resident).zip(elsewhere);
+        super::streamer::plan_resident_bytes(
+            planned
+                .filter(|((_, &r), &x)| r && !x)
+                .map(|((u, _), _)| u.buffer_bytes() as u64)
+                .sum(),
+        );
         for ((u, &r), &x) in units.iter().zip(resident).zip(elsewhere) {
             if x {
                 residency.push(Residency::Elsewhere);

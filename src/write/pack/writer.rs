@@ -219,20 +219,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
         .map(|p| File::open(p).with_context(|| format!("{}", p.display())))
         .collect::<Result<_>>()?;
     let total: u64 = source.tensors.iter().map(|t| t.n_bytes).sum();
-    let bar = if o.progress {
-        let b = indicatif::ProgressBar::new(total);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
-        );
-        b.set_message("packing");
-        b
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let bar = crate::progress::bar(total, "packing", o.progress);
     let mut rep = PackReport::default();
     let src_names: Vec<String> = source
         .files
