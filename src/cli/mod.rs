@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 pub mod bench;
+pub mod bench_out;
 pub mod chat;
 pub mod inspect;
 pub mod pack;
