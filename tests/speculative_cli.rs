@@ -313,7 +313,8 @@ fn tokens_accepted_past_a_stop_are_reported_as_discarded() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let sp = &v["speculative"];
     let n = |k: &str| sp[k].as_u64().unwrap();
-    assert_eq!(v["finish"], format!("Stop({stop:?})"), "{v}");
+    assert_eq!(v["finish"], "stop", "{v}");
+    assert_eq!(v["stop_string"], stop, "{v}");
     assert!(n("discarded") > 0, "{sp}");
     assert_eq!(
         1 + n("plain_passes") + n("verify_tokens") - n("discarded"),

@@ -3,8 +3,9 @@
 //! I/O wait share and the fraction of the physical limit reached.
 //!
 //! Scenarios (each loads the model afresh, so the expert cache starts empty):
-//! - `cold-decode`: the page cache is dropped first (when root: `sync`, then `3` written to
-//!   `/proc/sys/vm/drop_caches`), a short prompt, then `-n` greedy tokens;
+//! - `cold-decode`: the page cache is dropped first (`sync`, then `3` written to
+//!   `/proc/sys/vm/drop_caches`, which needs root; `--keep-page-cache` skips it, and the
+//!   output says whether it was dropped or why not), a short prompt, then `-n` greedy tokens;
 //! - `warm-decode`: the same, after a first generation of `-n` tokens in the same session, so
 //!   the expert cache holds what that run left;
 //! - `prefill`: one prompt of `--prompt-tokens` tokens in one batch (time to first token,
@@ -13,6 +14,10 @@
 //!   first token), with the prefill's compute time (spines and experts), expert read wait,
 //!   I/O floor (bytes read / `--drive-bandwidth`) and read amplification in the summary.
 //!
+//! Each scenario runs `--repetitions` times; the table shows the median (and with more than
+//! one run min, median and max) of each metric, as text, Markdown or CSV (`--output`), and
+//! `--plot FILE.svg` draws tok/s and bytes read per token per scenario.
+//!
 //! Prompts are fixed token ids (`(37·i + 11) mod vocab`), end-of-generation tokens are ignored,
 //! so every run does the same work.
 
@@ -20,6 +25,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
+use super::bench_out::{median_json, plot, spread_json, table, Metrics, Output, ScenarioRuns};
 use super::store_args::StoreArgs;
 use crate::engine::report::stats_json;
 use crate::engine::{GenStats, GenerateOptions, Sampler, SamplerConfig, Session};
@@ -70,13 +76,47 @@ pub struct BenchArgs {
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Runs of each scenario; the table and JSON give min, median and max per metric.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub repetitions: u32,
+    /// Form of the results on standard output: `table` (aligned text), `md` (Markdown), `csv`
+    /// (a header line, then one line per row) or `json` (the `--json` object). With `md`,
+    /// `csv` and `json` the notes go to standard error.
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: super::bench_out::Output,
+    /// Draw tok/s and MiB read per token per scenario (medians, min-max lines) into this SVG
+    /// file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Leave the page cache as it is before the cold scenarios (they drop it by default).
+    #[arg(long)]
+    pub keep_page_cache: bool,
 }
 
-/// Empties the page cache when running as root; returns whether it did.
-pub fn drop_page_cache() -> bool {
+/// Empties the page cache (`sync`, then `3` written to `/proc/sys/vm/drop_caches`).
+///
+/// Errors: why it could not (writing the file failed: not root, or a read-only `/proc`).
+pub fn drop_page_cache() -> std::result::Result<(), String> {
     // SAFETY: sync(2) has no preconditions.
     unsafe { libc::sync() };
-    std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
+    std::fs::write("/proc/sys/vm/drop_caches", "3").map_err(|e| {
+        // SAFETY: geteuid(2) has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        format!(
+            "writing /proc/sys/vm/drop_caches failed: {e}{}",
+            if root { "" } else { " (not root)" }
+        )
+    })
+}
+
+/// Whether scenario `name` drops the page cache first, and if not why: `Ok(true)` dropped,
+/// `Ok(false)` not a cold scenario, `Err(reason)` a cold one that did not.
+fn page_cache(a: &BenchArgs, name: &str) -> std::result::Result<bool, String> {
+    match (name.starts_with("cold-"), a.keep_page_cache) {
+        (false, _) => Ok(false),
+        (true, true) => Err("--keep-page-cache".into()),
+        (true, false) => drop_page_cache().map(|_| true),
+    }
 }
 
 /// Whether scenario `name` is a prefill (one prompt, one token).
@@ -89,8 +129,11 @@ fn prompt(n: usize, vocab: usize) -> Vec<u32> {
 }
 
 /// One scenario's run: statistics and placement.
-fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64)> {
-    let dropped = name.starts_with("cold-") && drop_page_cache();
+fn scenario(
+    a: &BenchArgs,
+    name: &str,
+) -> Result<(GenStats, Placement, std::result::Result<bool, String>, f64)> {
+    let dropped = page_cache(a, name);
     let t = std::time::Instant::now();
     let opened = open_any(Some(a.model.as_path()))?;
     let (limit, budget) = super::run::checked_budget(a.ram_budget, &opened)?;
@@ -231,133 +274,169 @@ fn prefill_summary(
     (j, line)
 }
 
+/// One run's [`Metrics`] and the `weights` text of the table (what was streamed).
+fn metrics(
+    name: &str,
+    st: &GenStats,
+    placement: &Placement,
+    v: &serde_json::Value,
+) -> (Metrics, String) {
+    let pre = is_prefill(name);
+    let tokens = match pre {
+        true => st.prompt_tokens.max(1) as f64,
+        false => st.generated_tokens.saturating_sub(1).max(1) as f64,
+    };
+    let (bytes, run_s) = match pre {
+        true => (st.prefill_bytes, st.ttft_s),
+        false => (st.decode_bytes, st.decode_s),
+    };
+    let c = st.experts.as_ref().map(|e| match pre {
+        true => &e.prefill,
+        false => &e.decode,
+    });
+    let expert_bytes = c.map_or(0, |c| c.bytes);
+    let weights = match (&st.experts, placement.streamed_bytes) {
+        (Some(e), _) => format!("experts: {}", e.engine),
+        (None, 0) => "all resident".to_string(),
+        (None, _) => format!("dense: {}", placement.summary),
+    };
+    let mib = |b: u64| b as f64 / tokens / 1048576.0;
+    let m = Metrics {
+        tok_s: match pre {
+            true => st.prompt_tokens as f64 / st.ttft_s.max(1e-12),
+            false => st.decode_tok_s(),
+        },
+        ttft_s: st.ttft_s,
+        mib_per_token: mib(bytes),
+        dense_mib_per_token: mib(bytes.saturating_sub(expert_bytes)),
+        expert_mib_per_token: mib(expert_bytes),
+        hit_pct: c.map_or(0.0, |c| 100.0 * c.hit_rate),
+        prefetch_recall_pct: st.experts.as_ref().and_then(|e| {
+            (e.prefetch || e.read_ahead && pre).then_some(100.0 * c?.prefetch_recall)
+        }),
+        read_mb_s: bytes as f64 / run_s.max(1e-12) / 1e6,
+        io_wait_pct: 100.0 * st.io_wait_s / (st.ttft_s + st.decode_s).max(1e-12),
+        limit_pct: match pre {
+            true => None,
+            false => v["physical_limit"]["fraction"].as_f64().map(|f| 100.0 * f),
+        },
+    };
+    (m, weights)
+}
+
 /// Runs `deltafin bench`.
+///
+/// Errors: an unknown scenario; the model cannot be loaded under the budget; a generation
+/// fails; an output file cannot be written.
 pub fn run(mut a: BenchArgs) -> Result<()> {
     if let Some(p) = super::model_path(Some(&a.model))? {
         a.model = p;
     }
     super::init_threads(a.threads);
     let mut rows = Vec::new();
-    let mut table = format!(
-        "{:12} {:>8} {:>8} {:>10} {:>6} {:>6} {:>10} {:>6} {:>7}  {}\n",
-        "scenario",
-        "tok/s",
-        "TTFT s",
-        "MiB/token",
-        "hit %",
-        "pf %",
-        "drive MB/s",
-        "wait %",
-        "limit %",
-        "engine"
-    );
+    let mut table_rows = Vec::new();
     let mut notes = String::new();
     for name in &a.scenarios {
-        let (st, placement, dropped, load_s) = scenario(&a, name)?;
-        let mut v = stats_json(
-            &st,
-            &placement,
-            &crate::engine::Finish::Length,
-            0,
-            load_s,
-            a.store.drive_bandwidth,
-        );
-        v["scenario"] = name.as_str().into();
-        v["page_cache_dropped"] = dropped.into();
-        let tok_s = if is_prefill(name) {
-            st.prompt_tokens as f64 / st.ttft_s.max(1e-12)
-        } else {
-            st.decode_tok_s()
-        };
-        let per_tok = if is_prefill(name) {
-            st.prefill_bytes as f64 / st.prompt_tokens.max(1) as f64
-        } else {
-            st.decode_bytes_per_token()
-        };
-        let run_s = if is_prefill(name) {
-            st.ttft_s
-        } else {
-            st.decode_s
-        };
-        let (hit, recall, wait, engine, drive_bw) = match &st.experts {
-            Some(e) => {
-                let c = if is_prefill(name) {
-                    &e.prefill
-                } else {
-                    &e.decode
-                };
-                let bw = c.bytes as f64 / run_s.max(1e-12);
-                (
-                    100.0 * c.hit_rate,
-                    (e.prefetch || e.read_ahead && is_prefill(name))
-                        .then_some(100.0 * c.prefetch_recall),
-                    100.0 * c.io_wait_s / run_s.max(1e-12),
-                    e.engine.clone(),
-                    bw,
-                )
-            }
-            None => (0.0, None, 0.0, "all experts resident".to_string(), 0.0),
-        };
-        let limit = v["physical_limit"]["fraction"].as_f64().map(|f| 100.0 * f);
-        v["summary"] = serde_json::json!({
-            "tok_s": tok_s, "ttft_s": st.ttft_s, "bytes_per_token": per_tok,
-            "hit_rate": hit / 100.0, "prefetch_recall": recall.map(|r| r / 100.0),
-            "expert_read_bytes_per_s": drive_bw,
-            "io_wait_share": wait / 100.0,
-        });
-        if let (false, Some(sp)) = (is_prefill(name), &st.speculative) {
-            notes += &format!(
-                "{name}: speculative ({}): {} / {} drafts accepted, {} target passes \
-                 ({} verification, {} plain; {} fallbacks)\n",
-                sp.source,
-                sp.accepted,
-                sp.drafted,
-                sp.target_passes(),
-                sp.verify_passes,
-                sp.plain_passes,
-                sp.fallbacks
+        let mut runs = Vec::new();
+        let mut last = (serde_json::Value::Null, String::new());
+        let mut cache_note = String::new();
+        let mut weights = String::new();
+        for rep in 0..a.repetitions {
+            let (st, placement, dropped, load_s) = scenario(&a, name)?;
+            let mut v = stats_json(
+                &st,
+                &placement,
+                &crate::engine::Finish::Length,
+                0,
+                load_s,
+                a.store.drive_bandwidth,
             );
+            v["scenario"] = name.as_str().into();
+            v["page_cache_dropped"] = matches!(dropped, Ok(true)).into();
+            v["page_cache"] = match &dropped {
+                Ok(d) => serde_json::json!({"dropped": d, "reason": null}),
+                Err(r) => serde_json::json!({"dropped": false, "reason": r}),
+            };
+            if rep == 0 {
+                cache_note = match &dropped {
+                    Ok(true) => format!("{name}: page cache dropped before each run\n"),
+                    Ok(false) => String::new(),
+                    Err(r) => format!("{name}: page cache not dropped: {r}\n"),
+                };
+            }
+            let (m, w) = metrics(name, &st, &placement, &v);
+            weights = w;
+            let mut line = String::new();
+            if let (false, Some(sp)) = (is_prefill(name), &st.speculative) {
+                line += &format!(
+                    "{name}: speculative ({}): {} / {} drafts accepted, {} target passes \
+                     ({} verification, {} plain; {} fallbacks)\n",
+                    sp.source,
+                    sp.accepted,
+                    sp.drafted,
+                    sp.target_passes(),
+                    sp.verify_passes,
+                    sp.plain_passes,
+                    sp.fallbacks
+                );
+            }
+            if let (true, Some(e)) = (is_prefill(name), &st.experts) {
+                let (j, l) = prefill_summary(name, e, a.store.drive_bandwidth);
+                v["prefill_summary"] = j;
+                line += &l;
+            }
+            runs.push(m);
+            last = (v, line);
         }
-        if let (true, Some(e)) = (is_prefill(name), &st.experts) {
-            let (j, line) = prefill_summary(name, e, a.store.drive_bandwidth);
-            v["summary"]["prefill"] = j;
-            notes += &line;
+        let (mut v, line) = last;
+        notes += &cache_note;
+        notes += &line;
+        v["repetitions"] = a.repetitions.into();
+        v["summary"] = median_json(&runs);
+        v["spread"] = spread_json(&runs);
+        v["runs"] = runs.iter().map(Metrics::json).collect();
+        if let Some(p) = v.get_mut("prefill_summary").map(serde_json::Value::take) {
+            v["summary"]["prefill"] = p;
+            v.as_object_mut().map(|o| o.remove("prefill_summary"));
         }
-        table += &format!(
-            "{:12} {:>8.2} {:>8.3} {:>10.1} {:>6.1} {:>6} {:>10.1} {:>6.0} {:>7}  {}\n",
-            name,
-            tok_s,
-            st.ttft_s,
-            per_tok / 1048576.0,
-            hit,
-            recall.map_or("-".to_string(), |r| format!("{r:.1}")),
-            drive_bw / 1e6,
-            wait,
-            match (name.as_str(), limit) {
-                ("prefill" | "cold-prefill", _) | (_, None) => "-".to_string(),
-                (_, Some(l)) => format!("{l:.0}"),
-            },
-            engine
-        );
         rows.push(v);
-    }
-    print!("{table}{notes}");
-    if let Some(p) = &a.json {
-        let out = serde_json::json!({
-            "model": a.model.display().to_string(),
-            "ram_budget": crate::store::plan::ram_budget(
-                a.ram_budget,
-                crate::store::plan::MemoryLimit::of_this_process()
-            )
-            .ok()
-            .flatten(),
-            "cache": a.store.cache.to_string(),
-            "io_depth": a.store.io_depth,
-            "io_request_size": a.store.io_request_size,
-            "scenarios": rows,
+        table_rows.push(ScenarioRuns {
+            name: name.clone(),
+            weights,
+            runs,
         });
+    }
+    let out = serde_json::json!({
+        "model": a.model.display().to_string(),
+        "ram_budget": crate::store::plan::ram_budget(
+            a.ram_budget,
+            crate::store::plan::MemoryLimit::of_this_process()
+        )
+        .ok()
+        .flatten(),
+        "cache": a.store.cache.to_string(),
+        "io_depth": a.store.io_depth,
+        "io_request_size": a.store.io_request_size,
+        "repetitions": a.repetitions,
+        "scenarios": rows,
+    });
+    match a.output {
+        Output::Table => print!("{}{notes}", table(&table_rows, Output::Table)),
+        Output::Json => {
+            println!("{}", serde_json::to_string_pretty(&out)?);
+            eprint!("{notes}");
+        }
+        f => {
+            print!("{}", table(&table_rows, f));
+            eprint!("{notes}");
+        }
+    }
+    if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&out)?)
             .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &a.plot {
+        plot(&table_rows, p)?;
     }
     Ok(())
 }

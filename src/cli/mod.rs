@@ -15,6 +15,7 @@
 use clap::{Parser, Subcommand};
 
 pub mod bench;
+pub mod bench_out;
 pub mod chat;
 pub mod fit_ctx;
 pub mod inspect;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use super::spec_args::{explain_budget, target_budget};
-use crate::engine::report::{expert_table, stats_json, stats_table};
+use crate::engine::report::{expert_table, limit_line, stats_json, stats_table};
 use crate::engine::sampler::{ModelSampling, SamplerOrder, WHOLE_SEQUENCE};
 use crate::engine::{GenerateOptions, Sampler, SamplerConfig, Session};
 use crate::load::{open_any, LoadProgress};
@@ -330,7 +330,8 @@ pub fn run(mut a: RunArgs) -> Result<()> {
     drop(stdout);
     if a.stats {
         eprint!("{}", stats_table(&stats, &placement, &finish, seed, load_s));
-        eprint!("{}", expert_table(&stats, a.store.drive_bandwidth));
+        eprint!("{}", expert_table(&stats));
+        eprint!("{}", limit_line(&stats, a.store.drive_bandwidth));
         if let Some(sp) = &stats.speculative {
             eprint!("{}", sp.table());
         }

@@ -45,7 +45,8 @@ pub struct StoreArgs {
     #[arg(long, default_value_t = DEFAULT_REQUEST_BYTES as u64, value_parser = parse_size)]
     pub io_request_size: u64,
     /// The drives' read bandwidth in bytes/s (e.g. from fio, `1.3G`) for the fraction of the
-    /// physical limit in the statistics; default: the store's own busy-time bandwidth.
+    /// physical limit in the statistics; default: the reads' own busy-time bandwidth (a value
+    /// below the rate the reads delivered is replaced by that rate).
     #[arg(long, value_parser = parse_size)]
     pub drive_bandwidth: Option<u64>,
     /// Print the expert store's tracing spans to standard error (one `experts` span per MoE

@@ -131,6 +131,7 @@ impl Session {
         stats.decode_bytes = io_end.0 - io_first.0;
         stats.reads = io_end.1 - io0.1;
         stats.io_wait_s = (io_end.3 - io0.3) as f64 / 1e9;
+        stats.decode_read_busy_s = (io_end.2 - io_first.2) as f64 / 1e9;
         stats.peak_rss = peak_rss_bytes();
         if let (Some(es), Some(a), Some(f), Some(e)) =
             (self.store.experts(), &es0, &es_first, &es_prev)

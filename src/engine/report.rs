@@ -1,7 +1,21 @@
 //! What a generation measured, as text and JSON: the `--stats` table ([`stats_table`], with
 //! [`expert_table`] for the expert store), the `--stats-json` object ([`stats_json`]) that
-//! `deltafin bench` also writes per scenario, and the physical limit's drive bandwidth
-//! ([`limit_bandwidth`]).
+//! `deltafin bench` also writes per scenario, and the physical limit of decode
+//! ([`physical_limit`]).
+//!
+//! The physical limit: decoding `n` tokens read `D` bytes from disk (streamed spine or dense
+//! layers and expert reads together, as counted, not as modelled), so the drives delivered
+//! `D / t` bytes/s over the decode's `t` seconds and `tok/s = (D / t) / R` with `R = D / n`
+//! the bytes read per token. With `B` the drives' bandwidth, `D / t ≤ B`, so
+//! `tok/s ≤ B / R`: the limit, and the fraction reached is `(D / t) / B`. `B` is
+//! `--drive-bandwidth`, else the reads' measured busy-time bandwidth; a `B` below the rate
+//! the drives delivered (`D / t`) is provably not their bandwidth (busy time counted twice
+//! where reads of several files overlap, or a `--drive-bandwidth` measured at another request
+//! size), and the delivered rate replaces it, so the fraction is at most 100% by construction.
+//! The old model `B / (L · k · (1 − h) · S)` divided by an estimate of the expert bytes per
+//! token instead: `S` is the largest expert's read (an expert of a smaller type reads less),
+//! misses served by reads already in flight were counted as whole reads, and the streamed
+//! spine was left out, so the "limit" could be exceeded.
 
 use super::session::{Finish, GenStats};
 use crate::models::Placement;
@@ -21,7 +35,7 @@ pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64, load
         "\n--- stats ---\n\
          load                 {load_s:.3} s (model header, tokenizer, resident weights)\n\
          prompt tokens        {}\n\
-         generated tokens     {} ({:?})\n\
+         generated tokens     {} ({}: {})\n\
          time to first token  {:.3} s\n\
          decode               {:.2} tok/s\n\
          disk read / token    {} (decode), {} (prefill total)\n\
@@ -34,7 +48,8 @@ pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64, load
          seed                 {seed}\n",
         s.prompt_tokens,
         s.generated_tokens,
-        finish,
+        finish.as_str(),
+        finish.detail(),
         s.ttft_s,
         s.decode_tok_s(),
         mib(s.decode_bytes_per_token()),
@@ -62,7 +77,8 @@ fn numerics_note(n: crate::models::Numerics) -> String {
     }
 }
 
-/// The `--stats-json` object.
+/// The `--stats-json` object (`finish` as [`Finish::as_str`], with `stop_string` for a stop
+/// string).
 pub fn stats_json(
     s: &GenStats,
     p: &Placement,
@@ -72,12 +88,13 @@ pub fn stats_json(
     bandwidth: Option<u64>,
 ) -> serde_json::Value {
     let mut v = stats_json_base(s, p, finish, seed, load_s);
+    if let Finish::Stop(text) = finish {
+        v["stop_string"] = text.as_str().into();
+    }
     if let Some(sp) = &s.speculative {
         v["speculative"] = sp.json();
     }
     if let Some(e) = &s.experts {
-        let (b, b_source) = limit_bandwidth(s, bandwidth);
-        let limit = e.limit_tok_s(b, s.generated_tokens.saturating_sub(1));
         v["experts"] = serde_json::to_value(e).expect("serializable");
         v["experts"]["drives"] = e
             .drives()
@@ -86,38 +103,116 @@ pub fn stats_json(
                 serde_json::json!({"drive": d, "bytes": bytes, "reads": reads, "busy_s": busy, "bandwidth_bytes_per_s": bw})
             })
             .collect();
+    }
+    if let Some(l) = physical_limit(s, bandwidth) {
         v["physical_limit"] = serde_json::json!({
-            "bandwidth_bytes_per_s": b,
-            "bandwidth_source": b_source,
-            "limit_tok_s": limit,
-            "fraction": if limit.is_finite() && limit > 0.0 { s.decode_tok_s() / limit } else { 0.0 },
+            "bandwidth_bytes_per_s": l.bandwidth,
+            "bandwidth_source": l.source,
+            "stated_bandwidth_bytes_per_s": l.stated_bandwidth,
+            "bytes_per_token": l.bytes_per_token,
+            "expert_bytes_per_token": l.expert_bytes_per_token,
+            "delivered_bytes_per_s": l.delivered,
+            "limit_tok_s": l.limit_tok_s,
+            "fraction": l.fraction,
         });
     }
     v
 }
 
-/// `B` for the physical limit: the given drive bandwidth, else the expert reads' own
-/// bandwidth while the drives were busy (decode), with where it came from.
-pub fn limit_bandwidth(s: &GenStats, given: Option<u64>) -> (f64, &'static str) {
-    if let Some(b) = given {
-        return (b as f64, "--drive-bandwidth");
+/// The physical limit of decode (see the module docs), for `--stats`, `--stats-json` and
+/// `bench`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PhysicalLimit {
+    /// `B`, bytes/s.
+    pub bandwidth: f64,
+    /// Where `B` came from: `--drive-bandwidth`, `measured busy-time bandwidth`, or `delivered
+    /// read rate` (when that was above the other).
+    pub source: &'static str,
+    /// `B` as given or measured, before the delivered rate replaced a lower one.
+    pub stated_bandwidth: f64,
+    /// `R`: bytes read from disk per decoded token (after the first).
+    pub bytes_per_token: f64,
+    /// The expert store's share of `R`.
+    pub expert_bytes_per_token: f64,
+    /// `D / t`: bytes/s the reads delivered over the decode.
+    pub delivered: f64,
+    /// `B / R`, tokens/s.
+    pub limit_tok_s: f64,
+    /// Decode tok/s over the limit, `delivered / B`: at most 1.
+    pub fraction: f64,
+}
+
+/// The physical limit of `s`'s decode with drive bandwidth `given` (bytes/s; default: the
+/// measured busy-time bandwidth of the decode's reads); `None` when the decode read nothing
+/// (everything resident) or decoded no token after the first.
+pub fn physical_limit(s: &GenStats, given: Option<u64>) -> Option<PhysicalLimit> {
+    let n = s.generated_tokens.saturating_sub(1);
+    if n == 0 || s.decode_bytes == 0 || s.decode_s <= 0.0 {
+        return None;
     }
-    let Some(e) = &s.experts else {
-        return (0.0, "none");
+    let d = s.decode_bytes as f64;
+    let delivered = d / s.decode_s;
+    let expert_busy = s
+        .experts
+        .as_ref()
+        .map_or(0.0, |e| e.drives().iter().fold(0f64, |a, x| a.max(x.3)));
+    let busy = s.decode_read_busy_s + expert_busy;
+    let (stated, src) = match given {
+        Some(b) => (b as f64, "--drive-bandwidth"),
+        None if busy > 0.0 => (d / busy, "measured busy-time bandwidth"),
+        None => (0.0, "none"),
     };
-    let (bytes, busy) = e
-        .drives()
-        .iter()
-        .fold((0u64, 0f64), |a, d| (a.0 + d.1, a.1.max(d.3)));
-    if busy > 0.0 {
-        (bytes as f64 / busy, "measured busy-time bandwidth")
+    let (b, source) = if delivered > stated {
+        (delivered, "delivered read rate")
     } else {
-        (0.0, "none")
-    }
+        (stated, src)
+    };
+    let r = d / n as f64;
+    let limit = b / r;
+    Some(PhysicalLimit {
+        bandwidth: b,
+        source,
+        stated_bandwidth: stated,
+        bytes_per_token: r,
+        expert_bytes_per_token: s
+            .experts
+            .as_ref()
+            .map_or(0.0, |e| e.decode.bytes as f64 / n as f64),
+        delivered,
+        limit_tok_s: limit,
+        fraction: delivered / b,
+    })
+}
+
+/// The `--stats` line of the physical limit ([`physical_limit`]).
+pub fn limit_line(s: &GenStats, given: Option<u64>) -> String {
+    let Some(l) = physical_limit(s, given) else {
+        return "physical limit       none (decode read nothing from disk)\n".into();
+    };
+    let stated = match (l.source, given) {
+        ("delivered read rate", Some(_)) => format!(
+            "; --drive-bandwidth {:.1} MB/s is below it, so it is not the drives' bandwidth",
+            l.stated_bandwidth / 1e6
+        ),
+        ("delivered read rate", None) if l.stated_bandwidth > 0.0 => format!(
+            "; the busy-time bandwidth {:.1} MB/s is below it (overlapping reads' busy time counted twice)",
+            l.stated_bandwidth / 1e6
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "physical limit       {:.2} tok/s = B / R, B = {:.1} MB/s ({}{stated}), R = {} read per token ({} of it experts): {:.0}% reached\n",
+        l.limit_tok_s,
+        l.bandwidth / 1e6,
+        l.source,
+        mib(l.bytes_per_token),
+        mib(l.expert_bytes_per_token),
+        100.0 * l.fraction
+    )
 }
 
 /// The expert store part of `--stats` (empty when every expert is resident).
-pub fn expert_table(s: &GenStats, bandwidth: Option<u64>) -> String {
+pub fn expert_table(s: &GenStats) -> String {
     let Some(e) = &s.experts else {
         return String::new();
     };
@@ -165,15 +260,6 @@ pub fn expert_table(s: &GenStats, bandwidth: Option<u64>) -> String {
             "drive {drive:14} {} in {reads} reads, busy {busy:.3} s, {:.1} MB/s while busy\n",
             mib(bytes as f64),
             bw / 1e6
-        );
-    }
-    let (b, src) = limit_bandwidth(s, bandwidth);
-    let limit = e.limit_tok_s(b, s.generated_tokens.saturating_sub(1));
-    if limit.is_finite() && limit > 0.0 {
-        out += &format!(
-            "physical limit       {limit:.2} tok/s at B = {:.1} MB/s ({src}): {:.0}% reached\n",
-            b / 1e6,
-            100.0 * s.decode_tok_s() / limit
         );
     }
     out
@@ -240,7 +326,7 @@ fn stats_json_base(
         "load_s": load_s,
         "prompt_tokens": s.prompt_tokens,
         "generated_tokens": s.generated_tokens,
-        "finish": format!("{finish:?}"),
+        "finish": finish.as_str(),
         "ttft_s": s.ttft_s,
         "decode_s": s.decode_s,
         "decode_tok_s": s.decode_tok_s(),
@@ -259,4 +345,94 @@ fn stats_json_base(
         "scratch_bytes": p.scratch_bytes,
         "seed": seed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 5 tokens (4 decoded after the first) reading 400 MB in 2 s of decode: 200 MB/s
+    /// delivered, R = 100 MB per token, 2 tok/s.
+    fn stats(busy_s: f64) -> GenStats {
+        GenStats {
+            generated_tokens: 5,
+            decode_s: 2.0,
+            decode_bytes: 400_000_000,
+            decode_read_busy_s: busy_s,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_limit_is_bandwidth_over_bytes_read_per_token() {
+        let l = physical_limit(&stats(0.0), Some(400_000_000)).unwrap();
+        assert_eq!(l.source, "--drive-bandwidth");
+        assert_eq!(l.bytes_per_token, 1e8);
+        assert_eq!(l.limit_tok_s, 4.0);
+        assert_eq!(l.fraction, 0.5);
+        assert_eq!(l.delivered, 2e8);
+        // measured: 400 MB in 1 s of busy reads
+        let l = physical_limit(&stats(1.0), None).unwrap();
+        assert_eq!(l.source, "measured busy-time bandwidth");
+        assert_eq!((l.bandwidth, l.limit_tok_s, l.fraction), (4e8, 4.0, 0.5));
+    }
+
+    #[test]
+    fn a_bandwidth_below_the_delivered_rate_is_replaced_so_the_fraction_stays_at_most_one() {
+        // a --drive-bandwidth of 100 MB/s cannot be right when 200 MB/s arrived
+        let l = physical_limit(&stats(0.0), Some(100_000_000)).unwrap();
+        assert_eq!(l.source, "delivered read rate");
+        assert_eq!((l.stated_bandwidth, l.bandwidth), (1e8, 2e8));
+        assert_eq!((l.limit_tok_s, l.fraction), (2.0, 1.0));
+        assert_eq!(
+            limit_line(&stats(0.0), Some(100_000_000)),
+            "physical limit       2.00 tok/s = B / R, B = 200.0 MB/s (delivered read rate; \
+             --drive-bandwidth 100.0 MB/s is below it, so it is not the drives' bandwidth), \
+             R = 95.4 MiB read per token (0.0 MiB of it experts): 100% reached\n"
+        );
+        // busy time summed over overlapping reads: 4 s in a 2 s decode
+        let l = physical_limit(&stats(4.0), None).unwrap();
+        assert_eq!((l.source, l.fraction), ("delivered read rate", 1.0));
+    }
+
+    #[test]
+    fn no_limit_without_reads_in_decode() {
+        let s = GenStats {
+            decode_bytes: 0,
+            ..stats(0.0)
+        };
+        assert_eq!(physical_limit(&s, Some(1)), None);
+        assert_eq!(
+            limit_line(&s, None),
+            "physical limit       none (decode read nothing from disk)\n"
+        );
+        assert!(
+            stats_json(&s, &Placement::default(), &Finish::Eos, 0, 0.0, None)
+                .get("physical_limit")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn finish_reasons_are_openai_words() {
+        let s = stats(1.0);
+        let p = Placement::default();
+        let cases = [
+            (Finish::Eos, "stop", "(stop: end-of-generation token)"),
+            (Finish::Stop("x".into()), "stop", "(stop: stop string)"),
+            (Finish::Length, "length", "(length: max tokens)"),
+            (Finish::ContextFull, "length", "(length: context full)"),
+        ];
+        for (f, word, text) in cases {
+            let j = stats_json(&s, &p, &f, 0, 0.0, None);
+            assert_eq!(j["finish"], word);
+            let stop = matches!(f, Finish::Stop(_)).then_some("x");
+            assert_eq!(j["stop_string"].as_str(), stop);
+            assert!(
+                stats_table(&s, &p, &f, 0, 0.0)
+                    .contains(&format!("generated tokens     5 {text}\n")),
+                "{f:?}"
+            );
+        }
+    }
 }

@@ -31,6 +31,29 @@ pub enum Finish {
     ContextFull,
 }
 
+impl Finish {
+    /// OpenAI's `finish_reason` word, the one spelling of every output (`--stats`,
+    /// `--stats-json`, `bench`, `chat`'s JSONL, the server): `stop` for an end-of-generation
+    /// token or a stop string, `length` for `max_tokens` and for a full context (as
+    /// llama-server reports both; [`Finish::detail`] tells them apart in text).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Finish::Eos | Finish::Stop(_) => "stop",
+            Finish::Length | Finish::ContextFull => "length",
+        }
+    }
+
+    /// What `--stats` adds after the word: which of the two causes of `stop` or `length`.
+    pub fn detail(&self) -> &'static str {
+        match self {
+            Finish::Eos => "end-of-generation token",
+            Finish::Stop(_) => "stop string",
+            Finish::Length => "max tokens",
+            Finish::ContextFull => "context full",
+        }
+    }
+}
+
 /// Measurements of one generation. Bytes are bytes read from disk (aligned spans).
 #[derive(Clone, Debug, Default)]
 pub struct GenStats {
@@ -45,6 +68,10 @@ pub struct GenStats {
     pub reads: u64,
     /// Seconds compute waited for streamed weights.
     pub io_wait_s: f64,
+    /// Seconds the weight streamer's I/O thread spent inside reads during decode (the
+    /// streamed spine or dense layers; the expert store's reads are timed per drive in
+    /// `experts`).
+    pub decode_read_busy_s: f64,
     /// Peak resident set size of the process, in bytes (`VmHWM`).
     pub peak_rss: u64,
     /// The expert store's statistics, when the model's experts are read on demand.

@@ -1,10 +1,8 @@
 //! What the expert store did during a generation: per token and per run, bytes and reads per
 //! file and drive, busy time, cache hit rate, I/O wait against compute, and the fraction of the
-//! physical decode limit reached.
-//!
-//! The physical limit of decode: `tok/s ≤ B / (L · k · (1 − h) · S)`, with `B`
-//! the drives' read bandwidth, `L · k` the expert uses per token (MoE layers × experts per
-//! token, measured), `h` the cache hit rate and `S` the bytes of one expert read.
+//! physical decode limit reached (computed in [`crate::engine::report::physical_limit`] from
+//! the bytes actually read per token: `L · k · (1 − h) · S` is what the expert reads of it
+//! should come to, not a bound to divide by).
 
 use std::os::unix::fs::MetadataExt;
 use std::time::Instant;
@@ -273,18 +271,5 @@ impl ExpertRunStats {
         m.into_iter()
             .map(|(d, (b, r, s))| (d, b, r, s, if s > 0.0 { b as f64 / s } else { 0.0 }))
             .collect()
-    }
-
-    /// The physical decode limit in tok/s for bandwidth `b` (bytes/s) over `tokens` decoded
-    /// tokens: `B / (L·k·(1−h)·S)`, with `L·k` the measured expert uses per token.
-    pub fn limit_tok_s(&self, b: f64, tokens: usize) -> f64 {
-        let uses = (self.decode.hits + self.decode.misses) as f64 / tokens.max(1) as f64;
-        let miss = 1.0 - self.decode.hit_rate;
-        let per_token = uses * miss * self.expert_bytes as f64;
-        if per_token > 0.0 {
-            b / per_token
-        } else {
-            f64::INFINITY
-        }
     }
 }

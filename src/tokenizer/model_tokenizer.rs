@@ -67,13 +67,26 @@ impl ModelTokenizer {
     /// matched either way. U+FDD0 in the text becomes U+FFFD (see `literal.rs`).
     /// Errors: the tokenizer fails.
     pub fn encode_prompt(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
+        self.encode_text(text, true, parse_special)
+    }
+
+    /// [`ModelTokenizer::encode_prompt`] with the BOS (and whatever else the tokenizer adds)
+    /// only when `add_special` (`deltafin tokenize --no-bos` turns it off).
+    /// Errors: the tokenizer fails.
+    pub fn encode_text(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>> {
         let text = super::literal::sanitize(text);
         match (self, parse_special) {
-            (ModelTokenizer::Gguf(t), p) => t.encode(&text, true, p),
-            (ModelTokenizer::Hf(t), true) => t.encode(&text, true),
-            (ModelTokenizer::Hf(t), false) => {
-                t.encode_marked(&super::literal::mark(&text, &t.special_texts()), true)
-            }
+            (ModelTokenizer::Gguf(t), p) => t.encode(&text, add_special, p),
+            (ModelTokenizer::Hf(t), true) => t.encode(&text, add_special),
+            (ModelTokenizer::Hf(t), false) => t.encode_marked(
+                &super::literal::mark(&text, &t.special_texts()),
+                add_special,
+            ),
         }
     }
 
