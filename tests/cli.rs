@@ -213,7 +213,7 @@ fn bad_input_gives_clear_errors() {
         "--ram-budget",
         "1M",
     ]);
-    assert!(e.contains("--ram-budget 1048576 is too small"), "{e}");
+    assert!(e.contains("--ram-budget 1.0 MiB is too small: "), "{e}");
     let e = stderr_of_failure(&[
         "run",
         "-m",
@@ -325,7 +325,7 @@ fn the_default_budget_fits_a_small_limit_and_a_too_small_one_is_named() {
     // an explicit budget over the limit is refused before loading
     assert_eq!(
         ram_budget(Some(1 << 30), Some(cgroup(512))).unwrap_err(),
-        "--ram-budget 1024.0 MiB is more than the memory limit of 512.0 MiB (cgroup) this process may use"
+        "--ram-budget 1.0 GiB is more than the memory limit of 512.0 MiB (cgroup) this process may use"
     );
 }
 
