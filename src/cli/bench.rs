@@ -171,6 +171,7 @@ fn scenario(a: &BenchArgs, name: &str) -> Result<(GenStats, Placement, bool, f64
         max_tokens: n_gen,
         stop: &[],
         is_eog: &never,
+        cancel: None,
     };
     let ids = text.unwrap_or_else(|| prompt(decode_p, vocab));
     let mut go = |s: &mut Session, ids: &[u32]| {

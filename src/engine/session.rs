@@ -29,6 +29,8 @@ pub enum Finish {
     Length,
     /// The KV cache (`--ctx-size`, at most the model's context) is full.
     ContextFull,
+    /// [`GenerateOptions::cancel`] asked to stop (Ctrl-C in `deltafin run`).
+    Interrupted,
 }
 
 /// Measurements of one generation. Bytes are bytes read from disk (aligned spans).
@@ -159,6 +161,9 @@ pub struct GenerateOptions<'a> {
     pub stop: &'a [String],
     /// Whether a token ends generation (EOS, end of turn).
     pub is_eog: &'a dyn Fn(u32) -> bool,
+    /// Asked before every decoding step after the first token: `true` ends the generation
+    /// there ([`Finish::Interrupted`]), with the text and statistics so far. `None`: never.
+    pub cancel: Option<&'a dyn Fn() -> bool>,
 }
 
 impl Session {
