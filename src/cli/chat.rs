@@ -12,14 +12,19 @@ use serde_json::{json, Value};
 
 use crate::serve::generate::Params;
 
-/// Arguments of `deltafin chat`: those of `run` (model, budget, sampling, speculative
-/// decoding; `-n` bounds each answer; `--system` sets the first system message; `--stats`
-/// prints speculation's counters after each answer; `--stats-json FILE` writes one JSON object
-/// per answer, one per line: turn, finish reason, token counts, seconds, speculation).
+/// Arguments of `deltafin chat`: the model and how it runs (`-n` bounds each answer),
+/// `--system` (the first system message), and the statistics: `--stats` prints speculation's
+/// counters after each answer, `--stats-json FILE` writes one JSON object per answer, one per
+/// line (turn, finish reason, token counts, seconds, speculation).
 #[derive(clap::Args, Debug, Clone)]
 pub struct ChatArgs {
     #[command(flatten)]
-    pub run: super::run::RunArgs,
+    pub engine: super::engine_args::EngineArgs,
+    /// System message of the conversation (/system TEXT changes it)
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+    #[command(flatten)]
+    pub stats: super::engine_args::StatsArgs,
 }
 
 static GENERATING: AtomicBool = AtomicBool::new(false);
@@ -35,11 +40,10 @@ extern "C" fn on_sigint(_: libc::c_int) {
 }
 
 /// Runs `deltafin chat`.
-pub fn run(mut a: ChatArgs) -> Result<()> {
-    let system = a.run.system.take();
-    a.run.chat = false;
-    let (mut engine, _) = super::run::load_engine(&a.run, 4096)?;
-    let mut stats_file = match &a.run.stats_json {
+pub fn run(a: ChatArgs) -> Result<()> {
+    let system = a.system.clone();
+    let (mut engine, _) = a.engine.load_engine(4096)?;
+    let mut stats_file = match &a.stats.stats_json {
         Some(p) => {
             Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)
         }
@@ -94,7 +98,7 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
             .tok
             .encode_messages_json(&tmpl, &Value::Array(msgs), None, true)?;
         let mut sampler = engine.defaults.clone();
-        if a.run.seed.is_none() {
+        if a.engine.sampling.seed.is_none() {
             sampler.seed = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64);
@@ -107,8 +111,8 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
         }
         let p = Params {
             sampler,
-            max_tokens: a.run.max_tokens.min(room),
-            stop: a.run.stop.clone(),
+            max_tokens: a.engine.sampling.max_tokens.min(room),
+            stop: a.engine.sampling.stop.clone(),
             logprobs: None,
             tools: None,
         };
@@ -128,7 +132,7 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
         GENERATING.store(false, Ordering::SeqCst);
         println!();
         let o = r?;
-        if a.run.stats {
+        if a.stats.stats {
             if let Some(sp) = &o.speculative {
                 eprint!("{}", sp.table());
             }

@@ -22,7 +22,8 @@ pub struct TokenizeArgs {
 
 /// Runs `deltafin tokenize`: prints the text, the count, and `ID -> 'PIECE'` per token.
 pub fn run(a: TokenizeArgs) -> Result<()> {
-    let tok = open_any(a.model.as_deref())?.tokenizer()?;
+    let model = super::model_path(a.model.as_deref())?;
+    let tok = open_any(model.as_deref())?.tokenizer()?;
     let ids = tok.encode_prompt(&a.text, !a.no_parse_special)?;
     print!("{}", super::run::describe_prompt(&a.text, &ids, &tok));
     Ok(())
