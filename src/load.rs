@@ -65,6 +65,9 @@ pub enum OpenedModel {
 /// demo model when `path` is `None`).
 pub fn open_any(path: Option<&Path>) -> Result<OpenedModel> {
     use crate::source::pack;
+    if let Some(p) = path {
+        check_model_path(p)?;
+    }
     match path {
         Some(p) if pack::is_pack(p) || pack::is_incomplete_pack(p) => {
             match pack::Manifest::read(p)?.source.format.as_str() {
@@ -75,6 +78,27 @@ pub fn open_any(path: Option<&Path>) -> Result<OpenedModel> {
         Some(p) if is_hf_folder(p) => Ok(OpenedModel::Hf(HfModel::open(p)?)),
         _ => Ok(OpenedModel::Gguf(open_model(path)?)),
     }
+}
+
+/// Refuses a model path that names one `.safetensors` file: a Hugging Face checkpoint is the
+/// folder holding its `config.json`, tokenizer and weight files.
+///
+/// Errors: `path` is a file whose name ends in `.safetensors`, as `DIR/model.safetensors: one
+/// file of a Hugging Face checkpoint; pass the folder that holds it: DIR`.
+pub fn check_model_path(path: &Path) -> Result<()> {
+    let is_weights = path.extension().is_some_and(|e| e == "safetensors");
+    if is_weights && path.is_file() {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        bail!(
+            "{}: one file of a Hugging Face checkpoint; pass the folder that holds it: {}",
+            path.display(),
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 impl OpenedModel {

@@ -213,7 +213,7 @@ fn bad_input_gives_clear_errors() {
         "--ram-budget",
         "1M",
     ]);
-    assert!(e.contains("--ram-budget 1048576 is too small"), "{e}");
+    assert!(e.contains("--ram-budget 1.0 MiB is too small: "), "{e}");
     let e = stderr_of_failure(&[
         "run",
         "-m",
@@ -325,7 +325,7 @@ fn the_default_budget_fits_a_small_limit_and_a_too_small_one_is_named() {
     // an explicit budget over the limit is refused before loading
     assert_eq!(
         ram_budget(Some(1 << 30), Some(cgroup(512))).unwrap_err(),
-        "--ram-budget 1024.0 MiB is more than the memory limit of 512.0 MiB (cgroup) this process may use"
+        "--ram-budget 1.0 GiB is more than the memory limit of 512.0 MiB (cgroup) this process may use"
     );
 }
 
@@ -369,6 +369,152 @@ fn a_full_context_ends_generation_like_max_tokens() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(s["finish"], "length");
     assert_eq!(s["generated_tokens"], 3);
+    // and says so, with the flag that makes room
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "context full: 12 tokens (-c 12); a larger -c (up to 32768) lets the text go on\n"
+    );
+}
+
+/// `-c` above the model's trained context (the DeepSeek V3 fixture's `max_position_embeddings`,
+/// 256 tokens) is capped to it, with a warning.
+#[test]
+fn a_context_above_the_trained_one_is_capped_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("s.json");
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf/deepseek_v3");
+    let run = |ctx: &str| {
+        let o = deltafin(&[
+            "run",
+            "-m",
+            model,
+            "-p",
+            "Hello",
+            "-n",
+            "2",
+            "--temp",
+            "0",
+            "-c",
+            ctx,
+            "--stats-json",
+            json.to_str().unwrap(),
+        ]);
+        let text = stdout(&o);
+        let s: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let err = String::from_utf8(o.stderr).unwrap();
+        (text, err, s["kv_bytes"].as_u64().unwrap())
+    };
+    let (text, err, kv) = run("300");
+    assert_eq!(
+        err,
+        "warning: -c 300 is above the model's trained context of 256 tokens; the context is 256 tokens\n"
+    );
+    // the same run as -c 256: the same text and KV cache
+    assert_eq!(run("256"), (text, String::new(), kv));
+}
+
+/// `-f FILE` reads the prompt from a file (`-f -`: standard input), and
+/// `--no-display-prompt` prints only the generated text (the prompt is echoed by default, as
+/// llama.cpp does).
+#[test]
+fn the_prompt_comes_from_a_file_and_its_echo_can_be_turned_off() {
+    let model = common::demo_gguf();
+    let m = model.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prompt.txt");
+    std::fs::write(&file, "The Eiffel Tower is located in the city of").unwrap();
+    let f = file.to_str().unwrap();
+    let want = "The Eiffel Tower is located in the city of Paris,\n";
+    let args = ["run", "-m", m, "-n", "2", "--temp", "0"];
+    fn join<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+        [a, b].concat()
+    }
+    assert_eq!(stdout(&deltafin(&join(&args, &["-f", f]))), want);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args(join(&args, &["-f", "-"]))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"The Eiffel Tower is located in the city of")
+        .unwrap();
+    assert_eq!(stdout(&child.wait_with_output().unwrap()), want);
+    assert_eq!(
+        stdout(&deltafin(&join(&args, &["-f", f, "--no-display-prompt"]))),
+        " Paris,\n"
+    );
+    let missing = dir.path().join("nope.txt");
+    let e = stderr_of_failure(&join(&args, &["-f", missing.to_str().unwrap()]));
+    assert_eq!(
+        e,
+        format!(
+            "error: reading the prompt from {}: No such file or directory (os error 2)\n",
+            missing.display()
+        )
+    );
+}
+
+/// Ctrl-C (SIGINT) during generation stops it after the step under way: the text so far, a
+/// newline and the statistics are still written, and the exit status is 130.
+#[test]
+fn ctrl_c_stops_the_generation_and_keeps_the_statistics() {
+    use std::io::Read;
+    let model = common::demo_gguf();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("s.json");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args([
+            "run",
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            "Once upon a time",
+            "-n",
+            "4000",
+            "--temp",
+            "0",
+            "--stats",
+            "--stats-json",
+            json.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the prompt is echoed, then generated text: interrupt once the generation has begun
+    let mut out = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 64];
+    while seen.len() <= "Once upon a time".len() {
+        let n = out.read(&mut buf).unwrap();
+        assert!(n > 0, "the output ended early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    // SAFETY: signalling the child started above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    out.read_to_end(&mut seen).unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    let text = String::from_utf8(seen).unwrap();
+    assert!(
+        text.starts_with("Once upon a time") && text.ends_with('\n'),
+        "{text}"
+    );
+    assert!(err.contains("time to first token"), "{err}");
+    assert!(err.ends_with("interrupted\n"), "{err}");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(s["finish"], "interrupted");
+    let n = s["generated_tokens"].as_u64().unwrap();
+    assert!((1..4000).contains(&n), "{n}");
 }
 
 #[test]

@@ -147,6 +147,7 @@ fn gen_stats(
         max_tokens: n,
         stop: &[],
         is_eog: &never,
+        cancel: None,
     };
     let mut sampler = Sampler::new(greedy());
     s.cache.clear();

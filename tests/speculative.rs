@@ -186,6 +186,7 @@ fn models_that_cannot_roll_back_are_refused() {
         max_tokens: 4,
         stop: &[],
         is_eog: &never,
+        cancel: None,
     };
     let mut sp = lookup();
     let r = s.generate_with(

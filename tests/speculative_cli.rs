@@ -324,7 +324,7 @@ fn tokens_accepted_past_a_stop_are_reported_as_discarded() {
     let o = deltafin(&["run", "-m", m, "-p", "hi", "-n", "2", "--draft-max", "4"]);
     assert!(!o.status.success());
     assert!(
-        stderr_of(&o).contains("<--lookup|--draft-model <DRAFT_MODEL>|--draft <DRAFT>>"),
+        stderr_of(&o).contains("<--lookup|--draft-model <MODEL>|--draft <KIND>>"),
         "{}",
         stderr_of(&o)
     );

@@ -136,7 +136,7 @@ fn scenario(
     let dropped = page_cache(a, name);
     let t = std::time::Instant::now();
     let opened = open_any(Some(a.model.as_path()))?;
-    let (limit, budget) = super::run::checked_budget(a.ram_budget, &opened)?;
+    let (limit, budget) = super::engine_args::checked_budget(a.ram_budget, &opened)?;
     // token ids only (a draft model's vocabulary check and --prompt need the tokenizer), no
     // sampling defaults
     let tok = match a.spec.enabled() || a.prompt.is_some() {
@@ -213,6 +213,7 @@ fn scenario(
         max_tokens: n_gen,
         stop: &[],
         is_eog: &never,
+        cancel: None,
     };
     let ids = text.unwrap_or_else(|| prompt(decode_p, vocab));
     let mut go = |s: &mut Session, ids: &[u32]| {

@@ -21,19 +21,20 @@ use serde_json::{json, Value};
 use crate::serve::generate::{Engine, FinishReason, Outcome, Params};
 use crate::tokenizer::chat::ChatTemplate;
 
-/// Arguments of `deltafin chat`: those of `run` (model, budget, sampling, speculative
-/// decoding; `-n` bounds each answer; `-c` the context, default 4096 tokens or the largest
-/// that fits the RAM budget; `--system` sets the first system message; `--stats` prints each
-/// answer's statistics to standard error; `--stats-json FILE` writes one JSON object per
-/// answer, one per line: turn, finish reason, token counts, seconds, speculation).
+/// Arguments of `deltafin chat`: the model and how it runs (`-n` bounds each answer; `-c` the
+/// context, default 4096 tokens or the largest that fits the RAM budget), `--system` (the
+/// first system message), and the statistics: `--stats` prints each answer's statistics to
+/// standard error, `--stats-json FILE` writes one JSON object per answer, one per line (turn,
+/// finish reason, token counts, seconds, speculation).
 #[derive(clap::Args, Debug, Clone)]
-// `--system` needs no `--chat` here: every prompt of `chat` is a chat turn.
-#[command(mut_arg("system", |a| a
-    .requires(clap::builder::Resettable::<clap::Id>::Reset)
-    .help("System prompt of the conversation (`/system TEXT` changes it)")))]
 pub struct ChatArgs {
     #[command(flatten)]
-    pub run: super::run::RunArgs,
+    pub engine: super::engine_args::EngineArgs,
+    /// System message of the conversation (/system TEXT changes it)
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+    #[command(flatten)]
+    pub stats: super::engine_args::StatsArgs,
 }
 
 /// The context `chat` asks for when `-c` is not given, in tokens.
@@ -238,9 +239,8 @@ fn system_tokens(engine: &Engine, tmpl: &ChatTemplate, text: &str) -> Result<usi
 
 /// Runs `deltafin chat`.
 pub fn run(mut a: ChatArgs) -> Result<()> {
-    let system = a.run.system.take();
-    a.run.chat = false;
-    a.run.model = match super::model_path(a.run.model.as_deref())? {
+    let system = a.system.clone();
+    a.engine.model = match a.engine.model_path()? {
         Some(m) => Some(m),
         None => {
             use crate::pull::{home_dir, pull, PullOptions, DEMO_MODEL};
@@ -248,9 +248,9 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
         }
     };
     let t_load = std::time::Instant::now();
-    let (mut engine, _) = super::run::load_engine(&a.run, DEFAULT_CTX, true)?;
+    let (mut engine, _) = a.engine.load_engine(DEFAULT_CTX, true)?;
     let load_s = t_load.elapsed().as_secs_f64();
-    let mut stats_file = match &a.run.stats_json {
+    let mut stats_file = match &a.stats.stats_json {
         Some(p) => {
             Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)
         }
@@ -265,10 +265,10 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
     }
     let mut lines = Lines::new()?;
     if matches!(lines, Lines::Terminal(_)) {
-        let model = a.run.model.as_deref().expect("resolved above");
-        eprint!("{}", banner(model, &engine, a.run.max_tokens));
+        let model = a.engine.model.as_deref().expect("resolved above");
+        eprint!("{}", banner(model, &engine, a.engine.sampling.max_tokens));
     }
-    if a.run.stats {
+    if a.stats.stats {
         eprint!("{}", load_table(&engine, load_s));
     }
     // SAFETY: installing a handler that only touches atomics and calls _exit.
@@ -328,7 +328,7 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
             .tok
             .encode_messages_json(&tmpl, &Value::Array(msgs), None, true)?;
         let mut sampler = engine.defaults.clone();
-        if a.run.seed.is_none() {
+        if a.engine.sampling.seed.is_none() {
             sampler.seed = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64);
@@ -345,8 +345,8 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
         }
         let p = Params {
             sampler,
-            max_tokens: a.run.max_tokens.min(room),
-            stop: a.run.stop.clone(),
+            max_tokens: a.engine.sampling.max_tokens.min(room),
+            stop: a.engine.sampling.stop.clone(),
             logprobs: None,
             tools: None,
         };
@@ -369,7 +369,7 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
         let o = r?;
         let io1 = engine.session.store.stats().snapshot();
         turn += 1;
-        if a.run.stats {
+        if a.stats.stats {
             let io = (io1.0 - io0.0, io1.1 - io0.1, io1.2 - io0.2, io1.3 - io0.3);
             eprint!("{}", answer_table(turn, &o, io));
             if let Some(sp) = &o.speculative {

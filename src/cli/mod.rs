@@ -6,19 +6,26 @@
 //!
 //! - this file;
 //! - `store_args.rs`: the expert-store flags;
+//! - `engine_args.rs`: the model, sampling, memory and statistics flag groups (each command
+//!   flattens only the groups it honours) and the loading of `run`, `serve` and `chat`
+//!   (`checked_budget`, `load_weights`, `load_engine`);
 //! - `spec_args.rs`: the speculative decoding flags; the draft model, loaded before the target,
 //!   its bytes taken out of the RAM budget (`target_budget`, `explain_budget`); building the
-//!   `Speculator`. Used by `run`, `bench`, and `serve` / `chat` through `load_engine`;
-//! - `run.rs`, whose options, loading (`load_engine`) and `describe_prompt` `serve`, `chat` and
-//!   `tokenize` reuse.
+//!   `Speculator`;
+//! - `fit_ctx.rs`: the largest context that fits the RAM budget (`chat`);
+//! - `interrupt.rs`: Ctrl-C during `run`'s generation;
+//! - `bench_out.rs`: `bench`'s tables, CSV, Markdown and plot;
+//! - `run.rs`'s `describe_prompt`, which `tokenize` reuses.
 
 use clap::{Parser, Subcommand};
 
 pub mod bench;
 pub mod bench_out;
 pub mod chat;
+pub mod engine_args;
 pub mod fit_ctx;
 pub mod inspect;
+pub mod interrupt;
 pub mod pack;
 pub mod pull;
 pub mod run;
@@ -40,7 +47,8 @@ pub struct Cli {
 pub enum Command {
     /// Fetch a known model into the model cache ($DELTAFIN_HOME, default ~/.cache/deltafin).
     Pull(pull::PullArgs),
-    /// Generate text from a model, streaming weights that do not fit the RAM budget.
+    /// Generate text from a model, streaming weights that do not fit the RAM budget (every flag
+    /// explained in docs/commands.md).
     Run(Box<run::RunArgs>),
     /// Print a model's architecture, tensors and byte totals.
     Inspect(inspect::InspectArgs),
@@ -109,10 +117,10 @@ pub fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_tracing(
         match &cli.command {
-            Command::Run(a) => a.store.trace,
+            Command::Run(a) => a.engine.store.trace,
             Command::Bench(a) => a.store.trace,
-            Command::Serve(a) => a.run.store.trace,
-            Command::Chat(a) => a.run.store.trace,
+            Command::Serve(a) => a.engine.store.trace,
+            Command::Chat(a) => a.engine.store.trace,
             _ => false,
         },
         matches!(cli.command, Command::Serve(_)),
@@ -130,6 +138,10 @@ pub fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.is::<interrupt::Interrupted>() => {
+            eprintln!("{e}");
+            std::process::ExitCode::from(130)
+        }
         Err(e) => {
             eprintln!("error: {}", error_chain(&e));
             std::process::ExitCode::FAILURE
@@ -155,16 +167,21 @@ pub fn hf_hub_cache() -> anyhow::Result<std::path::PathBuf> {
     .ok_or_else(|| anyhow::anyhow!("no Hugging Face cache: set HF_HUB_CACHE or HF_HOME"))
 }
 
-/// The path `-m MODEL` names: `MODEL` itself when it exists; else, when it reads as a Hugging
-/// Face repository (`ORG/NAME` or `ORG/NAME:FILE.gguf`), the model in the Hugging Face cache
-/// ([`crate::pull::hf_cache::resolve`]), used in place; else `MODEL` (opening it then says
-/// what is wrong).
+/// The path a model flag names (`-m MODEL` of every command, `--draft-model MODEL`): the one
+/// resolver they all go through. `MODEL` itself when it exists; else, when it reads as a
+/// Hugging Face repository (`ORG/NAME` or `ORG/NAME:FILE.gguf`), the model in the Hugging Face
+/// cache ([`crate::pull::hf_cache::resolve`]), used in place; else `MODEL` (opening it then
+/// says what is wrong). `None` (no flag) stays `None`: the demo model.
+///
+/// Errors: `MODEL` is one `.safetensors` file ([`crate::load::check_model_path`]: the folder
+/// that holds it is named); a repository not in the cache, or no cache folder known.
 pub fn model_path(model: Option<&std::path::Path>) -> anyhow::Result<Option<std::path::PathBuf>> {
     use crate::pull::hf_cache::{resolve, RepoSpec};
     let Some(m) = model else {
         return Ok(None);
     };
     if m.exists() {
+        crate::load::check_model_path(m)?;
         return Ok(Some(m.to_path_buf()));
     }
     match m.to_str().and_then(RepoSpec::parse) {

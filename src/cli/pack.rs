@@ -10,10 +10,11 @@ use crate::write::pack::{verify_pack, write_pack, PackOptions, PackPlacement};
 
 /// `deltafin pack` flags.
 #[derive(clap::Args, Debug)]
+#[command(after_help = families_help())]
 pub struct PackArgs {
     /// The model to pack, only read: a Hugging Face safetensors folder or a GGUF file (the
-    /// first part of a split model, or a folder holding one) of a MoE family Deltafin runs
-    /// (Qwen3 and Qwen3-MoE, Llama, Mixtral, GPT-OSS, DeepSeek V3, Kimi K2).
+    /// first part of a split model, or a folder holding one), or ORG/NAME in the Hugging Face
+    /// cache, of a family listed below.
     #[arg(short, long, required_unless_present = "verify")]
     pub model: Option<PathBuf>,
     /// The pack folder (manifest, spine, config and tokenizer files; for GGUF the spine file
@@ -41,6 +42,30 @@ pub struct PackArgs {
     pub verify: Option<PathBuf>,
 }
 
+/// The end of `pack --help`: every family `pack` packs, from the registry
+/// ([`crate::models::FAMILIES`], those with [`crate::models::Family::pack_experts`]), one line
+/// each with its `config.json` `model_type`s and GGUF `general.architecture`s.
+pub fn families_help() -> String {
+    let mut out =
+        String::from("Families packed (config.json model_type / GGUF general.architecture):\n");
+    for f in crate::models::FAMILIES {
+        if f.pack_experts().is_none() {
+            continue;
+        }
+        let list = |names: &[&str]| match names.is_empty() {
+            true => "-".to_string(),
+            false => names.join(", "),
+        };
+        out.push_str(&format!(
+            "  {:<12} {} / {}\n",
+            f.name,
+            list(f.model_types),
+            list(f.gguf_architectures)
+        ));
+    }
+    out
+}
+
 /// Runs `deltafin pack`.
 pub fn run(a: PackArgs) -> Result<()> {
     if let Some(dir) = &a.verify {
@@ -58,7 +83,7 @@ pub fn run(a: PackArgs) -> Result<()> {
         println!("{}: all {n} checksums match", dir.display());
         return Ok(());
     }
-    let (Some(model), Some(out)) = (a.model, a.out) else {
+    let (Some(model), Some(out)) = (super::model_path(a.model.as_deref())?, a.out) else {
         bail!("pack needs -m MODEL and --out DIR");
     };
     let heat = StoreArgs::heat_path_for(a.heat_file.as_deref(), Some(&model));

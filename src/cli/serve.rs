@@ -7,13 +7,14 @@ use anyhow::{bail, Context, Result};
 use crate::serve::{serve, ServeOptions};
 use crate::store::plan::parse_size;
 
-/// Arguments of `deltafin serve`: the model, budget, I/O and sampling flags of `run` (the
-/// sampling flags become the defaults of requests that do not set a field; `-n` the default
-/// `max_tokens`), plus the server's own.
+/// Arguments of `deltafin serve`: the model and how it runs (the sampling flags become the
+/// defaults of requests that do not set a field; `-n` the default `max_tokens`), plus the
+/// server's own. No prompt or statistics flags: prompts come from the clients, statistics
+/// from `/metrics`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
     #[command(flatten)]
-    pub run: super::run::RunArgs,
+    pub engine: super::engine_args::EngineArgs,
     /// Address to listen on. Anything but loopback without --api-key prints a warning.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -52,8 +53,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if api_key.as_deref() == Some("") {
         bail!("--api-key is empty");
     }
-    let (mut engine, model_id) = super::run::load_engine(&a.run, 4096, false)?;
-    engine.default_max_tokens = Some(a.run.max_tokens);
+    let (mut engine, model_id) = a.engine.load_engine(4096, false)?;
+    engine.default_max_tokens = Some(a.engine.sampling.max_tokens);
     serve(
         engine,
         ServeOptions {
@@ -63,7 +64,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             queue: a.queue,
             body_limit: usize::try_from(a.body_limit).unwrap_or(usize::MAX),
             model_id,
-            seed: a.run.seed,
+            seed: a.engine.sampling.seed,
         },
     )
 }

@@ -13,40 +13,36 @@ use crate::engine::draft_mtp::MtpDraft;
 use crate::engine::{SamplerConfig, Session, SpecConfig, Speculator};
 use crate::load::open_any;
 use crate::models::{BudgetTooSmall, LoadOptions, Model};
+use crate::store::plan::size_text;
 use crate::store::WeightStore;
 use crate::tokenizer::ModelTokenizer;
 
-/// Speculative decoding flags.
+/// The help heading of [`SpecArgs`].
+const HEADING: &str = "Speculative decoding";
+
+/// Speculative decoding flags (`run`, `serve`, `chat`, `bench`).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct SpecArgs {
-    /// Speculative decoding with prompt lookup: drafts are the tokens that followed the latest
-    /// earlier occurrence of the last 3 (down to 1) tokens in the prompt and output so far.
-    #[arg(long, conflicts_with = "draft_model", group = "draft_source")]
+    /// Draft by prompt lookup (what followed the last tokens earlier on)
+    #[arg(help_heading = HEADING, long, conflicts_with = "draft_model", group = "draft_source")]
     pub lookup: bool,
-    /// Speculative decoding with this draft model (any model `run` accepts, with the same
-    /// vocabulary: the same number of tokens and the same token texts), kept resident with its
-    /// own KV cache; its weights, KV cache and activations come out of --ram-budget before the
-    /// model is placed.
-    #[arg(long, conflicts_with = "draft", group = "draft_source")]
+    /// Draft with this model (same vocabulary, resident, within --ram-budget)
+    #[arg(help_heading = HEADING, long, value_name = "MODEL", conflicts_with = "draft", group = "draft_source")]
     pub draft_model: Option<PathBuf>,
-    /// Speculative decoding with a draft source of the model itself: `mtp`, its
-    /// multi-token-prediction layer (DeepSeek V3 / Kimi K2 checkpoints that ship it,
-    /// `num_nextn_predict_layers`), loaded with the model under the same RAM budget and
-    /// drafting from the model's own hidden states.
-    #[arg(long, value_enum, conflicts_with = "lookup", group = "draft_source")]
+    /// Draft with a part of the model: mtp, its multi-token-prediction layer
+    #[arg(value_name = "KIND", help_heading = HEADING, long, value_enum, hide_possible_values = true, conflicts_with = "lookup",
+          group = "draft_source")]
     pub draft: Option<DraftKind>,
-    /// Most tokens drafted per verification pass (with a draft source).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64),
+    /// Most tokens drafted per verification pass
+    #[arg(value_name = "N", help_heading = HEADING, long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64),
           requires = "draft_source")]
     pub draft_max: u32,
-    /// Fewest drafted tokens worth a verification pass (fewer: a plain decoding step; with a
-    /// draft source).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64),
+    /// Fewest drafted tokens worth a verification pass
+    #[arg(value_name = "N", help_heading = HEADING, long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64),
           requires = "draft_source")]
     pub draft_min: u32,
-    /// Always draft --draft-max tokens: no adaptive draft length, no fallback to plain decoding
-    /// (with a draft source).
-    #[arg(long, requires = "draft_source")]
+    /// Always draft --draft-max tokens (no adaptive length, no plain steps)
+    #[arg(help_heading = HEADING, long, requires = "draft_source")]
     pub draft_fixed: bool,
 }
 
@@ -105,7 +101,8 @@ impl SpecArgs {
             return Ok(None);
         };
         let label = format!("--draft-model {}", path.display());
-        let opened = open_any(Some(path)).map_err(|e| e.context(label.clone()))?;
+        let path = super::model_path(Some(path)).map_err(|e| e.context(label.clone()))?;
+        let opened = open_any(path.as_deref()).map_err(|e| e.context(label.clone()))?;
         let tok = opened.tokenizer().map_err(|e| e.context(label.clone()))?;
         let opts = LoadOptions {
             ram_budget: None,
@@ -203,14 +200,6 @@ pub struct LoadedDraft {
     pub n_ctx: usize,
 }
 
-/// `b` bytes for messages: in MiB from 1 MiB up, else in KiB, one decimal.
-fn mib(b: u64) -> String {
-    match b >= 1 << 20 {
-        true => format!("{:.1} MiB", b as f64 / 1048576.0),
-        false => format!("{:.1} KiB", b as f64 / 1024.0),
-    }
-}
-
 impl LoadedDraft {
     /// Its share of the RAM budget in bytes: weights, KV cache and activations.
     pub fn bytes(&self) -> u64 {
@@ -223,11 +212,11 @@ impl LoadedDraft {
         format!(
             "{} takes {} (weights {}, KV cache for {} tokens {}, activations {})",
             self.label,
-            mib(self.bytes()),
-            mib(self.weight_bytes),
+            size_text(self.bytes()),
+            size_text(self.weight_bytes),
             self.n_ctx,
-            mib(self.kv_bytes),
-            mib(self.scratch_bytes)
+            size_text(self.kv_bytes),
+            size_text(self.scratch_bytes)
         )
     }
 }
@@ -236,8 +225,8 @@ impl LoadedDraft {
 /// `the default RAM budget of 64.0 MiB`.
 fn budget_name(budget: u64, flag: bool) -> String {
     match flag {
-        true => format!("--ram-budget {}", mib(budget)),
-        false => format!("the default RAM budget of {}", mib(budget)),
+        true => format!("--ram-budget {}", size_text(budget)),
+        false => format!("the default RAM budget of {}", size_text(budget)),
     }
 }
 
@@ -283,8 +272,8 @@ pub fn explain_budget(
         "{} is too small for the model and its draft model: {}, leaving {}, and the model needs at least {} for {}",
         budget_name(b, flag),
         d.describe(),
-        mib(t.budget),
-        mib(t.need),
+        size_text(t.budget),
+        size_text(t.need),
         t.parts
     )
 }

@@ -1,4 +1,5 @@
-//! Options of the expert store shared by `run` and `bench`.
+//! Options of the expert store shared by `run`, `serve`, `chat` and `bench`. Each flag's
+//! help is one line; docs/commands.md explains them.
 
 use std::path::{Path, PathBuf};
 
@@ -22,56 +23,44 @@ fn depth(s: &str) -> Result<usize, String> {
     Ok(d)
 }
 
-/// Expert store flags.
+/// The help heading of [`StoreArgs`].
+const HEADING: &str = "Expert store";
+
+/// Expert store flags (`run`, `serve`, `chat`, `bench`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct StoreArgs {
-    /// Expert cache policy when experts do not all fit the budget: lfu-da (LFU with dynamic
-    /// aging, seeded from the heat file), lru, or none.
-    #[arg(long, default_value = "lfu-da")]
+    /// Expert cache policy: lfu-da, lru, or none
+    #[arg(value_name = "POLICY", help_heading = HEADING, long, default_value = "lfu-da")]
     pub cache: CachePolicy,
-    /// Heat file (per-(layer, expert) use counts, read at start to seed the cache and merged
-    /// at the end). Default: `$DELTAFIN_HOME/heat/NAME-HASH.json` (NAME: the model folder or
-    /// file name, HASH: of its absolute path), so model folders are never written to; `none`
-    /// turns it off.
-    #[arg(long)]
+    /// Expert use counts to seed the cache, none: off [default: per model, in $DELTAFIN_HOME]
+    #[arg(help_heading = HEADING, long, value_name = "FILE")]
     pub heat_file: Option<String>,
-    /// Expert read engine: auto (io_uring, else a pread thread pool), uring, or pool.
-    #[arg(long, default_value = "auto")]
+    /// Expert read engine: auto (io_uring, else pool), uring, or pool
+    #[arg(value_name = "ENGINE", help_heading = HEADING, long, default_value = "auto")]
     pub io_engine: EngineChoice,
-    /// Expert reads in flight at most (io_uring queue depth or pread threads), 1 to 4096.
-    #[arg(long, default_value_t = DEFAULT_DEPTH, value_parser = depth)]
+    /// Expert reads in flight at most, 1 to 4096
+    #[arg(value_name = "N", help_heading = HEADING, long, default_value_t = DEFAULT_DEPTH, value_parser = depth)]
     pub io_depth: usize,
-    /// Largest single expert read request, e.g. 1M (rounded up to 4 KiB).
-    #[arg(long, default_value_t = DEFAULT_REQUEST_BYTES as u64, value_parser = parse_size)]
+    /// Largest expert read request, e.g. 1M (rounded up to 4 KiB)
+    #[arg(value_name = "SIZE", help_heading = HEADING, long, default_value_t = DEFAULT_REQUEST_BYTES as u64, value_parser = parse_size)]
     pub io_request_size: u64,
-    /// The drives' read bandwidth in bytes/s (e.g. from fio, `1.3G`) for the fraction of the
-    /// physical limit in the statistics; default: the reads' own busy-time bandwidth (a value
-    /// below the rate the reads delivered is replaced by that rate).
-    #[arg(long, value_parser = parse_size)]
+    /// Drive read bandwidth per second, for the physical limit [default: measured]
+    #[arg(value_name = "BYTES", help_heading = HEADING, long, value_parser = parse_size)]
     pub drive_bandwidth: Option<u64>,
-    /// Print the expert store's tracing spans to standard error (one `experts` span per MoE
-    /// layer and pass, with hits, misses, bytes, I/O wait and compute time, and its duration).
-    #[arg(long)]
+    /// Print the expert store's spans (per MoE layer and pass) to standard error
+    #[arg(help_heading = HEADING, long)]
     pub trace: bool,
-    /// With a pack: check every expert read against its manifest checksum (SHA-256) as it
-    /// lands; a mismatch ends the generation with an error naming the files and the expert.
-    #[arg(long)]
+    /// With a pack: check each expert read against the manifest's SHA-256
+    #[arg(help_heading = HEADING, long)]
     pub verify_experts: bool,
-    /// Prefetch: guess the next MoE layer's experts by applying its router to this layer's
-    /// hidden state (and the next token's first MoE layer from this token's) and read the
-    /// guesses at low priority on idle drives: auto (on when the experts lie on two drives or
-    /// more), on, or off.
-    #[arg(long, default_value = "auto")]
+    /// Prefetch the next layer's likely experts: auto (2+ drives), on, off
+    #[arg(value_name = "MODE", help_heading = HEADING, long, default_value = "auto")]
     pub prefetch: PrefetchMode,
-    /// A prefetch read starts only while fewer expert reads than this are in flight on its
-    /// drive, so a demand read waits behind at most this many prefetch reads per drive
-    /// (1 to 4096).
-    #[arg(long, default_value_t = DEFAULT_PREFETCH_DEPTH, value_parser = depth)]
+    /// Prefetch only while a drive has fewer reads in flight, 1 to 4096
+    #[arg(value_name = "N", help_heading = HEADING, long, default_value_t = DEFAULT_PREFETCH_DEPTH, value_parser = depth)]
     pub prefetch_depth: usize,
-    /// Read-ahead of long batches (a prompt's passes): when a layer's batch uses at least 3/4
-    /// of its experts, the next MoE layer's experts are all read in file order before its
-    /// router runs, in buffers lent by the expert cache's budget: on or off.
-    #[arg(long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    /// Read a long batch's next layer's experts ahead: on or off
+    #[arg(value_name = "ON_OFF", help_heading = HEADING, long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     pub read_ahead: bool,
 }
 

@@ -57,7 +57,8 @@ pub fn tokens_json(
 ///
 /// Errors: the model cannot be opened; standard input is not UTF-8 text.
 pub fn run(a: TokenizeArgs) -> Result<()> {
-    let tok = open_any(a.model.as_deref())?.tokenizer()?;
+    let model = super::model_path(a.model.as_deref())?;
+    let tok = open_any(model.as_deref())?.tokenizer()?;
     let text = match a.text.as_deref() {
         None | Some("-") => {
             let mut s = String::new();

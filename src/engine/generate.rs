@@ -98,6 +98,10 @@ impl Session {
                 finish = Finish::ContextFull;
                 break;
             }
+            if opts.cancel.is_some_and(|c| c()) {
+                finish = Finish::Interrupted;
+                break;
+            }
             match spec.as_deref_mut() {
                 Some(sp) => next = sp.step(self, sampler, &history, opts.max_tokens - out.len())?,
                 None => {

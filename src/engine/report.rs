@@ -422,6 +422,7 @@ mod tests {
             (Finish::Stop("x".into()), "stop", "(stop: stop string)"),
             (Finish::Length, "length", "(length: max tokens)"),
             (Finish::ContextFull, "length", "(length: context full)"),
+            (Finish::Interrupted, "interrupted", "(interrupted: Ctrl-C)"),
         ];
         for (f, word, text) in cases {
             let j = stats_json(&s, &p, &f, 0, 0.0, None);

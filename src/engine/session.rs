@@ -29,17 +29,21 @@ pub enum Finish {
     Length,
     /// The KV cache (`--ctx-size`, at most the model's context) is full.
     ContextFull,
+    /// [`GenerateOptions::cancel`] asked to stop (Ctrl-C in `deltafin run`).
+    Interrupted,
 }
 
 impl Finish {
     /// OpenAI's `finish_reason` word, the one spelling of every output (`--stats`,
     /// `--stats-json`, `bench`, `chat`'s JSONL, the server): `stop` for an end-of-generation
     /// token or a stop string, `length` for `max_tokens` and for a full context (as
-    /// llama-server reports both; [`Finish::detail`] tells them apart in text).
+    /// llama-server reports both; [`Finish::detail`] tells them apart in text), and
+    /// `interrupted` for a generation Ctrl-C stopped (OpenAI has no word for it).
     pub fn as_str(&self) -> &'static str {
         match self {
             Finish::Eos | Finish::Stop(_) => "stop",
             Finish::Length | Finish::ContextFull => "length",
+            Finish::Interrupted => "interrupted",
         }
     }
 
@@ -50,6 +54,7 @@ impl Finish {
             Finish::Stop(_) => "stop string",
             Finish::Length => "max tokens",
             Finish::ContextFull => "context full",
+            Finish::Interrupted => "Ctrl-C",
         }
     }
 }
@@ -186,6 +191,9 @@ pub struct GenerateOptions<'a> {
     pub stop: &'a [String],
     /// Whether a token ends generation (EOS, end of turn).
     pub is_eog: &'a dyn Fn(u32) -> bool,
+    /// Asked before every decoding step after the first token: `true` ends the generation
+    /// there ([`Finish::Interrupted`]), with the text and statistics so far. `None`: never.
+    pub cancel: Option<&'a dyn Fn() -> bool>,
 }
 
 impl Session {

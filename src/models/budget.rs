@@ -220,12 +220,12 @@ fn split(
     }
     let need = fixed + stream_buf + io_bytes;
     if need > b {
-        let mib = |x: usize| x as f64 / 1048576.0;
+        let mib = |x: usize| crate::store::plan::size_text(x as u64);
         return Err(super::BudgetTooSmall {
             budget: b as u64,
             need: need as u64,
             parts: format!(
-                "the KV cache for {} tokens ({:.1} MiB), activations ({:.1} MiB), stream buffers ({:.1} MiB) and expert I/O buffers ({:.1} MiB)",
+                "the KV cache for {} tokens ({}), activations ({}), stream buffers ({}) and expert I/O buffers ({})",
                 r.n_ctx,
                 mib(r.kv_bytes),
                 mib(r.scratch_bytes),
@@ -608,9 +608,10 @@ mod tests {
         assert_eq!(s.flags, vec![false; 8]);
         assert_eq!(s.cache_bytes, 40_000 + 1000 - 8 * K);
         let e = split3(need - 1, None).unwrap_err().to_string();
-        assert!(
-            e.contains("is too small") && e.contains("expert I/O buffers (0.0 MiB)"),
-            "{e}"
+        // one byte short: the sizes round to the same text, so the bytes are given
+        assert_eq!(
+            e,
+            format!("--ram-budget {} bytes is too small: the KV cache for 64 tokens (97.7 KiB), activations (19.5 KiB), stream buffers (64.0 KiB) and expert I/O buffers (32.0 KiB) need at least {need} bytes", need - 1)
         );
     }
 
@@ -651,7 +652,11 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("stream buffers (0.1 MiB)"), "{e}");
-        assert!(e.contains("need at least 0.2 MiB"), "{e}");
+        assert!(e.contains("stream buffers (84.0 KiB)"), "{e}");
+        assert!(
+            e.starts_with("--ram-budget 185.5 KiB is too small: "),
+            "{e}"
+        );
+        assert!(e.ends_with("need at least 201.2 KiB"), "{e}");
     }
 }

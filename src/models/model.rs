@@ -46,8 +46,8 @@ impl Default for LoadOptions {
 }
 
 /// The error of a RAM budget too small for what a model needs whatever it streams (KV cache,
-/// activations, stream and I/O buffers). Shown as `--ram-budget B is too small: PARTS need at
-/// least M MiB`; [`BudgetTooSmall::under_limit`] rewords it for a default budget.
+/// activations, stream and I/O buffers). Shown as `--ram-budget 1.0 MiB is too small: PARTS need
+/// at least 2.5 MiB` (sizes by [`crate::store::plan::size_text`]); [`BudgetTooSmall::under_limit`] rewords it for a default budget.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BudgetTooSmall {
     /// The budget in bytes.
@@ -61,12 +61,11 @@ pub struct BudgetTooSmall {
 
 impl std::fmt::Display for BudgetTooSmall {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (budget, need) = sizes(self.budget, self.need);
         write!(
             f,
-            "--ram-budget {} is too small: {} need at least {:.1} MiB",
-            self.budget,
-            self.parts,
-            self.need as f64 / 1048576.0
+            "--ram-budget {budget} is too small: {} need at least {need}",
+            self.parts
         )
     }
 }
@@ -82,14 +81,22 @@ impl BudgetTooSmall {
         let Some(t) = e.chain().find_map(|c| c.downcast_ref::<BudgetTooSmall>()) else {
             return e;
         };
-        let mib = |b: u64| b as f64 / 1048576.0;
+        let (budget, need) = sizes(t.budget, t.need);
         anyhow::anyhow!(
-            "{} is too small for this model: it needs at least {:.1} MiB for {}, and the default budget within that limit is {:.1} MiB",
+            "{} is too small for this model: it needs at least {need} for {}, and the default budget within that limit is {budget}",
             limit.describe(),
-            mib(t.need),
             t.parts,
-            mib(t.budget)
         )
+    }
+}
+
+/// A budget and a need for messages ([`crate::store::plan::size_text`]), in bytes when the two
+/// would read the same (a budget a few bytes short).
+fn sizes(budget: u64, need: u64) -> (String, String) {
+    use crate::store::plan::size_text;
+    match (size_text(budget), size_text(need)) {
+        (b, n) if b == n => (format!("{budget} bytes"), format!("{need} bytes")),
+        bn => bn,
     }
 }
 

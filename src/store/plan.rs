@@ -61,9 +61,16 @@ pub struct MemoryLimit {
     pub source: LimitSource,
 }
 
-/// Bytes as MiB with one decimal, for messages.
-fn mib(b: u64) -> String {
-    format!("{:.1} MiB", b as f64 / 1048576.0)
+/// `bytes` for messages, with one decimal: in KiB below 1 MiB, in MiB below 1 GiB, else in
+/// GiB (`500.0 KiB`, `64.0 MiB`, `1.5 GiB`). Every size in a budget or placement message is
+/// written with it.
+pub fn size_text(bytes: u64) -> String {
+    let b = bytes as f64;
+    match bytes {
+        b0 if b0 < 1 << 20 => format!("{:.1} KiB", b / 1024.0),
+        b0 if b0 < 1 << 30 => format!("{:.1} MiB", b / 1048576.0),
+        _ => format!("{:.1} GiB", b / 1073741824.0),
+    }
 }
 
 impl MemoryLimit {
@@ -119,7 +126,11 @@ impl MemoryLimit {
 
     /// The limit in words for messages, e.g. `the memory limit of 256.0 MiB (cgroup)`.
     pub fn describe(&self) -> String {
-        format!("the memory limit of {} ({})", mib(self.bytes), self.source)
+        format!(
+            "the memory limit of {} ({})",
+            size_text(self.bytes),
+            self.source
+        )
     }
 }
 
@@ -133,13 +144,13 @@ pub fn default_ram_budget() -> Option<u64> {
 /// `limit` (`None`: everything resident when no limit is known).
 ///
 /// Errors: `flag` is more than `limit`, which the kernel would end by killing the process, as
-/// `--ram-budget 1024.0 MiB is more than the memory limit of 512.0 MiB (cgroup) this process
+/// `--ram-budget 1.0 GiB is more than the memory limit of 512.0 MiB (cgroup) this process
 /// may use`.
 pub fn ram_budget(flag: Option<u64>, limit: Option<MemoryLimit>) -> Result<Option<u64>, String> {
     match (flag, limit) {
         (Some(b), Some(l)) if b > l.bytes => Err(format!(
             "--ram-budget {} is more than {} this process may use",
-            mib(b),
+            size_text(b),
             l.describe()
         )),
         (Some(b), _) => Ok(Some(b)),
@@ -193,8 +204,8 @@ impl Allowance {
     fn describe(&self) -> String {
         format!(
             "~{}: program, file headers, tokenizer; ~{} while the tokenizer is built",
-            mib(self.held),
-            mib(self.peak)
+            size_text(self.held),
+            size_text(self.peak)
         )
     }
 }
@@ -223,15 +234,15 @@ pub fn fit_allowance(
         (Some(r), false) => Ok(Some(r)),
         (Some(r), true) => Err(format!(
             "--ram-budget {} plus this model's fixed allowance ({}) exceeds {}; at most {} fits",
-            mib(b),
+            size_text(b),
             a.describe(),
             l.describe(),
-            mib(r)
+            size_text(r)
         )),
         (None, true) => Err(format!(
             "--ram-budget {} plus this model's fixed allowance ({}) exceeds {}; no budget fits: \
              the allowance alone needs more",
-            mib(b),
+            size_text(b),
             a.describe(),
             l.describe()
         )),
@@ -370,7 +381,7 @@ mod tests {
     fn a_budget_over_the_limit_is_refused() {
         assert_eq!(
             ram_budget(Some(1 << 30), Some(cgroup(512))),
-            Err("--ram-budget 1024.0 MiB is more than the memory limit of 512.0 MiB (cgroup) this process may use".into())
+            Err("--ram-budget 1.0 GiB is more than the memory limit of 512.0 MiB (cgroup) this process may use".into())
         );
         assert_eq!(
             ram_budget(Some(512 << 20), Some(cgroup(512))),
@@ -448,6 +459,17 @@ mod tests {
             (vec![true, true, true, true], 190)
         );
         assert_eq!(choose_resident(&cands, 5), (vec![false; 4], 0));
+    }
+
+    #[test]
+    fn sizes_in_messages_take_the_largest_unit_below_them() {
+        assert_eq!(size_text(0), "0.0 KiB");
+        assert_eq!(size_text(512 << 10), "512.0 KiB");
+        assert_eq!(size_text((1 << 20) - 1), "1024.0 KiB");
+        assert_eq!(size_text(1 << 20), "1.0 MiB");
+        assert_eq!(size_text(1_500_000), "1.4 MiB");
+        assert_eq!(size_text(3 << 29), "1.5 GiB");
+        assert_eq!(size_text(64 << 30), "64.0 GiB");
     }
 
     #[test]

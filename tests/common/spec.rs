@@ -30,6 +30,7 @@ pub fn gen(
         max_tokens: n,
         stop: &[],
         is_eog: &never,
+        cancel: None,
     };
     let mut sampler = Sampler::new(cfg.clone());
     let (ids, _, st) = s

@@ -168,12 +168,12 @@ impl Gemma3 {
                     let slot = layer_max.max(crate::store::IO_ALIGN * 4);
                     let stream_buf = STREAM_SLOTS * slot;
                     if fixed + stream_buf > b {
-                        let mib = |x: usize| x as f64 / 1048576.0;
+                        let mib = |x: usize| crate::store::plan::size_text(x as u64);
                         return Err(crate::models::BudgetTooSmall {
                             budget: b as u64,
                             need: (fixed + stream_buf) as u64,
                             parts: format!(
-                                "the KV cache for {n_ctx} tokens ({:.1} MiB), activations ({:.1} MiB) and stream buffers ({:.1} MiB)",
+                                "the KV cache for {n_ctx} tokens ({}), activations ({}) and stream buffers ({})",
                                 mib(kv_bytes),
                                 mib(scratch_bytes + norms_bytes),
                                 mib(stream_buf),

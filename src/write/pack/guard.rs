@@ -131,8 +131,8 @@ pub(super) struct SmallFile {
 }
 
 /// The small files of the Hugging Face folder `src` (config, tokenizer, generation config:
-/// every plain file of at most 64 MiB but the safetensors and their index), sorted by name,
-/// with their checksums.
+/// every plain file of at most 64 MiB but the safetensors and their index, links followed as
+/// in a Hugging Face cache snapshot), sorted by name, with their checksums.
 ///
 /// Errors: the folder cannot be listed or a file read (the message names it).
 pub(super) fn small_files(src: &Path) -> Result<Vec<SmallFile>> {
@@ -140,12 +140,16 @@ pub(super) fn small_files(src: &Path) -> Result<Vec<SmallFile>> {
     for e in std::fs::read_dir(src).with_context(|| format!("{}", src.display()))? {
         let e = e.with_context(|| format!("{}", src.display()))?;
         let name = e.file_name().to_string_lossy().into_owned();
-        let ft = e.file_type()?;
-        if !ft.is_file() || name.ends_with(".safetensors") || name == "model.safetensors.index.json"
+        // followed: the files of a Hugging Face cache snapshot are links into its blobs
+        let meta =
+            std::fs::metadata(e.path()).with_context(|| format!("{}", e.path().display()))?;
+        if !meta.is_file()
+            || name.ends_with(".safetensors")
+            || name == "model.safetensors.index.json"
         {
             continue;
         }
-        let len = e.metadata()?.len();
+        let len = meta.len();
         if len > 64 << 20 {
             continue;
         }
