@@ -36,8 +36,8 @@ use crate::store::plan::parse_size;
 /// Arguments of `deltafin bench`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Model path (as for `run`).
-    #[arg(short, long)]
+    /// Model: GGUF file, model folder, pack or ORG/NAME [default: the demo model]
+    #[arg(short, long, value_name = "MODEL", default_value = "")]
     pub model: PathBuf,
     /// Scenarios, comma-separated: cold-decode, warm-decode, prefill, cold-prefill.
     #[arg(
@@ -330,7 +330,11 @@ fn metrics(
 /// Errors: an unknown scenario; the model cannot be loaded under the budget; a generation
 /// fails; an output file cannot be written.
 pub fn run(mut a: BenchArgs) -> Result<()> {
-    if let Some(p) = super::model_path(Some(&a.model))? {
+    if a.model.as_os_str().is_empty() {
+        // the demo model, as every other command defaults to (fetched when absent)
+        use crate::pull::{home_dir, pull, PullOptions, DEMO_MODEL};
+        a.model = pull(DEMO_MODEL, &home_dir(), &PullOptions::default())?;
+    } else if let Some(p) = super::model_path(Some(&a.model))? {
         a.model = p;
     }
     super::init_threads(a.threads);

@@ -61,12 +61,14 @@ pub struct MemoryLimit {
     pub source: LimitSource,
 }
 
-/// `bytes` for messages, with one decimal: in KiB below 1 MiB, in MiB below 1 GiB, else in
+/// `bytes` for messages: in bytes below 1 KiB, else with one decimal: in KiB below 1 MiB, in MiB below 1 GiB, else in
 /// GiB (`500.0 KiB`, `64.0 MiB`, `1.5 GiB`). Every size in a budget or placement message is
 /// written with it.
 pub fn size_text(bytes: u64) -> String {
     let b = bytes as f64;
     match bytes {
+        1 => "1 byte".to_string(),
+        b0 if b0 < 1 << 10 => format!("{bytes} bytes"),
         b0 if b0 < 1 << 20 => format!("{:.1} KiB", b / 1024.0),
         b0 if b0 < 1 << 30 => format!("{:.1} MiB", b / 1048576.0),
         _ => format!("{:.1} GiB", b / 1073741824.0),
@@ -463,7 +465,9 @@ mod tests {
 
     #[test]
     fn sizes_in_messages_take_the_largest_unit_below_them() {
-        assert_eq!(size_text(0), "0.0 KiB");
+        assert_eq!(size_text(0), "0 bytes");
+        assert_eq!(size_text(1), "1 byte");
+        assert_eq!(size_text(1 << 10), "1.0 KiB");
         assert_eq!(size_text(512 << 10), "512.0 KiB");
         assert_eq!(size_text((1 << 20) - 1), "1024.0 KiB");
         assert_eq!(size_text(1 << 20), "1.0 MiB");
