@@ -37,7 +37,13 @@ use crate::store::plan::parse_size;
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// Model: GGUF file, model folder, pack or ORG/NAME [default: the demo model]
-    #[arg(short, long, value_name = "MODEL", default_value = "")]
+    #[arg(
+        short,
+        long,
+        value_name = "MODEL",
+        default_value = "",
+        hide_default_value = true
+    )]
     pub model: PathBuf,
     /// Scenarios, comma-separated: cold-decode, warm-decode, prefill, cold-prefill.
     #[arg(
