@@ -7,7 +7,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -20,22 +20,13 @@ fn deltafin(args: &[&str]) -> Output {
 
 /// `deltafin ARGS` with `HF_HUB_CACHE` set to `cache`, `stdin` written to it.
 fn deltafin_in(cache: &Path, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_deltafin"))
-        .args(args)
-        .env("HF_HUB_CACHE", cache)
-        .env_remove("HF_HOME")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    common::output_with_stdin(
+        Command::new(env!("CARGO_BIN_EXE_deltafin"))
+            .args(args)
+            .env("HF_HUB_CACHE", cache)
+            .env_remove("HF_HOME"),
+        stdin,
+    )
 }
 
 fn ok(o: &Output) -> String {

@@ -2,26 +2,18 @@
 //! `deltafin tokenize`, `run --verbose-prompt`, and `deltafin chat` reading standard input
 //! that is not a terminal (history, `/reset`, `/system`), also decoding speculatively.
 
+mod common;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 
 const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf/qwen3_moe");
 
 fn deltafin(args: &[&str], stdin: &str) -> (String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_deltafin"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = common::output_with_stdin(
+        Command::new(env!("CARGO_BIN_EXE_deltafin")).args(args),
+        stdin,
+    );
     let err = String::from_utf8(o.stderr).unwrap();
     assert!(o.status.success(), "{err}");
     (String::from_utf8(o.stdout).unwrap(), err)

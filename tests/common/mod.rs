@@ -78,6 +78,23 @@ pub fn greedy_ids(s: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
     got
 }
 
+/// Runs `cmd` with `stdin` written to its standard input (then closed) and returns its
+/// output.
+pub fn output_with_stdin(cmd: &mut std::process::Command, stdin: &str) -> std::process::Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting the command");
+    let mut input = child.stdin.take().expect("stdin is piped");
+    input.write_all(stdin.as_bytes()).expect("writing stdin");
+    drop(input);
+    child.wait_with_output().expect("reading the output")
+}
+
 /// Runs `cmd` to its end and returns its output; a command still running after two minutes
 /// (hung, e.g. opening a FIFO) is killed and the test fails.
 pub fn output_or_kill(cmd: &mut std::process::Command) -> std::process::Output {
