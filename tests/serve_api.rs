@@ -250,6 +250,17 @@ impl Model for Gated {
         drop(g);
         self.inner.forward(s, c, t, l)
     }
+    /// One sequence after another (a mock: no batching).
+    fn forward_batch(
+        &self,
+        s: &mut WeightStore,
+        batch: &mut [deltafin::models::SeqPass<'_>],
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
+        batch
+            .iter_mut()
+            .map(|p| self.forward(s, p.cache, p.tokens, p.logits))
+            .collect()
+    }
     fn placement(&self) -> &Placement {
         self.inner.placement()
     }

@@ -25,10 +25,11 @@ use anyhow::Result;
 
 pub use super::mtp_layer::{ChunkedMatrix, MtpLayer};
 
+use super::batch::{rows_of, SeqPass, SeqRows, Seqs};
 use super::embed_head::{Embedding, Head};
 use super::layers::add_into;
 use super::moe::{keep_first, prefetch_next, route_rows, ExpertStep, RouterRef, Routers};
-use super::{run_pass, KvCache, Logits, Model, Placement};
+use super::{run_batch, KvCache, Logits, Model, Placement};
 use crate::store::{UnitBytes, WeightStore};
 
 /// Activations a layer's spine writes for the rest of the layer, reused across layers.
@@ -121,19 +122,19 @@ pub trait Blocks: Send + Sync {
     fn scale_embeddings(&self, _x: &mut [f32]) {}
     /// Whether layer `w` ends in routed experts (its spine writes router logits).
     fn is_moe(&self, w: &Self::Layer) -> bool;
-    /// Layer `l`'s spine over its unit's bytes `u`, for the `n` rows of `x` (`n × hidden`) at
-    /// positions `pos0 ..`: attention with its residual (writing the cache), then either the
-    /// dense feed-forward added to `x`, or (MoE) the post-attention normed rows into `s.xn`,
-    /// the router logits into `s.router` and, with shared experts, their output into
-    /// `s.shared`.
-    #[allow(clippy::too_many_arguments)]
+    /// Layer `l`'s spine over its unit's bytes `u`, for the rows of `x` (`rows × hidden`) of
+    /// the sequences `seqs` (each at its own positions, with its own cache): attention with
+    /// its residual (writing each sequence's cache), then either the dense feed-forward added
+    /// to `x`, or (MoE) the post-attention normed rows into `s.xn`, the router logits into
+    /// `s.router` and, with shared experts, their output into `s.shared`. Row-wise steps run
+    /// over all rows at once; only the steps that read positions run per sequence
+    /// ([`Seqs::each`]).
     fn spine(
         &self,
         l: usize,
         w: &Self::Layer,
         u: &UnitBytes,
-        cache: &mut KvCache,
-        pos0: usize,
+        seqs: &mut Seqs<'_>,
         x: &mut [f32],
         s: &mut Scratch,
     );
@@ -252,17 +253,29 @@ impl<B: Blocks> Decoder<B> {
         }
     }
 
-    /// The layer loop over planned reads (see the module header).
+    /// The layer loop over planned reads (see the module header), for the sequences of
+    /// `batch` whose tokens, concatenated in order, are `tokens`: one logits vector per
+    /// sequence.
     fn forward_planned(
         &self,
         store: &mut WeightStore,
-        cache: &mut KvCache,
+        batch: &mut [SeqPass<'_>],
         tokens: &[u32],
-        logits: Logits,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Vec<Vec<f32>>> {
         let b = &self.blocks;
         let (n, d) = (tokens.len(), self.dims.hidden_size);
-        let pos0 = cache.len;
+        let modes: Vec<(Logits, usize)> =
+            batch.iter().map(|p| (p.logits, p.tokens.len())).collect();
+        let mut seqs = Seqs::new(
+            batch
+                .iter_mut()
+                .map(|p| SeqRows {
+                    pos0: p.cache.len,
+                    n: p.tokens.len(),
+                    cache: &mut *p.cache,
+                })
+                .collect(),
+        );
         let whole = b.plan_whole_pass();
         let mut x = vec![0f32; n * d];
         self.embedding.rows(store, tokens, d, &mut x)?;
@@ -279,7 +292,7 @@ impl<B: Blocks> Decoder<B> {
                 self.plan_after(store, l);
             }
             let t = std::time::Instant::now();
-            store.with_unit(*unit, |u| b.spine(l, w, u, cache, pos0, &mut x, &mut s))?;
+            store.with_unit(*unit, |u| b.spine(l, w, u, &mut seqs, &mut x, &mut s))?;
             if let Some(es) = store.experts_mut() {
                 es.add_spine_ns(l, t.elapsed().as_nanos() as u64);
             }
@@ -316,17 +329,46 @@ impl<B: Blocks> Decoder<B> {
             }
         }
         b.finish_hidden(&mut x, &mut s);
-        cache.hidden.record(pos0, &x, d);
-        let mut out = self.head.final_logits(
-            store,
-            &x,
+        for (r0, sq) in seqs.each() {
+            sq.cache.hidden.record(sq.pos0, rows_of(&x, d, r0, sq.n), d);
+        }
+        let (norm, eps, vocab) = (
             &self.final_norm,
             self.dims.final_norm_eps,
-            logits,
             self.dims.vocab_size,
-        )?;
-        b.finish_logits(&mut out);
-        Ok(out)
+        );
+        let mut outs = match modes[..] {
+            [(which, _)] => vec![self.head.final_logits(store, &x, norm, eps, which, vocab)?],
+            _ => {
+                // every sequence's rows that return logits, through the head at once
+                let mut picked = Vec::new();
+                let mut r0 = 0;
+                for &(which, m) in &modes {
+                    let rows = match which {
+                        Logits::Last => r0 + m - 1..r0 + m,
+                        Logits::All => r0..r0 + m,
+                    };
+                    picked.extend_from_slice(&x[rows.start * d..rows.end * d]);
+                    r0 += m;
+                }
+                let all = self
+                    .head
+                    .final_logits(store, &picked, norm, eps, Logits::All, vocab)?;
+                let mut at = 0;
+                modes
+                    .iter()
+                    .map(|&(which, m)| {
+                        let k = if which == Logits::Last { 1 } else { m };
+                        at += k * vocab;
+                        all[at - k * vocab..at].to_vec()
+                    })
+                    .collect()
+            }
+        };
+        for o in &mut outs {
+            b.finish_logits(o);
+        }
+        Ok(outs)
     }
 }
 
@@ -395,16 +437,18 @@ impl<B: Blocks> Model for Decoder<B> {
         Ok(())
     }
 
-    fn forward(
+    fn forward_batch(
         &self,
         store: &mut WeightStore,
-        cache: &mut KvCache,
-        tokens: &[u32],
-        logits: Logits,
-    ) -> Result<Vec<f32>> {
+        batch: &mut [SeqPass<'_>],
+    ) -> Result<Vec<Vec<f32>>> {
         let d = self.dims.hidden_size;
+        let tokens: Vec<u32> = batch
+            .iter()
+            .flat_map(|p| p.tokens.iter().copied())
+            .collect();
         let plan = |s: &mut WeightStore| {
-            self.embedding.plan(s, tokens, d);
+            self.embedding.plan(s, &tokens, d);
             if self.blocks.plan_whole_pass() {
                 s.plan(self.layers.iter().map(|(u, _)| *u));
                 self.head.plan(s);
@@ -415,8 +459,8 @@ impl<B: Blocks> Model for Decoder<B> {
         // the whole pass on one pool thread: its products enter the pool without a hand-off
         crate::kernels::on_pool(|| {
             crate::kernels::with_numerics(self.numerics, || {
-                run_pass(store, cache, tokens, self.dims.vocab_size, plan, |s, k| {
-                    self.forward_planned(s, k, tokens, logits)
+                run_batch(store, batch, self.dims.vocab_size, plan, |s, b| {
+                    self.forward_planned(s, b, &tokens)
                 })
             })
         })

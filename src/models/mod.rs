@@ -36,6 +36,7 @@
 //!   recurrent states per layer, and the final hidden rows a multi-token-prediction drafter
 //!   reads: `HiddenRows`, rolled back with the cache).
 
+pub mod batch;
 mod budget;
 pub mod config;
 pub mod decoder;
@@ -67,8 +68,11 @@ macro_rules! families {
 families!(gemma3, llama, gpt_oss, deepseek_v3, kimi_linear, kimi_k3);
 
 pub use crate::kernels::Numerics;
+pub use batch::SeqPass;
 pub use kv_cache::KvCache;
-pub use model::{run_pass, BudgetTooSmall, LoadOptions, Logits, Model, Mtp, MtpOut, Placement};
+pub use model::{
+    run_batch, run_pass, BudgetTooSmall, LoadOptions, Logits, Model, Mtp, MtpOut, Placement,
+};
 pub use registry::{Family, ModelAndStore};
 
 use crate::source::gguf::GgufModel;

@@ -4,6 +4,7 @@
 use crate::kernels::Numerics;
 use crate::store::{ExpertStoreOptions, WeightStore};
 
+use super::batch::SeqPass;
 use super::KvCache;
 
 /// How to load a model's weights.
@@ -187,6 +188,35 @@ pub fn run_pass(
     finish_pass(store, cache, tokens.len(), r)
 }
 
+/// [`run_pass`] over several sequences at once ([`SeqPass`]): every sequence's input is
+/// checked before any weight is read, `plan` announces the pass's first streamed reads,
+/// `body` runs, and on success each sequence's tokens join its cache (on failure the queued
+/// reads are dropped and no cache grows).
+///
+/// Errors: no sequence; those of `check_forward` (for the first sequence that fails) and of
+/// `body`.
+pub fn run_batch(
+    store: &mut WeightStore,
+    batch: &mut [SeqPass<'_>],
+    vocab: usize,
+    plan: impl FnOnce(&mut WeightStore),
+    body: impl FnOnce(&mut WeightStore, &mut [SeqPass<'_>]) -> anyhow::Result<Vec<Vec<f32>>>,
+) -> anyhow::Result<Vec<Vec<f32>>> {
+    if batch.is_empty() {
+        anyhow::bail!("forward pass over zero sequences");
+    }
+    for p in batch.iter() {
+        check_forward(p.tokens, p.cache, vocab)?;
+    }
+    plan(store);
+    let r = body(store, batch);
+    match &r {
+        Ok(_) => batch.iter_mut().for_each(|p| p.cache.len += p.tokens.len()),
+        Err(_) => store.reset(),
+    }
+    r
+}
+
 /// A loaded model: the forward pass of one architecture.
 pub trait Model: Send {
     /// Vocabulary size (rows of the LM head).
@@ -195,8 +225,23 @@ pub trait Model: Send {
     fn context_length(&self) -> usize;
     /// A KV cache with room for `n_ctx` tokens.
     fn new_cache(&self, n_ctx: usize) -> KvCache;
+    /// Runs every sequence of `batch` through the model in one pass: sequence `i`'s tokens
+    /// at positions `batch[i].cache.len ..` over its own cache (its slot), appended to it;
+    /// returns one logits vector per sequence, in order (see [`Logits`]). Row-wise work (the
+    /// projections, the feed-forward, the LM head) runs once over all the sequences' rows and
+    /// a MoE layer reads the union of their experts once; each sequence's logits are those
+    /// of the sequence run alone, bit for bit.
+    ///
+    /// Errors: no sequence; a sequence with no token, a full cache or a token outside the
+    /// vocabulary (before any weight is read); a streamed weight could not be read (the
+    /// message names the file). On error no cache grows.
+    fn forward_batch(
+        &self,
+        store: &mut WeightStore,
+        batch: &mut [SeqPass<'_>],
+    ) -> anyhow::Result<Vec<Vec<f32>>>;
     /// Runs `tokens` (positions `cache.len ..`) through the model, appends them to the cache and
-    /// returns logits (see [`Logits`]).
+    /// returns logits (see [`Logits`]): [`Model::forward_batch`] over one sequence.
     ///
     /// Errors: a streamed weight could not be read (the message names the file), or the cache
     /// is full.
@@ -206,7 +251,11 @@ pub trait Model: Send {
         cache: &mut KvCache,
         tokens: &[u32],
         logits: Logits,
-    ) -> anyhow::Result<Vec<f32>>;
+    ) -> anyhow::Result<Vec<f32>> {
+        let mut b = [SeqPass::new(cache, tokens, logits)];
+        let mut out = self.forward_batch(store, &mut b)?;
+        Ok(out.pop().expect("one logits vector per sequence"))
+    }
     /// Where the weights live.
     fn placement(&self) -> &Placement;
     /// The multi-token-prediction module, when the model was loaded with one

@@ -12,6 +12,7 @@
 
 use anyhow::{bail, Context, Result};
 
+use super::batch::Seqs;
 use super::decoder::{Blocks, CacheShape, Decoder, Scratch};
 use super::mtp_layer::MtpLayer;
 use crate::models::layers::{add_into, mm, rms_norm_rows};
@@ -108,7 +109,14 @@ impl<B: Blocks> Mtp for Decoder<B> {
                     rms_norm_rows(&hidden[r * d..(r + 1) * d], &m.hnorm, m.eps, ch);
                 }
                 mm(&m.eh_proj.view(u), &cat, n, &mut x);
-                b.spine(m.index, &m.layer, u, cache, pos0, &mut x, &mut s);
+                b.spine(
+                    m.index,
+                    &m.layer,
+                    u,
+                    &mut Seqs::one(cache, pos0, n),
+                    &mut x,
+                    &mut s,
+                );
             })?;
             if moe {
                 let routes = route_rows(self, m.index, &s.router, b.n_experts());

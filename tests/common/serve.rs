@@ -86,6 +86,17 @@ impl Model for Echo {
         }
         Ok(out)
     }
+    /// One sequence after another (a mock: no batching).
+    fn forward_batch(
+        &self,
+        s: &mut WeightStore,
+        batch: &mut [deltafin::models::SeqPass<'_>],
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
+        batch
+            .iter_mut()
+            .map(|p| self.forward(s, p.cache, p.tokens, p.logits))
+            .collect()
+    }
     fn placement(&self) -> &Placement {
         &self.placement
     }

@@ -48,6 +48,7 @@ use super::moe::{route_sigmoid_grouped, store_swiglu_experts, ExpertMats, UnitEx
 use super::moe::ExpertStep;
 use super::decoder::{Blocks, CacheShape, ChunkedMatrix, Decoder, Dims, MtpLayer, RouterParts, Scratch};
 use super::embed_head::{head_chunks, Head};
+use super::batch::{rows_of_mut, Seqs};
 use super::{KvCache, LoadOptions};
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
@@ -380,8 +381,7 @@ impl Blocks for DeepseekV3Blocks {
         l: usize,
         w: &Layer,
         u: &UnitBytes,
-        cache: &mut KvCache,
-        pos0: usize,
+        seqs: &mut Seqs<'_>,
         x: &mut [f32],
         s: &mut Scratch,
     ) {
@@ -412,37 +412,9 @@ impl Blocks for DeepseekV3Blocks {
             }
             _ => mm(&a.q_b.view(u), xn, n, &mut q),
         }
-        for t in 0..n {
-            for h in 0..nh {
-                let o = (t * nh + h) * qh;
-                let qr = &mut q[o + nope..o + qh];
-                rope_slice(
-                    qr,
-                    pos0 + t,
-                    &self.inv_freq,
-                    c.rope_interleave,
-                    self.rope_att,
-                );
-            }
-        }
-        // the compressed KV of the new tokens into the cache
+        // the compressed KV of the new tokens
         let mut kv = vec![0f32; n * width];
         mm(&a.kv_a.view(u), xn, n, &mut kv);
-        for t in 0..n {
-            let row = &mut kv[t * width..(t + 1) * width];
-            let (lat, kr) = row.split_at_mut(rank);
-            let mut normed = vec![0f32; rank];
-            rms_norm_rows(lat, &nrm.kv_a, self.lora_norm_eps, &mut normed);
-            lat.copy_from_slice(&normed);
-            rope_slice(
-                kr,
-                pos0 + t,
-                &self.inv_freq,
-                c.rope_interleave,
-                self.rope_att,
-            );
-        }
-        cache.k[l][pos0 * width..(pos0 + n) * width].copy_from_slice(&kv);
         let shape = MlaShape {
             n_heads: nh,
             nope,
@@ -463,14 +435,33 @@ impl Blocks for DeepseekV3Blocks {
                 MlaWeights::Split { k: &k_b, v: &v_b }
             }
         };
-        mla_attention(
-            &shape,
-            &q,
-            w,
-            &cache.k[l][..(pos0 + n) * width],
-            pos0,
-            &mut att,
-        );
+        // per sequence: RoPE at its positions, its latent rows into its cache, its attention
+        let rot = |x: &mut [f32], p: usize| {
+            rope_slice(x, p, &self.inv_freq, c.rope_interleave, self.rope_att)
+        };
+        for (r0, sq) in seqs.each() {
+            let (pos0, m) = (sq.pos0, sq.n);
+            let qs = rows_of_mut(&mut q, nh * qh, r0, m);
+            for t in 0..m {
+                for h in 0..nh {
+                    let o = (t * nh + h) * qh;
+                    rot(&mut qs[o + nope..o + qh], pos0 + t);
+                }
+            }
+            let kvs = rows_of_mut(&mut kv, width, r0, m);
+            for t in 0..m {
+                let row = &mut kvs[t * width..(t + 1) * width];
+                let (lat, kr) = row.split_at_mut(rank);
+                let mut normed = vec![0f32; rank];
+                rms_norm_rows(lat, &nrm.kv_a, self.lora_norm_eps, &mut normed);
+                lat.copy_from_slice(&normed);
+                rot(kr, pos0 + t);
+            }
+            let cache = &mut sq.cache.k[l];
+            cache[pos0 * width..(pos0 + m) * width].copy_from_slice(kvs);
+            let att_s = rows_of_mut(&mut att, nh * vd, r0, m);
+            mla_attention(&shape, qs, w, &cache[..(pos0 + m) * width], pos0, att_s);
+        }
         let mut o = vec![0f32; n * d];
         mm(&a.o.view(u), &att, n, &mut o);
         add_into(x, &o);

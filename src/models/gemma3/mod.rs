@@ -22,6 +22,7 @@ use super::rope::RopeStyle;
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::ExpertStep;
 use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
+use super::batch::Seqs;
 use super::{KvCache, LoadOptions, Placement};
 
 use crate::source::gguf::GgufModel;
@@ -308,14 +309,14 @@ impl Blocks for Gemma3Blocks {
         false
     }
 
-    /// One decoder layer over `n` tokens at positions `pos0..pos0+n`, updating `x` in place.
+    /// One decoder layer over the rows of `seqs` (each sequence at its positions), updating
+    /// `x` in place.
     fn spine(
         &self,
         l: usize,
         w: &LayerMats,
         u: &UnitBytes,
-        cache: &mut KvCache,
-        pos0: usize,
+        seqs: &mut Seqs<'_>,
         x: &mut [f32],
         s: &mut Scratch,
     ) {
@@ -357,8 +358,7 @@ impl Blocks for Gemma3Blocks {
             eps,
         };
         let mut o = vec![0f32; n * d];
-        let (kc, vc) = (&mut cache.k[l], &mut cache.v[l]);
-        gqa_attention(&shape, &gqa, &rope, xn, n, pos0, kc, vc, &mut o);
+        gqa_attention(&shape, &gqa, &rope, xn, seqs, l, &mut o);
         add_post_normed(x, &mut o, &nrm.post_attn, eps);
 
         // feed-forward (GeGLU)

@@ -52,6 +52,7 @@ use super::moe::{moe_forward_with, route_topk_softmax};
 use super::rope::RopeStyle;
 use super::moe::ExpertStep;
 use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
+use super::batch::Seqs;
 use super::{KvCache, LoadOptions};
 use crate::quant::GgmlType;
 use crate::source::hf::HfModel;
@@ -440,8 +441,7 @@ impl Blocks for GptOssBlocks {
         l: usize,
         w: &LayerMats,
         u: &UnitBytes,
-        cache: &mut KvCache,
-        pos0: usize,
+        seqs: &mut Seqs<'_>,
         x: &mut [f32],
         s: &mut Scratch,
     ) {
@@ -478,8 +478,7 @@ impl Blocks for GptOssBlocks {
             eps,
         };
         let mut o = vec![0f32; n * d];
-        let (kc, vc) = (&mut cache.k[l], &mut cache.v[l]);
-        gqa_attention(&shape, &gqa, &rope, xn, n, pos0, kc, vc, &mut o);
+        gqa_attention(&shape, &gqa, &rope, xn, seqs, l, &mut o);
         add_into(x, &o);
         rms_norm_rows(x, &v_.post_norm, eps, xn);
         router.resize(n * w.router.rows, 0.0);

@@ -51,6 +51,7 @@ use super::layers::mla::MlaShape;
 use super::layers::{add_into, mm, rms_norm_rows};
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef};
 use super::moe::{route_sigmoid_grouped, ExpertMats, ExpertStep, UnitExperts};
+use super::batch::Seqs;
 use super::{KvCache, LoadOptions};
 use crate::source::gguf::GgufModel;
 use crate::source::hf::HfModel;
@@ -372,9 +373,8 @@ impl KimiK3Blocks {
         Situ { beta: self.config.situ_beta, linear_beta: self.config.situ_linear_beta }
     }
 
-    /// The mixer of layer `l` over the normed rows `xn` into `o` (`n × hidden`).
-    #[allow(clippy::too_many_arguments)]
-    fn mixer(&self, l: usize, mix: &Mix, u: &UnitBytes, cache: &mut KvCache, pos0: usize, xn: &[f32], o: &mut [f32]) {
+    /// The mixer of layer `l` over the normed rows `xn` of `seqs` into `o` (`rows × hidden`).
+    fn mixer(&self, l: usize, mix: &Mix, u: &UnitBytes, seqs: &mut Seqs<'_>, xn: &[f32], o: &mut [f32]) {
         let v = &self.vecs[l];
         match mix {
             Mix::Kda(m) => {
@@ -394,7 +394,7 @@ impl KimiK3Blocks {
                     dt_bias: &v.dt_bias,
                     o_norm: &v.o_norm,
                 };
-                kda_mixer(&self.kda_shape(), &kw, xn, &mut cache.state[l], o);
+                kda_mixer(&self.kda_shape(), &kw, xn, seqs, l, o);
             }
             Mix::Mla { q_a, q, kv_a, kv_b, v_b, gate, o: om } => {
                 let ml = MlaLayer {
@@ -407,7 +407,7 @@ impl KimiK3Blocks {
                     gate: gate.as_ref().map(|m| m.view(u)),
                     o: om.view(u),
                 };
-                mla_mixer(&self.mla_shape(), &ml, self.config.rms_norm_eps, xn, &mut cache.k[l], pos0, o);
+                mla_mixer(&self.mla_shape(), &ml, self.config.rms_norm_eps, xn, seqs, l, o);
             }
         }
     }
@@ -424,7 +424,7 @@ impl Blocks for KimiK3Blocks {
     /// mix, banking and the mixer; the feed-forward mix and norm; then the dense SiTU MLP added
     /// to `x`, or the router logits (from the normed rows), the shared experts' output and the
     /// routed experts' input (`ffn_routed_down` of the normed rows, `latent` wide) in `s.xn`.
-    fn spine(&self, l: usize, w: &Layer, u: &UnitBytes, cache: &mut KvCache, pos0: usize, x: &mut [f32], s: &mut Scratch) {
+    fn spine(&self, l: usize, w: &Layer, u: &UnitBytes, seqs: &mut Seqs<'_>, x: &mut [f32], s: &mut Scratch) {
         let c = &self.config;
         let (d, eps) = (c.hidden_size, c.rms_norm_eps);
         let n = x.len() / d;
@@ -439,7 +439,7 @@ impl Blocks for KimiK3Blocks {
         }
         rms_norm_rows(&cur, &v.attn_norm, eps, &mut xn);
         let mut o = vec![0f32; n * d];
-        self.mixer(l, &w.mix, u, cache, pos0, &xn, &mut o);
+        self.mixer(l, &w.mix, u, seqs, &xn, &mut o);
         match banked {
             true => x.copy_from_slice(&o),
             false => add_into(x, &o),

@@ -41,6 +41,7 @@ use super::layers::mla::MlaShape;
 use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef};
 use super::moe::{route_sigmoid_grouped, store_swiglu_experts, ExpertMats, ExpertStep, UnitExperts};
+use super::batch::Seqs;
 use super::{KvCache, LoadOptions};
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
@@ -324,8 +325,7 @@ impl Blocks for KimiLinearBlocks {
         l: usize,
         w: &Layer,
         u: &UnitBytes,
-        cache: &mut KvCache,
-        pos0: usize,
+        seqs: &mut Seqs<'_>,
         x: &mut [f32],
         s: &mut Scratch,
     ) {
@@ -354,7 +354,7 @@ impl Blocks for KimiLinearBlocks {
                     dt_bias: &v.dt_bias,
                     o_norm: &v.o_norm,
                 };
-                kda_mixer(&self.kda_shape(), &kw, &s.xn, &mut cache.state[l], &mut o);
+                kda_mixer(&self.kda_shape(), &kw, &s.xn, seqs, l, &mut o);
             }
             Mix::Mla {
                 q_a,
@@ -374,7 +374,7 @@ impl Blocks for KimiLinearBlocks {
                     gate: None,
                     o: om.view(u),
                 };
-                mla_mixer(&self.mla_shape(), &ml, self.lora_eps, &s.xn, &mut cache.k[l], pos0, &mut o);
+                mla_mixer(&self.mla_shape(), &ml, self.lora_eps, &s.xn, seqs, l, &mut o);
             }
         }
         add_into(x, &o);

@@ -8,6 +8,7 @@ use super::mla::{mla_attention, MlaShape, MlaWeights};
 use super::{mm, rms_norm_rows};
 use crate::kernels::ops::rms_norm;
 use crate::kernels::Matrix;
+use crate::models::batch::{rows_of, rows_of_mut, Seqs};
 
 /// Sizes of a KDA layer.
 #[derive(Clone, Copy, Debug)]
@@ -63,16 +64,29 @@ pub struct KdaWeights<'a> {
     pub o_norm: &'a [f32],
 }
 
-/// A KDA layer over the `n` normed rows `xn` (`n × hidden`) into `out` (`n × hidden`), its
-/// state (`state`: convolution inputs then `n_heads × head_dim²`) carried from the previous
-/// tokens and updated.
+/// A KDA layer `l` over the normed rows `xn` (`rows × hidden`) of the sequences `seqs` into
+/// `out` (`rows × hidden`): each sequence's rows in order through [`kda_rows`], with the
+/// sequence's layer-`l` state (convolution inputs then `n_heads × head_dim²` floats) carried
+/// from its previous tokens and updated.
 pub fn kda_mixer(
     sh: &KdaShape,
     w: &KdaWeights<'_>,
     xn: &[f32],
-    state: &mut [f32],
+    seqs: &mut Seqs<'_>,
+    l: usize,
     out: &mut [f32],
 ) {
+    let (d, dout) = (w.q.cols, w.o.rows);
+    for (r0, sq) in seqs.each() {
+        let o = rows_of_mut(out, dout, r0, sq.n);
+        kda_rows(sh, w, rows_of(xn, d, r0, sq.n), &mut sq.cache.state[l], o);
+    }
+}
+
+/// A KDA layer over the `n` normed rows `xn` (`n × hidden`) of one sequence into `out`
+/// (`n × hidden`), its state (`state`: convolution inputs then `n_heads × head_dim²`) carried
+/// from the previous tokens and updated.
+fn kda_rows(sh: &KdaShape, w: &KdaWeights<'_>, xn: &[f32], state: &mut [f32], out: &mut [f32]) {
     let (h, hd, dim) = (sh.n_heads, sh.head_dim, sh.dim());
     let n = out.len() / w.o.rows;
     let (conv_st, rec_st) = state.split_at_mut(sh.conv_state());
@@ -164,14 +178,43 @@ pub struct MlaLayer<'a> {
     pub o: Matrix<'a>,
 }
 
-/// A no-RoPE MLA layer over the `n` normed rows `xn` at positions `pos0..` into `out`
-/// (`n × hidden`): the new tokens' latent rows (`kv_a_layernorm`ed latent, unrotated shared
-/// key) go into `cache` (rows of `width = rank + rope` floats for positions `0..pos0 + n`),
+/// A no-RoPE MLA layer `l` over the normed rows `xn` (`rows × hidden`) of the sequences
+/// `seqs` into `out` (`rows × hidden`), per sequence at its positions: the new tokens' latent
+/// rows (`kv_a_layernorm`ed latent, unrotated shared key) go into the sequence's layer-`l`
+/// latent cache (rows of `width = rank + rope` floats for positions `0..pos0 + n`),
 /// then DeepSeek's absorbed latent attention ([`mla_attention`]) with softmax scale
 /// `(nope + rope)^-½`, then the optional sigmoid gate ([`MlaLayer::gate`]), then `o_proj`. `lora_eps`: `eps` of the latent norms (transformers'
 /// `KimiLinearRMSNorm` default, 1e-6).
 #[allow(clippy::too_many_arguments)]
 pub fn mla_mixer(
+    s: &MlaShape,
+    w: &MlaLayer<'_>,
+    lora_eps: f32,
+    xn: &[f32],
+    seqs: &mut Seqs<'_>,
+    l: usize,
+    out: &mut [f32],
+) {
+    let (d, dout) = (w.kv_a.cols, w.o.rows);
+    for (r0, sq) in seqs.each() {
+        let (pos0, n) = (sq.pos0, sq.n);
+        let o = rows_of_mut(out, dout, r0, n);
+        mla_rows(
+            s,
+            w,
+            lora_eps,
+            rows_of(xn, d, r0, n),
+            &mut sq.cache.k[l],
+            pos0,
+            o,
+        );
+    }
+}
+
+/// [`mla_mixer`] over the `n` rows `xn` of one sequence at positions `pos0 ..`, its latent
+/// rows in `cache`.
+#[allow(clippy::too_many_arguments)]
+fn mla_rows(
     s: &MlaShape,
     w: &MlaLayer<'_>,
     lora_eps: f32,

@@ -7,6 +7,7 @@ pub mod kda;
 pub mod mixers;
 pub mod mla;
 
+use super::batch::{rows_of, rows_of_mut, Seqs};
 use super::rope::RopeStyle;
 use rayon::prelude::*;
 
@@ -199,25 +200,23 @@ pub struct GqaRope<'a> {
     pub eps: f32,
 }
 
-/// Grouped-query attention of the `n` normed rows `xn` (`n × hidden`) at positions
-/// `pos0 ..`: q, k, v projections (plus biases), per-head q/k RMSNorm when present, RoPE and
-/// scaling ([`norm_rope_heads`]), the new keys and values written to the layer's caches
-/// (`k_cache`, `v_cache`: position-major, `kv_dim` floats per position), causal attention
-/// ([`attention_with_sinks`]) and the output projection (plus bias) into `out` (`n × hidden`,
-/// the residual not added).
-#[allow(clippy::too_many_arguments)]
+/// Grouped-query attention of the normed rows `xn` (`rows × hidden`) of the sequences `seqs`
+/// in layer `l`: q, k, v projections (plus biases) over every row, then per sequence its rows'
+/// per-head q/k RMSNorm when present, RoPE and scaling at its positions ([`norm_rope_heads`]),
+/// its new keys and values written to its layer-`l` caches (position-major, `kv_dim` floats
+/// per position), its causal attention ([`attention_with_sinks`]); then the output projection
+/// (plus bias) over every row into `out` (`rows × hidden`, the residual not added).
 pub fn gqa_attention(
     s: &AttnShape,
     w: &Gqa,
     r: &GqaRope,
     xn: &[f32],
-    n: usize,
-    pos0: usize,
-    k_cache: &mut [f32],
-    v_cache: &mut [f32],
+    seqs: &mut Seqs<'_>,
+    l: usize,
     out: &mut [f32],
 ) {
     let hd = s.head_dim;
+    let n = seqs.rows();
     let (qd, kvd) = (s.n_heads * hd, s.n_kv_heads * hd);
     let mut q = vec![0f32; n * qd];
     let mut k = vec![0f32; n * kvd];
@@ -232,16 +231,19 @@ pub fn gqa_attention(
         Some([a, b]) => (Some(a), Some(b)),
         None => (None, None),
     };
-    norm_rope_heads(
-        &mut q, n, hd, qn, r.eps, pos0, r.inv_freq, r.style, r.q_scale,
-    );
-    norm_rope_heads(
-        &mut k, n, hd, kn, r.eps, pos0, r.inv_freq, r.style, r.k_scale,
-    );
-    k_cache[pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&k);
-    v_cache[pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&v);
     let mut att = vec![0f32; n * qd];
-    attention_with_sinks(s, &q, k_cache, v_cache, pos0, w.sinks, &mut att);
+    for (r0, sq) in seqs.each() {
+        let (pos0, m) = (sq.pos0, sq.n);
+        let qs = rows_of_mut(&mut q, qd, r0, m);
+        let ks = rows_of_mut(&mut k, kvd, r0, m);
+        norm_rope_heads(qs, m, hd, qn, r.eps, pos0, r.inv_freq, r.style, r.q_scale);
+        norm_rope_heads(ks, m, hd, kn, r.eps, pos0, r.inv_freq, r.style, r.k_scale);
+        let (k_cache, v_cache) = (&mut sq.cache.k[l], &mut sq.cache.v[l]);
+        k_cache[pos0 * kvd..(pos0 + m) * kvd].copy_from_slice(ks);
+        v_cache[pos0 * kvd..(pos0 + m) * kvd].copy_from_slice(rows_of(&v, kvd, r0, m));
+        let a = rows_of_mut(&mut att, qd, r0, m);
+        attention_with_sinks(s, qs, k_cache, v_cache, pos0, w.sinks, a);
+    }
     mm(&w.o, &att, n, out);
     if let Some([_, _, _, bo]) = w.biases {
         add_bias(out, bo);

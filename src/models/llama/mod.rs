@@ -38,6 +38,7 @@ use super::moe::{route_softmax_topk, store_swiglu_experts, ExpertMats, UnitExper
 use super::rope::RopeStyle;
 use super::moe::ExpertStep;
 use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
+use super::batch::Seqs;
 use super::{KvCache, LoadOptions};
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
@@ -378,8 +379,7 @@ impl Blocks for LlamaBlocks {
         l: usize,
         w: &LayerMats,
         u: &UnitBytes,
-        cache: &mut KvCache,
-        pos0: usize,
+        seqs: &mut Seqs<'_>,
         x: &mut [f32],
         s: &mut Scratch,
     ) {
@@ -414,8 +414,7 @@ impl Blocks for LlamaBlocks {
             eps,
         };
         let mut o = vec![0f32; n * d];
-        let (kc, vc) = (&mut cache.k[l], &mut cache.v[l]);
-        gqa_attention(&shape, &gqa, &rope, xn, n, pos0, kc, vc, &mut o);
+        gqa_attention(&shape, &gqa, &rope, xn, seqs, l, &mut o);
         add_into(x, &o);
         rms_norm_rows(x, &nrm.post_attn, eps, xn);
         match &w.ffn {
