@@ -7,7 +7,7 @@
 //! Run: `cargo bench --bench kernels -- --warm-up-time 1 --measurement-time 3`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use deltafin::kernels::{matmul, matmul_t, matvec, Matrix};
+use deltafin::backend::cpu::{matmul, matmul_t, matvec, Matrix};
 use deltafin::quant::{dot_row, GgmlType};
 use rayon::prelude::*;
 use std::hint::black_box;

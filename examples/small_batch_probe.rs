@@ -1,7 +1,7 @@
 //! Alternated timing of the small-batch kernel against the tiled path (and n single-row
 //! matvecs) for 1 (the matvec alone) to 8 rows over Q8_0 / Q4_K / Q5_0 matrices of LM-head and projection sizes:
 //! `cargo run --release --example small_batch_probe`. Prints ms per call (median of 9).
-use deltafin::kernels::{matmul_tiled_at, matvec_at, small_batch::matmul_small, Matrix};
+use deltafin::backend::cpu::{matmul_tiled_at, matvec_at, small_batch::matmul_small, Matrix};
 use deltafin::quant::{GgmlType, SimdLevel};
 
 fn data(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {

@@ -2,10 +2,10 @@
 //! disk as they are needed. `ARCHITECTURE.md` at the repository root is the map of the
 //! modules.
 
+pub mod backend;
 pub mod cli;
 pub mod engine;
 pub mod fuzzing;
-pub mod kernels;
 pub mod load;
 pub mod models;
 pub mod progress;

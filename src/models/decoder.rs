@@ -30,6 +30,8 @@ use super::embed_head::{Embedding, Head};
 use super::layers::add_into;
 use super::moe::{keep_first, prefetch_next, route_rows, ExpertStep, RouterRef, Routers};
 use super::{run_batch, KvCache, Logits, Model, Placement};
+use crate::backend::cpu::Cpu;
+use crate::backend::Backend;
 use crate::store::{UnitBytes, WeightStore};
 
 /// Activations a layer's spine writes for the rest of the layer, reused across layers.
@@ -195,8 +197,9 @@ pub struct Decoder<B: Blocks> {
     placement: Placement,
     /// The multi-token-prediction layer, when loaded ([`Decoder::with_mtp`]).
     pub(super) mtp: Option<MtpLayer<B::Layer>>,
-    /// The arithmetic of every matrix product of a forward pass.
-    numerics: crate::kernels::Numerics,
+    /// The backend every forward pass computes on, with its numerics (the arithmetic of
+    /// every matrix product).
+    cpu: Cpu,
 }
 
 impl<B: Blocks> Decoder<B> {
@@ -220,7 +223,7 @@ impl<B: Blocks> Decoder<B> {
             final_norm,
             placement,
             mtp: None,
-            numerics: crate::kernels::Numerics::Exact,
+            cpu: Cpu::default(),
         }
     }
 
@@ -426,13 +429,13 @@ impl<B: Blocks> Model for Decoder<B> {
         &self.placement
     }
 
-    fn numerics(&self) -> crate::kernels::Numerics {
-        self.numerics
+    fn numerics(&self) -> crate::backend::cpu::Numerics {
+        self.cpu.numerics
     }
 
     /// Every numerics applies to every family: the kernels choose per matrix type.
-    fn set_numerics(&mut self, n: crate::kernels::Numerics) -> Result<()> {
-        self.numerics = n;
+    fn set_numerics(&mut self, n: crate::backend::cpu::Numerics) -> Result<()> {
+        self.cpu = Cpu::new(n);
         self.placement.numerics = n;
         Ok(())
     }
@@ -456,12 +459,9 @@ impl<B: Blocks> Model for Decoder<B> {
                 s.plan([self.layers[0].0]);
             }
         };
-        // the whole pass on one pool thread: its products enter the pool without a hand-off
-        crate::kernels::on_pool(|| {
-            crate::kernels::with_numerics(self.numerics, || {
-                run_batch(store, batch, self.dims.vocab_size, plan, |s, b| {
-                    self.forward_planned(s, b, &tokens)
-                })
+        self.cpu.run_pass(|| {
+            run_batch(store, batch, self.dims.vocab_size, plan, |s, b| {
+                self.forward_planned(s, b, &tokens)
             })
         })
     }

@@ -7,7 +7,7 @@ use std::io;
 use super::layers::{mm, rms_norm_rows};
 use super::loading::{mat, MatRef};
 use super::Logits;
-use crate::kernels::{matmul, matvec};
+use crate::backend::cpu::{matmul, matvec};
 use crate::quant::dequantize_row;
 use crate::source::tensor::TensorInfo;
 use crate::store::{ReadRange, Unit, WeightStore, IO_ALIGN};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::kernels::Matrix;
+use crate::backend::cpu::Matrix;
 use crate::quant::{dequantize_row, GgmlType};
 use crate::source::gguf::GgufModel;
 use crate::source::pack::PackInfo;

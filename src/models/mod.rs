@@ -67,7 +67,7 @@ macro_rules! families {
 
 families!(gemma3, llama, gpt_oss, deepseek_v3, kimi_linear, kimi_k3);
 
-pub use crate::kernels::Numerics;
+pub use crate::backend::cpu::Numerics;
 pub use batch::SeqPass;
 pub use kv_cache::KvCache;
 pub use model::{

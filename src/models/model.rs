@@ -1,7 +1,7 @@
 //! The interface every architecture implements ([`Model`]) and the options and reports of
 //! loading one ([`LoadOptions`], [`Placement`]).
 
-use crate::kernels::Numerics;
+use crate::backend::cpu::Numerics;
 use crate::store::{ExpertStoreOptions, WeightStore};
 
 use super::batch::SeqPass;

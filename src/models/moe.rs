@@ -17,8 +17,8 @@ use std::io;
 
 use super::layers::{add_into, mm, mm_many, rms_norm_rows, silu};
 use super::loading::MatRef;
-use crate::kernels::ops::softmax_inplace;
-use crate::kernels::Matrix;
+use crate::backend::cpu::ops::softmax_inplace;
+use crate::backend::cpu::Matrix;
 use crate::store::{UnitBytes, WeightStore};
 
 /// One expert's SwiGLU matrices inside its unit: `gate`, `up` (`ff × d`), `down` (`d × ff`).

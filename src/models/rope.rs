@@ -11,15 +11,15 @@
 
 use serde_json::{Map, Value};
 
-use crate::kernels::ops::rope_inv_freq;
+use crate::backend::cpu::ops::rope_inv_freq;
 
 /// Which dimensions RoPE rotates together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeStyle {
-    /// `i` with `i + head_dim/2` ([`crate::kernels::ops::rope_neox`]): Hugging Face
+    /// `i` with `i + head_dim/2` ([`crate::backend::cpu::ops::rope_neox`]): Hugging Face
     /// checkpoints, llama.cpp's NeoX architectures (`qwen3`, `qwen3moe`, `gemma3`).
     Neox,
-    /// `2i` with `2i + 1` ([`crate::kernels::ops::rope_interleaved`]): llama.cpp's `llama`
+    /// `2i` with `2i + 1` ([`crate::backend::cpu::ops::rope_interleaved`]): llama.cpp's `llama`
     /// architecture, whose converter permuted the q/k rows to match.
     Interleaved,
 }

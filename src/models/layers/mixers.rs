@@ -6,8 +6,8 @@
 use super::kda::{decay, delta_rule, l2norm_eps, short_conv_silu, sigmoid, DeltaInputs};
 use super::mla::{mla_attention, MlaShape, MlaWeights};
 use super::{mm, rms_norm_rows};
-use crate::kernels::ops::rms_norm;
-use crate::kernels::Matrix;
+use crate::backend::cpu::ops::rms_norm;
+use crate::backend::cpu::Matrix;
 use crate::models::batch::{rows_of, rows_of_mut, Seqs};
 
 /// Sizes of a KDA layer.

@@ -3,31 +3,31 @@
 //! whatever the batch size and thread count, so prefill equals token-by-token decode.
 
 pub mod hybrid;
-pub mod kda;
 pub mod mixers;
-pub mod mla;
+
+/// Causal attention over a KV cache, RMSNorm of rows, GeGLU of rows and the pass's thread
+/// count, from the backend.
+pub use crate::backend::cpu::{
+    attn::{attention, attention_with_sinks, AttnShape},
+    gelu::geglu_rows,
+    ops::{rms_norm_rows, silu},
+    pool::threads as pass_threads,
+};
+/// The MLA and KDA kernels, with the shared blocks that call them.
+pub use crate::backend::cpu::{kda, mla};
 
 use super::batch::{rows_of, rows_of_mut, Seqs};
 use super::rope::RopeStyle;
-use rayon::prelude::*;
 
-use crate::kernels::attn::{weighted_rows, KeysT};
-use crate::kernels::gelu::geglu_tanh;
-use crate::kernels::ops::{
-    rms_norm, rms_norm_inplace, rope_angles, rope_interleaved_sc, rope_neox_sc, softmax_inplace,
-};
-use crate::kernels::{matmul, matmul_t, matvec, matvec_many};
+use crate::backend::cpu::ops::{rms_norm_inplace, rope_angles, rope_interleaved_sc, rope_neox_sc};
+use crate::backend::cpu::{matmul, matmul_t, matvec, matvec_many};
 use crate::quant::dequantize_row;
 
 /// Gemma's logit soft-capping `cap · tanh(x / cap)` and the RoPE inverse frequencies, for the
 /// families that apply them outside the shared blocks.
-pub use crate::kernels::ops::{rope_inv_freq, softcap};
+pub use crate::backend::cpu::ops::{rope_inv_freq, softcap};
 /// A weight matrix view in its stored encoding (`rows × cols`), what the blocks below take.
-pub use crate::kernels::Matrix;
-
-/// Elements per parallel task of [`geglu_rows`] (a decode token's 2048-wide row stays on one
-/// thread).
-const GELU_CHUNK: usize = 8192;
+pub use crate::backend::cpu::Matrix;
 
 /// `Y = X W` for `n` rows of `x` (`n × w.rows`) into `y` (`n × w.cols`): a weight stored
 /// transposed (GPT-OSS's Hugging Face `gate_up_proj` / `down_proj`, `in × out`).
@@ -40,21 +40,6 @@ pub fn row_f32(b: &Matrix) -> Vec<f32> {
     let mut v = vec![0f32; b.cols];
     dequantize_row(b.ty, b.data, &mut v);
     v
-}
-
-/// GeGLU with the tanh GELU in place over `g` (`g ← gelu_tanh(g) · up`, element-wise, any
-/// number of rows), split over threads in chunks of 8192 elements: each element's value does
-/// not depend on the split.
-pub fn geglu_rows(g: &mut [f32], up: &[f32]) {
-    g.par_chunks_mut(GELU_CHUNK)
-        .zip(up.par_chunks(GELU_CHUNK))
-        .for_each(|(gc, uc)| geglu_tanh(gc, uc));
-}
-
-/// The threads a forward pass splits its work over (the global pool's size): families size
-/// their per-thread scratch with it.
-pub fn pass_threads() -> usize {
-    rayon::current_num_threads()
 }
 
 /// `Y = X Wᵀ` for `n` rows of `x` (`n × w.cols`) into `y` (`n × w.rows`); matvec for one row.
@@ -79,21 +64,6 @@ pub fn mm_many(ws: &[&Matrix], x: &[f32], n: usize, ys: &mut [&mut [f32]]) {
     }
 }
 
-/// RMSNorm of every `d`-wide row of `x` into `out` (same shape) with weight `w` (`d`).
-pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let d = w.len();
-    if x.len() <= d {
-        for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-            rms_norm(xr, w, eps, or);
-        }
-    } else {
-        // rows are independent: split a prompt's rows over threads (same values per row)
-        x.par_chunks_exact(d)
-            .zip(out.par_chunks_exact_mut(d))
-            .for_each(|(xr, or)| rms_norm(xr, w, eps, or));
-    }
-}
-
 /// Gemma-style post-norm residual: each `d`-wide row of `o` is RMS-normed with `w` (in place)
 /// and added to the same row of `x`.
 pub fn add_post_normed(x: &mut [f32], o: &mut [f32], w: &[f32], eps: f32) {
@@ -102,12 +72,6 @@ pub fn add_post_normed(x: &mut [f32], o: &mut [f32], w: &[f32], eps: f32) {
         rms_norm_inplace(or, w, eps);
         xr.iter_mut().zip(or.iter()).for_each(|(a, b)| *a += b);
     }
-}
-
-/// SiLU (swish), `x · σ(x) = x / (1 + e^(−x))` (Elfwing et al. 2017; Hugging Face `ACT2FN["silu"]`).
-#[inline]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }
 
 /// SwiGLU feed-forward (Shazeer 2020; Hugging Face `LlamaMLP`/`Qwen3MLP`):
@@ -250,192 +214,119 @@ pub fn gqa_attention(
     }
 }
 
-/// Shape of grouped-query attention (Ainslie et al. 2023): `n_heads` query heads share
-/// `n_kv_heads` key/value heads of `head_dim` each.
-#[derive(Clone, Copy, Debug)]
-pub struct AttnShape {
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    /// Attend only to the last `window` positions (the current one included), if set.
-    pub window: Option<usize>,
-    /// Soft-cap of the scores (Gemma 2), if set.
-    pub softcap: Option<f32>,
-}
-
-/// Causal attention of `n` query rows at positions `pos0..pos0+n` over the cached keys and
-/// values of positions `0..pos0+n` (`k_cache`, `v_cache`: position-major, `n_kv_heads ×
-/// head_dim` floats per position). `q` (`n × n_heads × head_dim`) must already be scaled;
-/// the result goes to `out` (same shape as `q`). One task per (token, head); scores and
-/// softmax in f32 in position order.
-pub fn attention(
-    s: &AttnShape,
-    q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
-    pos0: usize,
-    out: &mut [f32],
-) {
-    attention_with_sinks(s, q, k_cache, v_cache, pos0, None, out)
-}
-
-/// [`attention`] with optional learned attention sinks (`sinks`, one logit per query head, as
-/// GPT-OSS defines them in transformers' `models/gpt_oss/modeling_gpt_oss.py`,
-/// `eager_attention_forward`): the sink is an extra logit in each head's softmax, counted in
-/// the maximum and the denominator, whose probability is dropped, so the weights over the
-/// positions sum to less than one.
-pub fn attention_with_sinks(
-    s: &AttnShape,
-    q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
-    pos0: usize,
-    sinks: Option<&[f32]>,
-    out: &mut [f32],
-) {
-    let n = q.len() / (s.n_heads * s.head_dim).max(1);
-    let group = s.n_heads / s.n_kv_heads;
-    let transposed = n * group >= TRANSPOSE_MIN_QUERIES;
-    attention_at(s, q, k_cache, v_cache, pos0, sinks, transposed, out)
-}
-
-/// Queries per key head from which [`attention_with_sinks`] transposes the keys once
-/// (`kernels::attn::KeysT`) and scores a block of keys at a time; the scores are the same
-/// sequential sums bit for bit either way. One query is enough: a decode step's scores one
-/// key at a time are a chain of dependent adds per key (9% of Gemma 3 270M's decode time in
-/// `perf`), while copying a key into the transposed block costs a load and a store per
-/// element (BENCHMARKS.md, "Decode spine").
-const TRANSPOSE_MIN_QUERIES: usize = 1;
-
-/// [`attention_with_sinks`], scoring through transposed keys or one key at a time.
-#[allow(clippy::too_many_arguments)]
-fn attention_at(
-    s: &AttnShape,
-    q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
-    pos0: usize,
-    sinks: Option<&[f32]>,
-    transposed: bool,
-    out: &mut [f32],
-) {
-    let (nh, hd) = (s.n_heads, s.head_dim);
-    let (qd, kvd, group) = (nh * hd, s.n_kv_heads * hd, nh / s.n_kv_heads);
-    let n = q.len() / qd.max(1);
-    // the first position any row attends to (a sliding window drops the ones before)
-    let lo0 = s.window.map_or(0, |w| (pos0 + 1).saturating_sub(w));
-    let kt =
-        transposed.then(|| KeysT::new(&k_cache[lo0 * kvd..], pos0 + n - lo0, s.n_kv_heads, hd));
-    out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
-        let (t, h) = (i / nh, i % nh);
-        let p = pos0 + t;
-        let lo = s.window.map_or(0, |w| (p + 1).saturating_sub(w));
-        let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-        let kv_off = (h / group) * hd;
-        let mut scores: Vec<f32> = match &kt {
-            Some(kt) => {
-                let mut v = Vec::with_capacity(p + 1 - lo);
-                kt.scores(h / group, qh, lo - lo0, p - lo0, &mut v);
-                v
-            }
-            None => (lo..=p)
-                .map(|j| {
-                    let kj = &k_cache[j * kvd + kv_off..j * kvd + kv_off + hd];
-                    qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>()
-                })
-                .collect(),
-        };
-        if let Some(c) = s.softcap {
-            scores.iter_mut().for_each(|v| *v = softcap(*v, c));
-        }
-        match sinks {
-            None => softmax_inplace(&mut scores),
-            Some(sk) => {
-                scores.push(sk[h]);
-                softmax_inplace(&mut scores);
-                scores.pop();
-            }
-        }
-        weighted_rows(&scores, &v_cache[lo * kvd + kv_off..], kvd, o);
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::{cpu::Cpu, Backend};
+    use crate::models::KvCache;
+    use crate::quant::GgmlType;
 
+    /// f32 bytes of a `rows × cols` matrix filled from `seed`.
+    fn f32_bytes(rows: usize, cols: usize, seed: u32) -> Vec<u8> {
+        let mut x = seed;
+        (0..rows * cols)
+            .flat_map(|_| {
+                x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+                ((x >> 8) as f32 / (1u32 << 24) as f32 - 0.5).to_le_bytes()
+            })
+            .collect()
+    }
+
+    /// The backend's ops, wired as grouped-query attention wires them (projections, RoPE and
+    /// scale, the cache, attention, output projection), give `gqa_attention`'s output bit for
+    /// bit: the blocks compute with exactly the ops a backend provides.
     #[test]
-    fn attention_weights_values_by_softmax_and_respects_the_window() {
-        // one head of dim 2; keys at positions 0..3, query at position 2
-        let k = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
-        let v = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0];
-        let q = [1.0f32, 0.0];
-        let full = AttnShape {
-            n_heads: 1,
-            n_kv_heads: 1,
-            head_dim: 2,
+    fn backend_ops_compose_to_the_attention_block() {
+        let (d, nh, nkv, hd, pos0, n) = (32, 4, 2, 8, 3, 2);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let bytes: Vec<Vec<u8>> = [(qd, d), (kvd, d), (kvd, d), (d, qd)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(r, c))| f32_bytes(r, c, 7 + i as u32))
+            .collect();
+        let m = |i: usize, r, c| Matrix::new(GgmlType::F32, r, c, &bytes[i]).unwrap();
+        let (wq, wk, wv, wo) = (m(0, qd, d), m(1, kvd, d), m(2, kvd, d), m(3, d, qd));
+        let shape = AttnShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
             window: None,
             softcap: None,
         };
-        let mut o = [0f32; 2];
-        attention(&full, &q, &k, &v, 2, &mut o);
-        // scores [1, 0, 1] → weights e/(2e+1), 1/(2e+1), e/(2e+1)
-        let e = std::f32::consts::E;
-        let (a, b) = (e / (2.0 * e + 1.0), 1.0 / (2.0 * e + 1.0));
-        assert!(
-            (o[0] - (a + 2.0 * a)).abs() < 1e-6 && (o[1] - (b + 2.0 * a)).abs() < 1e-6,
-            "{o:?}"
+        let inv_freq = rope_inv_freq(hd, 10000.0, 1.0);
+        let rope = GqaRope {
+            inv_freq: &inv_freq,
+            style: RopeStyle::Neox,
+            q_scale: 0.25,
+            k_scale: 1.0,
+            eps: 1e-6,
+        };
+        let gqa = Gqa {
+            q: wq,
+            k: wk,
+            v: wv,
+            o: wo,
+            biases: None,
+            qk_norm: None,
+            sinks: None,
+        };
+        let xn: Vec<f32> = f32_bytes(n, d, 99)
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        // earlier positions already in the cache
+        let past: Vec<f32> = f32_bytes(pos0, kvd, 5)
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let mut cache = KvCache::new(1, 8, kvd);
+        cache.k[0][..pos0 * kvd].copy_from_slice(&past);
+        cache.v[0][..pos0 * kvd].copy_from_slice(&past);
+        let mut want = vec![0f32; n * d];
+        let mut c = KvCache::new(1, 8, kvd);
+        c.k[0].clone_from(&cache.k[0]);
+        c.v[0].clone_from(&cache.v[0]);
+        gqa_attention(
+            &shape,
+            &gqa,
+            &rope,
+            &xn,
+            &mut Seqs::one(&mut c, pos0, n),
+            0,
+            &mut want,
         );
-        // a window of 1 sees only the current position
-        let win = AttnShape {
-            window: Some(1),
-            ..full
-        };
-        attention(&win, &q, &k, &v, 2, &mut o);
-        assert_eq!(o, [2.0, 2.0]);
-        // a sink of logit 1 next to the one visible score 1 takes half the weight
-        attention_with_sinks(&win, &q, &k, &v, 2, Some(&[1.0]), &mut o);
-        assert_eq!(o, [1.0, 1.0]);
-    }
 
-    /// Scoring through transposed keys gives the outputs of scoring one key at a time, bit
-    /// for bit: a 70-token prompt after 9 cached positions, and single decode rows whose
-    /// window starts past the first positions (only the window is transposed), with grouped
-    /// heads, a window, a cap, with and without sinks.
-    #[test]
-    fn transposed_keys_change_no_bit() {
-        let s = AttnShape {
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 48,
-            window: Some(50),
-            softcap: Some(30.0),
-        };
-        for (pos0, n) in [(9, 70), (120, 1), (49, 1), (50, 1), (0, 1)] {
-            let total = pos0 + n;
-            let mut x = 1u32 + pos0 as u32;
-            let mut next = move || {
-                x = x.wrapping_mul(1664525).wrapping_add(1013904223);
-                (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-            };
-            let kvd = s.n_kv_heads * s.head_dim;
-            let k: Vec<f32> = (0..total * kvd).map(|_| 3.0 * next()).collect();
-            let v: Vec<f32> = (0..total * kvd).map(|_| next()).collect();
-            let q: Vec<f32> = (0..n * s.n_heads * s.head_dim).map(|_| next()).collect();
-            let sinks = [0.5f32, -1.0, 2.0, 0.0];
-            for sk in [None, Some(&sinks[..])] {
-                let run = |transposed: bool| {
-                    let mut o = vec![0f32; q.len()];
-                    attention_at(&s, &q, &k, &v, pos0, sk, transposed, &mut o);
-                    o
-                };
-                let (a, b) = (run(false), run(true));
-                assert!(a.iter().any(|v| *v != 0.0));
-                assert!(
-                    a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "pos0 {pos0} n {n}"
-                );
-            }
-        }
+        let be = Cpu::default();
+        let x = be.upload(&xn).unwrap();
+        let (mut q, mut k, mut v) = (
+            be.zeros(n * qd).unwrap(),
+            be.zeros(n * kvd).unwrap(),
+            be.zeros(n * kvd).unwrap(),
+        );
+        be.matmul(wq, &x, n, &mut q).unwrap();
+        be.matmul(wk, &x, n, &mut k).unwrap();
+        be.matmul(wv, &x, n, &mut v).unwrap();
+        be.rope(&mut q, n, hd, pos0, &inv_freq, false, 0.25)
+            .unwrap();
+        be.rope(&mut k, n, hd, pos0, &inv_freq, false, 1.0).unwrap();
+        let (mut kc, mut vc) = (
+            cache.k[0][..pos0 * kvd].to_vec(),
+            cache.v[0][..pos0 * kvd].to_vec(),
+        );
+        kc.extend_from_slice(&k);
+        vc.extend_from_slice(&v);
+        let mut att = be.zeros(n * qd).unwrap();
+        be.attention(&shape, &q, &kc, &vc, pos0, None, &mut att)
+            .unwrap();
+        let mut o = be.zeros(n * d).unwrap();
+        be.matmul(wo, &att, n, &mut o).unwrap();
+        let mut got = vec![0f32; n * d];
+        be.download(&o, &mut got).unwrap();
+        assert!(want.iter().any(|v| *v != 0.0));
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(&c.k[0][pos0 * kvd..(pos0 + n) * kvd], &kc[pos0 * kvd..]);
     }
 }

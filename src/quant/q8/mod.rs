@@ -361,7 +361,7 @@ pub(crate) use acts::*;
 pub(crate) use quad::*;
 
 /// The single-row kernel of `ty` at `level` and the activation layout it reads, where the
-/// level has one whose outputs equal its batched path's ([`matmul_q8`](crate::kernels)
+/// level has one whose outputs equal its batched path's ([`matmul_q8`](crate::backend::cpu)
 /// for 2 or more tokens) bit for bit: AVX-512 with VNNI, Q8_0 / Q4_0 / Q5_0 / Q4_K / Q6_K
 /// (the quad tiles' order, [`ref_pair32`] / [`ref_pair_k`]). `None` elsewhere: those
 /// single-token products run the batched path's tiles with one token.

@@ -18,6 +18,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use crate::quant::SimdLevel;
+use rayon::prelude::*;
 
 /// `-2 √(2/π)` and `-2 √(2/π) · 0.044715`: `z = x (A + B x²) = -2y`.
 const A: f32 = -1.595_769_2;
@@ -183,6 +184,19 @@ mod x86 {
             g[full..].copy_from_slice(&a[..rest]);
         }
     }
+}
+
+/// Elements per parallel task of [`geglu_rows`] (a decode token's 2048-wide row stays on one
+/// thread).
+const GELU_CHUNK: usize = 8192;
+
+/// GeGLU with the tanh GELU in place over `g` (`g ← gelu_tanh(g) · up`, element-wise, any
+/// number of rows), split over threads in chunks of 8192 elements: each element's value does
+/// not depend on the split.
+pub fn geglu_rows(g: &mut [f32], up: &[f32]) {
+    g.par_chunks_mut(GELU_CHUNK)
+        .zip(up.par_chunks(GELU_CHUNK))
+        .for_each(|(gc, uc)| geglu_tanh(gc, uc));
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! Element-wise and per-row operations of transformer blocks: RMSNorm, RoPE (NeoX and
 //! interleaved layouts), GELU, softmax.
 //! Scalar, deterministic and independent of thread count; the heavy work is in the matrix
-//! kernels.
+//! kernels; only a prompt's rows are split over threads ([`rms_norm_rows`]).
+
+use rayon::prelude::*;
 
 /// RMSNorm of one row: `out[i] = x[i] / sqrt(mean(x²) + eps) * w[i]` (Zhang & Sennrich 2019).
 /// The mean is accumulated in f64. `x`, `w` and `out` have the same length.
@@ -126,6 +128,27 @@ pub fn softmax_inplace(x: &mut [f32]) {
 #[inline]
 pub fn softcap(x: f32, cap: f32) -> f32 {
     cap * (x / cap).tanh()
+}
+
+/// SiLU (swish), `x · σ(x) = x / (1 + e^(−x))` (Elfwing et al. 2017; Hugging Face `ACT2FN["silu"]`).
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// RMSNorm of every `d`-wide row of `x` into `out` (same shape) with weight `w` (`d`).
+pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    if x.len() <= d {
+        for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+            rms_norm(xr, w, eps, or);
+        }
+    } else {
+        // rows are independent: split a prompt's rows over threads (same values per row)
+        x.par_chunks_exact(d)
+            .zip(out.par_chunks_exact_mut(d))
+            .for_each(|(xr, or)| rms_norm(xr, w, eps, or));
+    }
 }
 
 #[cfg(test)]

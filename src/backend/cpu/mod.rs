@@ -28,16 +28,20 @@
 //! - `ops.rs`: RMSNorm, RoPE (angles once per position), GELU, softmax.
 
 pub mod attn;
+mod device;
 mod fused;
 pub mod gelu;
 mod gemm;
 mod gemm_q8;
+pub mod kda;
 mod matvec_q8;
+pub mod mla;
 pub mod numerics;
 pub mod ops;
 pub mod pool;
 pub mod small_batch;
 
+pub use device::Cpu;
 pub use fused::{matvec_many, matvec_many_at};
 pub use numerics::{with_numerics, Numerics};
 pub use pool::on_pool;

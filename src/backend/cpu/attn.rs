@@ -10,6 +10,10 @@
 use crate::quant::SimdLevel;
 use std::cell::Cell;
 
+use rayon::prelude::*;
+
+use super::ops::{softcap, softmax_inplace};
+
 /// Keys scored together (lanes of one block: 8 AVX-512 or 16 AVX2 registers).
 pub const KEY_BLOCK: usize = 128;
 
@@ -378,6 +382,196 @@ mod tests {
                     let want = q.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>();
                     assert_eq!(g.to_bits(), want.to_bits(), "h{h} j{j}");
                 }
+            }
+        }
+    }
+}
+
+/// Shape of grouped-query attention (Ainslie et al. 2023): `n_heads` query heads share
+/// `n_kv_heads` key/value heads of `head_dim` each.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Attend only to the last `window` positions (the current one included), if set.
+    pub window: Option<usize>,
+    /// Soft-cap of the scores (Gemma 2), if set.
+    pub softcap: Option<f32>,
+}
+
+/// Causal attention of `n` query rows at positions `pos0..pos0+n` over the cached keys and
+/// values of positions `0..pos0+n` (`k_cache`, `v_cache`: position-major, `n_kv_heads ×
+/// head_dim` floats per position). `q` (`n × n_heads × head_dim`) must already be scaled;
+/// the result goes to `out` (same shape as `q`). One task per (token, head); scores and
+/// softmax in f32 in position order.
+pub fn attention(
+    s: &AttnShape,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos0: usize,
+    out: &mut [f32],
+) {
+    attention_with_sinks(s, q, k_cache, v_cache, pos0, None, out)
+}
+
+/// [`attention`] with optional learned attention sinks (`sinks`, one logit per query head, as
+/// GPT-OSS defines them in transformers' `models/gpt_oss/modeling_gpt_oss.py`,
+/// `eager_attention_forward`): the sink is an extra logit in each head's softmax, counted in
+/// the maximum and the denominator, whose probability is dropped, so the weights over the
+/// positions sum to less than one.
+pub fn attention_with_sinks(
+    s: &AttnShape,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos0: usize,
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let n = q.len() / (s.n_heads * s.head_dim).max(1);
+    let group = s.n_heads / s.n_kv_heads;
+    let transposed = n * group >= TRANSPOSE_MIN_QUERIES;
+    attention_at(s, q, k_cache, v_cache, pos0, sinks, transposed, out)
+}
+
+/// Queries per key head from which [`attention_with_sinks`] transposes the keys once
+/// ([`KeysT`]) and scores a block of keys at a time; the scores are the same
+/// sequential sums bit for bit either way. One query is enough: a decode step's scores one
+/// key at a time are a chain of dependent adds per key (9% of Gemma 3 270M's decode time in
+/// `perf`), while copying a key into the transposed block costs a load and a store per
+/// element (BENCHMARKS.md, "Decode spine").
+const TRANSPOSE_MIN_QUERIES: usize = 1;
+
+/// [`attention_with_sinks`], scoring through transposed keys or one key at a time.
+#[allow(clippy::too_many_arguments)]
+fn attention_at(
+    s: &AttnShape,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos0: usize,
+    sinks: Option<&[f32]>,
+    transposed: bool,
+    out: &mut [f32],
+) {
+    let (nh, hd) = (s.n_heads, s.head_dim);
+    let (qd, kvd, group) = (nh * hd, s.n_kv_heads * hd, nh / s.n_kv_heads);
+    let n = q.len() / qd.max(1);
+    // the first position any row attends to (a sliding window drops the ones before)
+    let lo0 = s.window.map_or(0, |w| (pos0 + 1).saturating_sub(w));
+    let kt =
+        transposed.then(|| KeysT::new(&k_cache[lo0 * kvd..], pos0 + n - lo0, s.n_kv_heads, hd));
+    out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+        let (t, h) = (i / nh, i % nh);
+        let p = pos0 + t;
+        let lo = s.window.map_or(0, |w| (p + 1).saturating_sub(w));
+        let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+        let kv_off = (h / group) * hd;
+        let mut scores: Vec<f32> = match &kt {
+            Some(kt) => {
+                let mut v = Vec::with_capacity(p + 1 - lo);
+                kt.scores(h / group, qh, lo - lo0, p - lo0, &mut v);
+                v
+            }
+            None => (lo..=p)
+                .map(|j| {
+                    let kj = &k_cache[j * kvd + kv_off..j * kvd + kv_off + hd];
+                    qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>()
+                })
+                .collect(),
+        };
+        if let Some(c) = s.softcap {
+            scores.iter_mut().for_each(|v| *v = softcap(*v, c));
+        }
+        match sinks {
+            None => softmax_inplace(&mut scores),
+            Some(sk) => {
+                scores.push(sk[h]);
+                softmax_inplace(&mut scores);
+                scores.pop();
+            }
+        }
+        weighted_rows(&scores, &v_cache[lo * kvd + kv_off..], kvd, o);
+    });
+}
+
+#[cfg(test)]
+mod tests_attention {
+    use super::*;
+
+    #[test]
+    fn attention_weights_values_by_softmax_and_respects_the_window() {
+        // one head of dim 2; keys at positions 0..3, query at position 2
+        let k = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
+        let v = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0];
+        let q = [1.0f32, 0.0];
+        let full = AttnShape {
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 2,
+            window: None,
+            softcap: None,
+        };
+        let mut o = [0f32; 2];
+        attention(&full, &q, &k, &v, 2, &mut o);
+        // scores [1, 0, 1] → weights e/(2e+1), 1/(2e+1), e/(2e+1)
+        let e = std::f32::consts::E;
+        let (a, b) = (e / (2.0 * e + 1.0), 1.0 / (2.0 * e + 1.0));
+        assert!(
+            (o[0] - (a + 2.0 * a)).abs() < 1e-6 && (o[1] - (b + 2.0 * a)).abs() < 1e-6,
+            "{o:?}"
+        );
+        // a window of 1 sees only the current position
+        let win = AttnShape {
+            window: Some(1),
+            ..full
+        };
+        attention(&win, &q, &k, &v, 2, &mut o);
+        assert_eq!(o, [2.0, 2.0]);
+        // a sink of logit 1 next to the one visible score 1 takes half the weight
+        attention_with_sinks(&win, &q, &k, &v, 2, Some(&[1.0]), &mut o);
+        assert_eq!(o, [1.0, 1.0]);
+    }
+
+    /// Scoring through transposed keys gives the outputs of scoring one key at a time, bit
+    /// for bit: a 70-token prompt after 9 cached positions, and single decode rows whose
+    /// window starts past the first positions (only the window is transposed), with grouped
+    /// heads, a window, a cap, with and without sinks.
+    #[test]
+    fn transposed_keys_change_no_bit() {
+        let s = AttnShape {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 48,
+            window: Some(50),
+            softcap: Some(30.0),
+        };
+        for (pos0, n) in [(9, 70), (120, 1), (49, 1), (50, 1), (0, 1)] {
+            let total = pos0 + n;
+            let mut x = 1u32 + pos0 as u32;
+            let mut next = move || {
+                x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+                (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            };
+            let kvd = s.n_kv_heads * s.head_dim;
+            let k: Vec<f32> = (0..total * kvd).map(|_| 3.0 * next()).collect();
+            let v: Vec<f32> = (0..total * kvd).map(|_| next()).collect();
+            let q: Vec<f32> = (0..n * s.n_heads * s.head_dim).map(|_| next()).collect();
+            let sinks = [0.5f32, -1.0, 2.0, 0.0];
+            for sk in [None, Some(&sinks[..])] {
+                let run = |transposed: bool| {
+                    let mut o = vec![0f32; q.len()];
+                    attention_at(&s, &q, &k, &v, pos0, sk, transposed, &mut o);
+                    o
+                };
+                let (a, b) = (run(false), run(true));
+                assert!(a.iter().any(|v| *v != 0.0));
+                assert!(
+                    a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "pos0 {pos0} n {n}"
+                );
             }
         }
     }

@@ -21,10 +21,16 @@ pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(move |_| carried.run(f))
 }
 
+/// The threads a forward pass splits its work over (the global pool's size): families size
+/// their per-thread scratch with it.
+pub fn threads() -> usize {
+    rayon::current_num_threads()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::{numerics, with_numerics, Numerics};
+    use crate::backend::cpu::{numerics, with_numerics, Numerics};
 
     #[test]
     fn runs_on_a_pool_thread_with_the_callers_numerics() {

@@ -13,8 +13,8 @@
 
 use rayon::prelude::*;
 
-use crate::kernels::ops::{rope_neox, softmax_inplace};
-use crate::kernels::Matrix;
+use crate::backend::cpu::ops::{rope_neox, softmax_inplace};
+use crate::backend::cpu::Matrix;
 use crate::quant::{dequantize_row, dot_row};
 
 /// Shape of one MLA layer.

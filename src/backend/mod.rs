@@ -1,0 +1,212 @@
+//! Compute devices: what a forward pass computes with, behind one trait ([`Backend`]).
+//!
+//! - `cpu/`: the CPU backend ([`cpu::Cpu`]): matvec and batched matmul over encoded weights,
+//!   attention over a KV cache, multi-head latent attention, the KDA delta rule, norms, RoPE,
+//!   GELU, softmax, at the best SIMD level the CPU runs, split over a rayon pool by output rows
+//!   so the thread count never changes a result. Its state is the arithmetic of the matrix
+//!   products ([`cpu::Numerics`]) and the pool a pass runs on.
+//! - `cuda.rs`: the CUDA backend's place ([`cuda::Cuda`]). Today a stub that compiles
+//!   everywhere and finds no device; the CUDA issue fills it (ARCHITECTURE.md, "Adding a
+//!   compute device").
+//!
+//! The model code above (`models/layers/`, the decoder skeleton) owns the wiring of a layer
+//! (which projection feeds which op); a backend owns the buffers and the ops. Routing stays
+//! on the host: the expert store needs the chosen expert ids to read them.
+
+pub mod cpu;
+pub mod cuda;
+
+use anyhow::Result;
+
+pub use cpu::attn::AttnShape;
+pub use cpu::mla::MlaShape;
+
+/// The gated activations of the feed-forward blocks, applied as `gate ← act(gate) · up`
+/// element-wise ([`Backend::glu`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Glu {
+    /// `silu(g) · u` (Llama, Qwen, DeepSeek, Mixtral; transformers' `ACT2FN["silu"]`).
+    Swiglu,
+    /// `gelu_tanh(g) · u` (Gemma 3, `gelu_pytorch_tanh`).
+    GegluTanh,
+    /// Kimi K3's SiTU: `β·tanh(g/β)·sigmoid(g) · λ·tanh(u/λ)` (`u` as is when `λ ≤ 0`;
+    /// `models/kimi_k3/ffn.rs`).
+    Situ { beta: f32, linear_beta: f32 },
+}
+
+/// The key and value up-projections of multi-head latent attention as a backend holds them:
+/// llama.cpp's split `attn_k_b` / `attn_v_b`, or Hugging Face's joint `kv_b_proj` (`v` `None`).
+pub struct MlaProj<W> {
+    pub k: W,
+    pub v: Option<W>,
+}
+
+/// A compute device. Buffers are the device's ([`Backend::Buf`], f32 rows, row-major) and
+/// weights are views of their stored encoding where the device reads them
+/// ([`Backend::Weights`]: host bytes for the CPU, device memory for a GPU). Every op works on
+/// `rows` stacked rows of one pass, whatever sequences they belong to; the ops that read
+/// positions (RoPE, attention, the KDA scan) take one sequence's rows and its cache slot.
+///
+/// Contract (what the tests hold every backend to): a row's result does not depend on the
+/// other rows of its call nor on the device's parallelism, so a batch of sequences equals
+/// each sequence alone bit for bit on one backend (`tests/batch_pass.rs`). Across backends,
+/// results agree within the tolerance the device's issue states.
+///
+/// Errors: every op may fail on a device (an allocation, a launch, a transfer); the CPU's
+/// never do.
+pub trait Backend: Send + Sync {
+    /// An f32 activation buffer in the device's memory.
+    type Buf: Send;
+    /// A weight matrix (`rows × cols`) in its stored encoding, where the device reads it.
+    type Weights<'a>: Copy
+    where
+        Self: 'a;
+
+    /// The device in words, for the placement line (`cpu (avx512, 16 threads)`).
+    fn name(&self) -> String;
+    /// Runs one forward pass `f` with the backend's state entered (the CPU: its numerics,
+    /// on its pool).
+    fn run_pass<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R;
+
+    /// A zeroed buffer of `len` floats.
+    fn zeros(&self, len: usize) -> Result<Self::Buf>;
+    /// `host` copied to the device.
+    fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
+    /// `buf` copied to the host into `out` (`out.len()` floats).
+    fn download(&self, buf: &Self::Buf, out: &mut [f32]) -> Result<()>;
+
+    /// `y = x Wᵀ` for `rows` rows of `x` (`rows × w.cols`) into `y` (`rows × w.rows`).
+    fn matmul(
+        &self,
+        w: Self::Weights<'_>,
+        x: &Self::Buf,
+        rows: usize,
+        y: &mut Self::Buf,
+    ) -> Result<()>;
+    /// Rows `ids` of an embedding table (`vocab × hidden`) decoded into `out`
+    /// (`ids.len() × hidden`).
+    fn embed_rows(&self, table: Self::Weights<'_>, ids: &[u32], out: &mut Self::Buf) -> Result<()>;
+    /// RMSNorm of every `w.len()`-wide row of `x` into `out` (`x / √(mean x² + eps) · w`).
+    fn rms_norm_rows(&self, x: &Self::Buf, w: &[f32], eps: f32, out: &mut Self::Buf) -> Result<()>;
+    /// RoPE at positions `pos0 ..` over the `head_dim` slices of `rows` rows of `x`, NeoX
+    /// halves or interleaved pairs, then × `scale`.
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        rows: usize,
+        head_dim: usize,
+        pos0: usize,
+        inv_freq: &[f32],
+        interleaved: bool,
+        scale: f32,
+    ) -> Result<()>;
+    /// Causal grouped-query attention of one sequence's `q` rows (scaled, at positions
+    /// `pos0 ..`) over its layer's keys and values (`k`, `v`: position-major, positions
+    /// `0 .. pos0 + rows`), with optional sinks (one logit per head) into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        s: &AttnShape,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        pos0: usize,
+        sinks: Option<&[f32]>,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+    /// Multi-head latent attention of one sequence's `q` rows over its latent rows
+    /// (`latent`: `rank + rope` floats per position `0 .. pos0 + rows`) into `out`.
+    fn mla_attention(
+        &self,
+        s: &MlaShape,
+        q: &Self::Buf,
+        proj: MlaProj<Self::Weights<'_>>,
+        latent: &Self::Buf,
+        pos0: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+    /// The KDA delta rule of one sequence's rows, token by token, over its recurrent state
+    /// (`heads × dk × dv`, updated): `q`, `k`, `g` are `rows × heads × dk`, `v` and `out`
+    /// `rows × heads × dv`, `beta` `rows × heads`.
+    #[allow(clippy::too_many_arguments)]
+    fn kda_scan(
+        &self,
+        heads: usize,
+        dk: usize,
+        dv: usize,
+        qkvg: [&Self::Buf; 4],
+        beta: &Self::Buf,
+        state: &mut Self::Buf,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+    /// `gate ← act(gate) · up`, element-wise ([`Glu`]).
+    fn glu(&self, act: Glu, gate: &mut Self::Buf, up: &Self::Buf) -> Result<()>;
+    /// `x ← cap · tanh(x / cap)`, element-wise (Gemma's logit soft-capping).
+    fn softcap(&self, x: &mut Self::Buf, cap: f32) -> Result<()>;
+    /// `x ← x + y`, element-wise (a residual).
+    fn add(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<()>;
+    /// The `width`-wide rows `rows` of `x`, in order, into `out` (an expert group's input).
+    fn gather_rows(
+        &self,
+        x: &Self::Buf,
+        width: usize,
+        rows: &[usize],
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+    /// `out[rows[i]] += weights[i] · y[i]` for the `width`-wide rows of `y` (an expert
+    /// group's weighted output back into the batch).
+    fn scatter_add_rows(
+        &self,
+        y: &Self::Buf,
+        width: usize,
+        rows: &[usize],
+        weights: &[f32],
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+}
+
+/// The devices `--device` names: the CPU, a CUDA GPU by ordinal, or the best found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    Cuda(usize),
+    Auto,
+}
+
+impl std::str::FromStr for DeviceKind {
+    type Err = String;
+
+    /// `cpu`, `cuda`, `cuda:N` or `auto`.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(0)),
+            "auto" => Ok(Self::Auto),
+            _ => match s.strip_prefix("cuda:").map(str::parse) {
+                Some(Ok(n)) => Ok(Self::Cuda(n)),
+                _ => Err(format!(
+                    "unknown device {s:?}: expected cpu, cuda, cuda:N or auto"
+                )),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_parse_and_bad_ones_are_refused_by_name() {
+        assert_eq!("cpu".parse(), Ok(DeviceKind::Cpu));
+        assert_eq!("cuda".parse(), Ok(DeviceKind::Cuda(0)));
+        assert_eq!("cuda:3".parse(), Ok(DeviceKind::Cuda(3)));
+        assert_eq!("auto".parse(), Ok(DeviceKind::Auto));
+        assert_eq!(
+            "gpu".parse::<DeviceKind>(),
+            Err("unknown device \"gpu\": expected cpu, cuda, cuda:N or auto".into())
+        );
+        assert!("cuda:x".parse::<DeviceKind>().is_err());
+    }
+}
