@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use crate::serve::generate::{Engine, FinishReason, Outcome, Params};
+use crate::engine::{Engine, FinishReason, Outcome, Params};
 use crate::tokenizer::chat::ChatTemplate;
 
 /// Arguments of `deltafin chat`: the model and how it runs (`-n` bounds each answer; `-c` the

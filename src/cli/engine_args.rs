@@ -299,7 +299,7 @@ impl EngineArgs {
         &self,
         default_ctx: usize,
         fit_ctx: bool,
-    ) -> Result<(crate::serve::generate::Engine, String)> {
+    ) -> Result<(crate::engine::Engine, String)> {
         super::init_threads(self.memory.threads);
         let path = self.model_path()?;
         let opened = open_any(path.as_deref())?;
@@ -341,7 +341,7 @@ impl EngineArgs {
             .map_or("deltafin-default".to_string(), |n| {
                 n.to_string_lossy().into_owned()
             });
-        let mut engine = crate::serve::generate::Engine::new(
+        let mut engine = crate::engine::Engine::new(
             session,
             std::sync::Arc::new(tok),
             template.map(std::sync::Arc::new),

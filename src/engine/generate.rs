@@ -1,5 +1,10 @@
-//! The generation loop ([`Session::generate`], [`Session::generate_with`]): prefill, then one
-//! plain or speculative decode step at a time until a stop condition, with the statistics.
+//! The generation loop, the one `run`, `bench`, `chat` and `serve` go through
+//! ([`Session::generate_into`]): prefill of the prompt's tokens not yet in the KV cache, then one
+//! plain or speculative decode step at a time; end-of-generation tokens, stop strings
+//! ([`StopMatcher`]), `max_tokens`, a full context and cancellation; the statistics. What the
+//! tokens become is the caller's [`Output`]: text on standard output ([`Session::generate_with`],
+//! for `run` and `bench`), or a conversation's reply with logprobs and tool calls
+//! ([`super::conversation::Engine`], for `chat` and `serve`).
 //! Apart from `session.rs` so that the session does not import speculative decoding, which
 //! imports the session.
 
@@ -8,11 +13,73 @@ use std::time::Instant;
 use anyhow::Result;
 
 use super::sampler::Sampler;
-use super::session::{peak_rss_bytes, Finish, GenStats, GenerateOptions, Session, TextOut};
+use super::session::{peak_rss_bytes, Finish, GenStats, GenerateOptions, Session};
 use super::spec_types::check_rollback;
 use super::speculative::Speculator;
+use super::stop::StopMatcher;
 use crate::models::Logits;
 use crate::store::telemetry::{ExpertRunStats, Snapshot, TokenIo};
+
+/// Where the generation loop hands what it generates. Per token handed out (an
+/// end-of-generation token is not): [`Output::token`], then [`Output::piece`] for its text,
+/// then [`Output::text`] with what became final.
+pub trait Output {
+    /// The text token `id` completes (a streaming detokenizer's step; possibly empty).
+    fn piece(&mut self, id: u32) -> String;
+
+    /// Whether [`Output::token`] gets each token's logits row. False by default.
+    fn rows(&self) -> bool {
+        false
+    }
+
+    /// A token handed out, before its text, with the target model's logits for it as the
+    /// model produced them (before penalties and filters; vocabulary-size floats) when
+    /// [`Output::rows`] asks. Nothing by default.
+    fn token(&mut self, _id: u32, _row: Option<&[f32]>) {}
+
+    /// Text that became final, in order: it holds no stop string and cannot start one (the
+    /// text of a stop string and what follows it never arrive). May be empty.
+    fn text(&mut self, text: String);
+
+    /// The text the detokenizer still holds when generation ends without a stop string (it
+    /// goes through stop matching too). Empty by default.
+    fn flush(&mut self) -> String {
+        String::new()
+    }
+}
+
+/// What one pass of the generation loop produced.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    /// The tokens handed out, an ending end-of-generation token included.
+    pub tokens: Vec<u32>,
+    /// Tokens the last step yielded past the end (accepted drafts after a stop, `max_tokens`
+    /// or a cancellation): not handed out, but possibly in the KV cache.
+    pub unused: Vec<u32>,
+    /// Why generation ended.
+    pub finish: Finish,
+    /// The measurements.
+    pub stats: GenStats,
+}
+
+/// [`Output`] for [`Session::generate_with`]: text through the caller's detokenizer and
+/// emitter.
+struct TextSink<'a> {
+    detok: &'a mut dyn FnMut(u32) -> String,
+    emit: &'a mut dyn FnMut(&str),
+}
+
+impl Output for TextSink<'_> {
+    fn piece(&mut self, id: u32) -> String {
+        (self.detok)(id)
+    }
+
+    fn text(&mut self, text: String) {
+        if !text.is_empty() {
+            (self.emit)(&text);
+        }
+    }
+}
 
 impl Session {
     /// Generates from `prompt`, calling `detok` with each new token id (it returns the text the
@@ -32,21 +99,50 @@ impl Session {
     }
 
     /// [`Session::generate`], decoding speculatively through `spec` when given: each step
-    /// after the first token is one [`Speculator::step`] (a verification pass of drafted
+    /// after the first token is one [`Speculator::step_rows`] (a verification pass of drafted
     /// tokens, or a plain pass), which may yield several tokens. The speculation's counters
-    /// are returned in [`GenStats::speculative`].
+    /// are returned in [`GenStats::speculative`]. All of `prompt` is prefilled, after what
+    /// the KV cache already holds ([`Session::generate_into`] with nothing cached).
     ///
-    /// Errors: as [`Session::generate`]; and speculation over a cache that cannot be rolled
-    /// back ([`check_rollback`]).
+    /// Errors: as [`Session::generate_into`].
     pub fn generate_with(
         &mut self,
         prompt: &[u32],
         sampler: &mut Sampler,
         opts: &GenerateOptions,
-        mut spec: Option<&mut Speculator>,
+        spec: Option<&mut Speculator>,
         detok: &mut dyn FnMut(u32) -> String,
         emit: &mut dyn FnMut(&str),
     ) -> Result<(Vec<u32>, Finish, GenStats)> {
+        let mut out = TextSink { detok, emit };
+        let g = self.generate_into(prompt, 0, sampler, opts, spec, &mut out)?;
+        Ok((g.tokens, g.finish, g.stats))
+    }
+
+    /// The generation loop. Prefills `prompt[cached..]` (the first `cached` tokens are taken
+    /// to be the last ones in the KV cache already), then samples until an end-of-generation
+    /// token (`opts.is_eog`), a stop string of `opts.stop`, `opts.max_tokens` tokens, a full
+    /// context, or `opts.cancel` (asked before every token, the first included: the tokens
+    /// a speculative step yielded after it are [`Generated::unused`]). Each step after the
+    /// first token is a plain pass, or one [`Speculator::step_rows`] through `spec`. Tokens
+    /// and text go to `out`; the statistics cover the prefill of `prompt[cached..]` and the
+    /// decoding (`prompt_tokens` counts all of `prompt`).
+    ///
+    /// Errors: `cached` leaves nothing to prefill; a forward pass failed (I/O error, context
+    /// full), generation ends there; speculation over a cache that cannot be rolled back
+    /// ([`check_rollback`]).
+    pub fn generate_into(
+        &mut self,
+        prompt: &[u32],
+        cached: usize,
+        sampler: &mut Sampler,
+        opts: &GenerateOptions,
+        mut spec: Option<&mut Speculator>,
+        out: &mut dyn Output,
+    ) -> Result<Generated> {
+        if cached >= prompt.len() {
+            anyhow::bail!("the prompt has no token to prefill");
+        }
         if spec.is_some() {
             check_rollback(&self.cache)?;
         }
@@ -60,75 +156,105 @@ impl Session {
             prompt_tokens: prompt.len(),
             ..Default::default()
         };
-        let mut logits = self.prefill(prompt, Logits::Last)?;
+        let mut logits = self.prefill(&prompt[cached..], Logits::Last)?;
         let mut es_prev = snap(self);
         if let (Some(a), Some(b)) = (&es0, &es_prev) {
             per_token.push(TokenIo::between("prefill", a, b));
         }
         let es_first = es_prev.clone();
-        let mut out = Vec::new();
-        let mut text = TextOut::new(opts.stop);
-
+        let want_rows = out.rows();
+        let vocab = self.model.vocab_size();
+        let mut stops = StopMatcher::new(opts.stop);
+        let mut tokens = Vec::new();
         let mut finish = Finish::Length;
-        let mut next = Vec::new();
-        if opts.max_tokens > 0 {
-            next.push(sampler.sample(&mut logits, &history));
-        }
-        let t_first = Instant::now();
-        let io_first = self.store.stats().snapshot();
-        // tokens a step yielded past the stop (accepted drafts after a stop string or an
-        // end-of-generation token), not output
-        let mut discarded = 0;
-        'gen: while out.len() < opts.max_tokens {
-            let n = next.len();
-            for (i, tok) in next.drain(..).enumerate() {
-                out.push(tok);
-                history.push(tok);
-                if let Some(f) = text.push(tok, opts, detok, emit) {
-                    finish = f;
-                    discarded = n - i - 1;
-                    break 'gen;
-                }
-                if out.len() >= opts.max_tokens {
-                    discarded = n - i - 1;
-                    break 'gen;
-                }
-            }
-            if self.cache.len >= self.cache.n_ctx {
-                finish = Finish::ContextFull;
-                break;
-            }
+        let mut first = None;
+        // the tokens of the last step and their logits (with `want_rows`); `at` of them handed out
+        let mut step: Vec<u32> = Vec::new();
+        let mut rows: Vec<f32> = Vec::new();
+        let mut at = 0usize;
+        while tokens.len() < opts.max_tokens {
             if opts.cancel.is_some_and(|c| c()) {
                 finish = Finish::Interrupted;
                 break;
             }
-            match spec.as_deref_mut() {
-                Some(sp) => next = sp.step(self, sampler, &history, opts.max_tokens - out.len())?,
-                None => {
-                    let tok = *history.last().expect("a token was generated");
-                    let mut l = self.model.forward(
-                        &mut self.store,
-                        &mut self.cache,
-                        &[tok],
-                        Logits::Last,
-                    )?;
-                    next.push(sampler.sample(&mut l, &history));
+            if at == step.len() {
+                at = 0;
+                step.clear();
+                if tokens.is_empty() {
+                    // the first token, from the prompt's logits
+                    rows = if want_rows {
+                        logits.clone()
+                    } else {
+                        Vec::new()
+                    };
+                    step.push(sampler.sample(&mut logits, &history));
+                    first = Some((Instant::now(), self.store.stats().snapshot()));
+                } else {
+                    // one decode step after `history`, whose last token is not yet in the cache
+                    let left = opts.max_tokens - tokens.len();
+                    match spec.as_deref_mut() {
+                        Some(sp) => {
+                            (step, rows) = sp.step_rows(self, sampler, &history, left, want_rows)?
+                        }
+                        None => {
+                            let last = *history.last().expect("a token was generated");
+                            let mut l = self.model.forward(
+                                &mut self.store,
+                                &mut self.cache,
+                                &[last],
+                                Logits::Last,
+                            )?;
+                            rows = if want_rows { l.clone() } else { Vec::new() };
+                            step.push(sampler.sample(&mut l, &history));
+                        }
+                    }
+                    let now = snap(self);
+                    if let (Some(a), Some(b)) = (&es_prev, &now) {
+                        per_token.push(TokenIo::between("decode", a, b));
+                    }
+                    es_prev = now;
                 }
             }
-            let now = snap(self);
-            if let (Some(a), Some(b)) = (&es_prev, &now) {
-                per_token.push(TokenIo::between("decode", a, b));
+            let id = step[at];
+            let row = want_rows.then(|| &rows[at * vocab..(at + 1) * vocab]);
+            at += 1;
+            tokens.push(id);
+            history.push(id);
+            if (opts.is_eog)(id) {
+                finish = Finish::Eos;
+                break;
             }
-            es_prev = now;
+            out.token(id, row);
+            let r = stops.push(&out.piece(id));
+            out.text(r.text);
+            if let Some(s) = r.stop {
+                finish = Finish::Stop(s);
+                break;
+            }
+            if tokens.len() >= opts.max_tokens {
+                break;
+            }
+            if at == step.len() && self.cache.len >= self.cache.n_ctx {
+                finish = Finish::ContextFull;
+                break;
+            }
         }
-        text.finish(emit);
+        if !matches!(finish, Finish::Stop(_)) {
+            let r = stops.push(&out.flush());
+            out.text(r.text);
+            if r.stop.is_none() {
+                out.text(stops.finish());
+            }
+        }
         let t_end = Instant::now();
         let io_end = self.store.stats().snapshot();
+        let (t_first, io_first) = first.unwrap_or((t_end, io_end));
+        let unused = step[at..].to_vec();
         stats.speculative = spec.map(|sp| crate::engine::SpecStats {
-            discarded: discarded as u64,
+            discarded: unused.len() as u64,
             ..sp.stats.clone()
         });
-        stats.generated_tokens = out.len();
+        stats.generated_tokens = tokens.len();
         stats.ttft_s = (t_first - t0).as_secs_f64();
         stats.decode_s = (t_end - t_first).as_secs_f64();
         stats.prefill_bytes = io_first.0 - io0.0;
@@ -142,6 +268,11 @@ impl Session {
         {
             stats.experts = Some(ExpertRunStats::new(es, a, f, e, per_token));
         }
-        Ok((out, finish, stats))
+        Ok(Generated {
+            tokens,
+            unused,
+            finish,
+            stats,
+        })
     }
 }

@@ -1,10 +1,20 @@
-//! Sessions (owning a model's KV cache, [`crate::models::KvCache`]), prefill and decode, sampling and stop conditions,
-//! and speculative decoding (draft sources, verification, rollback).
+//! Sessions (owning a model's KV cache, [`crate::models::KvCache`]), the one generation loop
+//! (`run`, `bench`, `chat` and `serve` go through it), sampling and stop conditions, the
+//! conversation engine with prefix reuse, and speculative decoding (draft sources,
+//! verification, rollback).
 //!
 //! Files:
 //!
-//! - `session.rs`: a session: prefill, stop conditions, statistics. `generate.rs`: the
-//!   generation loop, whose `generate_with` decodes speculatively.
+//! - `session.rs`: a session: prefill, what a generation is asked, why it ended, statistics.
+//! - `generate.rs`: the generation loop `Session::generate_into` (prefill of the uncached
+//!   prompt, plain or speculative steps, end-of-generation tokens, stop strings, `max_tokens`,
+//!   a full context, cancellation, statistics) handing tokens and text to an `Output`;
+//!   `Session::generate_with` (`run`, `bench`) writes text through a detokenizer.
+//! - `conversation.rs`: the `Engine` of `chat` and `serve`: the cached conversation reused as
+//!   a prefix, one request's `Params`, its reply as `Chunk`s (logprobs, tool-call section) and
+//!   `Outcome`. `logprobs.rs`: `TokenLogprob`, the log-softmax and top alternatives.
+//! - `stop.rs`: `StopMatcher`, stop strings over streamed text. `tools.rs`: the tool-call
+//!   syntaxes (`ToolFormat`) and their parsing.
 //! - `sampler.rs`: penalties (repetition, presence, frequency), top-k, top-p, min-p and
 //!   temperature, in llama.cpp's or transformers' order by the settings' source.
 //! - `speculative.rs`: one verification pass of the last token plus the drafts, greedy and
@@ -23,16 +33,23 @@
 //!   through `DraftSource::draft_for`.
 //! - `report.rs`: the statistics report (`--stats` table and JSON).
 
+pub mod conversation;
 pub mod draft;
 pub mod draft_mtp;
-mod generate;
+pub mod generate;
+pub mod logprobs;
 pub mod report;
 pub mod sampler;
 pub mod session;
 pub mod spec_policy;
 pub mod spec_types;
 pub mod speculative;
+pub mod stop;
+pub mod tools;
 
+pub use conversation::{Chunk, Engine, FinishReason, Outcome, Params};
+pub use generate::{Generated, Output};
+pub use logprobs::TokenLogprob;
 pub use sampler::{Sampler, SamplerConfig, SamplerOrder};
 pub use session::{Finish, GenStats, GenerateOptions, Session};
 pub use speculative::{SpecConfig, SpecStats, Speculator};

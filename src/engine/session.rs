@@ -1,5 +1,6 @@
-//! A session: one model, its weight store and KV cache; prefill, the text side of generation
-//! (stop strings) and the generation's statistics. The generation loop is `generate.rs`.
+//! A session: one model, its weight store and KV cache; prefill, what a generation is asked
+//! ([`GenerateOptions`]), why it ended and its statistics. The generation loop is
+//! `generate.rs`.
 
 use anyhow::Result;
 
@@ -29,7 +30,8 @@ pub enum Finish {
     Length,
     /// The KV cache (`--ctx-size`, at most the model's context) is full.
     ContextFull,
-    /// [`GenerateOptions::cancel`] asked to stop (Ctrl-C in `deltafin run`).
+    /// [`GenerateOptions::cancel`] asked to stop (Ctrl-C in `deltafin run` or `chat`, a
+    /// client gone or a shutdown in `deltafin serve`).
     Interrupted,
 }
 
@@ -122,68 +124,6 @@ pub fn peak_rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// The text side of a generation: detokenizes each new token, holds back a tail that could
-/// still start a stop string, and emits the rest as it becomes final.
-pub(crate) struct TextOut<'a> {
-    pending: String,
-    hold: usize,
-    stop: &'a [String],
-}
-
-impl<'a> TextOut<'a> {
-    /// Text output watching for the strings of `stop`.
-    pub(crate) fn new(stop: &'a [String]) -> Self {
-        Self {
-            pending: String::new(),
-            hold: stop.iter().map(|s| s.len()).max().unwrap_or(0),
-            stop,
-        }
-    }
-
-    /// Takes one generated token: `Some(why)` when it ends generation (an end-of-generation
-    /// token, or a stop string, whose text and what follows are not emitted).
-    pub(crate) fn push(
-        &mut self,
-        tok: u32,
-        opts: &GenerateOptions,
-        detok: &mut dyn FnMut(u32) -> String,
-        emit: &mut dyn FnMut(&str),
-    ) -> Option<Finish> {
-        if (opts.is_eog)(tok) {
-            return Some(Finish::Eos);
-        }
-        let pending = &mut self.pending;
-        pending.push_str(&detok(tok));
-        if let Some((pos, s)) = self
-            .stop
-            .iter()
-            .filter_map(|s| pending.find(s.as_str()).map(|p| (p, s)))
-            .min_by_key(|x| x.0)
-        {
-            emit(&pending[..pos]);
-            pending.clear();
-            return Some(Finish::Stop(s.clone()));
-        }
-        // emit all but a tail that could still start a stop string
-        let mut cut = pending.len().saturating_sub(self.hold.saturating_sub(1));
-        while !pending.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        if cut > 0 {
-            emit(&pending[..cut]);
-            pending.drain(..cut);
-        }
-        None
-    }
-
-    /// Emits the text still held.
-    pub(crate) fn finish(self, emit: &mut dyn FnMut(&str)) {
-        if !self.pending.is_empty() {
-            emit(&self.pending);
-        }
-    }
-}
-
 /// What a generation does besides sampling.
 pub struct GenerateOptions<'a> {
     pub max_tokens: usize,
@@ -191,8 +131,8 @@ pub struct GenerateOptions<'a> {
     pub stop: &'a [String],
     /// Whether a token ends generation (EOS, end of turn).
     pub is_eog: &'a dyn Fn(u32) -> bool,
-    /// Asked before every decoding step after the first token: `true` ends the generation
-    /// there ([`Finish::Interrupted`]), with the text and statistics so far. `None`: never.
+    /// Asked before every token (the first included): `true` ends the generation there
+    /// ([`Finish::Interrupted`]), with the text and statistics so far. `None`: never.
     pub cancel: Option<&'a dyn Fn() -> bool>,
 }
 

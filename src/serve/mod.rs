@@ -3,23 +3,29 @@
 //! - [`routes`]: the endpoints, request checking, API key, body limit;
 //! - [`types`]: the request bodies; [`sse`]: response bodies and event-stream framing;
 //!   [`error`]: errors in the OpenAI shape;
-//! - [`worker`]: the bounded FIFO queue and the model's one thread;
-//! - [`generate`]: [`generate::Engine`], one generation with KV prefix reuse, logprobs,
-//!   cancellation and speculative decoding (also driving `deltafin chat`); each decode step is
-//!   one `Speculator::step_rows`, whose verification logits give the logprobs;
-//! - [`stop`]: stop strings over streamed text; [`tools`]: tool-call syntaxes;
+//! - [`worker`]: the bounded FIFO queue and the model's one thread, which runs each request
+//!   through [`crate::engine::Engine::generate`] (the conversation with KV prefix reuse,
+//!   logprobs, stop strings, tool calls, cancellation and speculative decoding lives in
+//!   [`crate::engine`], with the one generation loop; [`generate`], [`stop`] and [`tools`]
+//!   name it here for existing callers);
 //! - [`metrics`]: Prometheus text; [`access`]: the request log (one line per request).
 
 pub mod access;
 pub mod error;
-pub mod generate;
 pub mod metrics;
 pub mod routes;
 pub mod sse;
-pub mod stop;
-pub mod tools;
 pub mod types;
 pub mod worker;
+
+pub use crate::engine::{stop, tools};
+
+/// The conversation engine's names where the server used to hold them (now
+/// [`crate::engine::conversation`]).
+pub mod generate {
+    pub use crate::engine::conversation::{Chunk, Engine, FinishReason, Outcome, Params};
+    pub use crate::engine::logprobs::TokenLogprob;
+}
 
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,10 +33,10 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
-use generate::Engine;
+use crate::engine::tools::ToolFormat;
+use crate::engine::Engine;
 use metrics::Metrics;
 use routes::AppState;
-use tools::ToolFormat;
 
 /// How to serve.
 #[derive(Clone, Debug)]

@@ -19,13 +19,13 @@ use tokio::sync::mpsc;
 
 use super::access::{self, Tokens};
 use super::error::ApiError;
-use super::generate::{Chunk, Outcome, Params, TokenLogprob};
 use super::metrics::Metrics;
 use super::sse::{self, Head, Kind};
-use super::tools::ToolFormat;
 use super::types::{ChatRequest, Common, CompletionRequest, PromptField, StopField};
 use super::worker::{Event, Job, Queue, SubmitError};
+use crate::engine::tools::ToolFormat;
 use crate::engine::SamplerConfig;
+use crate::engine::{Chunk, Outcome, Params, TokenLogprob};
 use crate::tokenizer::chat::ChatTemplate;
 use crate::tokenizer::ModelTokenizer;
 

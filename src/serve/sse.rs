@@ -4,8 +4,8 @@
 
 use serde_json::{json, Value};
 
-use super::generate::{Outcome, TokenLogprob};
-use super::tools::ToolCall;
+use crate::engine::tools::ToolCall;
+use crate::engine::{Outcome, TokenLogprob};
 
 /// Which endpoint a body belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

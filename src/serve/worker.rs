@@ -10,8 +10,8 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::generate::{Chunk, Engine, Outcome, Params};
 use super::metrics::Metrics;
+use crate::engine::{Chunk, Engine, Outcome, Params};
 
 /// What the worker reports about one job.
 #[derive(Debug)]
@@ -198,7 +198,7 @@ fn run(mut engine: Engine, rx: Receiver, m: &Metrics, stopping: &AtomicBool) -> 
                 m.generated_tokens
                     .fetch_add(o.completion_tokens as u64, Ordering::Relaxed);
                 m.generation(o.ttft_s, o.decode_s);
-                if o.finish == super::generate::FinishReason::Cancelled {
+                if o.finish == crate::engine::FinishReason::Cancelled {
                     m.cancelled.fetch_add(1, Ordering::Relaxed);
                 }
                 let _ = job.events.send(Event::Done(o));
