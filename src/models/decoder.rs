@@ -28,11 +28,11 @@ pub use super::mtp_layer::{ChunkedMatrix, MtpLayer};
 use super::batch::{rows_of, SeqPass, SeqRows, Seqs};
 use super::embed_head::{Embedding, Head};
 use super::layers::add_into;
-use super::moe::{keep_first, prefetch_next, route_rows, ExpertStep, RouterRef, Routers};
+use super::moe::{keep_first, next_experts, route_rows, ExpertStep, RouterRef, Routers};
 use super::{run_batch, KvCache, Logits, Model, Placement};
 use crate::backend::cpu::Cpu;
 use crate::backend::Backend;
-use crate::store::{UnitBytes, WeightStore};
+use crate::store::{NextReads, UnitBytes, WeightStore};
 
 /// Activations a layer's spine writes for the rest of the layer, reused across layers.
 #[derive(Default)]
@@ -304,21 +304,23 @@ impl<B: Blocks> Decoder<B> {
                 let first = keep_first(&mut first_routes, &routes);
                 let tail = b.tail_unit(w);
                 let mut out = vec![0f32; n * b.routed_width().unwrap_or(d)];
+                // what the pass reads after the experts, queued by the store right after them
+                let mut next = NextReads::default();
+                next.units.extend(tail);
+                if !whole {
+                    match self.layers.get(l + 1) {
+                        Some((u, _)) => next.units.push(*u),
+                        None => next.units.extend(self.head.units()),
+                    }
+                }
+                next.experts = next_experts(self, store, l, &x, first);
                 b.experts(ExpertStep {
                     store,
                     layer: l,
                     routes: &routes,
                     xn: &s.xn,
                     out: &mut out,
-                    after_plan: &mut |st| {
-                        if let Some(t) = tail {
-                            st.plan([t]);
-                        }
-                        if !whole {
-                            self.plan_after(st, l);
-                        }
-                        prefetch_next(self, st, l, &x, first);
-                    },
+                    next,
                 })?;
                 if let Some(t) = tail {
                     let mut full = vec![0f32; n * d];

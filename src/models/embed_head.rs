@@ -70,8 +70,15 @@ pub fn whole(t: &TensorInfo) -> MatRef {
 impl Head {
     /// Queues the streamed chunks (nothing when resident).
     pub fn plan(&self, store: &mut WeightStore) {
-        if let Head::Chunks(ch) = self {
-            store.plan(ch.iter().map(|(u, _, _)| *u));
+        store.plan(self.units());
+    }
+
+    /// The units a pass reads the head from when it is streamed (its chunks, in order); none
+    /// when it is resident.
+    pub fn units(&self) -> Vec<usize> {
+        match self {
+            Head::Chunks(ch) => ch.iter().map(|(u, _, _)| *u).collect(),
+            Head::Resident { .. } => Vec::new(),
         }
     }
 

@@ -19,7 +19,7 @@ use super::layers::{add_into, mm, mm_many, rms_norm_rows, silu};
 use super::loading::MatRef;
 use crate::backend::cpu::ops::softmax_inplace;
 use crate::backend::cpu::Matrix;
-use crate::store::{UnitBytes, WeightStore};
+use crate::store::{NextExperts, NextReads, UnitBytes, WeightStore};
 
 /// One expert's SwiGLU matrices inside its unit: `gate`, `up` (`ff × d`), `down` (`d × ff`).
 #[derive(Clone, Copy, Debug)]
@@ -43,9 +43,10 @@ pub trait ExpertSource {
     /// One expert's weights, borrowed for the duration of [`ExpertSource::with_expert`].
     type View<'a>;
     /// Announces the experts of `layer` a batch uses, in ascending id order, before any of them
-    /// is taken (so reads can start at once); `first_rows[i]` is the first batch row that uses
-    /// `ids[i]` (a speculative verification's draft rows are told apart by it).
-    fn plan_experts(&mut self, layer: usize, ids: &[usize], first_rows: &[usize]);
+    /// is taken (so reads can start at once), then what the pass reads after them (`next`);
+    /// `first_rows[i]` is the first batch row that uses `ids[i]` (a speculative verification's
+    /// draft rows are told apart by it).
+    fn plan_experts(&mut self, layer: usize, ids: &[usize], first_rows: &[usize], next: &NextReads);
     /// Runs `f` on expert `id` of `layer`; experts are taken in the order they were planned.
     ///
     /// Errors: the expert's bytes could not be read (the message names the file).
@@ -88,18 +89,21 @@ pub struct StoreExperts<'a> {
 
 /// Announces the experts `ids` of `layer` (first used by the batch rows `first_rows`) to
 /// `store`: to its expert store when one is attached, else as the units `unit(id)` to its
-/// streamer (resident units are skipped).
+/// streamer (resident units are skipped); then what the pass reads after them (`next`,
+/// [`WeightStore::plan_next`]).
 pub(super) fn plan_in_store(
     store: &mut WeightStore,
     layer: usize,
     ids: &[usize],
     first_rows: &[usize],
+    next: &NextReads,
     unit: impl Fn(usize) -> usize,
 ) {
     match store.experts_mut() {
         Some(es) => es.plan(layer, ids, first_rows),
         None => store.plan(ids.iter().map(|&e| unit(e))),
     }
+    store.plan_next(next);
 }
 
 /// Runs `f(id, bytes)` on each of the experts `ids` of `layer` planned last through
@@ -137,9 +141,15 @@ impl ExpertMats {
 impl ExpertSource for StoreExperts<'_> {
     type View<'a> = ExpertView<'a>;
 
-    fn plan_experts(&mut self, layer: usize, ids: &[usize], first_rows: &[usize]) {
+    fn plan_experts(
+        &mut self,
+        layer: usize,
+        ids: &[usize],
+        first_rows: &[usize],
+        next: &NextReads,
+    ) {
         let l = &self.table.units[layer];
-        plan_in_store(self.store, layer, ids, first_rows, |e| l[e].0);
+        plan_in_store(self.store, layer, ids, first_rows, next, |e| l[e].0);
     }
 
     fn for_each_landed(
@@ -319,11 +329,11 @@ pub(super) fn keep_first<'a>(
     kept.get_or_insert_with(|| routes.last().cloned().unwrap_or_default())
 }
 
-/// Guesses the experts of the MoE layer planned after layer `l`'s experts and hands them,
-/// best first ([`rank_by_weight`]), to the expert store's prefetch
-/// ([`crate::store::ExpertStore::prefetch`]). Nothing happens when there is no expert store
-/// or its prefetch is off. While the store's read-ahead is on (long batches), the next MoE
-/// layer of the pass is read ahead whole instead ([`crate::store::ExpertStore::read_ahead`]),
+/// The expert store's step after layer `l`'s experts ([`NextExperts`]): the experts of the
+/// MoE layer planned after them, guessed and ranked best first ([`rank_by_weight`]), for the
+/// store's prefetch ([`crate::store::ExpertStore::prefetch`]); nothing when there is no expert
+/// store or its prefetch is off. While the store's read-ahead is on (long batches), the next
+/// MoE layer of the pass read ahead whole instead ([`crate::store::ExpertStore::read_ahead`]),
 /// and nothing after the last one.
 ///
 /// When layer `l + 1` is a MoE layer whose router is resident, the guesses are its router
@@ -331,26 +341,29 @@ pub(super) fn keep_first<'a>(
 /// `n × hidden`) normed with layer `l + 1`'s post-attention norm; when its router is not
 /// resident, there are none. After the last MoE layer, they are `first` (the experts the first
 /// MoE layer gave the pass's last token) for the next pass's first MoE layer.
-pub(super) fn prefetch_next(
+pub(super) fn next_experts(
     m: &impl Routers,
-    store: &mut WeightStore,
+    store: &WeightStore,
     l: usize,
     x: &[f32],
     first: &[(usize, f32)],
-) {
-    if let Some(es) = store.experts_mut().filter(|es| es.read_ahead_active()) {
+) -> NextExperts {
+    let Some(es) = store.experts() else {
+        return NextExperts::None;
+    };
+    if es.read_ahead_active() {
         // a long batch: the next MoE layer of this pass, all of it, in file order
-        if let Some(next) = ((l + 1)..m.n_layers()).find(|&i| m.router(i).is_some()) {
-            es.read_ahead(next);
-        }
-        return;
+        return match ((l + 1)..m.n_layers()).find(|&i| m.router(i).is_some()) {
+            Some(layer) => NextExperts::ReadAhead { layer },
+            None => NextExperts::None,
+        };
     }
-    if !store.experts().is_some_and(|es| es.prefetch_enabled()) {
-        return;
+    if !es.prefetch_enabled() {
+        return NextExperts::None;
     }
-    let (next, guesses) = if let Some(r) = m.router(l + 1) {
+    if let Some(r) = m.router(l + 1) {
         let Some(ub) = store.resident(r.unit) else {
-            return;
+            return NextExperts::None;
         };
         let (d, ne) = (r.norm.len(), r.router.rows);
         let n = x.len() / d;
@@ -361,33 +374,36 @@ pub(super) fn prefetch_next(
         if let Some(b) = r.bias {
             logits.chunks_exact_mut(ne).for_each(|row| add_into(row, b));
         }
-        (l + 1, rank_by_weight(&route_rows(m, l + 1, &logits, ne)))
+        let guesses = rank_by_weight(&route_rows(m, l + 1, &logits, ne));
+        NextExperts::Prefetch {
+            layer: l + 1,
+            guesses,
+        }
     } else if ((l + 1)..m.n_layers()).all(|i| m.router(i).is_none()) {
-        let Some(f) = (0..m.n_layers()).find(|&i| m.router(i).is_some()) else {
-            return;
-        };
-        (f, rank_by_weight(&[first.to_vec()]))
+        match (0..m.n_layers()).find(|&i| m.router(i).is_some()) {
+            Some(layer) => NextExperts::Prefetch {
+                layer,
+                guesses: rank_by_weight(&[first.to_vec()]),
+            },
+            None => NextExperts::None,
+        }
     } else {
-        return;
-    };
-    if let Some(es) = store.experts_mut() {
-        es.prefetch(next, &guesses);
+        NextExperts::None
     }
 }
 
 /// One MoE layer's routed-experts step, as the decoder skeleton hands it to
 /// [`super::decoder::Blocks::experts`]:
 /// add the routed experts of layer `layer` to `out` (`n × hidden`) for the normed rows `xn`
-/// (`n × hidden`) routed by `routes` (one list of (expert, weight) per row); `after_plan`
-/// must run once, right after the experts are planned (see
-/// [`moe_forward_with`]).
+/// (`n × hidden`) routed by `routes` (one list of (expert, weight) per row), the reads in
+/// `next` planned right after the experts' (see [`moe_forward_with`]).
 pub struct ExpertStep<'a> {
     pub store: &'a mut WeightStore,
     pub layer: usize,
     pub routes: &'a [Vec<(usize, f32)>],
     pub xn: &'a [f32],
     pub out: &'a mut [f32],
-    pub after_plan: &'a mut dyn FnMut(&mut WeightStore),
+    pub next: NextReads,
 }
 
 /// A decoder's routed-experts step ([`ExpertStep`]) over SwiGLU experts kept
@@ -403,7 +419,6 @@ pub(super) fn store_swiglu_experts(
         table,
         store: step.store,
     };
-    let after = step.after_plan;
     moe_forward(
         &mut src,
         step.layer,
@@ -411,7 +426,7 @@ pub(super) fn store_swiglu_experts(
         step.xn,
         d,
         step.out,
-        |s| after(s.store),
+        &step.next,
     )
 }
 
@@ -426,12 +441,12 @@ pub fn moe_forward<S>(
     x: &[f32],
     d: usize,
     out: &mut [f32],
-    after_plan: impl FnOnce(&mut S),
+    next: &NextReads,
 ) -> io::Result<()>
 where
     S: for<'a> ExpertSource<View<'a> = ExpertView<'a>>,
 {
-    moe_forward_with(src, layer, routes, x, d, out, after_plan, |w, xg, m, y| {
+    moe_forward_with(src, layer, routes, x, d, out, next, |w, xg, m, y| {
         let ff = w.gate.rows;
         let mut g = vec![0f32; m * ff];
         let mut u = vec![0f32; m * ff];
@@ -445,8 +460,8 @@ where
 /// weight) pairs in ascending id order, `x` the normed input (`n × d`). Adds
 /// `Σ_e w_e · expert_e(x_t)` to each row of `out` (`n × d`), experts in ascending id order;
 /// `expert(view, xg, m, y)` computes one expert over its `m` gathered rows `xg` (`m × d`)
-/// into `y` (`m × d`). `after_plan` runs right after the experts are planned (to queue the
-/// reads that come next).
+/// into `y` (`m × d`). The reads `next` are planned right after the experts (the store's
+/// plan step that follows them: [`ExpertSource::plan_experts`]).
 ///
 /// Errors: an expert could not be read.
 #[allow(clippy::too_many_arguments)]
@@ -457,7 +472,7 @@ pub fn moe_forward_with<S: ExpertSource>(
     x: &[f32],
     d: usize,
     out: &mut [f32],
-    after_plan: impl FnOnce(&mut S),
+    next: &NextReads,
     mut expert: impl FnMut(&S::View<'_>, &[f32], usize, &mut [f32]),
 ) -> io::Result<()> {
     // union of the batch's experts, ascending, with each expert's (token, weight) group
@@ -470,8 +485,7 @@ pub fn moe_forward_with<S: ExpertSource>(
     let ids: Vec<usize> = groups.keys().copied().collect();
     // groups list their tokens in row order: the first is the first row using the expert
     let first_rows: Vec<usize> = groups.values().map(|g| g[0].0).collect();
-    src.plan_experts(layer, &ids, &first_rows);
-    after_plan(src);
+    src.plan_experts(layer, &ids, &first_rows, next);
     // each expert's output rows (group order), computed as its bytes land
     let mut outs: std::collections::BTreeMap<usize, Vec<f32>> = Default::default();
     src.for_each_landed(layer, &ids, &mut |e, w| {
@@ -565,8 +579,15 @@ mod tests {
     impl ExpertSource for Fake {
         type View<'a> = ExpertView<'a>;
 
-        fn plan_experts(&mut self, _layer: usize, ids: &[usize], _first_rows: &[usize]) {
+        fn plan_experts(
+            &mut self,
+            _layer: usize,
+            ids: &[usize],
+            _first_rows: &[usize],
+            next: &NextReads,
+        ) {
             self.planned.extend_from_slice(ids);
+            self.planned.extend(next.units.iter().map(|u| 100 + u));
         }
         fn with_expert<R>(
             &mut self,
@@ -603,10 +624,13 @@ mod tests {
         let routes = vec![vec![(1, 0.25), (3, 0.75)], vec![(0, 0.5), (3, 0.5)]];
         let x = [2.0f32, -1.0];
         let mut out = [0f32; 2];
-        let mut after = false;
-        moe_forward(&mut src, 0, &routes, &x, 1, &mut out, |_| after = true).unwrap();
-        assert!(after);
-        assert_eq!(src.planned, [0, 1, 3]);
+        let next = NextReads {
+            units: vec![7],
+            experts: NextExperts::None,
+        };
+        moe_forward(&mut src, 0, &routes, &x, 1, &mut out, &next).unwrap();
+        // the experts, then what comes after them (unit 7, recorded as 107)
+        assert_eq!(src.planned, [0, 1, 3, 107]);
         assert_eq!(src.taken, [0, 1, 3]);
         // expert e: silu(x) · (e+1) x
         let f = |x: f32, e: f32| silu(x) * (e + 1.0) * x;

@@ -18,7 +18,7 @@ use super::mtp_layer::MtpLayer;
 use crate::models::layers::{add_into, mm, rms_norm_rows};
 use crate::models::moe::{route_rows, ExpertStep};
 use crate::models::{run_pass, KvCache, Logits, Mtp, MtpOut};
-use crate::store::WeightStore;
+use crate::store::{NextExperts, NextReads, WeightStore};
 
 impl<B: Blocks> Decoder<B> {
     /// This decoder with its multi-token-prediction layer `m`, whose units are in the
@@ -127,7 +127,10 @@ impl<B: Blocks> Mtp for Decoder<B> {
                     routes: &routes,
                     xn: &s.xn,
                     out: &mut out,
-                    after_plan: &mut |st| self.plan_mtp_head(m, st),
+                    next: NextReads {
+                        units: m.head.as_ref().unwrap_or(&self.head).units(),
+                        experts: NextExperts::None,
+                    },
                 })?;
                 if !s.shared.is_empty() {
                     add_into(&mut out, &s.shared);

@@ -37,4 +37,4 @@ pub use expert_cache::CachePolicy;
 pub use experts::{ExpertCounters, ExpertStore, ExpertStoreOptions, ExpertTransform, PrefetchMode};
 pub use io_engine::{EngineChoice, IoOptions};
 pub use streamer::{load_resident, IoStats, ReadRange, Streamer, Unit, UnitBytes};
-pub use weights::{repack_fp8, Fp8Pack, WeightStore};
+pub use weights::{repack_fp8, Fp8Pack, NextExperts, NextReads, WeightStore};

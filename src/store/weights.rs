@@ -293,6 +293,22 @@ impl WeightStore {
         &self.units[id]
     }
 
+    /// Queues what a pass reads after a MoE layer's experts ([`NextReads`]): its units in
+    /// order, then the expert store's prefetch of guessed experts or read-ahead of a whole
+    /// layer. The step of a layer's plan that follows its experts
+    /// (`models::moe::plan_in_store`), so the experts' reads go first.
+    pub fn plan_next(&mut self, next: &NextReads) {
+        self.plan(next.units.iter().copied());
+        let Some(es) = self.experts_mut() else {
+            return;
+        };
+        match &next.experts {
+            NextExperts::None => {}
+            NextExperts::ReadAhead { layer } => es.read_ahead(*layer),
+            NextExperts::Prefetch { layer, guesses } => es.prefetch(*layer, guesses),
+        }
+    }
+
     /// Announces the units the next steps will use, in order; streamed ones are queued for
     /// reading at once. Resident ones are skipped.
     pub fn plan(&mut self, ids: impl IntoIterator<Item = usize>) {
@@ -397,4 +413,30 @@ impl WeightStore {
             s.drain();
         }
     }
+}
+
+/// What a pass reads next after a MoE layer's routed experts, decided before they are planned
+/// and queued right after them by [`WeightStore::plan_next`]: the units that come next (the
+/// layer's tail, the next layer's spine unit or the LM head's chunks), then at most one step
+/// for the expert store.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NextReads {
+    /// Weight units, in the order the pass uses them.
+    pub units: Vec<usize>,
+    /// The expert store's step after them.
+    pub experts: NextExperts,
+}
+
+/// The expert store's step after a MoE layer's experts ([`NextReads`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum NextExperts {
+    /// Nothing (no expert store, prefetch off, or no guess).
+    #[default]
+    None,
+    /// Start reading the guessed experts `guesses` (best first) of MoE layer `layer`
+    /// ([`crate::store::ExpertStore::prefetch`]).
+    Prefetch { layer: usize, guesses: Vec<usize> },
+    /// Read MoE layer `layer` ahead whole, in file order (a long batch:
+    /// [`crate::store::ExpertStore::read_ahead`]).
+    ReadAhead { layer: usize },
 }

@@ -15,7 +15,7 @@ use crate::models::loading::MatRef;
 use crate::models::moe::{landed_in_store, plan_in_store, ExpertSource};
 use crate::quant::mxfp4::repack_hf_mxfp4;
 use crate::quant::GgmlType;
-use crate::store::{AlignedBuf, ExpertTransform, UnitBytes, WeightStore};
+use crate::store::{AlignedBuf, ExpertTransform, NextReads, UnitBytes, WeightStore};
 
 /// Where one expert's tensors lie in its unit as read.
 #[derive(Clone, Copy, Debug)]
@@ -210,9 +210,9 @@ impl ExpertTable {
 impl ExpertSource for OssExperts<'_> {
     type View<'a> = OssExpertView<'a>;
 
-    fn plan_experts(&mut self, layer: usize, ids: &[usize], first_rows: &[usize]) {
+    fn plan_experts(&mut self, layer: usize, ids: &[usize], first_rows: &[usize], next: &NextReads) {
         let l = &self.table.units[layer];
-        plan_in_store(self.store, layer, ids, first_rows, |e| l[e].0);
+        plan_in_store(self.store, layer, ids, first_rows, next, |e| l[e].0);
     }
 
     fn for_each_landed(

@@ -514,7 +514,6 @@ impl Blocks for GptOssBlocks {
             table: &self.experts,
             store: step.store,
         };
-        let after = step.after_plan;
         moe_forward_with(
             &mut src,
             step.layer,
@@ -522,7 +521,7 @@ impl Blocks for GptOssBlocks {
             step.xn,
             c.hidden_size,
             step.out,
-            |s| after(s.store),
+            &step.next,
             |w, xg, m, y| expert_ffn(w, alpha, limit, xg, m, y),
         )
     }

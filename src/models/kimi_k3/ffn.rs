@@ -51,8 +51,7 @@ pub fn situ_experts(table: &UnitExperts, width: usize, act: Situ, step: ExpertSt
         table,
         store: step.store,
     };
-    let after = step.after_plan;
-    moe_forward_with(&mut src, step.layer, step.routes, step.xn, width, step.out, |s| after(s.store), |w, xg, m, y| {
+    moe_forward_with(&mut src, step.layer, step.routes, step.xn, width, step.out, &step.next, |w, xg, m, y| {
         act.mlp(&w.gate, &w.up, &w.down, xg, m, y)
     })
 }
