@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Runs the aarch64 (NEON level) unit tests under qemu-user on an x86-64 machine:
 #
-#   tools/neon/test.sh [FILTER...]      (default filters: quant:: kernels::)
+#   tools/neon/test.sh [FILTER...]      (default filters: quant:: backend::)
 #
 # Sets up what it needs when missing: the rustup target aarch64-unknown-linux-gnu, and
 # Debian/Ubuntu's qemu-user, gcc-aarch64-linux-gnu and libc6-dev-arm64-cross (apt-get, as
 # root or through passwordless sudo). When the target or the packages cannot be installed it
 # prints "skipped: ..." and exits 0. It builds tools/neon/Cargo.toml, a crate of the two
-# modules alone (`src/quant` and `src/kernels` by #[path]; they import nothing else of
-# Deltafin), so only their dependencies (half, rayon, proptest) are cross-compiled; builds go
+# modules alone (`src/quant` and `src/backend` by #[path]; they import nothing else of
+# Deltafin), so only their dependencies (anyhow, half, rayon, proptest) are cross-compiled; builds go
 # to target/neon. Test failures exit non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,6 +36,6 @@ fi
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$qemu -L /usr/aarch64-linux-gnu"
-(($# > 0)) || set -- quant:: kernels::
+(($# > 0)) || set -- quant:: backend::
 exec cargo test --release --manifest-path tools/neon/Cargo.toml --target-dir target/neon \
   --target "$TARGET" --lib -- "$@"
