@@ -211,13 +211,13 @@ fn run(mut engine: Engine, rx: Receiver, m: &Metrics, stopping: &AtomicBool) -> 
     engine
 }
 
-/// Copies the store's cumulative I/O counters into the metrics.
+/// Copies the store's cumulative I/O counters into the metrics. The store's byte counter
+/// already holds the expert store's reads (`ExpertStore` adds them to the shared `IoStats`).
 fn record(engine: &Engine, m: &Metrics) {
     let store = &engine.session.store;
-    let mut bytes = store.stats().snapshot().0;
+    let bytes = store.stats().snapshot().0;
     if let Some(es) = store.experts() {
         let c = es.counters();
-        bytes += c.bytes;
         m.expert_hits.store(c.hits, Ordering::Relaxed);
         m.expert_misses.store(c.misses, Ordering::Relaxed);
     }
