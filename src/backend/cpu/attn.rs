@@ -64,6 +64,39 @@ fn detect() -> Simd {
     Simd::None
 }
 
+/// Keys (positions × row width) from which [`KeysT::new`] splits the transposition over
+/// threads: at 962 positions of 4 heads of 128 (Qwen3-30B-A3B) one thread's copy was most of
+/// the time a 16-thread decode step lost to a long context (issue "CPU speed on real
+/// machines"); a decode step at short context stays on its thread.
+const PARALLEL_TRANSPOSE_MIN: usize = 1 << 16;
+
+/// Transposed rows per parallel task of [`KeysT::new`].
+const TRANSPOSE_ROWS: usize = 32;
+
+/// Transposes columns `c0 ..` of the position-major keys `k` (`width` floats per position,
+/// `positions` positions) into `out`, one row of `stride` floats per column, in tiles of
+/// `TRANSPOSE_TILE` positions (each tile's source rows stay in L1 while every transposed row
+/// gets a contiguous run of them).
+fn transpose_rows(
+    k: &[f32],
+    positions: usize,
+    width: usize,
+    stride: usize,
+    c0: usize,
+    out: &mut [f32],
+) {
+    let cols = out.len() / stride;
+    for j0 in (0..positions).step_by(TRANSPOSE_TILE) {
+        let j1 = (j0 + TRANSPOSE_TILE).min(positions);
+        for (ci, row) in out.chunks_exact_mut(stride).enumerate().take(cols) {
+            let c = c0 + ci;
+            for (jj, d) in row[j0..j1].iter_mut().enumerate() {
+                *d = k[(j0 + jj) * width + c];
+            }
+        }
+    }
+}
+
 impl KeysT {
     /// Transposes `positions` cached key rows (`k`: position-major, `heads × dim` floats per
     /// position). Panics if `k` is shorter than `positions * heads * dim`.
@@ -81,18 +114,19 @@ impl KeysT {
         }
         let off = data.as_ptr().align_offset(64).min(16);
         let t = &mut data[off..];
-        // in tiles of `TRANSPOSE_TILE` positions: each tile's source rows stay in L1 while
-        // every transposed row gets a contiguous run of them
         let width = heads * dim;
         assert!(k.len() >= positions * width, "keys too short");
-        for j0 in (0..positions).step_by(TRANSPOSE_TILE) {
-            let j1 = (j0 + TRANSPOSE_TILE).min(positions);
-            for c in 0..width {
-                let dst = &mut t[c * stride + j0..c * stride + j1];
-                for (jj, d) in dst.iter_mut().enumerate() {
-                    *d = k[(j0 + jj) * width + c];
-                }
-            }
+        // a long cache is transposed by several threads, each its own run of transposed rows
+        // (a copy: the same values whatever the split); a short one on this thread
+        let rows = &mut t[..width * stride];
+        if positions * width >= PARALLEL_TRANSPOSE_MIN {
+            rows.par_chunks_mut(TRANSPOSE_ROWS * stride)
+                .enumerate()
+                .for_each(|(i, part)| {
+                    transpose_rows(k, positions, width, stride, i * TRANSPOSE_ROWS, part)
+                });
+        } else {
+            transpose_rows(k, positions, width, stride, 0, rows);
         }
         Self {
             data,
@@ -537,7 +571,8 @@ mod tests_attention {
 
     /// Scoring through transposed keys gives the outputs of scoring one key at a time, bit
     /// for bit: a 70-token prompt after 9 cached positions, and single decode rows whose
-    /// window starts past the first positions (only the window is transposed), with grouped
+    /// window starts past the first positions (only the window is transposed), caches long
+    /// enough to be transposed by several threads, with grouped
     /// heads, a window, a cap, with and without sinks.
     #[test]
     fn transposed_keys_change_no_bit() {
@@ -548,7 +583,9 @@ mod tests_attention {
             window: Some(50),
             softcap: Some(30.0),
         };
-        for (pos0, n) in [(9, 70), (120, 1), (49, 1), (50, 1), (0, 1)] {
+        let whole = AttnShape { window: None, ..s };
+        let cases = [(9, 70), (120, 1), (49, 1), (50, 1), (0, 1), (700, 1), (3, 700)];
+        for (s, (pos0, n)) in [s, whole].into_iter().flat_map(|s| cases.map(|c| (s, c))) {
             let total = pos0 + n;
             let mut x = 1u32 + pos0 as u32;
             let mut next = move || {
