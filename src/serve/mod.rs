@@ -13,6 +13,7 @@
 pub mod access;
 pub mod error;
 pub mod generate;
+pub mod messages;
 pub mod metrics;
 pub mod routes;
 pub mod sse;
@@ -68,6 +69,10 @@ pub fn state(
     let tool_format = template
         .as_ref()
         .and_then(|t| ToolFormat::detect(t.source()));
+    let traits = template
+        .as_ref()
+        .map(|t| messages::TemplateTraits::of(t.source()))
+        .unwrap_or_default();
     let defaults = engine.defaults.clone();
     let n_ctx = engine.n_ctx();
     let default_max_tokens = engine.default_max_tokens;
@@ -82,6 +87,7 @@ pub fn state(
         tok,
         template,
         tool_format,
+        traits,
         defaults,
         seed: opts.seed,
         default_max_tokens,

@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use super::access::{self, Tokens};
 use super::error::ApiError;
 use super::generate::{Chunk, Outcome, Params, TokenLogprob};
+use super::messages::{self, TemplateTraits};
 use super::metrics::Metrics;
 use super::sse::{self, Head, Kind};
 use super::tools::ToolFormat;
@@ -37,6 +38,8 @@ pub struct AppState {
     pub template: Option<Arc<ChatTemplate>>,
     /// The template's tool-call syntax, when it has one.
     pub tool_format: Option<ToolFormat>,
+    /// How the template takes content parts and the `developer` role.
+    pub traits: TemplateTraits,
     /// Sampling when a request sets nothing.
     pub defaults: SamplerConfig,
     /// A fixed seed for requests without one (`--seed`); else each request draws one.
@@ -229,8 +232,13 @@ fn params(
     )? {
         sc.top_p = p;
     }
-    if let Some(k) = c.top_k {
-        sc.top_k = k.max(0) as usize;
+    if let Some(k) = check(
+        c.top_k,
+        "top_k",
+        |k| k >= 0,
+        "an integer >= 0 (0: no limit)",
+    )? {
+        sc.top_k = k as usize;
     }
     if let Some(p) = check(
         c.min_p,
@@ -319,21 +327,14 @@ fn chat_prompt(s: &AppState, r: &ChatRequest) -> Result<Vec<u32>, ApiError> {
     let tmpl = s.template.as_ref().ok_or_else(|| {
         ApiError::invalid(None, "this model has no chat template; use /v1/completions")
     })?;
-    if r.messages.is_empty() {
-        return Err(ApiError::invalid(Some("messages"), "messages is empty"));
-    }
+    let msgs = messages::prepare(&r.messages, s.traits)?;
     let tools = r
         .tools
         .as_ref()
         .filter(|t| !t.is_empty())
         .map(|t| Value::Array(t.clone()));
     s.tok
-        .encode_messages_json(
-            tmpl,
-            &Value::Array(r.messages.clone()),
-            tools.as_ref(),
-            true,
-        )
+        .encode_messages_json(tmpl, &Value::Array(msgs), tools.as_ref(), true)
         .map_err(|e| ApiError::invalid(Some("messages"), format!("{e:#}")))
 }
 

@@ -1,0 +1,79 @@
+//! `deltafin serve` as a running server spoken to in raw HTTP (`common::http`): the requests
+//! clients send (content parts, roles, refused fields), the extra endpoints, and the safety
+//! rules (content type, Host, CORS, timeouts, shutdown).
+
+mod common;
+
+use common::http::Server;
+use serde_json::{json, Value};
+
+fn chat(messages: Value) -> Value {
+    json!({"model": "qwen3_moe", "max_tokens": 4, "messages": messages})
+}
+
+/// The error object of a 400 answer.
+fn refused(a: &common::http::Answer) -> Value {
+    assert_eq!(a.status, 400, "{}", a.body);
+    a.json()["error"].clone()
+}
+
+/// Content as a list of text parts renders as the parts joined with a space (the fixture's
+/// template reads strings only): the same prompt and answer as the joined string. A
+/// `developer` message is a system message. Image parts, null content, a tool message without
+/// `tool_call_id` and a negative `top_k` are refused by name.
+#[test]
+fn content_parts_and_roles() {
+    let srv = Server::start(&[]);
+    let plain = srv
+        .post(
+            "/v1/chat/completions",
+            &chat(json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hello there friend"}])),
+        )
+        .json();
+    let parts = srv
+        .post(
+            "/v1/chat/completions",
+            &chat(json!([
+            {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+            {"role": "user", "content": [{"type": "text", "text": "Hello"},
+                {"type": "text", "text": "there friend"}]}])),
+        )
+        .json();
+    assert_eq!(parts["choices"], plain["choices"]);
+    assert_eq!(
+        parts["usage"]["prompt_tokens"],
+        plain["usage"]["prompt_tokens"]
+    );
+    assert_eq!(plain["usage"]["prompt_tokens"], 43);
+    let image = json!([{"role": "user", "content": [{"type": "text", "text": "What is it?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]);
+    assert_eq!(
+        refused(&srv.post("/v1/chat/completions", &chat(image))),
+        json!({"message": "messages[0].content[1] is an image (type 'image_url'), but this \
+            model reads text only; send text parts", "type": "invalid_request_error",
+            "param": "messages[0].content[1]", "code": null})
+    );
+    let null = json!([{"role": "user", "content": null}]);
+    assert_eq!(
+        refused(&srv.post("/v1/chat/completions", &chat(null)))["param"],
+        "messages[0].content"
+    );
+    let tool = json!([{"role": "user", "content": "x"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "content": "42"}]);
+    assert_eq!(
+        refused(&srv.post("/v1/chat/completions", &chat(tool)))["message"],
+        "messages[2] is a tool message without a string \"tool_call_id\""
+    );
+    let mut k = chat(json!([{"role": "user", "content": "x"}]));
+    k["top_k"] = json!(-1);
+    assert_eq!(
+        refused(&srv.post("/v1/chat/completions", &k)),
+        json!({"message": "top_k is -1, expected an integer >= 0 (0: no limit)",
+            "type": "invalid_request_error", "param": "top_k", "code": null})
+    );
+    srv.stop();
+}
