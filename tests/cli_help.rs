@@ -125,6 +125,7 @@ fn each_command_lists_exactly_the_flags_it_takes() {
             "--api-key",
             "--api-key-file",
             "--queue",
+            "--alias",
             "--body-limit",
         ])
     );

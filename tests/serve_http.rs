@@ -77,3 +77,66 @@ fn content_parts_and_roles() {
     );
     srv.stop();
 }
+
+/// `--alias` names the model; a request naming another model is answered by it (and the
+/// answer names it); `/v1/models/{id}`; `prompt` as token ids answers as the same text does;
+/// `/tokenize`, `/detokenize` and `/props` in llama-server's shapes.
+#[test]
+fn alias_prompts_of_ids_and_llama_server_endpoints() {
+    let srv = Server::start(&["--alias", "tiny"]);
+    let m = srv.get("/v1/models/tiny");
+    assert_eq!(m.status, 200, "{}", m.body);
+    assert_eq!(m.json()["id"], "tiny");
+    let other = srv.get("/v1/models/qwen3_moe");
+    assert_eq!(
+        (other.status, other.json()["error"]["code"].clone()),
+        (404, json!("model_not_found"))
+    );
+    let tok = srv.post("/tokenize", &json!({"content": "Hi"}));
+    assert_eq!(tok.json(), json!({"tokens": [39, 72]}));
+    let tok = srv.post("/tokenize", &json!({"content": "Hi", "with_pieces": true}));
+    assert_eq!(
+        tok.json(),
+        json!({"tokens": [{"id": 39, "piece": "H"}, {"id": 72, "piece": "i"}]})
+    );
+    assert_eq!(
+        srv.post("/detokenize", &json!({"tokens": [39, 72]})).json(),
+        json!({"content": "Hi"})
+    );
+    assert_eq!(
+        refused(&srv.post("/detokenize", &json!({"tokens": [39, 100000]})))["message"],
+        "tokens[1] is 100000, expected a token id below 512 (the vocabulary)"
+    );
+    let text = srv
+        .post(
+            "/v1/completions",
+            &json!({"model": "gpt-4", "prompt": "Hi", "max_tokens": 3}),
+        )
+        .json();
+    assert_eq!(text["model"], "tiny");
+    for ids in [json!([39, 72]), json!([[39, 72]])] {
+        let a = srv
+            .post("/v1/completions", &json!({"prompt": ids, "max_tokens": 3}))
+            .json();
+        assert_eq!(a["choices"], text["choices"], "{ids}");
+        assert_eq!(a["usage"], text["usage"]);
+    }
+    assert_eq!(
+        refused(&srv.post("/v1/completions", &json!({"prompt": ["a", "b"]})))["message"],
+        "prompt holds 2 prompts, but this server completes one per request"
+    );
+    let p = srv.get("/props").json();
+    assert_eq!(p["default_generation_settings"]["n_ctx"], 4096);
+    assert_eq!(
+        p["default_generation_settings"]["params"]["temperature"],
+        0.0
+    );
+    assert_eq!(p["total_slots"], 1);
+    assert_eq!(p["model_alias"], "tiny");
+    assert_eq!(p["modalities"], json!({"vision": false, "audio": false}));
+    assert!(p["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<|im_start|>"));
+    srv.stop();
+}

@@ -30,6 +30,10 @@ pub struct ServeArgs {
     /// Requests that may wait while one runs; more are answered 503 with Retry-After.
     #[arg(long, default_value_t = 16)]
     pub queue: usize,
+    /// The name the model is served as (`/v1/models`, the `model` of responses); default:
+    /// the file or folder name of -m.
+    #[arg(long)]
+    pub alias: Option<String>,
     /// Largest request body (e.g. 4M); larger ones are refused with 413 before being read.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     pub body_limit: u64,
@@ -63,7 +67,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             api_key,
             queue: a.queue,
             body_limit: usize::try_from(a.body_limit).unwrap_or(usize::MAX),
-            model_id,
+            model_id: a.alias.unwrap_or(model_id),
             seed: a.engine.sampling.seed,
         },
     )

@@ -13,6 +13,7 @@
 pub mod access;
 pub mod error;
 pub mod generate;
+pub mod info;
 pub mod messages;
 pub mod metrics;
 pub mod routes;
@@ -45,7 +46,7 @@ pub struct ServeOptions {
     pub queue: usize,
     /// Largest request body in bytes.
     pub body_limit: usize,
-    /// The id clients name the model by.
+    /// The id the model is served as (`/v1/models`, the `model` of responses).
     pub model_id: String,
     /// Seed for requests that set none (`None`: drawn per request).
     pub seed: Option<u64>,

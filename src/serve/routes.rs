@@ -1,6 +1,7 @@
-//! The HTTP routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
-//! `GET /health`, `GET /metrics`; request checking, prompt rendering and tokenization, the
-//! API key, and answering with a whole body or a stream of server-sent events.
+//! The HTTP routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /health`,
+//! `GET /metrics`, and those of [`super::info`] (`/v1/models`, `/tokenize`, `/detokenize`,
+//! `/props`); request checking, prompt rendering and tokenization, the API key, and answering
+//! with a whole body or a stream of server-sent events.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,11 +21,12 @@ use tokio::sync::mpsc;
 use super::access::{self, Tokens};
 use super::error::ApiError;
 use super::generate::{Chunk, Outcome, Params, TokenLogprob};
+use super::info::{self, Prompt};
 use super::messages::{self, TemplateTraits};
 use super::metrics::Metrics;
 use super::sse::{self, Head, Kind};
 use super::tools::ToolFormat;
-use super::types::{ChatRequest, Common, CompletionRequest, PromptField, StopField};
+use super::types::{ChatRequest, Common, CompletionRequest, StopField};
 use super::worker::{Event, Job, Queue, SubmitError};
 use crate::engine::SamplerConfig;
 use crate::tokenizer::chat::ChatTemplate;
@@ -32,7 +34,8 @@ use crate::tokenizer::ModelTokenizer;
 
 /// What every handler shares.
 pub struct AppState {
-    /// The one model's id (`GET /v1/models`; requests naming another get 404).
+    /// The one model's id (`GET /v1/models`, `--alias`); every request is answered by this
+    /// model whatever its `model` names, and responses carry this id.
     pub model_id: String,
     pub tok: Arc<ModelTokenizer>,
     pub template: Option<Arc<ChatTemplate>>,
@@ -73,7 +76,11 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
-        .route("/v1/models", get(models))
+        .route("/v1/models", get(info::models))
+        .route("/v1/models/{id}", get(info::model))
+        .route("/tokenize", post(info::tokenize))
+        .route("/detokenize", post(info::detokenize))
+        .route("/props", get(info::props))
         .route(
             "/health",
             get(|| async { axum::Json(json!({"status": "ok"})) }),
@@ -92,10 +99,15 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// Counts every answer by path and status.
 async fn count(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = match req.uri().path() {
-        p
-        @ ("/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
-            p.to_string()
-        }
+        p @ ("/v1/chat/completions"
+        | "/v1/completions"
+        | "/v1/models"
+        | "/health"
+        | "/metrics"
+        | "/tokenize"
+        | "/detokenize"
+        | "/props") => p.to_string(),
+        p if p.starts_with("/v1/models/") => "/v1/models/{id}".to_string(),
         _ => "other".to_string(),
     };
     let r = next.run(req).await;
@@ -144,16 +156,9 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-async fn models(State(s): State<Arc<AppState>>) -> Response {
-    axum::Json(json!({"object": "list", "data": [{
-        "id": s.model_id, "object": "model", "created": (s.clock)(), "owned_by": "deltafin",
-    }]}))
-    .into_response()
-}
-
 /// The body as JSON of type `T`, or the OpenAI error for a body too large, not JSON, or of
 /// the wrong shape.
-fn parse<T: serde::de::DeserializeOwned>(
+pub(super) fn parse<T: serde::de::DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
     let body = body.map_err(|r| {
@@ -198,17 +203,6 @@ fn params(
     logprobs: Option<usize>,
     tools: Option<ToolFormat>,
 ) -> Result<Params, ApiError> {
-    if c.model != s.model_id {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            format!(
-                "the model '{}' does not exist; this server serves '{}'",
-                c.model, s.model_id
-            ),
-        )
-        .code("model_not_found"));
-    }
     if let Some(n) = c.n.filter(|&n| n != 1) {
         return Err(ApiError::invalid(
             Some("n"),
@@ -405,12 +399,9 @@ async fn completions(
     if r.suffix.as_ref().is_some_and(|x| !x.is_empty()) {
         return ApiError::invalid(Some("suffix"), "suffix is not supported").into_response();
     }
-    let text = match &r.prompt {
-        PromptField::One(t) => t.clone(),
-        PromptField::Many(v) if v.len() == 1 => v[0].clone(),
-        PromptField::Many(_) => {
-            return ApiError::invalid(Some("prompt"), "prompt must be one string").into_response()
-        }
+    let prompt = match info::read_prompt(&r.prompt, s.tok.vocab_size()) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
     };
     if let Some(n) = r.logprobs.filter(|&n| n > 20) {
         return ApiError::invalid(
@@ -419,10 +410,15 @@ async fn completions(
         )
         .into_response();
     }
-    let prompt = match s.tok.encode_prompt(&text, true) {
-        Ok(p) if !p.is_empty() => p,
-        Ok(_) => return ApiError::invalid(Some("prompt"), "the prompt is empty").into_response(),
-        Err(e) => return ApiError::invalid(Some("prompt"), format!("{e:#}")).into_response(),
+    let prompt = match prompt {
+        Prompt::Ids(ids) => ids,
+        Prompt::Text(text) => match s.tok.encode_prompt(&text, true) {
+            Ok(p) if !p.is_empty() => p,
+            Ok(_) => {
+                return ApiError::invalid(Some("prompt"), "the prompt is empty").into_response()
+            }
+            Err(e) => return ApiError::invalid(Some("prompt"), format!("{e:#}")).into_response(),
+        },
     };
     let p = match params(
         &s,

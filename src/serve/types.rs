@@ -26,6 +26,8 @@ macro_rules! request {
         $(#[$m])*
         #[derive(Clone, Debug, Deserialize)]
         pub struct $name {
+            /// The model named (any name is answered by the one model served).
+            #[serde(default)]
             pub model: String,
             pub max_tokens: Option<u32>,
             pub max_completion_tokens: Option<u32>,
@@ -61,18 +63,11 @@ request!(
     }
 );
 
-/// `prompt` of the completions endpoint: a string or a list of one string.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
-pub enum PromptField {
-    One(String),
-    Many(Vec<String>),
-}
-
 request!(
     /// `POST /v1/completions`.
     CompletionRequest {
-        prompt: PromptField,
+        /// Read by [`super::info::read_prompt`] (so its errors name `prompt`).
+        prompt: serde_json::Value,
         /// Legacy logprobs: the number of alternatives per token.
         logprobs: Option<u32>,
         #[serde(default)]
