@@ -140,3 +140,76 @@ fn alias_prompts_of_ids_and_llama_server_endpoints() {
         .contains("<|im_start|>"));
     srv.stop();
 }
+
+/// A field the server does not support is refused by name, never ignored; a field set to
+/// `null` is absent; `user` is accepted.
+#[test]
+fn unsupported_fields_are_refused_by_name() {
+    let srv = Server::start(&[]);
+    let base = chat(json!([{"role": "user", "content": "Hi"}]));
+    let with = |k: &str, v: Value| {
+        let mut b = base.clone();
+        b[k] = v;
+        b
+    };
+    let cases = [
+        (
+            "logit_bias",
+            json!({"39": 5}),
+            "logit_bias is not supported yet",
+        ),
+        ("ignore_eos", json!(true), "ignore_eos is not supported yet"),
+        (
+            "grammar",
+            json!("root ::= \"a\""),
+            "grammar is not supported yet (constrained decoding)",
+        ),
+        (
+            "frobnicate",
+            json!(1),
+            "frobnicate is not a parameter this server supports",
+        ),
+        (
+            "prompt",
+            json!("x"),
+            "prompt belongs to the other endpoint (/v1/completions)",
+        ),
+        (
+            "tool_choice",
+            json!("required"),
+            "tool_choice \"required\" is not supported (only \"auto\" and \"none\")",
+        ),
+        (
+            "response_format",
+            json!({"type": "json_schema"}),
+            "response_format type 'json_schema' is not supported (only 'text')",
+        ),
+    ];
+    for (k, v, msg) in cases {
+        let e = refused(&srv.post("/v1/chat/completions", &with(k, v)));
+        assert_eq!(
+            (e["param"].as_str(), e["message"].as_str()),
+            (Some(k), Some(msg))
+        );
+    }
+    let ok = srv.post(
+        "/v1/chat/completions",
+        &with("user", json!("someone"))
+            .as_object()
+            .map(|o| {
+                let mut o = o.clone();
+                o.insert("logit_bias".into(), Value::Null);
+                Value::Object(o)
+            })
+            .unwrap(),
+    );
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let e = refused(&srv.post("/v1/completions", &json!({"prompt": "x", "best_of": 3})));
+    assert_eq!(e["param"], "best_of");
+    let e = refused(&srv.post("/v1/completions", &json!({"prompt": "x", "messages": []})));
+    assert_eq!(
+        e["message"],
+        "messages belongs to the other endpoint (/v1/chat/completions)"
+    );
+    srv.stop();
+}

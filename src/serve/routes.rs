@@ -26,7 +26,7 @@ use super::messages::{self, TemplateTraits};
 use super::metrics::Metrics;
 use super::sse::{self, Head, Kind};
 use super::tools::ToolFormat;
-use super::types::{ChatRequest, Common, CompletionRequest, StopField};
+use super::types::{self, ChatRequest, Common, CompletionRequest, StopField};
 use super::worker::{Event, Job, Queue, SubmitError};
 use crate::engine::SamplerConfig;
 use crate::tokenizer::chat::ChatTemplate;
@@ -177,6 +177,25 @@ pub(super) fn parse<T: serde::de::DeserializeOwned>(
             "the body does not match the request schema"
         };
         ApiError::invalid(None, format!("{what}: {e}"))
+    })
+}
+
+/// A request body of type `T` whose fields are all in `accepted` ([`types::check_fields`]):
+/// [`parse`], then the field check, then the schema.
+fn parse_request<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+    accepted: &[&str],
+) -> Result<T, ApiError> {
+    let v: Value = parse(body)?;
+    let Value::Object(mut map) = v else {
+        return Err(ApiError::invalid(None, "the body must be a JSON object"));
+    };
+    types::check_fields(&mut map, accepted)?;
+    serde_json::from_value(Value::Object(map)).map_err(|e| {
+        ApiError::invalid(
+            None,
+            format!("the body does not match the request schema: {e}"),
+        )
     })
 }
 
@@ -333,9 +352,27 @@ fn chat_prompt(s: &AppState, r: &ChatRequest) -> Result<Vec<u32>, ApiError> {
 }
 
 async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let r: ChatRequest = match parse(body) {
+    let r: ChatRequest = match parse_request(body, types::CHAT_FIELDS) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
+    };
+    if r.parallel_tool_calls == Some(false) {
+        return ApiError::invalid(
+            Some("parallel_tool_calls"),
+            "parallel_tool_calls false is not supported (every call the model writes is returned)",
+        )
+        .into_response();
+    }
+    let choice = match &r.tool_choice {
+        None => "auto",
+        Some(Value::String(c)) if c == "auto" || c == "none" => c.as_str(),
+        Some(other) => {
+            return ApiError::invalid(
+                Some("tool_choice"),
+                format!("tool_choice {other} is not supported (only \"auto\" and \"none\")"),
+            )
+            .into_response()
+        }
     };
     if let Some(f) = &r.response_format {
         let t = f.get("type").and_then(Value::as_str).unwrap_or("");
@@ -362,7 +399,7 @@ async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection
         }
         (false, None) => None,
     };
-    let none = r.tool_choice.as_ref().and_then(Value::as_str) == Some("none");
+    let none = choice == "none";
     let tools = match &r.tools {
         Some(t) if !t.is_empty() && !none => s.tool_format,
         _ => None,
@@ -389,10 +426,17 @@ async fn completions(
     State(s): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r: CompletionRequest = match parse(body) {
+    let r: CompletionRequest = match parse_request(body, types::COMPLETION_FIELDS) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    if let Some(b) = r.best_of.filter(|&b| b != 1) {
+        return ApiError::invalid(
+            Some("best_of"),
+            format!("best_of is {b}, but this server generates one choice per request (1)"),
+        )
+        .into_response();
+    }
     if r.echo {
         return ApiError::invalid(Some("echo"), "echo is not supported").into_response();
     }
