@@ -105,7 +105,7 @@ fn alias_prompts_of_ids_and_llama_server_endpoints() {
     );
     assert_eq!(
         refused(&srv.post("/detokenize", &json!({"tokens": [39, 100000]})))["message"],
-        "tokens[1] is 100000, expected a token id below 512 (the vocabulary)"
+        "tokens[1] is 100000, expected a token id below 487 (the vocabulary)"
     );
     let text = srv
         .post(
@@ -212,4 +212,182 @@ fn unsupported_fields_are_refused_by_name() {
         "messages belongs to the other endpoint (/v1/chat/completions)"
     );
     srv.stop();
+}
+
+/// A `POST` body must be declared JSON (415); `Host` must name the server (403, unless
+/// `--allowed-hosts` names it); a 405 has a JSON body.
+#[test]
+fn content_type_host_and_method_checks() {
+    let srv = Server::start(&["--allowed-hosts", "box.lan"]);
+    let body = r#"{"prompt": "Hi", "max_tokens": 1}"#;
+    let plain = srv.raw(
+        "POST /v1/completions HTTP/1.1\r\nContent-Type: text/plain",
+        body,
+    );
+    assert_eq!(plain.status, 415);
+    assert_eq!(
+        plain.json()["error"],
+        json!({"message": "the body must be sent as Content-Type: application/json (got \
+            'text/plain')", "type": "invalid_request_error", "param": null,
+            "code": "unsupported_media_type"})
+    );
+    let none = srv.raw("POST /v1/completions HTTP/1.1", body);
+    assert_eq!(none.status, 415);
+    let charset = srv.raw(
+        "POST /v1/completions HTTP/1.1\r\nContent-Type: Application/JSON; charset=utf-8",
+        body,
+    );
+    assert_eq!(charset.status, 200, "{}", charset.body);
+    let port = srv.addr.rsplit_once(':').unwrap().1.to_string();
+    for (host, status) in [
+        (format!("localhost:{port}"), 200),
+        (format!("[::1]:{port}"), 200),
+        ("box.lan".to_string(), 200),
+        (format!("evil.example:{port}"), 403),
+    ] {
+        let a = srv.raw(&format!("GET /health HTTP/1.1\r\nHost: {host}"), "");
+        assert_eq!(a.status, status, "{host}: {}", a.body);
+        if status == 403 {
+            assert_eq!(a.json()["error"]["code"], "host_not_allowed");
+        }
+    }
+    let get = srv.get("/v1/chat/completions");
+    assert_eq!(get.status, 405);
+    assert_eq!(
+        get.json()["error"],
+        json!({"message": "GET is not allowed on /v1/chat/completions",
+            "type": "invalid_request_error", "param": null, "code": "method_not_allowed"})
+    );
+    srv.stop();
+}
+
+/// CORS headers only for `--cors-origin` values; a preflight is answered either way.
+#[test]
+fn cors_only_for_the_origins_given() {
+    let preflight = |srv: &Server, origin: &str| {
+        srv.raw(
+            &format!(
+                "OPTIONS /v1/chat/completions HTTP/1.1\r\nOrigin: {origin}\r\n\
+                 Access-Control-Request-Method: POST\r\n\
+                 Access-Control-Request-Headers: content-type,authorization"
+            ),
+            "",
+        )
+    };
+    let closed = Server::start(&[]);
+    let p = preflight(&closed, "https://app.example");
+    assert_eq!(p.status, 200);
+    assert_eq!(p.header("access-control-allow-origin"), None);
+    let g = closed.raw("GET /v1/models HTTP/1.1\r\nOrigin: https://app.example", "");
+    assert_eq!(
+        (g.status, g.header("access-control-allow-origin")),
+        (200, None)
+    );
+    closed.stop();
+    let open = Server::start(&["--cors-origin", "https://app.example"]);
+    let p = preflight(&open, "https://app.example");
+    assert_eq!(p.status, 200);
+    assert_eq!(
+        p.header("access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    assert_eq!(p.header("access-control-allow-methods"), Some("GET,POST"));
+    assert_eq!(
+        p.header("access-control-allow-headers"),
+        Some("authorization,content-type")
+    );
+    let g = open.raw("GET /v1/models HTTP/1.1\r\nOrigin: https://app.example", "");
+    assert_eq!(
+        g.header("access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    let other = preflight(&open, "https://evil.example");
+    assert_eq!(other.header("access-control-allow-origin"), None);
+    open.stop();
+}
+
+/// `--idle-timeout` closes a connection that sends no whole request head (silent, or idle
+/// after an answer); `--timeout` answers 504 to a request whose body never comes; a prompt of
+/// more bytes than the context can hold is refused before tokenizing.
+#[test]
+fn timeouts_and_the_prompt_bound() {
+    use std::io::{Read, Write};
+    let srv = Server::start(&["--idle-timeout", "1", "--timeout", "1", "-c", "64"]);
+    for sent in ["", "GET /health HTTP/1.1\r\nHost: localhost\r\n"] {
+        let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
+        s.write_all(sent.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        // the server closes the connection: EOF, with nothing written
+        assert_eq!(s.read_to_end(&mut out).unwrap(), 0, "{sent:?}");
+    }
+    let slow = srv.raw(
+        "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 100",
+        "{\"prompt\": ",
+    );
+    assert_eq!(slow.status, 504, "{}", slow.body);
+    assert_eq!(
+        slow.json()["error"]["message"],
+        "the request ran past the server's --timeout of 1 s"
+    );
+    let big = "ab ".repeat(40_000);
+    let e = refused(&srv.post("/v1/completions", &json!({"prompt": big})));
+    assert_eq!(e["code"], "context_length_exceeded");
+    let m = e["message"].as_str().unwrap();
+    assert!(
+        m.starts_with("the prompt has 120000 bytes, more than the context of 64 tokens can hold")
+            && m.ends_with("; refused before tokenizing"),
+        "{m}"
+    );
+    let e = refused(&srv.post(
+        "/v1/chat/completions",
+        &chat(json!([{"role": "user", "content": big}])),
+    ));
+    assert_eq!(e["param"], "messages");
+    srv.stop();
+}
+
+/// SIGTERM while a stream runs: the stream ends with an error event (`server_shutdown`) and
+/// `[DONE]`, not with a `finish_reason`.
+#[test]
+fn sigterm_ends_a_running_stream_with_an_error_event() {
+    use std::io::{BufRead, BufReader, Write};
+    let srv = Server::start(&[]);
+    let body = json!({"prompt": "Hi", "max_tokens": 4000, "stream": true}).to_string();
+    let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        srv.addr,
+        body.len()
+    )
+    .unwrap();
+    let mut r = BufReader::new(s);
+    let mut text = String::new();
+    // wait for the first content event, then stop the server
+    while !text.contains("\"text\"") {
+        let mut line = String::new();
+        assert!(r.read_line(&mut line).unwrap() > 0, "{text}");
+        text.push_str(&line);
+    }
+    let rest = {
+        let srv = srv;
+        // SAFETY: signalling the child this test started, by its id.
+        unsafe { libc::kill(srv.child.id() as i32, libc::SIGTERM) };
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut r, &mut rest).unwrap();
+        rest
+    };
+    text.push_str(&rest);
+    assert!(
+        text.contains(
+            r#"data: {"error":{"message":"the server is stopping: the generation was cut short","type":"server_error","param":null,"code":"server_shutdown"}}"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains("data: [DONE]"), "{text}");
+    assert!(!text.contains("\"finish_reason\":\"stop\""), "{text}");
+    assert!(!text.contains("\"finish_reason\":\"length\""), "{text}");
 }
