@@ -126,6 +126,10 @@ fn each_command_lists_exactly_the_flags_it_takes() {
             "--api-key-file",
             "--queue",
             "--alias",
+            "--allowed-hosts",
+            "--cors-origin",
+            "--timeout",
+            "--idle-timeout",
             "--body-limit",
         ])
     );

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, Extension, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -19,8 +19,10 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::access::{self, Tokens};
+use super::admit::{self, Deadline};
 use super::error::ApiError;
-use super::generate::{Chunk, Outcome, Params, TokenLogprob};
+use super::generate::{Chunk, FinishReason, Outcome, Params, TokenLogprob};
+use super::guard;
 use super::info::{self, Prompt};
 use super::messages::{self, TemplateTraits};
 use super::metrics::Metrics;
@@ -61,6 +63,16 @@ pub struct AppState {
     pub clock: fn() -> u64,
     /// Numbers the response ids.
     pub next_id: AtomicU64,
+    /// Most bytes a prompt may have before tokenizing ([`admit`]).
+    pub prompt_bytes: usize,
+    /// Prompts being rendered and tokenized: at most `--queue` + 1 at once.
+    pub prep: tokio::sync::Semaphore,
+    /// `--timeout`: the wall limit of a request (`None`: none).
+    pub timeout: Option<std::time::Duration>,
+    /// The hosts requests may name ([`guard::check_host`]).
+    pub hosts: Arc<guard::Hosts>,
+    /// `--cors-origin` values.
+    pub cors_origins: Vec<String>,
 }
 
 /// The wall clock in seconds since the epoch.
@@ -70,7 +82,8 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The router over `state`, with the API key check, request metrics, the request log
+/// The router over `state`, with the API key check, the checks of [`guard`] (Host,
+/// content type, CORS), the deadline ([`admit`]), request metrics, the request log
 /// ([`access`]) and the body limit.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -89,7 +102,26 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such endpoint")
         })
+        .method_not_allowed_fallback(|req: Request| async move {
+            let m = req.method().clone();
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                format!("{m} is not allowed on {}", req.uri().path()),
+            )
+            .code("method_not_allowed")
+        })
+        .layer(middleware::from_fn(guard::json_only))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            admit::deadline,
+        ))
+        .layer(guard::cors(&state.cors_origins))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state.hosts),
+            guard::check_host,
+        ))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), count))
         .layer(middleware::from_fn(access::log_requests))
         .layer(DefaultBodyLimit::max(state.body_limit))
@@ -336,22 +368,37 @@ fn params(
 /// Renders a chat request through the model's template and tokenizes it the way `run --chat`
 /// does ([`ModelTokenizer::encode_messages_json`]): message text (contents, tool calls, tool
 /// definitions) stays text, never control tokens; only the template's own markup is control.
-fn chat_prompt(s: &AppState, r: &ChatRequest) -> Result<Vec<u32>, ApiError> {
-    let tmpl = s.template.as_ref().ok_or_else(|| {
-        ApiError::invalid(None, "this model has no chat template; use /v1/completions")
-    })?;
-    let msgs = messages::prepare(&r.messages, s.traits)?;
+async fn chat_prompt(s: &Arc<AppState>, r: &ChatRequest) -> Result<Vec<u32>, ApiError> {
+    if s.template.is_none() {
+        return Err(ApiError::invalid(
+            None,
+            "this model has no chat template; use /v1/completions",
+        ));
+    }
     let tools = r
         .tools
         .as_ref()
         .filter(|t| !t.is_empty())
         .map(|t| Value::Array(t.clone()));
-    s.tok
-        .encode_messages_json(tmpl, &Value::Array(msgs), tools.as_ref(), true)
-        .map_err(|e| ApiError::invalid(Some("messages"), format!("{e:#}")))
+    let bytes = admit::text_bytes(&Value::Array(r.messages.clone()))
+        + tools.as_ref().map_or(0, admit::text_bytes);
+    s.check_prompt_bytes(bytes, "messages")?;
+    let msgs = messages::prepare(&r.messages, s.traits)?;
+    let st = Arc::clone(s);
+    s.prepare(move || {
+        let tmpl = st.template.as_ref().expect("checked above");
+        st.tok
+            .encode_messages_json(tmpl, &Value::Array(msgs), tools.as_ref(), true)
+            .map_err(|e| ApiError::invalid(Some("messages"), format!("{e:#}")))
+    })
+    .await?
 }
 
-async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(
+    State(s): State<Arc<AppState>>,
+    Extension(dl): Extension<Deadline>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let r: ChatRequest = match parse_request(body, types::CHAT_FIELDS) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -404,7 +451,7 @@ async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection
         Some(t) if !t.is_empty() && !none => s.tool_format,
         _ => None,
     };
-    let prompt = match chat_prompt(&s, &r) {
+    let prompt = match chat_prompt(&s, &r).await {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -419,11 +466,12 @@ async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection
         model: s.model_id.clone(),
         include_usage: r.include_usage(),
     };
-    answer(&s, head, prompt, p, r.stream).await
+    answer(&s, head, prompt, p, r.stream, dl).await
 }
 
 async fn completions(
     State(s): State<Arc<AppState>>,
+    Extension(dl): Extension<Deadline>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r: CompletionRequest = match parse_request(body, types::COMPLETION_FIELDS) {
@@ -456,12 +504,12 @@ async fn completions(
     }
     let prompt = match prompt {
         Prompt::Ids(ids) => ids,
-        Prompt::Text(text) => match s.tok.encode_prompt(&text, true) {
+        Prompt::Text(text) => match prompt_text(&s, text).await {
             Ok(p) if !p.is_empty() => p,
             Ok(_) => {
                 return ApiError::invalid(Some("prompt"), "the prompt is empty").into_response()
             }
-            Err(e) => return ApiError::invalid(Some("prompt"), format!("{e:#}")).into_response(),
+            Err(e) => return e.into_response(),
         },
     };
     let p = match params(
@@ -486,11 +534,31 @@ async fn completions(
         model: s.model_id.clone(),
         include_usage: r.include_usage(),
     };
-    answer(&s, head, prompt, p, r.stream).await
+    answer(&s, head, prompt, p, r.stream, dl).await
 }
 
-/// Queues the job and answers: the whole body, or a stream of events.
-async fn answer(s: &AppState, head: Head, prompt: Vec<u32>, p: Params, stream: bool) -> Response {
+/// The ids of a raw prompt, bounded as [`admit`] says.
+async fn prompt_text(s: &Arc<AppState>, text: String) -> Result<Vec<u32>, ApiError> {
+    s.check_prompt_bytes(text.len(), "prompt")?;
+    let st = Arc::clone(s);
+    s.prepare(move || {
+        st.tok
+            .encode_prompt(&text, true)
+            .map_err(|e| ApiError::invalid(Some("prompt"), format!("{e:#}")))
+    })
+    .await?
+}
+
+/// Queues the job and answers: the whole body, or a stream of events (ended at the
+/// deadline).
+async fn answer(
+    s: &AppState,
+    head: Head,
+    prompt: Vec<u32>,
+    p: Params,
+    stream: bool,
+    dl: Deadline,
+) -> Response {
     let want_lp = p.logprobs.is_some();
     let (tx, rx) = mpsc::unbounded_channel();
     match s.queue.submit(Job {
@@ -499,16 +567,7 @@ async fn answer(s: &AppState, head: Head, prompt: Vec<u32>, p: Params, stream: b
         events: tx,
     }) {
         Ok(()) => {}
-        Err(SubmitError::Full) => {
-            let mut e = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                "the request queue is full; retry later",
-            )
-            .code("queue_full");
-            e.retry_after = Some(1);
-            return e.into_response();
-        }
+        Err(SubmitError::Full) => return admit::queue_full().into_response(),
         Err(SubmitError::Stopped) => {
             return ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -519,7 +578,7 @@ async fn answer(s: &AppState, head: Head, prompt: Vec<u32>, p: Params, stream: b
         }
     }
     if stream {
-        return stream_response(head, rx, want_lp);
+        return stream_response(head, rx, want_lp, dl.0, s.timeout);
     }
     whole(head, rx, want_lp).await
 }
@@ -532,6 +591,9 @@ async fn whole(head: Head, mut rx: mpsc::UnboundedReceiver<Event>, want_lp: bool
             Event::Chunk(Chunk { text: t, logprobs }) => {
                 text.push_str(&t);
                 lps.extend(logprobs);
+            }
+            Event::Done(o) if o.finish == FinishReason::Cancelled => {
+                return shutdown_error().into_response()
             }
             Event::Done(o) => {
                 let lp = want_lp.then(|| sse::logprobs(head.kind, &lps, 0));
@@ -582,17 +644,30 @@ impl Streaming {
             }
             Some(Event::Done(o)) => self.done(&o),
             Some(Event::Error(m)) => {
-                let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m);
-                self.out.push_back(sse::event(&e.body()));
-                self.out.push_back(sse::DONE.into());
-                self.ended = true;
+                self.fail(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    m,
+                ));
             }
-            None => self.ended = true,
+            // the worker dropped the job without ending it: the server is stopping
+            None => self.fail(shutdown_error()),
         }
+    }
+
+    /// Ends the stream with an error event (then `[DONE]`).
+    fn fail(&mut self, e: ApiError) {
+        self.out.push_back(sse::event(&e.body()));
+        self.out.push_back(sse::DONE.into());
+        self.ended = true;
     }
 
     fn done(&mut self, o: &Outcome) {
         self.tokens.set(o.prompt_tokens, o.completion_tokens);
+        if o.finish == FinishReason::Cancelled {
+            // the handler still listens, so the server is stopping: not a normal end
+            return self.fail(shutdown_error());
+        }
         if !o.tool_calls.is_empty() {
             let delta = json!({"tool_calls": sse::tool_calls(&o.tool_calls, true)});
             self.out
@@ -610,7 +685,23 @@ impl Streaming {
     }
 }
 
-fn stream_response(head: Head, rx: mpsc::UnboundedReceiver<Event>, want_lp: bool) -> Response {
+/// The error of a generation cut by the server stopping.
+fn shutdown_error() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "the server is stopping: the generation was cut short",
+    )
+    .code("server_shutdown")
+}
+
+fn stream_response(
+    head: Head,
+    rx: mpsc::UnboundedReceiver<Event>,
+    want_lp: bool,
+    deadline: Option<tokio::time::Instant>,
+    timeout: Option<std::time::Duration>,
+) -> Response {
     let mut first = std::collections::VecDeque::new();
     let role = match head.kind {
         Kind::Chat => json!({"role": "assistant", "content": ""}),
@@ -629,7 +720,7 @@ fn stream_response(head: Head, rx: mpsc::UnboundedReceiver<Event>, want_lp: bool
         tokens: Tokens::default(),
     };
     let tokens = st.tokens.clone();
-    let body = futures_util::stream::unfold(st, |mut st| async move {
+    let body = futures_util::stream::unfold(st, move |mut st| async move {
         loop {
             if let Some(e) = st.out.pop_front() {
                 return Some((Ok::<_, Infallible>(Bytes::from(e)), st));
@@ -637,7 +728,16 @@ fn stream_response(head: Head, rx: mpsc::UnboundedReceiver<Event>, want_lp: bool
             if st.ended {
                 return None;
             }
-            let ev = st.rx.recv().await;
+            let ev = match deadline {
+                None => st.rx.recv().await,
+                Some(at) => match tokio::time::timeout_at(at, st.rx.recv()).await {
+                    Ok(ev) => ev,
+                    Err(_) => {
+                        st.fail(admit::timeout_error(timeout));
+                        continue;
+                    }
+                },
+            };
             st.on(ev);
         }
     });
