@@ -119,7 +119,7 @@ fn alias_prompts_of_ids_and_llama_server_endpoints() {
             .post("/v1/completions", &json!({"prompt": ids, "max_tokens": 3}))
             .json();
         assert_eq!(a["choices"], text["choices"], "{ids}");
-        assert_eq!(a["usage"], text["usage"]);
+        assert_eq!(a["usage"]["prompt_tokens"], text["usage"]["prompt_tokens"]);
     }
     assert_eq!(
         refused(&srv.post("/v1/completions", &json!({"prompt": ["a", "b"]})))["message"],
