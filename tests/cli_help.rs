@@ -84,6 +84,7 @@ const ENGINE: &[&str] = &[
     "--drive-bandwidth",
     "--trace",
     "--verify-experts",
+    "--no-verify-experts",
     "--prefetch",
     "--prefetch-depth",
     "--read-ahead",
