@@ -84,6 +84,7 @@ const ENGINE: &[&str] = &[
     "--drive-bandwidth",
     "--trace",
     "--verify-experts",
+    "--no-verify-experts",
     "--prefetch",
     "--prefetch-depth",
     "--read-ahead",
@@ -125,6 +126,11 @@ fn each_command_lists_exactly_the_flags_it_takes() {
             "--api-key",
             "--api-key-file",
             "--queue",
+            "--alias",
+            "--allowed-hosts",
+            "--cors-origin",
+            "--timeout",
+            "--idle-timeout",
             "--body-limit",
         ])
     );

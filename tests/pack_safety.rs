@@ -474,3 +474,77 @@ fn out_of_space_while_writing_the_manifest_names_the_file() {
     assert_eq!(rep.written, 0);
     assert!(verify_pack(&o.out).unwrap().1.is_empty());
 }
+
+/// Expert records are checked by default, with the XXH3-128 the manifest records beside each
+/// SHA-256; `--no-verify-experts` opts out; a manifest written before XXH3-128 was recorded
+/// still loads and is checked with SHA-256, as the placement line says.
+#[test]
+fn expert_reads_are_checked_by_default_with_xxh3() {
+    use deltafin::store::checksum::xxh3_128;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = source(tmp.path());
+    let o = pack_opts(tmp.path(), 1, PackPlacement::Stripe);
+    write_pack(&src, &o).unwrap();
+    let m = Manifest::read(&o.out).unwrap();
+    let drive = std::fs::read(&m.drives[0].file).unwrap();
+    for r in &m.experts {
+        // one drive: the record is its one extent
+        let x = &r.extents[0];
+        let b = &drive[x.offset as usize..(x.offset + r.len) as usize];
+        assert_eq!(
+            r.xxh3.as_deref(),
+            Some(deltafin::source::pack::hex(&xxh3_128(b)).as_str())
+        );
+    }
+    let pack = o.out.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "run", "-m", pack, "-p", "hi", "-n", "2", "--temp", "0", "--stats",
+        ];
+        a.extend_from_slice(extra);
+        deltafin(&a)
+    };
+    let (ok, good, err) = run(&[]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("; expert records checked with xxh3-128"),
+        "{err}"
+    );
+    flip(&o.out, 1, 3);
+    let (ok, _, err) = run(&[]);
+    assert!(!ok);
+    assert!(
+        err.contains("checksum mismatch in expert 3 of layer 1 read from"),
+        "{err}"
+    );
+    let (ok, _, err) = run(&["--no-verify-experts"]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("; expert records not checked (--no-verify-experts)"),
+        "{err}"
+    );
+    // the manifest of an older pack: no xxh3; still loads, checked with SHA-256
+    flip(&o.out, 1, 3);
+    let path = o.out.join("manifest.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    for r in v["experts"].as_array_mut().unwrap() {
+        r.as_object_mut().unwrap().remove("xxh3").unwrap();
+    }
+    std::fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let (ok, old, err) = run(&[]);
+    assert!(ok, "{err}");
+    assert_eq!(old, good);
+    assert!(
+        err.contains(
+            "; expert records checked with SHA-256 (the manifest predates xxh3-128: pack again \
+             for the faster check)"
+        ),
+        "{err}"
+    );
+    flip(&o.out, 1, 3);
+    let (ok, _, err) = run(&[]);
+    assert!(
+        !ok && err.contains("checksum mismatch in expert 3 of layer 1"),
+        "{err}"
+    );
+}

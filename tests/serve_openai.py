@@ -97,9 +97,25 @@ try:
     t = c.chat.completions.create(model=MODEL_ID, messages=msgs, tools=tools, max_tokens=8)
     assert t.usage.prompt_tokens > r.usage.prompt_tokens
 
+    # content as a list of text parts (as LangChain and Open WebUI send it): the same answer
+    # as the parts joined with a space; a developer message is a system message
+    parts = c.chat.completions.create(model=MODEL_ID, max_tokens=12, messages=[
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Hello"},
+                                     {"type": "text", "text": "there"}]}])
+    joined = c.chat.completions.create(model=MODEL_ID, max_tokens=12, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}])
+    assert parts.choices[0].message.content == joined.choices[0].message.content
+    assert parts.usage.prompt_tokens == joined.usage.prompt_tokens
+    # any model name is answered by the one model, which the answer names
+    assert c.chat.completions.create(model="nope", messages=msgs, max_tokens=2).model == MODEL_ID
+
     # errors surface as the SDK's exception types
     for kwargs, exc in [({"n": 2}, openai.BadRequestError),
-                        ({"model": "nope"}, openai.NotFoundError),
+                        ({"logit_bias": {"1": 5}}, openai.BadRequestError),
+                        ({"messages": [{"role": "user", "content": [
+                            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]},
+                         openai.BadRequestError),
                         ({"response_format": {"type": "json_object"}}, openai.BadRequestError)]:
         args = {"model": MODEL_ID, "messages": msgs, "max_tokens": 4, **kwargs}
         try:

@@ -30,9 +30,39 @@ pub struct ServeArgs {
     /// Requests that may wait while one runs; more are answered 503 with Retry-After.
     #[arg(long, default_value_t = 16)]
     pub queue: usize,
+    /// The name the model is served as (`/v1/models`, the `model` of responses); default:
+    /// the file or folder name of -m.
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Host names requests may carry in `Host` besides localhost, loopback and the bound
+    /// address (comma-separated, repeatable; `*`: any). Others get 403 (DNS rebinding).
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+    /// Origins whose web pages may call the server (CORS; comma-separated, repeatable; `*`:
+    /// any). None by default.
+    #[arg(long, value_delimiter = ',', value_parser = parse_origin)]
+    pub cors_origin: Vec<String>,
+    /// Wall limit of one request in seconds, queue included (0: none); past it a whole
+    /// answer is 504, a stream ends with an error event.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// Seconds a connection may take to send a request's headers, and may stay idle between
+    /// requests; then it is closed.
+    #[arg(long, default_value_t = 30)]
+    pub idle_timeout: u64,
     /// Largest request body (e.g. 4M); larger ones are refused with 413 before being read.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     pub body_limit: u64,
+}
+
+fn parse_origin(s: &str) -> Result<String, String> {
+    if crate::serve::guard::valid_origin(s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?} is not an origin (scheme://host[:port], or *)"
+        ))
+    }
 }
 
 /// Runs `deltafin serve`.
@@ -63,8 +93,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
             api_key,
             queue: a.queue,
             body_limit: usize::try_from(a.body_limit).unwrap_or(usize::MAX),
-            model_id,
+            model_id: a.alias.unwrap_or(model_id),
             seed: a.engine.sampling.seed,
+            allowed_hosts: a.allowed_hosts,
+            cors_origins: a.cors_origin,
+            timeout: (a.timeout > 0).then(|| std::time::Duration::from_secs(a.timeout)),
+            idle_timeout: std::time::Duration::from_secs(a.idle_timeout.max(1)),
         },
     )
 }

@@ -50,9 +50,12 @@ pub struct StoreArgs {
     /// Print the expert store's spans (per MoE layer and pass) to standard error
     #[arg(help_heading = HEADING, long)]
     pub trace: bool,
-    /// With a pack: check each expert read against the manifest's SHA-256
-    #[arg(help_heading = HEADING, long)]
+    /// With a pack: check each expert read against the manifest (the default for packs)
+    #[arg(help_heading = HEADING, long, conflicts_with = "no_verify_experts")]
     pub verify_experts: bool,
+    /// With a pack: do not check expert reads (checked with xxh3-128 by default)
+    #[arg(help_heading = HEADING, long)]
+    pub no_verify_experts: bool,
     /// Prefetch the next layer's likely experts: auto (2+ drives), on, off
     #[arg(value_name = "MODE", help_heading = HEADING, long, default_value = "auto")]
     pub prefetch: PrefetchMode,
@@ -120,7 +123,10 @@ impl StoreArgs {
                 prefetch_depth: self.prefetch_depth.max(1),
             },
             heat_file: self.heat_path(model),
-            verify: self.verify_experts,
+            // packs are checked unless --no-verify-experts; --verify-experts insists (and is
+            // refused for a model that is not a pack)
+            verify: self.verify_experts
+                || (!self.no_verify_experts && model.is_some_and(crate::source::pack::is_pack)),
             prefetch: self.prefetch,
             read_ahead: self.read_ahead,
         }

@@ -494,6 +494,9 @@ pub(super) fn place(
         );
         store.attach_experts(es);
     }
+    if let Some(p) = &od.pack {
+        expert_note.push_str(&p.check_note(opts.experts.verify));
+    }
     let placement = Placement {
         resident_bytes: store.resident_bytes(),
         streamed_bytes,

@@ -11,7 +11,12 @@
 //! - [`metrics`]: Prometheus text; [`access`]: the request log (one line per request).
 
 pub mod access;
+pub mod admit;
 pub mod error;
+pub mod guard;
+pub mod info;
+pub mod listen;
+pub mod messages;
 pub mod metrics;
 pub mod routes;
 pub mod sse;
@@ -27,7 +32,6 @@ pub mod generate {
     pub use crate::engine::logprobs::TokenLogprob;
 }
 
-use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -50,10 +54,20 @@ pub struct ServeOptions {
     pub queue: usize,
     /// Largest request body in bytes.
     pub body_limit: usize,
-    /// The id clients name the model by.
+    /// The id the model is served as (`/v1/models`, the `model` of responses).
     pub model_id: String,
     /// Seed for requests that set none (`None`: drawn per request).
     pub seed: Option<u64>,
+    /// `--allowed-hosts`: `Host` names accepted besides loopback and the bound address
+    /// (`*`: any).
+    pub allowed_hosts: Vec<String>,
+    /// `--cors-origin`: origins given CORS headers (`*`: any); none by default.
+    pub cors_origins: Vec<String>,
+    /// `--timeout`: the wall limit of a request (`None`: none).
+    pub timeout: Option<std::time::Duration>,
+    /// `--idle-timeout`: a connection that sends no whole request head this long after
+    /// connecting or after its last answer is closed.
+    pub idle_timeout: std::time::Duration,
 }
 
 /// Starts the worker over `engine` and returns the shared state (with `clock` for `created`)
@@ -74,8 +88,13 @@ pub fn state(
     let tool_format = template
         .as_ref()
         .and_then(|t| ToolFormat::detect(t.source()));
+    let traits = template
+        .as_ref()
+        .map(|t| messages::TemplateTraits::of(t.source()))
+        .unwrap_or_default();
     let defaults = engine.defaults.clone();
     let n_ctx = engine.n_ctx();
+    let prompt_bytes = admit::prompt_byte_limit(&tok, n_ctx);
     let default_max_tokens = engine.default_max_tokens;
     let (queue, handle) = worker::start(
         engine,
@@ -88,6 +107,7 @@ pub fn state(
         tok,
         template,
         tool_format,
+        traits,
         defaults,
         seed: opts.seed,
         default_max_tokens,
@@ -98,6 +118,11 @@ pub fn state(
         body_limit: opts.body_limit,
         clock,
         next_id: AtomicU64::new(1),
+        prompt_bytes,
+        prep: tokio::sync::Semaphore::new(opts.queue.max(1) + 1),
+        timeout: opts.timeout,
+        hosts: Arc::new(guard::Hosts::new(&opts.host, &opts.allowed_hosts)),
+        cors_origins: opts.cors_origins.clone(),
     };
     (Arc::new(st), stopping, handle)
 }
@@ -122,8 +147,8 @@ async fn shutdown_signal() {
 }
 
 /// Serves `engine` until SIGINT or SIGTERM: then stops accepting, cancels the running and
-/// queued generations (their streams end with what they produced) and returns within about
-/// two seconds.
+/// queued generations (a cut stream ends with an error event `server_shutdown`, a whole
+/// answer is a 503) and returns within about two seconds.
 ///
 /// Errors: the address cannot be bound; the runtime cannot start.
 pub fn serve(engine: Engine, opts: ServeOptions) -> Result<()> {
@@ -157,14 +182,14 @@ pub fn serve(engine: Engine, opts: ServeOptions) -> Result<()> {
         );
         let app = routes::router(Arc::clone(&st));
         let stop2 = Arc::clone(&stopping);
-        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let server = listen::serve(listener, app, opts.idle_timeout, async move {
             shutdown_signal().await;
             eprintln!("stopping: cancelling generations");
             stop2.store(true, Ordering::SeqCst);
         });
-        let mut server = std::pin::pin!(server.into_future());
+        let mut server = std::pin::pin!(server);
         tokio::select! {
-            r = &mut server => r.context("serving")?,
+            _ = &mut server => {},
             _ = async {
                 while !stopping.load(Ordering::SeqCst) {
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;

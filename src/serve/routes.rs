@@ -1,6 +1,7 @@
-//! The HTTP routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
-//! `GET /health`, `GET /metrics`; request checking, prompt rendering and tokenization, the
-//! API key, and answering with a whole body or a stream of server-sent events.
+//! The HTTP routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /health`,
+//! `GET /metrics`, and those of [`super::info`] (`/v1/models`, `/tokenize`, `/detokenize`,
+//! `/props`); request checking, prompt rendering and tokenization, the API key, and answering
+//! with a whole body or a stream of server-sent events.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,7 +9,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, Extension, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -18,25 +19,32 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::access::{self, Tokens};
+use super::admit::{self, Deadline};
 use super::error::ApiError;
+use super::guard;
+use super::info::{self, Prompt};
+use super::messages::{self, TemplateTraits};
 use super::metrics::Metrics;
 use super::sse::{self, Head, Kind};
-use super::types::{ChatRequest, Common, CompletionRequest, PromptField, StopField};
+use super::types::{self, ChatRequest, Common, CompletionRequest, StopField};
 use super::worker::{Event, Job, Queue, SubmitError};
 use crate::engine::tools::ToolFormat;
 use crate::engine::SamplerConfig;
-use crate::engine::{Chunk, Outcome, Params, TokenLogprob};
+use crate::engine::{Chunk, FinishReason, Outcome, Params, TokenLogprob};
 use crate::tokenizer::chat::ChatTemplate;
 use crate::tokenizer::ModelTokenizer;
 
 /// What every handler shares.
 pub struct AppState {
-    /// The one model's id (`GET /v1/models`; requests naming another get 404).
+    /// The one model's id (`GET /v1/models`, `--alias`); every request is answered by this
+    /// model whatever its `model` names, and responses carry this id.
     pub model_id: String,
     pub tok: Arc<ModelTokenizer>,
     pub template: Option<Arc<ChatTemplate>>,
     /// The template's tool-call syntax, when it has one.
     pub tool_format: Option<ToolFormat>,
+    /// How the template takes content parts and the `developer` role.
+    pub traits: TemplateTraits,
     /// Sampling when a request sets nothing.
     pub defaults: SamplerConfig,
     /// A fixed seed for requests without one (`--seed`); else each request draws one.
@@ -55,6 +63,16 @@ pub struct AppState {
     pub clock: fn() -> u64,
     /// Numbers the response ids.
     pub next_id: AtomicU64,
+    /// Most bytes a prompt may have before tokenizing ([`admit`]).
+    pub prompt_bytes: usize,
+    /// Prompts being rendered and tokenized: at most `--queue` + 1 at once.
+    pub prep: tokio::sync::Semaphore,
+    /// `--timeout`: the wall limit of a request (`None`: none).
+    pub timeout: Option<std::time::Duration>,
+    /// The hosts requests may name ([`guard::check_host`]).
+    pub hosts: Arc<guard::Hosts>,
+    /// `--cors-origin` values.
+    pub cors_origins: Vec<String>,
 }
 
 /// The wall clock in seconds since the epoch.
@@ -64,13 +82,18 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The router over `state`, with the API key check, request metrics, the request log
+/// The router over `state`, with the API key check, the checks of [`guard`] (Host,
+/// content type, CORS), the deadline ([`admit`]), request metrics, the request log
 /// ([`access`]) and the body limit.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
-        .route("/v1/models", get(models))
+        .route("/v1/models", get(info::models))
+        .route("/v1/models/{id}", get(info::model))
+        .route("/tokenize", post(info::tokenize))
+        .route("/detokenize", post(info::detokenize))
+        .route("/props", get(info::props))
         .route(
             "/health",
             get(|| async { axum::Json(json!({"status": "ok"})) }),
@@ -79,7 +102,26 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such endpoint")
         })
+        .method_not_allowed_fallback(|req: Request| async move {
+            let m = req.method().clone();
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                format!("{m} is not allowed on {}", req.uri().path()),
+            )
+            .code("method_not_allowed")
+        })
+        .layer(middleware::from_fn(guard::json_only))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            admit::deadline,
+        ))
+        .layer(guard::cors(&state.cors_origins))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state.hosts),
+            guard::check_host,
+        ))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), count))
         .layer(middleware::from_fn(access::log_requests))
         .layer(DefaultBodyLimit::max(state.body_limit))
@@ -89,10 +131,15 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// Counts every answer by path and status.
 async fn count(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = match req.uri().path() {
-        p
-        @ ("/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
-            p.to_string()
-        }
+        p @ ("/v1/chat/completions"
+        | "/v1/completions"
+        | "/v1/models"
+        | "/health"
+        | "/metrics"
+        | "/tokenize"
+        | "/detokenize"
+        | "/props") => p.to_string(),
+        p if p.starts_with("/v1/models/") => "/v1/models/{id}".to_string(),
         _ => "other".to_string(),
     };
     let r = next.run(req).await;
@@ -141,16 +188,9 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-async fn models(State(s): State<Arc<AppState>>) -> Response {
-    axum::Json(json!({"object": "list", "data": [{
-        "id": s.model_id, "object": "model", "created": (s.clock)(), "owned_by": "deltafin",
-    }]}))
-    .into_response()
-}
-
 /// The body as JSON of type `T`, or the OpenAI error for a body too large, not JSON, or of
 /// the wrong shape.
-fn parse<T: serde::de::DeserializeOwned>(
+pub(super) fn parse<T: serde::de::DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
     let body = body.map_err(|r| {
@@ -169,6 +209,25 @@ fn parse<T: serde::de::DeserializeOwned>(
             "the body does not match the request schema"
         };
         ApiError::invalid(None, format!("{what}: {e}"))
+    })
+}
+
+/// A request body of type `T` whose fields are all in `accepted` ([`types::check_fields`]):
+/// [`parse`], then the field check, then the schema.
+fn parse_request<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+    accepted: &[&str],
+) -> Result<T, ApiError> {
+    let v: Value = parse(body)?;
+    let Value::Object(mut map) = v else {
+        return Err(ApiError::invalid(None, "the body must be a JSON object"));
+    };
+    types::check_fields(&mut map, accepted)?;
+    serde_json::from_value(Value::Object(map)).map_err(|e| {
+        ApiError::invalid(
+            None,
+            format!("the body does not match the request schema: {e}"),
+        )
     })
 }
 
@@ -195,17 +254,6 @@ fn params(
     logprobs: Option<usize>,
     tools: Option<ToolFormat>,
 ) -> Result<Params, ApiError> {
-    if c.model != s.model_id {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            format!(
-                "the model '{}' does not exist; this server serves '{}'",
-                c.model, s.model_id
-            ),
-        )
-        .code("model_not_found"));
-    }
     if let Some(n) = c.n.filter(|&n| n != 1) {
         return Err(ApiError::invalid(
             Some("n"),
@@ -229,8 +277,13 @@ fn params(
     )? {
         sc.top_p = p;
     }
-    if let Some(k) = c.top_k {
-        sc.top_k = k.max(0) as usize;
+    if let Some(k) = check(
+        c.top_k,
+        "top_k",
+        |k| k >= 0,
+        "an integer >= 0 (0: no limit)",
+    )? {
+        sc.top_k = k as usize;
     }
     if let Some(p) = check(
         c.min_p,
@@ -315,32 +368,58 @@ fn params(
 /// Renders a chat request through the model's template and tokenizes it the way `run --chat`
 /// does ([`ModelTokenizer::encode_messages_json`]): message text (contents, tool calls, tool
 /// definitions) stays text, never control tokens; only the template's own markup is control.
-fn chat_prompt(s: &AppState, r: &ChatRequest) -> Result<Vec<u32>, ApiError> {
-    let tmpl = s.template.as_ref().ok_or_else(|| {
-        ApiError::invalid(None, "this model has no chat template; use /v1/completions")
-    })?;
-    if r.messages.is_empty() {
-        return Err(ApiError::invalid(Some("messages"), "messages is empty"));
+async fn chat_prompt(s: &Arc<AppState>, r: &ChatRequest) -> Result<Vec<u32>, ApiError> {
+    if s.template.is_none() {
+        return Err(ApiError::invalid(
+            None,
+            "this model has no chat template; use /v1/completions",
+        ));
     }
     let tools = r
         .tools
         .as_ref()
         .filter(|t| !t.is_empty())
         .map(|t| Value::Array(t.clone()));
-    s.tok
-        .encode_messages_json(
-            tmpl,
-            &Value::Array(r.messages.clone()),
-            tools.as_ref(),
-            true,
-        )
-        .map_err(|e| ApiError::invalid(Some("messages"), format!("{e:#}")))
+    let bytes = admit::text_bytes(&Value::Array(r.messages.clone()))
+        + tools.as_ref().map_or(0, admit::text_bytes);
+    s.check_prompt_bytes(bytes, "messages")?;
+    let msgs = messages::prepare(&r.messages, s.traits)?;
+    let st = Arc::clone(s);
+    s.prepare(move || {
+        let tmpl = st.template.as_ref().expect("checked above");
+        st.tok
+            .encode_messages_json(tmpl, &Value::Array(msgs), tools.as_ref(), true)
+            .map_err(|e| ApiError::invalid(Some("messages"), format!("{e:#}")))
+    })
+    .await?
 }
 
-async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let r: ChatRequest = match parse(body) {
+async fn chat(
+    State(s): State<Arc<AppState>>,
+    Extension(dl): Extension<Deadline>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r: ChatRequest = match parse_request(body, types::CHAT_FIELDS) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
+    };
+    if r.parallel_tool_calls == Some(false) {
+        return ApiError::invalid(
+            Some("parallel_tool_calls"),
+            "parallel_tool_calls false is not supported (every call the model writes is returned)",
+        )
+        .into_response();
+    }
+    let choice = match &r.tool_choice {
+        None => "auto",
+        Some(Value::String(c)) if c == "auto" || c == "none" => c.as_str(),
+        Some(other) => {
+            return ApiError::invalid(
+                Some("tool_choice"),
+                format!("tool_choice {other} is not supported (only \"auto\" and \"none\")"),
+            )
+            .into_response()
+        }
     };
     if let Some(f) = &r.response_format {
         let t = f.get("type").and_then(Value::as_str).unwrap_or("");
@@ -367,12 +446,12 @@ async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection
         }
         (false, None) => None,
     };
-    let none = r.tool_choice.as_ref().and_then(Value::as_str) == Some("none");
+    let none = choice == "none";
     let tools = match &r.tools {
         Some(t) if !t.is_empty() && !none => s.tool_format,
         _ => None,
     };
-    let prompt = match chat_prompt(&s, &r) {
+    let prompt = match chat_prompt(&s, &r).await {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -387,29 +466,34 @@ async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection
         model: s.model_id.clone(),
         include_usage: r.include_usage(),
     };
-    answer(&s, head, prompt, p, r.stream).await
+    answer(&s, head, prompt, p, r.stream, dl).await
 }
 
 async fn completions(
     State(s): State<Arc<AppState>>,
+    Extension(dl): Extension<Deadline>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r: CompletionRequest = match parse(body) {
+    let r: CompletionRequest = match parse_request(body, types::COMPLETION_FIELDS) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    if let Some(b) = r.best_of.filter(|&b| b != 1) {
+        return ApiError::invalid(
+            Some("best_of"),
+            format!("best_of is {b}, but this server generates one choice per request (1)"),
+        )
+        .into_response();
+    }
     if r.echo {
         return ApiError::invalid(Some("echo"), "echo is not supported").into_response();
     }
     if r.suffix.as_ref().is_some_and(|x| !x.is_empty()) {
         return ApiError::invalid(Some("suffix"), "suffix is not supported").into_response();
     }
-    let text = match &r.prompt {
-        PromptField::One(t) => t.clone(),
-        PromptField::Many(v) if v.len() == 1 => v[0].clone(),
-        PromptField::Many(_) => {
-            return ApiError::invalid(Some("prompt"), "prompt must be one string").into_response()
-        }
+    let prompt = match info::read_prompt(&r.prompt, s.tok.vocab_size()) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
     };
     if let Some(n) = r.logprobs.filter(|&n| n > 20) {
         return ApiError::invalid(
@@ -418,10 +502,15 @@ async fn completions(
         )
         .into_response();
     }
-    let prompt = match s.tok.encode_prompt(&text, true) {
-        Ok(p) if !p.is_empty() => p,
-        Ok(_) => return ApiError::invalid(Some("prompt"), "the prompt is empty").into_response(),
-        Err(e) => return ApiError::invalid(Some("prompt"), format!("{e:#}")).into_response(),
+    let prompt = match prompt {
+        Prompt::Ids(ids) => ids,
+        Prompt::Text(text) => match prompt_text(&s, text).await {
+            Ok(p) if !p.is_empty() => p,
+            Ok(_) => {
+                return ApiError::invalid(Some("prompt"), "the prompt is empty").into_response()
+            }
+            Err(e) => return e.into_response(),
+        },
     };
     let p = match params(
         &s,
@@ -445,11 +534,31 @@ async fn completions(
         model: s.model_id.clone(),
         include_usage: r.include_usage(),
     };
-    answer(&s, head, prompt, p, r.stream).await
+    answer(&s, head, prompt, p, r.stream, dl).await
 }
 
-/// Queues the job and answers: the whole body, or a stream of events.
-async fn answer(s: &AppState, head: Head, prompt: Vec<u32>, p: Params, stream: bool) -> Response {
+/// The ids of a raw prompt, bounded as [`admit`] says.
+async fn prompt_text(s: &Arc<AppState>, text: String) -> Result<Vec<u32>, ApiError> {
+    s.check_prompt_bytes(text.len(), "prompt")?;
+    let st = Arc::clone(s);
+    s.prepare(move || {
+        st.tok
+            .encode_prompt(&text, true)
+            .map_err(|e| ApiError::invalid(Some("prompt"), format!("{e:#}")))
+    })
+    .await?
+}
+
+/// Queues the job and answers: the whole body, or a stream of events (ended at the
+/// deadline).
+async fn answer(
+    s: &AppState,
+    head: Head,
+    prompt: Vec<u32>,
+    p: Params,
+    stream: bool,
+    dl: Deadline,
+) -> Response {
     let want_lp = p.logprobs.is_some();
     let (tx, rx) = mpsc::unbounded_channel();
     match s.queue.submit(Job {
@@ -458,16 +567,7 @@ async fn answer(s: &AppState, head: Head, prompt: Vec<u32>, p: Params, stream: b
         events: tx,
     }) {
         Ok(()) => {}
-        Err(SubmitError::Full) => {
-            let mut e = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                "the request queue is full; retry later",
-            )
-            .code("queue_full");
-            e.retry_after = Some(1);
-            return e.into_response();
-        }
+        Err(SubmitError::Full) => return admit::queue_full().into_response(),
         Err(SubmitError::Stopped) => {
             return ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -478,7 +578,7 @@ async fn answer(s: &AppState, head: Head, prompt: Vec<u32>, p: Params, stream: b
         }
     }
     if stream {
-        return stream_response(head, rx, want_lp);
+        return stream_response(head, rx, want_lp, dl.0, s.timeout);
     }
     whole(head, rx, want_lp).await
 }
@@ -491,6 +591,9 @@ async fn whole(head: Head, mut rx: mpsc::UnboundedReceiver<Event>, want_lp: bool
             Event::Chunk(Chunk { text: t, logprobs }) => {
                 text.push_str(&t);
                 lps.extend(logprobs);
+            }
+            Event::Done(o) if o.finish == FinishReason::Cancelled => {
+                return shutdown_error().into_response()
             }
             Event::Done(o) => {
                 let lp = want_lp.then(|| sse::logprobs(head.kind, &lps, 0));
@@ -541,17 +644,30 @@ impl Streaming {
             }
             Some(Event::Done(o)) => self.done(&o),
             Some(Event::Error(m)) => {
-                let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m);
-                self.out.push_back(sse::event(&e.body()));
-                self.out.push_back(sse::DONE.into());
-                self.ended = true;
+                self.fail(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    m,
+                ));
             }
-            None => self.ended = true,
+            // the worker dropped the job without ending it: the server is stopping
+            None => self.fail(shutdown_error()),
         }
+    }
+
+    /// Ends the stream with an error event (then `[DONE]`).
+    fn fail(&mut self, e: ApiError) {
+        self.out.push_back(sse::event(&e.body()));
+        self.out.push_back(sse::DONE.into());
+        self.ended = true;
     }
 
     fn done(&mut self, o: &Outcome) {
         self.tokens.set(o.prompt_tokens, o.completion_tokens);
+        if o.finish == FinishReason::Cancelled {
+            // the handler still listens, so the server is stopping: not a normal end
+            return self.fail(shutdown_error());
+        }
         if !o.tool_calls.is_empty() {
             let delta = json!({"tool_calls": sse::tool_calls(&o.tool_calls, true)});
             self.out
@@ -569,7 +685,23 @@ impl Streaming {
     }
 }
 
-fn stream_response(head: Head, rx: mpsc::UnboundedReceiver<Event>, want_lp: bool) -> Response {
+/// The error of a generation cut by the server stopping.
+fn shutdown_error() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "the server is stopping: the generation was cut short",
+    )
+    .code("server_shutdown")
+}
+
+fn stream_response(
+    head: Head,
+    rx: mpsc::UnboundedReceiver<Event>,
+    want_lp: bool,
+    deadline: Option<tokio::time::Instant>,
+    timeout: Option<std::time::Duration>,
+) -> Response {
     let mut first = std::collections::VecDeque::new();
     let role = match head.kind {
         Kind::Chat => json!({"role": "assistant", "content": ""}),
@@ -588,7 +720,7 @@ fn stream_response(head: Head, rx: mpsc::UnboundedReceiver<Event>, want_lp: bool
         tokens: Tokens::default(),
     };
     let tokens = st.tokens.clone();
-    let body = futures_util::stream::unfold(st, |mut st| async move {
+    let body = futures_util::stream::unfold(st, move |mut st| async move {
         loop {
             if let Some(e) = st.out.pop_front() {
                 return Some((Ok::<_, Infallible>(Bytes::from(e)), st));
@@ -596,7 +728,16 @@ fn stream_response(head: Head, rx: mpsc::UnboundedReceiver<Event>, want_lp: bool
             if st.ended {
                 return None;
             }
-            let ev = st.rx.recv().await;
+            let ev = match deadline {
+                None => st.rx.recv().await,
+                Some(at) => match tokio::time::timeout_at(at, st.rx.recv()).await {
+                    Ok(ev) => ev,
+                    Err(_) => {
+                        st.fail(admit::timeout_error(timeout));
+                        continue;
+                    }
+                },
+            };
             st.on(ev);
         }
     });

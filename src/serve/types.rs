@@ -1,8 +1,93 @@
-//! OpenAI request bodies (serde), as the chat and completions endpoints accept them. Unknown
-//! fields are ignored, as OpenAI-compatible servers do; a field of the wrong type is a 400
-//! naming it.
+//! OpenAI request bodies (serde), as the chat and completions endpoints accept them. A field
+//! the server does not support is refused with a 400 naming it ([`check_fields`]), never
+//! ignored; a field of the wrong type is a 400 naming it; a field set to `null` is absent.
 
 use serde::Deserialize;
+
+use super::error::ApiError;
+
+/// The fields `POST /v1/chat/completions` accepts (`user` is accepted and unused: it only
+/// names the end user).
+pub const CHAT_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "user",
+];
+
+/// The fields `POST /v1/completions` accepts.
+pub const COMPLETION_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "n",
+    "best_of",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "echo",
+    "suffix",
+    "user",
+];
+
+/// Drops the fields of `body` set to `null` and refuses, by name, the first field not in
+/// `accepted` (known ones with the reason). Errors: a 400 whose `param` is the field.
+pub fn check_fields(
+    body: &mut serde_json::Map<String, serde_json::Value>,
+    accepted: &[&str],
+) -> Result<(), ApiError> {
+    body.retain(|_, v| !v.is_null());
+    let Some(f) = body.keys().find(|k| !accepted.contains(&k.as_str())) else {
+        return Ok(());
+    };
+    let why = match f.as_str() {
+        "logit_bias" | "ignore_eos" => format!("{f} is not supported yet"),
+        "grammar" | "json_schema" => {
+            format!("{f} is not supported yet (constrained decoding)")
+        }
+        "functions" | "function_call" => {
+            format!("{f} (deprecated by OpenAI) is not supported; use tools and tool_choice")
+        }
+        "messages" | "prompt" => format!(
+            "{f} belongs to the other endpoint ({})",
+            if f == "messages" {
+                "/v1/chat/completions"
+            } else {
+                "/v1/completions"
+            }
+        ),
+        _ => format!("{f} is not a parameter this server supports"),
+    };
+    Err(ApiError::invalid(Some(f), why))
+}
 
 /// `stop`: one string or a list.
 #[derive(Clone, Debug, Deserialize)]
@@ -26,6 +111,8 @@ macro_rules! request {
         $(#[$m])*
         #[derive(Clone, Debug, Deserialize)]
         pub struct $name {
+            /// The model named (any name is answered by the one model served).
+            #[serde(default)]
             pub model: String,
             pub max_tokens: Option<u32>,
             pub max_completion_tokens: Option<u32>,
@@ -58,26 +145,27 @@ request!(
         response_format: Option<serde_json::Value>,
         tools: Option<Vec<serde_json::Value>>,
         tool_choice: Option<serde_json::Value>,
+        parallel_tool_calls: Option<bool>,
+        /// Accepted and unused (it names the end user).
+        #[allow(dead_code)]
+        user: Option<String>,
     }
 );
-
-/// `prompt` of the completions endpoint: a string or a list of one string.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
-pub enum PromptField {
-    One(String),
-    Many(Vec<String>),
-}
 
 request!(
     /// `POST /v1/completions`.
     CompletionRequest {
-        prompt: PromptField,
+        /// Read by [`super::info::read_prompt`] (so its errors name `prompt`).
+        prompt: serde_json::Value,
         /// Legacy logprobs: the number of alternatives per token.
         logprobs: Option<u32>,
         #[serde(default)]
         echo: bool,
         suffix: Option<String>,
+        best_of: Option<u32>,
+        /// Accepted and unused (it names the end user).
+        #[allow(dead_code)]
+        user: Option<String>,
     }
 );
 

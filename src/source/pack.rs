@@ -16,7 +16,10 @@
 //! physical reads, and name a drive file in their errors as `drive D (PATH), file FILE`.
 //! Checksums are SHA-256 (already a dependency, hardware-accelerated on x86 with SHA-NI at over
 //! 1 GB/s, and strong enough that a corrupt record can never pass): one per expert record over
-//! its bytes up to the end of its last tensor, one per spine tensor.
+//! its bytes up to the end of its last tensor, one per spine tensor. Each record also has an
+//! XXH3-128 (`xxh3`, many times faster), which reads check by default
+//! ([`crate::store::checksum`]); packs written before it was recorded are checked with the
+//! SHA-256.
 //!
 //! Sources: Hugging Face folders (`format: "hf"`, opened with [`open_pack`]) and GGUF files
 //! (`format: "gguf"`, opened with [`open_gguf_pack`]). Stacked experts (GGUF
@@ -27,8 +30,8 @@
 //! whose header the manifest checksums too (`write/pack/gguf.rs`).
 //!
 //! The files copied from a Hugging Face source (config, tokenizer, generation config) have a
-//! SHA-256 each in the manifest (`file_sha256`), checked by `pack --verify` and at load with
-//! `--verify-experts`.
+//! SHA-256 each in the manifest (`file_sha256`), checked by `pack --verify` and at load (unless
+//! `--no-verify-experts`).
 //!
 //! A pack is complete only once `manifest.json` exists; it is written last, by rename. A folder
 //! with `pack.journal` and no manifest is a pack being written and is refused. A writer holds
@@ -48,11 +51,13 @@ use super::gguf::GgufModel;
 use super::hf::HfModel;
 use super::pack_check::tensor_type;
 pub use super::pack_format::{
-    hex, is_incomplete_pack, is_pack, unhex32, Drive, ExpertRecord, Extent, Manifest, PackTensor,
-    SourceIdentity, SpineHeader, FORMAT_VERSION, JOURNAL, MANIFEST, MAX_MANIFEST_BYTES, SPINE_FILE,
+    hex, is_incomplete_pack, is_pack, unhex16, unhex32, Drive, ExpertRecord, Extent, Manifest,
+    PackTensor, SourceIdentity, SpineHeader, FORMAT_VERSION, JOURNAL, MANIFEST, MAX_MANIFEST_BYTES,
+    SPINE_FILE,
 };
 pub use super::pack_info::PackInfo;
 use super::tensor::TensorInfo;
+use crate::store::checksum::RecordSum;
 use crate::store::relocate::{Relocation, Stripe};
 
 /// A pack's tensor index in its logical files, checked against the files on disk.
@@ -99,9 +104,12 @@ fn open_layout(dir: &Path) -> Result<Layout> {
         })
         .collect();
     let n_layers = m.experts.iter().map(|r| r.layer + 1).max().unwrap_or(0);
-    let mut checksums: Vec<Vec<[u8; 32]>> = vec![Vec::new(); n_layers];
+    let mut checksums: Vec<Vec<RecordSum>> = vec![Vec::new(); n_layers];
     for r in &m.experts {
-        checksums[r.layer].push(unhex32(&r.sha256).expect("checked"));
+        checksums[r.layer].push(match r.xxh3.as_deref().and_then(unhex16) {
+            Some(x) => RecordSum::Xxh3(x),
+            None => RecordSum::Sha256(unhex32(&r.sha256).expect("checked")),
+        });
     }
     let copied = m
         .file_sha256

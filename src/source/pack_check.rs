@@ -13,7 +13,7 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 
-use super::pack_format::{unhex32, Manifest, PackTensor, MANIFEST};
+use super::pack_format::{unhex16, unhex32, Manifest, PackTensor, MANIFEST};
 use crate::quant::GgmlType;
 
 impl Manifest {
@@ -192,6 +192,9 @@ fn check_fields(m: &Manifest, dir: &Path) -> Result<()> {
                 "{f}.sha256 = {:?} is not a SHA-256 (64 hex digits)",
                 r.sha256
             );
+        }
+        if let Some(h) = r.xxh3.as_deref().filter(|h| unhex16(h).is_none()) {
+            bail!("{f}.xxh3 = {h:?} is not an XXH3-128 (32 hex digits)");
         }
         if r.extents.is_empty() {
             bail!("{f}.extents is empty");

@@ -88,6 +88,11 @@ pub struct ExpertRecord {
     pub extents: Vec<Extent>,
     /// SHA-256 (hex) of the record's `len` bytes; empty in a plan not yet written.
     pub sha256: String,
+    /// XXH3-128 (hex, 32 digits, big-endian) of the same bytes: what every read checks by
+    /// default. Absent in packs written before it was recorded (reads check `sha256` then)
+    /// and in a plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xxh3: Option<String>,
 }
 
 /// The GGUF header at the start of a GGUF source's spine file (see [`crate::source::pack`]).
@@ -142,6 +147,18 @@ pub fn is_incomplete_pack(dir: &Path) -> bool {
 /// Hex of `b`.
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Bytes of a 32-digit hex XXH3-128.
+pub fn unhex16(s: &str) -> Option<[u8; 16]> {
+    let mut out = [0u8; 16];
+    if s.len() != 32 {
+        return None;
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 /// Bytes of a 64-digit hex SHA-256.

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 
 use sha2::{Digest, Sha256};
 
+use crate::store::checksum::RecordSum;
+
 use crate::store::relocate::Relocation;
 use crate::store::ExpertStore;
 
@@ -16,8 +18,9 @@ pub struct PackInfo {
     /// The pack folder.
     pub dir: PathBuf,
     pub relocation: Relocation,
-    /// `checksums[layer][expert]` (empty rows for layers without experts).
-    pub checksums: Vec<Vec<[u8; 32]>>,
+    /// `checksums[layer][expert]` (empty rows for layers without experts): XXH3-128 when the
+    /// manifest records it, else SHA-256.
+    pub checksums: Vec<Vec<RecordSum>>,
     /// How errors name each physical file of [`Relocation::files`]: `None` for the spine,
     /// [`Manifest::drive_label`](super::pack::Manifest::drive_label) for a drive file.
     pub labels: Vec<Option<String>>,
@@ -53,8 +56,7 @@ impl PackInfo {
         files: &[usize],
     ) -> Option<String> {
         let want = self.checksums.get(layer)?.get(expert)?;
-        let got: [u8; 32] = Sha256::digest(record).into();
-        if &got == want {
+        if want.matches(record) {
             return None;
         }
         let mut names: Vec<String> = Vec::new();
@@ -76,6 +78,23 @@ impl PackInfo {
             "checksum mismatch in expert {expert} of layer {layer} read from {}",
             names.join("; ")
         ))
+    }
+
+    /// What the placement line says of the expert checks (`verify`: they are on).
+    pub fn check_note(&self, verify: bool) -> String {
+        let algo = self
+            .checksums
+            .iter()
+            .flatten()
+            .next()
+            .map_or("", RecordSum::algorithm);
+        match (verify, algo) {
+            (false, _) => "; expert records not checked (--no-verify-experts)".into(),
+            (true, "SHA-256") => "; expert records checked with SHA-256 (the manifest predates \
+                 xxh3-128: pack again for the faster check)"
+                .into(),
+            (true, a) => format!("; expert records checked with {a}"),
+        }
     }
 
     /// Checks every copied file ([`PackInfo::copied`]) against its checksum (they are small:

@@ -22,6 +22,7 @@
 //! of started ones count as wasted. Prefetch changes when bytes arrive, never which experts are
 //! computed or the order they are reduced in.
 
+use super::checksum::RecordSum;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::path::PathBuf;
@@ -116,9 +117,9 @@ pub struct ExpertStore {
     io_stats: Arc<IoStats>,
     heat: Heat,
     heat_file: Option<PathBuf>,
-    /// `checksums[layer][expert]`: SHA-256 of the bytes from the unit's first piece to the end
-    /// of its last (a pack record), checked as each miss lands; `None`: not checked.
-    checksums: Option<Vec<Vec<[u8; 32]>>>,
+    /// `checksums[layer][expert]`: of the bytes from the unit's first piece to the end of its
+    /// last (a pack record), checked as each miss lands; `None`: not checked.
+    checksums: Option<Vec<Vec<RecordSum>>>,
     /// Applied to each miss after it lands and before compute and the cache see it.
     transform: Option<ExpertTransform>,
     /// Per decoder layer: cumulative uses, bytes, wait, compute and spine time.
@@ -259,10 +260,10 @@ impl ExpertStore {
         })
     }
 
-    /// Checks every expert read from now on against `sums[layer][expert]` (SHA-256 of the
-    /// bytes from its unit's first piece to the end of its last, as a pack's manifest records
-    /// them); a mismatch ends the fetch with an error naming the file(s) and the expert.
-    pub fn set_checksums(&mut self, sums: Vec<Vec<[u8; 32]>>) {
+    /// Checks every expert read from now on against `sums[layer][expert]` (of the bytes from
+    /// its unit's first piece to the end of its last, as a pack's manifest records them); a
+    /// mismatch ends the fetch with an error naming the file(s) and the expert.
+    pub fn set_checksums(&mut self, sums: Vec<Vec<RecordSum>>) {
         self.checksums = Some(sums);
     }
 
@@ -646,10 +647,8 @@ impl ExpertStore {
 
     /// The error message when expert `e` of `layer` in `b` does not match its checksum.
     fn check_sum(&self, layer: usize, e: usize, b: &UnitBytes) -> Option<String> {
-        use sha2::Digest;
         let want = self.checksums.as_ref()?.get(layer).and_then(|r| r.get(e))?;
-        let got: [u8; 32] = sha2::Sha256::digest(b.record()).into();
-        if &got == want {
+        if want.matches(b.record()) {
             return None;
         }
         let mut files: Vec<String> = Vec::new();

@@ -19,6 +19,7 @@
 //! - `plan.rs`: residency planning under the RAM budget.
 
 pub mod aligned;
+pub mod checksum;
 pub mod counters;
 pub mod direct;
 pub mod expert_cache;

@@ -59,6 +59,23 @@ impl ModelTokenizer {
         }
     }
 
+    /// Number of token ids (valid ids are below it).
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            ModelTokenizer::Gguf(k) => k.vocab_size(),
+            ModelTokenizer::Hf(k) => k.vocab_size(),
+        }
+    }
+
+    /// The text of `ids` (special tokens as their text unless `skip_special`). Ids must be
+    /// below [`ModelTokenizer::vocab_size`].
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
+        match self {
+            ModelTokenizer::Gguf(k) => k.decode(ids, skip_special),
+            ModelTokenizer::Hf(k) => k.decode(ids, skip_special),
+        }
+    }
+
     /// Tokenizes a raw prompt (no chat template). The model's BOS (or whatever else it adds)
     /// is added. With `parse_special`, special-token texts written in the prompt become their
     /// ids, for both formats, as llama.cpp's CLI does with `-p` (`--no-parse-special` turns

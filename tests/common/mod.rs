@@ -3,6 +3,7 @@
 
 pub mod gguf;
 pub mod hf;
+pub mod http;
 pub mod pack;
 pub mod serve;
 pub mod spec;

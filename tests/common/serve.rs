@@ -150,6 +150,10 @@ pub fn opts(key: Option<&str>) -> ServeOptions {
         body_limit: 8192,
         model_id: "qwen3_moe".into(),
         seed: Some(1),
+        allowed_hosts: Vec::new(),
+        cors_origins: Vec::new(),
+        timeout: None,
+        idle_timeout: std::time::Duration::from_secs(30),
     }
 }
 

@@ -153,6 +153,7 @@ pub(super) fn plan(src: &PackSource, o: &PackOptions) -> Result<(Manifest, Optio
                     len: *len,
                     extents,
                     sha256: String::new(),
+                    xxh3: None,
                 });
             }
             Some(chunk)
@@ -198,6 +199,7 @@ pub(super) fn plan(src: &PackSource, o: &PackOptions) -> Result<(Manifest, Optio
                         record_offset: 0,
                     }],
                     sha256: String::new(),
+                    xxh3: None,
                 });
             }
             None

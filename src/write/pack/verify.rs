@@ -1,6 +1,7 @@
 //! `deltafin pack --verify`: every checksum of a pack read back (layout in
 //! [`crate::source::pack`]).
 
+use crate::store::checksum::xxh3_128;
 use std::fs::File;
 use std::path::Path;
 
@@ -66,7 +67,9 @@ pub fn verify_pack(dir: &Path) -> Result<(usize, Vec<Mismatch>)> {
             )
         };
         match read_record(&m, &files, r) {
-            Ok(b) if hex(&Sha256::digest(&b)) == r.sha256 => {}
+            Ok(b)
+                if hex(&Sha256::digest(&b)) == r.sha256
+                    && r.xxh3.as_ref().is_none_or(|x| *x == hex(&xxh3_128(&b))) => {}
             Ok(_) => bad.push(format!("{}: checksum mismatch", where_())),
             Err(e) => bad.push(format!("{}: {e:#}", where_())),
         }

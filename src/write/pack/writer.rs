@@ -1,6 +1,7 @@
 //! Writing and resuming a pack: [`write_pack`] runs the plan (`plan.rs`), copies spine tensors
 //! and expert records from the source, keeps the journal and writes the manifest last.
 
+use crate::store::checksum::xxh3_128;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -55,7 +56,10 @@ fn read_journal(p: &Path) -> HashMap<(char, usize), String> {
 fn bare(f: &Manifest) -> Manifest {
     let mut b = f.clone();
     b.tensors.iter_mut().for_each(|t| t.sha256 = None);
-    b.experts.iter_mut().for_each(|r| r.sha256.clear());
+    b.experts.iter_mut().for_each(|r| {
+        r.sha256.clear();
+        r.xxh3 = None;
+    });
     b
 }
 
@@ -309,6 +313,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
             if let Ok(b) = read_record(&m, &drive_files, &r) {
                 if &hex(&Sha256::digest(&b)) == h {
                     m.experts[ri].sha256 = h.clone();
+                    m.experts[ri].xxh3 = Some(hex(&xxh3_128(&b)));
                     rep.skipped += 1;
                     bar.inc(
                         by_key[&(r.layer, r.expert)]
@@ -346,6 +351,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
         let hx = hex(&Sha256::digest(&rec));
         pending.push_str(&format!("e {ri} {hx}\n"));
         m.experts[ri].sha256 = hx;
+        m.experts[ri].xxh3 = Some(hex(&xxh3_128(&rec)));
         rep.written += 1;
         rep.bytes_written += r.len;
         let layer_done = ri + 1 == n_rec || m.experts[ri + 1].layer != m.experts[ri].layer;

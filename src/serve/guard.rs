@@ -1,0 +1,185 @@
+//! What keeps a local server from being used by web pages it never meant to serve:
+//!
+//! - [`check_host`]: the `Host` header must name the server: `localhost`, a loopback address,
+//!   the bound address (any IP address when bound to all interfaces), or a name given with
+//!   `--allowed-hosts` (`*`: any). A web page that rebinds its own domain name to 127.0.0.1
+//!   (DNS rebinding) sends its domain as `Host` and is refused with 403 `host_not_allowed`.
+//! - [`json_only`]: a `POST` body must be `Content-Type: application/json` (415 otherwise), so
+//!   a page cannot send one as a "simple" cross-site request (`text/plain`) without a CORS
+//!   preflight.
+//! - [`cors`]: CORS headers only for the origins of `--cors-origin`; `OPTIONS` preflights are
+//!   answered (200) for any path, with `Access-Control-Allow-Origin` only for those origins.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+use super::error::ApiError;
+
+/// The hosts a request may name.
+#[derive(Clone, Debug)]
+pub struct Hosts {
+    /// The address the server is bound to, when it is an IP address.
+    bound: Option<IpAddr>,
+    /// `--allowed-hosts` names, lowercased.
+    extra: Vec<String>,
+    /// `--allowed-hosts '*'`.
+    any: bool,
+}
+
+impl Hosts {
+    /// The hosts of a server bound to `bind` (an address or `localhost`) with `allowed`
+    /// (`--allowed-hosts`) names besides.
+    pub fn new(bind: &str, allowed: &[String]) -> Hosts {
+        Hosts {
+            bound: bind.trim_matches(['[', ']']).parse().ok(),
+            extra: allowed.iter().map(|h| h.to_ascii_lowercase()).collect(),
+            any: allowed.iter().any(|h| h == "*"),
+        }
+    }
+
+    /// Whether a `Host` header value (with or without a port) names this server.
+    pub fn allows(&self, host: &str) -> bool {
+        if self.any {
+            return true;
+        }
+        let name = match host.strip_prefix('[') {
+            // [v6]:port
+            Some(rest) => rest.split(']').next().unwrap_or(""),
+            None => match host.rsplit_once(':') {
+                Some((n, port)) if port.bytes().all(|b| b.is_ascii_digit()) => n,
+                _ => host,
+            },
+        }
+        .to_ascii_lowercase();
+        if name == "localhost" || self.extra.contains(&name) {
+            return true;
+        }
+        match name.parse::<IpAddr>() {
+            Ok(ip) => {
+                ip.is_loopback()
+                    || Some(ip) == self.bound
+                    || self.bound.is_some_and(|b| b.is_unspecified())
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// Refuses a request whose `Host` does not name the server (see the module header); a
+/// request without `Host` (HTTP/1.0) passes.
+pub async fn check_host(State(h): State<Arc<Hosts>>, req: Request, next: Next) -> Response {
+    if let Some(v) = req.headers().get(header::HOST) {
+        let host = v.to_str().unwrap_or("");
+        if !h.allows(host) {
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                format!(
+                    "the Host header '{host}' does not name this server; serve it under that \
+                     name with --allowed-hosts"
+                ),
+            )
+            .code("host_not_allowed")
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Refuses a `POST` whose body is not declared `application/json` with 415.
+pub async fn json_only(req: Request, next: Next) -> Response {
+    if req.method() == Method::POST {
+        let ct = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let media = ct.split(';').next().unwrap_or("").trim();
+        if !media.eq_ignore_ascii_case("application/json") {
+            let got = if ct.is_empty() {
+                "none".to_string()
+            } else {
+                format!("'{ct}'")
+            };
+            return ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                format!("the body must be sent as Content-Type: application/json (got {got})"),
+            )
+            .code("unsupported_media_type")
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Whether `o` can be a `--cors-origin` value (`*`, or an origin that is a valid header
+/// value, such as `https://example.com`).
+pub fn valid_origin(o: &str) -> bool {
+    o == "*" || HeaderValue::from_str(o).is_ok_and(|_| o.contains("://"))
+}
+
+/// The CORS layer for `origins` (`--cors-origin`, checked by [`valid_origin`]; others are
+/// skipped; `*`: any origin): preflights answered, `GET` and `POST` with `Authorization` and
+/// `Content-Type` allowed from those origins only.
+pub fn cors(origins: &[String]) -> CorsLayer {
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(
+            origins
+                .iter()
+                .filter_map(|o| HeaderValue::from_str(o.trim_end_matches('/')).ok()),
+        )
+    };
+    CorsLayer::new()
+        .allow_origin(allow)
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+        .max_age(std::time::Duration::from_secs(600))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_of_a_loopback_server() {
+        let h = Hosts::new("127.0.0.1", &[]);
+        for ok in [
+            "localhost",
+            "LOCALHOST:8080",
+            "127.0.0.1:8080",
+            "127.0.0.2",
+            "[::1]:80",
+        ] {
+            assert!(h.allows(ok), "{ok}");
+        }
+        for no in [
+            "evil.com",
+            "evil.com:8080",
+            "10.0.0.1",
+            "localhost.evil.com",
+        ] {
+            assert!(!h.allows(no), "{no}");
+        }
+        let h = Hosts::new("127.0.0.1", &["box.lan".into()]);
+        assert!(h.allows("box.lan:8080") && !h.allows("evil.com"));
+        assert!(Hosts::new("127.0.0.1", &["*".into()]).allows("evil.com"));
+    }
+
+    #[test]
+    fn hosts_of_a_server_on_all_interfaces() {
+        let h = Hosts::new("0.0.0.0", &[]);
+        assert!(h.allows("192.168.1.5:8080") && h.allows("localhost"));
+        assert!(!h.allows("evil.com"));
+        let h = Hosts::new("10.0.0.7", &[]);
+        assert!(h.allows("10.0.0.7:8080") && !h.allows("10.0.0.8"));
+    }
+}

@@ -1,0 +1,235 @@
+//! The endpoints around generation: `GET /v1/models` and `/v1/models/{id}` (OpenAI), and
+//! llama-server's `POST /tokenize`, `POST /detokenize` and `GET /props`; and the reading of
+//! `prompt` of `/v1/completions` (a string, a list of one string, token ids, or a list of one
+//! list of ids).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::routes::{parse, AppState};
+
+/// A prompt as the completions endpoint takes it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    /// Text, tokenized with the model's BOS.
+    Text(String),
+    /// Token ids, used as they are (nothing added).
+    Ids(Vec<u32>),
+}
+
+/// Reads `prompt`: a string, a list of one string, a list of token ids, or a list of one list
+/// of ids. Errors: a 400 naming `prompt` for any other shape, several prompts (one completion
+/// per request), an id that is not in the vocabulary of `vocab` tokens, or an empty prompt.
+pub fn read_prompt(v: &Value, vocab: usize) -> Result<Prompt, ApiError> {
+    let bad = |m: String| ApiError::invalid(Some("prompt"), m);
+    let ids = |a: &[Value]| -> Result<Prompt, ApiError> {
+        let mut out = Vec::with_capacity(a.len());
+        for (i, x) in a.iter().enumerate() {
+            match x.as_u64() {
+                Some(t) if (t as usize) < vocab => out.push(t as u32),
+                _ => {
+                    return Err(bad(format!(
+                        "prompt[{i}] is {x}, expected a token id below {vocab} (the vocabulary)"
+                    )))
+                }
+            }
+        }
+        Ok(Prompt::Ids(out))
+    };
+    let p = match v {
+        Value::String(s) => Prompt::Text(s.clone()),
+        Value::Array(a) => match a.first() {
+            None => return Err(bad("the prompt is empty".into())),
+            Some(Value::Number(_)) => ids(a)?,
+            Some(Value::String(_) | Value::Array(_)) if a.len() > 1 => {
+                return Err(bad(format!(
+                    "prompt holds {} prompts, but this server completes one per request",
+                    a.len()
+                )))
+            }
+            Some(Value::String(s)) => Prompt::Text(s.clone()),
+            Some(Value::Array(inner)) if !inner.is_empty() => ids(inner)?,
+            Some(Value::Array(_)) => return Err(bad("the prompt is empty".into())),
+            Some(_) => {
+                return Err(bad(
+                    "prompt must be a string, a list of one string, a list of token ids or a \
+                     list of one list of token ids"
+                        .into(),
+                ))
+            }
+        },
+        _ => {
+            return Err(bad(
+                "prompt must be a string, a list of one string, a list of token ids or a list \
+                 of one list of token ids"
+                    .into(),
+            ))
+        }
+    };
+    if p == Prompt::Text(String::new()) {
+        return Err(bad("the prompt is empty".into()));
+    }
+    Ok(p)
+}
+
+/// One entry of `/v1/models`.
+fn model_entry(s: &AppState) -> Value {
+    json!({"id": s.model_id, "object": "model", "created": (s.clock)(), "owned_by": "deltafin"})
+}
+
+/// `GET /v1/models`: the one model served.
+pub async fn models(State(s): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({"object": "list", "data": [model_entry(&s)]})).into_response()
+}
+
+/// `GET /v1/models/{id}`: the model, or 404 `model_not_found` for another id.
+pub async fn model(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if id != s.model_id {
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!(
+                "the model '{id}' does not exist; this server serves '{}'",
+                s.model_id
+            ),
+        )
+        .code("model_not_found")
+        .into_response();
+    }
+    axum::Json(model_entry(&s)).into_response()
+}
+
+/// `POST /tokenize` (llama-server's): `content` (a string), `add_special` (BOS; default
+/// false), `parse_special` (special-token texts become their ids; default true),
+/// `with_pieces` (default false). Answers `{"tokens": [id, …]}`, or with pieces
+/// `{"tokens": [{"id", "piece"}, …]}` (a piece that is part of a character shows U+FFFD).
+pub async fn tokenize(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req {
+        content: String,
+        #[serde(default)]
+        add_special: bool,
+        #[serde(default = "yes")]
+        parse_special: bool,
+        #[serde(default)]
+        with_pieces: bool,
+    }
+    fn yes() -> bool {
+        true
+    }
+    let r: Req = match parse(body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let ids = match s
+        .tok
+        .encode_text(&r.content, r.add_special, r.parse_special)
+    {
+        Ok(ids) => ids,
+        Err(e) => return ApiError::invalid(Some("content"), format!("{e:#}")).into_response(),
+    };
+    let tokens: Vec<Value> = if r.with_pieces {
+        ids.iter()
+            .map(|&t| json!({"id": t, "piece": s.tok.token_text(t)}))
+            .collect()
+    } else {
+        ids.iter().map(|&t| json!(t)).collect()
+    };
+    axum::Json(json!({"tokens": tokens})).into_response()
+}
+
+/// `POST /detokenize` (llama-server's): `tokens` (ids) → `{"content": text}`, special tokens
+/// as their text. Errors: 400 for an id outside the vocabulary.
+pub async fn detokenize(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req {
+        tokens: Vec<u64>,
+    }
+    let r: Req = match parse(body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let vocab = s.tok.vocab_size();
+    if let Some((i, t)) = r
+        .tokens
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t >= vocab as u64)
+    {
+        return ApiError::invalid(
+            Some("tokens"),
+            format!("tokens[{i}] is {t}, expected a token id below {vocab} (the vocabulary)"),
+        )
+        .into_response();
+    }
+    let ids: Vec<u32> = r.tokens.iter().map(|&t| t as u32).collect();
+    axum::Json(json!({"content": s.tok.decode(&ids, false)})).into_response()
+}
+
+/// `GET /props` (llama-server's shape, the fields Deltafin has): the defaults of requests,
+/// the context, slots, the model's name, chat template and modalities.
+pub async fn props(State(s): State<Arc<AppState>>) -> Response {
+    let d = &s.defaults;
+    axum::Json(json!({
+        "default_generation_settings": {
+            "n_ctx": s.n_ctx,
+            "params": {
+                "n_predict": s.default_max_tokens.map_or(-1, |m| m as i64),
+                "temperature": d.temperature,
+                "top_k": d.top_k,
+                "top_p": d.top_p,
+                "min_p": d.min_p,
+                "repeat_penalty": d.repeat_penalty,
+                "presence_penalty": d.presence_penalty,
+                "frequency_penalty": d.frequency_penalty,
+                "seed": s.seed.map_or(-1, |x| x as i64),
+            },
+        },
+        "total_slots": 1,
+        "model_alias": s.model_id,
+        "chat_template": s.template.as_ref().map(|t| t.source()),
+        "modalities": {"vision": false, "audio": false},
+        "build_info": concat!("deltafin ", env!("CARGO_PKG_VERSION")),
+    }))
+    .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_of_every_shape() {
+        let r = |v: Value| read_prompt(&v, 10);
+        assert_eq!(r(json!("hi")), Ok(Prompt::Text("hi".into())));
+        assert_eq!(r(json!(["hi"])), Ok(Prompt::Text("hi".into())));
+        assert_eq!(r(json!([1, 2])), Ok(Prompt::Ids(vec![1, 2])));
+        assert_eq!(r(json!([[3]])), Ok(Prompt::Ids(vec![3])));
+        let msg = |v: Value| r(v).unwrap_err().message;
+        assert_eq!(
+            msg(json!(["a", "b"])),
+            "prompt holds 2 prompts, but this server completes one per request"
+        );
+        assert_eq!(
+            msg(json!([1, 10])),
+            "prompt[1] is 10, expected a token id below 10 (the vocabulary)"
+        );
+        assert_eq!(msg(json!([])), "the prompt is empty");
+        assert_eq!(msg(json!("")), "the prompt is empty");
+    }
+}

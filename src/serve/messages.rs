@@ -1,0 +1,240 @@
+//! Chat messages as clients send them, made ready for the chat template: content given as a
+//! list of parts, the `developer` role, and the fields a message must have.
+//!
+//! - `content` as a list of parts (`[{"type": "text", "text": "…"}, …]`, sent by the OpenAI
+//!   SDK, LangChain, Open WebUI): a template that iterates a message's parts itself (Gemma 3's
+//!   and Kimi K2's Hugging Face templates, recognised from the template text:
+//!   [`iterates_content_parts`]) gets the list; any other template gets the text parts joined
+//!   with one space, as `transformers serve` joins them for a text-only model.
+//! - Parts other than `text` (`image_url`, `input_audio`, `file`, …) are refused: the models
+//!   served read text only.
+//! - `developer` (OpenAI's newer name for the system role) becomes `system`, unless the
+//!   template itself names the `developer` role (GPT-OSS's harmony template does).
+//! - `content` `null` or missing is refused, except in an assistant message that carries
+//!   `tool_calls`; a `tool` message needs `tool_call_id`.
+
+use serde_json::Value;
+
+use super::error::ApiError;
+
+/// Whether a template source loops over a message's `content` (`{% for x in m['content'] %}`
+/// or `m.content`), i.e. renders a list of parts itself.
+pub fn iterates_content_parts(source: &str) -> bool {
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    RE.get_or_init(|| {
+        regex::Regex::new(r#"for\s+\w+\s+in\s+\w+\s*(?:\.\s*content\b|\[\s*['"]content['"]\s*\])"#)
+            .expect("valid regex")
+    })
+    .is_match(source)
+}
+
+/// How a template takes messages (from its source, once at start).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TemplateTraits {
+    /// The template iterates content parts ([`iterates_content_parts`]).
+    pub parts: bool,
+    /// The template names the `developer` role.
+    pub developer: bool,
+}
+
+impl TemplateTraits {
+    /// The traits of a template source.
+    pub fn of(source: &str) -> TemplateTraits {
+        TemplateTraits {
+            parts: iterates_content_parts(source),
+            developer: source.contains("developer"),
+        }
+    }
+}
+
+fn bad(param: String, message: String) -> ApiError {
+    ApiError::invalid(Some(&param), message)
+}
+
+/// What a part that is not text is, in words, for the error.
+fn media(kind: &str) -> Option<&'static str> {
+    match kind {
+        "image_url" | "image" | "input_image" => Some("an image"),
+        "input_audio" | "audio" | "audio_url" => Some("audio"),
+        "video_url" | "video" => Some("a video"),
+        "file" | "input_file" => Some("a file"),
+        _ => None,
+    }
+}
+
+/// The text parts of `parts` (message `i`), or the error naming the first part that is not
+/// text.
+fn text_parts(i: usize, parts: &[Value]) -> Result<Vec<String>, ApiError> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, p) in parts.iter().enumerate() {
+        let at = format!("messages[{i}].content[{j}]");
+        let kind = p.get("type").and_then(Value::as_str).ok_or_else(|| {
+            bad(
+                at.clone(),
+                format!("{at} is not a content part (an object with a string \"type\")"),
+            )
+        })?;
+        if kind != "text" {
+            return Err(match media(kind) {
+                Some(what) => bad(
+                    at.clone(),
+                    format!(
+                        "{at} is {what} (type '{kind}'), but this model reads text only; send \
+                         text parts"
+                    ),
+                ),
+                None => bad(
+                    at.clone(),
+                    format!("{at} has type '{kind}'; only 'text' parts are accepted"),
+                ),
+            });
+        }
+        match p.get("text").and_then(Value::as_str) {
+            Some(t) => texts.push(t.to_string()),
+            None => {
+                return Err(bad(
+                    format!("{at}.text"),
+                    format!("{at} is a text part without a string \"text\""),
+                ))
+            }
+        }
+    }
+    Ok(texts)
+}
+
+/// Checks `messages` and rewrites them for a template of `traits` (see the module header).
+/// Errors: a 400 naming the message (`messages[1].content`) or part (`messages[1].content[0]`)
+/// at fault.
+pub fn prepare(messages: &[Value], traits: TemplateTraits) -> Result<Vec<Value>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid(Some("messages"), "messages is empty"));
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Some(obj) = m.as_object() else {
+            return Err(bad(at.clone(), format!("{at} is not an object")));
+        };
+        let mut obj = obj.clone();
+        let role = match obj.get("role").and_then(Value::as_str) {
+            Some(r) => r.to_string(),
+            None => {
+                return Err(bad(
+                    format!("{at}.role"),
+                    format!("{at} has no string \"role\""),
+                ))
+            }
+        };
+        if role == "developer" && !traits.developer {
+            obj.insert("role".into(), Value::from("system"));
+        }
+        let calls = obj
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .is_some_and(|c| !c.is_empty());
+        match obj.get("content") {
+            None | Some(Value::Null) if role == "assistant" && calls => {}
+            None | Some(Value::Null) => {
+                return Err(bad(
+                    format!("{at}.content"),
+                    format!("{at}.content is null or missing; a {role} message needs content"),
+                ))
+            }
+            Some(Value::String(_)) => {}
+            Some(Value::Array(parts)) => {
+                let texts = text_parts(i, parts)?;
+                if !traits.parts {
+                    obj.insert("content".into(), Value::from(texts.join(" ")));
+                }
+            }
+            Some(_) => {
+                return Err(bad(
+                    format!("{at}.content"),
+                    format!("{at}.content must be a string or a list of content parts"),
+                ))
+            }
+        }
+        if role == "tool" && !obj.get("tool_call_id").is_some_and(Value::is_string) {
+            return Err(bad(
+                format!("{at}.tool_call_id"),
+                format!("{at} is a tool message without a string \"tool_call_id\""),
+            ));
+        }
+        out.push(Value::Object(obj));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn templates_that_iterate_parts_are_recognised() {
+        assert!(iterates_content_parts(
+            "{%- for item in message['content'] -%}"
+        ));
+        assert!(iterates_content_parts("{% for c in m.content %}"));
+        assert!(!iterates_content_parts(
+            "{{ message.content }}{% for m in messages %}"
+        ));
+        assert!(!iterates_content_parts(
+            crate::tokenizer::chat::GEMMA_TEMPLATE
+        ));
+    }
+
+    #[test]
+    fn text_parts_are_joined_with_a_space_unless_the_template_iterates_them() {
+        let m = [json!({"role": "developer", "content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": "b c"}]})];
+        let joined = prepare(&m, TemplateTraits::default()).unwrap();
+        assert_eq!(joined, [json!({"role": "system", "content": "a b c"})]);
+        let kept = prepare(
+            &m,
+            TemplateTraits {
+                parts: true,
+                developer: true,
+            },
+        )
+        .unwrap();
+        assert_eq!(kept, m);
+    }
+
+    #[test]
+    fn faults_are_named() {
+        let err = |m: Value| {
+            let e = prepare(
+                &[json!({"role": "user", "content": "x"}), m],
+                TemplateTraits::default(),
+            )
+            .unwrap_err();
+            (e.param.unwrap(), e.message)
+        };
+        assert_eq!(
+            err(
+                json!({"role": "user", "content": [{"type": "text", "text": "x"},
+                {"type": "image_url", "image_url": {"url": "data:"}}]})
+            ),
+            (
+                "messages[1].content[1]".into(),
+                "messages[1].content[1] is an image (type 'image_url'), but this model reads \
+                 text only; send text parts"
+                    .into()
+            )
+        );
+        assert_eq!(
+            err(json!({"role": "user", "content": null})).1,
+            "messages[1].content is null or missing; a user message needs content"
+        );
+        assert_eq!(
+            err(json!({"role": "tool", "content": "42"})),
+            (
+                "messages[1].tool_call_id".into(),
+                "messages[1] is a tool message without a string \"tool_call_id\"".into()
+            )
+        );
+        let call = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c"}]});
+        assert!(prepare(&[call], TemplateTraits::default()).is_ok());
+    }
+}
