@@ -20,6 +20,7 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 
 use super::embed_head::{head_chunks, whole, Embedding, Head};
+use super::needs::MemoryNeeds;
 use super::{LoadOptions, Placement};
 use crate::source::pack::PackInfo;
 use crate::source::tensor::TensorInfo;
@@ -34,7 +35,7 @@ use crate::store::{
 /// Stream buffers used when any weight is streamed.
 pub(super) const STREAM_SLOTS: usize = 2;
 
-/// RAM a model needs besides its weights, in bytes.
+/// RAM a model needs besides its weights, in bytes ([`MemoryNeeds::reserve`]).
 pub(super) struct Reserved {
     /// KV cache for `n_ctx` tokens.
     pub kv_bytes: usize,
@@ -294,9 +295,10 @@ fn fp8_transform(
 }
 
 /// Places the weights of `w` (read from `files`) and the head under `opts.ram_budget` (see
-/// the module header), reads the resident units (repacking FP8 ones) and opens the stores:
-/// the streamer when anything is streamed, the expert store (with `od`'s re-encoding and
-/// checksums) when routed experts are read on demand.
+/// the module header) beside the RAM `needs` reserves for `opts` ([`MemoryNeeds::reserve`]),
+/// reads the resident units (repacking FP8 ones) and opens the stores: the streamer when
+/// anything is streamed, the expert store (with `od`'s re-encoding and checksums) when routed
+/// experts are read on demand.
 ///
 /// Errors: a budget too small for KV cache, activations, stream and expert I/O buffers; a
 /// file that cannot be opened, is shorter than an expert's bytes (named with the (layer,
@@ -306,10 +308,11 @@ pub(super) fn place(
     files: &[PathBuf],
     w: WeightUnits,
     h: HeadTensors,
-    r: Reserved,
+    needs: MemoryNeeds,
     od: OnDemand,
     notes: Notes,
 ) -> Result<Placed> {
+    let r = needs.reserve(opts);
     let WeightUnits {
         mut units,
         mut packs,

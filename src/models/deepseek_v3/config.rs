@@ -14,6 +14,7 @@ use serde::Deserialize;
 use crate::models::rope::{default_inv_freq_f32, get_mscale, HfRope, Yarn};
 
 use crate::models::config::defaults;
+use crate::models::needs::MemoryNeeds;
 
 /// Fields of `config.json` that the forward pass uses; defaults are transformers'.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -211,6 +212,35 @@ impl Config {
     /// Floats of the compressed cache per token per layer: `kv_lora_rank + qk_rope_head_dim`.
     pub fn latent_dim(&self) -> usize {
         self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    /// RAM a pass needs besides the weights ([`MemoryNeeds`]); with `mtp`, also the
+    /// multi-token-prediction block: its latent cache, its three norms and the final hidden
+    /// rows it reads.
+    pub(super) fn memory_needs(&self, mtp: bool) -> MemoryNeeds {
+        let (d, nh, rank) = (self.hidden_size, self.num_attention_heads, self.kv_lora_rank);
+        let (ne, eff) = (self.n_routed_experts, self.moe_intermediate_size);
+        let sff = eff * self.n_shared_experts;
+        let q_rank = self.q_lora_rank.unwrap_or(0);
+        let n_blocks = self.num_hidden_layers + usize::from(mtp);
+        MemoryNeeds {
+            row_floats: 4 * d
+                + q_rank
+                + nh * (self.qk_head_dim() + self.v_head_dim + rank)
+                + self.latent_dim()
+                + 2 * self.intermediate_size.max(sff).max(eff)
+                + ne,
+            pass_floats: self.vocab_size,
+            ctx_floats: if mtp { d } else { 0 },
+            thread_ctx_floats: 1,
+            thread_floats: rank * (self.qk_nope_head_dim + 2),
+            state_ctx_floats: n_blocks * self.latent_dim(),
+            vector_floats: d * (2 * n_blocks + 1)
+                + n_blocks * (q_rank + rank + ne)
+                + if mtp { 3 * d } else { 0 },
+            max_ctx: self.max_position_embeddings,
+            ..Default::default()
+        }
     }
 
     /// Whether the weights are FP8 (a `quantization_config` was accepted).

@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::models::config::{gguf_count, gguf_sigmoid_moe, opt_gguf_count, GgufSigmoidMoe};
 use crate::models::config::Fields;
+use crate::models::needs::MemoryNeeds;
 use crate::models::layers::hybrid::{gguf_hybrid_attn, mixers, Mixer};
 use crate::source::gguf::GgufModel;
 
@@ -83,6 +84,39 @@ impl Config {
     /// Floats of an MLA layer's cache row: `kv_lora_rank + qk_rope_head_dim`.
     pub fn latent_dim(&self) -> usize {
         self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    /// RAM a pass needs besides the weights ([`MemoryNeeds`]): a latent cache for the MLA
+    /// layers, a recurrent state for the KDA layers; `layer_vectors`: the floats of the
+    /// layers' resident vectors as loaded (norms, attention-residual scores, router biases,
+    /// convolutions, KDA gates), to which the final norm and the output residual score add
+    /// `2 · hidden_size`.
+    pub(super) fn memory_needs(&self, layer_vectors: usize) -> MemoryNeeds {
+        let (d, nh, nl) = (self.hidden_size, self.num_heads, self.num_hidden_layers);
+        let n_mla = self.mixers.iter().filter(|m| **m == Mixer::Mla).count();
+        let n_banks = nl.div_ceil(self.attn_res_block_size.max(1));
+        let m = &self.moe;
+        MemoryNeeds {
+            row_floats: (8 + n_banks) * d
+                + 12 * self.kda_dim()
+                + nh * (self.qk_nope_head_dim
+                    + self.qk_rope_head_dim
+                    + 2 * self.v_head_dim
+                    + self.kv_lora_rank)
+                + self.latent_dim()
+                + 2 * m.dense_ff.max(m.expert_ff * m.shared.max(1))
+                + 4 * self.routed_width()
+                + m.experts,
+            pass_floats: self.vocab_size,
+            thread_ctx_floats: 1,
+            thread_floats: self.kv_lora_rank * (self.qk_nope_head_dim + 2),
+            thread_row_floats: 4 * self.kda_head_dim + 1,
+            state_ctx_floats: n_mla * self.latent_dim(),
+            state_floats: (nl - n_mla) * self.kda_state(),
+            vector_floats: layer_vectors + 2 * d,
+            max_ctx: self.max_position_embeddings,
+            ..Default::default()
+        }
     }
 
     /// Width of the routed experts' rows: the latent width, else `hidden_size`.
