@@ -20,6 +20,7 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 
 use super::embed_head::{head_chunks, whole, Embedding, Head};
+use super::loading::{unit_of, CheckpointFiles};
 use super::needs::MemoryNeeds;
 use super::{LoadOptions, Placement};
 use crate::source::pack::PackInfo;
@@ -89,6 +90,25 @@ pub(super) struct HeadTensors<'a> {
     pub embd_unit: Unit,
     /// The head is the embeddings' tensor.
     pub tied: bool,
+}
+
+impl<'a> HeadTensors<'a> {
+    /// The LM head `head` and the embeddings `embd` of a checkpoint read through `files`,
+    /// each one unit of its own (relocated into the files' pack); `tied`: `head` is `embd`.
+    pub fn new(
+        files: &CheckpointFiles,
+        head: &'a TensorInfo,
+        embd: &'a TensorInfo,
+        tied: bool,
+    ) -> Self {
+        Self {
+            head,
+            head_unit: files.relocate(&unit_of(&[head]).0),
+            embd,
+            embd_unit: files.relocate(&unit_of(&[embd]).0),
+            tied,
+        }
+    }
 }
 
 /// How routed experts are read when the budget cannot hold every weight.

@@ -42,7 +42,7 @@ pub use self::config::Config;
 use super::budget::{place, HeadTensors, Notes, OnDemand, WeightUnits};
 use self::tensors::{hf_checkpoint, unit_of_lins, Checkpoint, FfnTensors, KvB, Lin};
 use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
-use super::loading::{unit_of, CheckpointFiles, MatRef};
+use super::loading::{CheckpointFiles, MatRef};
 use super::layers::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
 use super::moe::{route_sigmoid_grouped, store_swiglu_experts, ExpertMats, UnitExperts};
 use super::moe::ExpertStep;
@@ -273,13 +273,7 @@ impl DeepseekV3 {
             opts,
             &files.paths,
             w,
-            HeadTensors {
-                head: head_t,
-                head_unit: files.relocate(&unit_of(&[head_t]).0),
-                embd,
-                embd_unit: files.relocate(&unit_of(&[embd]).0),
-                tied: c.tie_word_embeddings,
-            },
+            HeadTensors::new(&files, head_t, embd, c.tie_word_embeddings),
             c.memory_needs(mtp_t.is_some()),
             // FP8 experts are repacked by the store as they land
             OnDemand {

@@ -347,13 +347,7 @@ impl GptOss {
             opts,
             &files.paths,
             w,
-            HeadTensors {
-                head: head_t,
-                head_unit: files.relocate(&unit_of(&[head_t]).0),
-                embd,
-                embd_unit: files.relocate(&unit_of(&[embd]).0),
-                tied: c.tie_word_embeddings,
-            },
+            HeadTensors::new(&files, head_t, embd, c.tie_word_embeddings),
             c.memory_needs(),
             OnDemand {
                 per_tok: c.num_experts_per_tok,

@@ -310,13 +310,7 @@ impl Llama {
             opts,
             &files.paths,
             w,
-            HeadTensors {
-                head: head_t,
-                head_unit: files.relocate(&unit_of(&[head_t]).0),
-                embd,
-                embd_unit: files.relocate(&unit_of(&[embd]).0),
-                tied,
-            },
+            HeadTensors::new(&files, head_t, embd, tied),
             c.memory_needs(qk_norm),
             OnDemand {
                 per_tok: c.num_experts_per_tok.unwrap_or(1),
