@@ -343,7 +343,7 @@ impl GptOss {
         w.units = files.relocate_all(w.units);
 
         // --- budget -------------------------------------------------------------------------
-        let placed = place(
+        let mut placed = place(
             opts,
             &files.paths,
             w,
@@ -360,7 +360,7 @@ impl GptOss {
                 tail: "",
             },
         )?;
-        let mut store = placed.store;
+        let store = &mut placed.store;
         // resident MXFP4 experts: repack once, keep only the GGML layout
         if let Some(p) = table.packed {
             for le in &table.units {
@@ -373,8 +373,7 @@ impl GptOss {
                 }
             }
         }
-        let mut placement = placed.placement;
-        placement.resident_bytes = store.resident_bytes();
+        placed.placement.resident_bytes = placed.store.resident_bytes();
         let (inv_freq, attn_factor) = c.rope();
         let blocks = GptOssBlocks {
             inv_freq,
@@ -394,16 +393,7 @@ impl GptOss {
                 c.kv_dim(),
             )
         };
-        let m = Decoder::new(
-            blocks,
-            dims,
-            layers,
-            placed.embedding,
-            placed.head,
-            final_norm,
-            placement,
-        );
-        Ok((m, store))
+        Ok(Decoder::placed(blocks, dims, layers, final_norm, placed))
     }
 }
 
