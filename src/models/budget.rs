@@ -14,6 +14,7 @@
 //! buffers are set aside (nothing else is streamed) and the cache gets their share.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -314,6 +315,18 @@ fn fp8_transform(
     Some((t, out))
 }
 
+/// Payload bytes of the units that are not resident (`resident[i]` false for `units[i]`),
+/// but for those whose index is in `skip`.
+pub(super) fn streamed_payload(units: &[Unit], resident: &[bool], skip: Range<usize>) -> usize {
+    units
+        .iter()
+        .zip(resident)
+        .enumerate()
+        .filter(|(i, (_, r))| !**r && !skip.contains(i))
+        .map(|(_, (u, _))| u.payload_bytes())
+        .sum()
+}
+
 /// Places the weights of `w` (read from `files`) and the head under `opts.ram_budget` (see
 /// the module header) beside the RAM `needs` reserves for `opts` ([`MemoryNeeds::reserve`]),
 /// reads the resident units (repacking FP8 ones) and opens the stores: the streamer when
@@ -419,19 +432,8 @@ pub(super) fn place(
         }
         (_, false, _) => Embedding::Streamed(h.embd.clone()),
     };
-    let streamed_bytes: usize = units
-        .iter()
-        .zip(&resident)
-        .filter(|(_, r)| !**r)
-        .map(|(u, _)| u.payload_bytes())
-        .sum();
-    let spine_streamed_bytes: usize = units
-        .iter()
-        .zip(&resident)
-        .enumerate()
-        .filter(|(i, (_, r))| !**r && !(n_spine..n_weight).contains(i))
-        .map(|(_, (u, _))| u.payload_bytes())
-        .sum();
+    let streamed_bytes = streamed_payload(&units, &resident, 0..0);
+    let spine_streamed_bytes = streamed_payload(&units, &resident, n_spine..n_weight);
     let count = |r: &[bool]| r.iter().filter(|r| **r).count();
     let (res_spine, res_experts) = (
         count(&resident[..n_spine]),

@@ -13,7 +13,7 @@ pub use config::Config;
 
 use anyhow::Result;
 
-use super::budget::Reserved;
+use super::budget::{streamed_payload, Reserved};
 use super::embed_head::{head_chunks, Embedding, Head};
 use super::layers::{
     add_post_normed, geglu_rows, gqa_attention, mm, mm_many, rms_norm_rows, rope_inv_freq,
@@ -236,12 +236,7 @@ impl Gemma3 {
         } else {
             Embedding::Streamed(embd.clone())
         };
-        let streamed_bytes: usize = units
-            .iter()
-            .zip(&resident)
-            .filter(|(_, r)| !**r)
-            .map(|(u, _)| u.payload_bytes())
-            .sum();
+        let streamed_bytes = streamed_payload(&units, &resident, 0..0);
         let resident_layers = layer_flags.iter().filter(|r| **r).count();
         let store = WeightStore::open(
             &g.files,
