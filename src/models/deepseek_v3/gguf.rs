@@ -245,19 +245,11 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
                 .collect();
             FfnTensors::Moe {
                 router: lin(&n("ffn_gate_inp"), &[d, ne])?,
-                shared: [
-                    lin(&n("ffn_gate_shexp"), &[d, sff])?,
-                    lin(&n("ffn_up_shexp"), &[d, sff])?,
-                    lin(&n("ffn_down_shexp"), &[sff, d])?,
-                ],
+                shared: gate_up_down(lin, ["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"].map(&n), d, sff)?,
                 experts,
             }
         } else {
-            FfnTensors::Dense([
-                lin(&n("ffn_gate"), &[d, dff])?,
-                lin(&n("ffn_up"), &[d, dff])?,
-                lin(&n("ffn_down"), &[dff, d])?,
-            ])
+            FfnTensors::Dense(gate_up_down(lin, ["ffn_gate", "ffn_up", "ffn_down"].map(&n), d, dff)?)
         };
         layers.push(LayerTensors {
             q_a,

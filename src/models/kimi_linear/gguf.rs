@@ -187,20 +187,12 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
             FfnTensors::Moe {
                 router: get(&n("ffn_gate_inp"), &[d, ne])?,
                 bias: get(&format!("blk.{l}.exp_probs_b.bias"), &[ne])?,
-                shared: [
-                    get(&n("ffn_gate_shexp"), &[d, sff])?,
-                    get(&n("ffn_up_shexp"), &[d, sff])?,
-                    get(&n("ffn_down_shexp"), &[sff, d])?,
-                ],
+                shared: gate_up_down(get, ["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"].map(&n), d, sff)?,
                 experts: gate.into_iter().zip(up).zip(down).map(|((g, u), d)| [g, u, d]).collect(),
             }
         } else {
             let ff = c.intermediate_size;
-            FfnTensors::Dense([
-                get(&n("ffn_gate"), &[d, ff])?,
-                get(&n("ffn_up"), &[d, ff])?,
-                get(&n("ffn_down"), &[ff, d])?,
-            ])
+            FfnTensors::Dense(gate_up_down(get, ["ffn_gate", "ffn_up", "ffn_down"].map(&n), d, ff)?)
         };
         layers.push(LayerTensors {
             mix,

@@ -218,11 +218,7 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
                 .collect();
             FfnTensors::Moe { router, experts }
         } else {
-            FfnTensors::Dense([
-                get(&n("ffn_gate"), &[d, ff])?,
-                get(&n("ffn_up"), &[d, ff])?,
-                get(&n("ffn_down"), &[ff, d])?,
-            ])
+            FfnTensors::Dense(gate_up_down(get, ["ffn_gate", "ffn_up", "ffn_down"].map(&n), d, ff)?)
         };
         layers.push(LayerTensors {
             attn,

@@ -33,7 +33,7 @@ use super::budget::{place, HeadTensors, Notes, OnDemand, WeightUnits};
 use super::layers::{
     add_into, gqa_attention, mm, rms_norm_rows, swiglu_mlp, AttnShape, Gqa, GqaRope,
 };
-use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
+use super::loading::{gate_up_down, mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::{route_softmax_topk, store_swiglu_experts, ExpertMats, UnitExperts};
 use super::rope::RopeStyle;
 use super::moe::ExpertStep;
@@ -179,11 +179,7 @@ fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
                 .collect::<Result<_>>()?;
             FfnTensors::Moe { router, experts }
         } else {
-            FfnTensors::Dense([
-                get(&n("mlp.gate_proj"), &[d, ff])?,
-                get(&n("mlp.up_proj"), &[d, ff])?,
-                get(&n("mlp.down_proj"), &[ff, d])?,
-            ])
+            FfnTensors::Dense(gate_up_down(get, ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"].map(&n), d, ff)?)
         };
         layers.push(LayerTensors {
             attn,
