@@ -247,6 +247,18 @@ pub fn check_rope_theta_and_eps(
     Ok(())
 }
 
+/// The file name (for errors) and the architecture of `g`, which `ok` must accept.
+///
+/// Errors: the architecture is missing, or `ok` refuses it, as
+/// `FILE: architecture 'ARCH' is not WANT`.
+pub fn gguf_arch(g: &GgufModel, ok: impl Fn(&str) -> bool, want: &str) -> Result<(String, String)> {
+    let (file, arch) = (g.file_name(), g.architecture()?.to_string());
+    if !ok(&arch) {
+        bail!("{file}: architecture '{arch}' is not {want}");
+    }
+    Ok((file, arch))
+}
+
 /// The integer at GGUF metadata `key`, required to lie in `range`.
 ///
 /// Errors: missing, not an integer (both from [`GgufModel::get_u64`]), or outside `range`, as

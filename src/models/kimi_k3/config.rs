@@ -6,7 +6,7 @@
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
-use crate::models::config::{gguf_count, gguf_sigmoid_moe, opt_gguf_count, GgufSigmoidMoe};
+use crate::models::config::{gguf_arch, gguf_count, gguf_sigmoid_moe, opt_gguf_count, GgufSigmoidMoe};
 use crate::models::config::Fields;
 use crate::models::needs::MemoryNeeds;
 use crate::models::layers::hybrid::{gguf_hybrid_attn, mixers, Mixer};
@@ -322,11 +322,7 @@ impl Config {
     /// RMS epsilon, context length, `attn_res.block_size`, both SiTU betas); a value out of
     /// range; a non-finite or non-positive epsilon or SiTU beta; a token table of no rows.
     pub fn from_gguf(g: &GgufModel) -> Result<Self> {
-        let file = g.file_name();
-        let arch = g.architecture()?.to_string();
-        if arch != ARCH {
-            bail!("{file}: architecture '{arch}' is not {ARCH}");
-        }
+        let (file, arch) = gguf_arch(g, |a| a == ARCH, ARCH)?;
         let k = |s: &str| format!("{arch}.{s}");
         let h = gguf_hybrid_attn(g, &arch)?;
         let positive = |key: &str| -> Result<f32> {
