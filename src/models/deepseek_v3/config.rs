@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use crate::models::rope::{default_inv_freq_f32, get_mscale, HfRope, Yarn};
 
+use crate::models::config::config_dims;
 use crate::models::config::defaults;
 use crate::models::needs::MemoryNeeds;
 
@@ -114,24 +115,12 @@ impl Config {
     pub fn from_json(v: &serde_json::Value, label: &str) -> Result<Self> {
         let v = crate::models::config::with_defaults(v, &transformers_defaults());
         let c: Config = serde_json::from_value(v).map_err(|e| anyhow!("{label}: {e}"))?;
-        let dims = [
-            ("vocab_size", c.vocab_size),
-            ("hidden_size", c.hidden_size),
-            ("intermediate_size", c.intermediate_size),
-            ("moe_intermediate_size", c.moe_intermediate_size),
-            ("num_hidden_layers", c.num_hidden_layers),
-            ("num_attention_heads", c.num_attention_heads),
-            ("kv_lora_rank", c.kv_lora_rank),
-            ("qk_rope_head_dim", c.qk_rope_head_dim),
-            ("qk_nope_head_dim", c.qk_nope_head_dim),
-            ("v_head_dim", c.v_head_dim),
-            ("n_routed_experts", c.n_routed_experts),
-            ("n_shared_experts", c.n_shared_experts.max(1)),
-            ("num_experts_per_tok", c.num_experts_per_tok),
-            ("n_group", c.n_group),
-            ("topk_group", c.topk_group),
-            ("q_lora_rank", c.q_lora_rank.unwrap_or(1)),
-        ];
+        let dims = config_dims!(c;
+            vocab_size, hidden_size, intermediate_size, moe_intermediate_size, num_hidden_layers,
+            num_attention_heads, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
+            n_routed_experts, n_shared_experts = c.n_shared_experts.max(1), num_experts_per_tok,
+            n_group, topk_group, q_lora_rank = c.q_lora_rank.unwrap_or(1)
+        );
         crate::models::config::check_config_dims(label, &dims)?;
         crate::models::config::check_rope_theta_and_eps(label, &c.hf_rope(), 10_000.0, c.rms_norm_eps)?;
         if !c.qk_rope_head_dim.is_multiple_of(2) || c.qk_rope_head_dim > 512 {

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use crate::models::rope::{default_inv_freq_f64, HfRope, Yarn};
 
+use crate::models::config::config_dims;
 use crate::models::config::defaults;
 use crate::models::needs::MemoryNeeds;
 
@@ -93,16 +94,10 @@ impl Config {
     pub fn from_json(v: &serde_json::Value, label: &str) -> Result<Self> {
         let v = crate::models::config::with_defaults(v, &transformers_defaults());
         let c: Config = serde_json::from_value(v).map_err(|e| anyhow!("{label}: {e}"))?;
-        let dims = [
-            ("vocab_size", c.vocab_size),
-            ("hidden_size", c.hidden_size),
-            ("intermediate_size", c.intermediate_size),
-            ("num_hidden_layers", c.num_hidden_layers),
-            ("num_attention_heads", c.num_attention_heads),
-            ("num_key_value_heads", c.num_key_value_heads),
-            ("head_dim", c.head_dim()),
-            ("sliding_window", c.sliding_window),
-        ];
+        let dims = config_dims!(c;
+            vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+            num_key_value_heads, head_dim = c.head_dim(), sliding_window
+        );
         crate::models::config::check_config_dims(label, &dims)?;
         crate::models::config::check_gqa(label, c.num_attention_heads, c.num_key_value_heads, c.head_dim())?;
         crate::models::config::check_rope_theta_and_eps(label, &c.hf_rope(), 150_000.0, c.rms_norm_eps)?;

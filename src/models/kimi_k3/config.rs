@@ -6,6 +6,7 @@
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
+use crate::models::config::config_dims;
 use crate::models::config::{gguf_arch, gguf_count, gguf_sigmoid_moe, opt_gguf_count, GgufSigmoidMoe};
 use crate::models::config::Fields;
 use crate::models::needs::MemoryNeeds;
@@ -263,27 +264,15 @@ impl Config {
     /// The range checks of [`Config::from_hf_json`] (the GGUF reader's bounds).
     fn check_hf_dims(&self, label: &str) -> Result<()> {
         let m = &self.moe;
-        let dims = [
-            ("vocab_size", self.vocab_size),
-            ("hidden_size", self.hidden_size),
-            ("num_hidden_layers", self.num_hidden_layers),
-            ("num_attention_heads", self.num_heads),
-            ("linear_attn_config.head_dim", self.kda_head_dim),
-            ("kv_lora_rank", self.kv_lora_rank),
-            ("qk_nope_head_dim", self.qk_nope_head_dim),
-            ("qk_rope_head_dim", self.qk_rope_head_dim),
-            ("v_head_dim", self.v_head_dim),
-            ("q_lora_rank", self.q_lora_rank.unwrap_or(1)),
-            ("num_experts", m.experts),
-            ("num_experts_per_token", m.used),
-            ("moe_intermediate_size", m.expert_ff),
-            ("intermediate_size", m.dense_ff),
-            ("num_expert_group", m.groups),
-            ("topk_group", m.groups_used),
-            ("routed_expert_hidden_size", self.latent.unwrap_or(1)),
-            ("num_shared_experts", m.shared.max(1)),
-            ("shared experts' width", m.expert_ff.saturating_mul(m.shared.max(1))),
-        ];
+        let dims = config_dims!(self;
+            vocab_size, hidden_size, num_hidden_layers, num_attention_heads = self.num_heads,
+            "linear_attn_config.head_dim" = self.kda_head_dim, kv_lora_rank, qk_nope_head_dim,
+            qk_rope_head_dim, v_head_dim, q_lora_rank = self.q_lora_rank.unwrap_or(1),
+            num_experts = m.experts, num_experts_per_token = m.used, moe_intermediate_size = m.expert_ff,
+            intermediate_size = m.dense_ff, num_expert_group = m.groups, topk_group = m.groups_used,
+            routed_expert_hidden_size = self.latent.unwrap_or(1), num_shared_experts = m.shared.max(1),
+            "shared experts' width" = m.expert_ff.saturating_mul(m.shared.max(1))
+        );
         crate::models::config::check_config_dims(label, &dims)?;
         // as the GGUF reader's `context_length`
         if !(1..=1 << 24).contains(&self.max_position_embeddings) {

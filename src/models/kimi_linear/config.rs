@@ -11,6 +11,7 @@
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
+use crate::models::config::config_dims;
 use crate::models::config::Fields;
 use crate::models::needs::MemoryNeeds;
 use crate::models::layers::hybrid::{mixers, Mixer};
@@ -120,26 +121,12 @@ impl Config {
             mixers: mixers(v, la, n_layers, label)?,
             moe: moe_layers(v, n_layers, label)?,
         };
-        let dims = [
-            ("vocab_size", c.vocab_size),
-            ("hidden_size", c.hidden_size),
-            ("intermediate_size", c.intermediate_size),
-            ("moe_intermediate_size", c.moe_intermediate_size),
-            ("num_hidden_layers", c.num_hidden_layers),
-            ("num_attention_heads", c.num_attention_heads),
-            ("kv_lora_rank", c.kv_lora_rank),
-            ("qk_rope_head_dim", c.qk_rope_head_dim),
-            ("qk_nope_head_dim", c.qk_nope_head_dim),
-            ("v_head_dim", c.v_head_dim),
-            ("n_routed_experts", c.n_routed_experts),
-            ("n_shared_experts", c.n_shared_experts),
-            ("num_experts_per_tok", c.num_experts_per_tok),
-            ("n_group", c.n_group),
-            ("topk_group", c.topk_group),
-            ("q_lora_rank", c.q_lora_rank.unwrap_or(1)),
-            ("linear_num_heads", c.linear_num_heads),
-            ("max_position_embeddings", c.max_position_embeddings),
-        ];
+        let dims = config_dims!(c;
+            vocab_size, hidden_size, intermediate_size, moe_intermediate_size, num_hidden_layers,
+            num_attention_heads, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
+            n_routed_experts, n_shared_experts, num_experts_per_tok, n_group, topk_group,
+            q_lora_rank = c.q_lora_rank.unwrap_or(1), linear_num_heads, max_position_embeddings
+        );
         crate::models::config::check_config_dims(label, &dims)?;
         if c.linear_head_dim == 0 || c.linear_head_dim > MAX_KDA_HEAD {
             bail!("{label}: 'linear_head_dim' = {} is outside 1..={MAX_KDA_HEAD}", c.linear_head_dim);

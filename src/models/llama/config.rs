@@ -11,6 +11,7 @@
 use anyhow::{anyhow, bail, Result};
 use serde::Deserialize;
 
+use crate::models::config::config_dims;
 use crate::models::config::defaults;
 use crate::models::needs::MemoryNeeds;
 
@@ -131,15 +132,10 @@ impl Config {
             }
         }
         let c: Config = serde_json::from_value(v).map_err(|e| anyhow!("{label}: {e}"))?;
-        let dims = [
-            ("vocab_size", c.vocab_size),
-            ("hidden_size", c.hidden_size),
-            ("intermediate_size", c.intermediate_size),
-            ("num_hidden_layers", c.num_hidden_layers),
-            ("num_attention_heads", c.num_attention_heads),
-            ("num_key_value_heads", c.n_kv_heads()),
-            ("head_dim", c.head_dim()),
-        ];
+        let dims = config_dims!(c;
+            vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+            num_key_value_heads = c.n_kv_heads(), head_dim = c.head_dim()
+        );
         crate::models::config::check_config_dims(label, &dims)?;
         crate::models::config::check_gqa(label, c.num_attention_heads, c.n_kv_heads(), c.head_dim())?;
         crate::models::config::check_rope_theta_and_eps(label, &c.hf_rope(), c.default_theta(), c.rms_norm_eps)?;
