@@ -14,12 +14,15 @@
 //! buffers are set aside (nothing else is streamed) and the cache gets their share.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
 
 use super::embed_head::{head_chunks, whole, Embedding, Head};
+use super::loading::{unit_of, CheckpointFiles};
+use super::needs::MemoryNeeds;
 use super::{LoadOptions, Placement};
 use crate::source::pack::PackInfo;
 use crate::source::tensor::TensorInfo;
@@ -34,7 +37,7 @@ use crate::store::{
 /// Stream buffers used when any weight is streamed.
 pub(super) const STREAM_SLOTS: usize = 2;
 
-/// RAM a model needs besides its weights, in bytes.
+/// RAM a model needs besides its weights, in bytes ([`MemoryNeeds::reserve`]).
 pub(super) struct Reserved {
     /// KV cache for `n_ctx` tokens.
     pub kv_bytes: usize,
@@ -88,6 +91,25 @@ pub(super) struct HeadTensors<'a> {
     pub embd_unit: Unit,
     /// The head is the embeddings' tensor.
     pub tied: bool,
+}
+
+impl<'a> HeadTensors<'a> {
+    /// The LM head `head` and the embeddings `embd` of a checkpoint read through `files`,
+    /// each one unit of its own (relocated into the files' pack); `tied`: `head` is `embd`.
+    pub fn new(
+        files: &CheckpointFiles,
+        head: &'a TensorInfo,
+        embd: &'a TensorInfo,
+        tied: bool,
+    ) -> Self {
+        Self {
+            head,
+            head_unit: files.relocate(&unit_of(&[head]).0),
+            embd,
+            embd_unit: files.relocate(&unit_of(&[embd]).0),
+            tied,
+        }
+    }
 }
 
 /// How routed experts are read when the budget cannot hold every weight.
@@ -293,10 +315,23 @@ fn fp8_transform(
     Some((t, out))
 }
 
+/// Payload bytes of the units that are not resident (`resident[i]` false for `units[i]`),
+/// but for those whose index is in `skip`.
+pub(super) fn streamed_payload(units: &[Unit], resident: &[bool], skip: Range<usize>) -> usize {
+    units
+        .iter()
+        .zip(resident)
+        .enumerate()
+        .filter(|(i, (_, r))| !**r && !skip.contains(i))
+        .map(|(_, (u, _))| u.payload_bytes())
+        .sum()
+}
+
 /// Places the weights of `w` (read from `files`) and the head under `opts.ram_budget` (see
-/// the module header), reads the resident units (repacking FP8 ones) and opens the stores:
-/// the streamer when anything is streamed, the expert store (with `od`'s re-encoding and
-/// checksums) when routed experts are read on demand.
+/// the module header) beside the RAM `needs` reserves for `opts` ([`MemoryNeeds::reserve`]),
+/// reads the resident units (repacking FP8 ones) and opens the stores: the streamer when
+/// anything is streamed, the expert store (with `od`'s re-encoding and checksums) when routed
+/// experts are read on demand.
 ///
 /// Errors: a budget too small for KV cache, activations, stream and expert I/O buffers; a
 /// file that cannot be opened, is shorter than an expert's bytes (named with the (layer,
@@ -306,10 +341,11 @@ pub(super) fn place(
     files: &[PathBuf],
     w: WeightUnits,
     h: HeadTensors,
-    r: Reserved,
+    needs: MemoryNeeds,
     od: OnDemand,
     notes: Notes,
 ) -> Result<Placed> {
+    let r = needs.reserve(opts);
     let WeightUnits {
         mut units,
         mut packs,
@@ -396,19 +432,8 @@ pub(super) fn place(
         }
         (_, false, _) => Embedding::Streamed(h.embd.clone()),
     };
-    let streamed_bytes: usize = units
-        .iter()
-        .zip(&resident)
-        .filter(|(_, r)| !**r)
-        .map(|(u, _)| u.payload_bytes())
-        .sum();
-    let spine_streamed_bytes: usize = units
-        .iter()
-        .zip(&resident)
-        .enumerate()
-        .filter(|(i, (_, r))| !**r && !(n_spine..n_weight).contains(i))
-        .map(|(_, (u, _))| u.payload_bytes())
-        .sum();
+    let streamed_bytes = streamed_payload(&units, &resident, 0..0);
+    let spine_streamed_bytes = streamed_payload(&units, &resident, n_spine..n_weight);
     let count = |r: &[bool]| r.iter().filter(|r| **r).count();
     let (res_spine, res_experts) = (
         count(&resident[..n_spine]),

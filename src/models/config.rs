@@ -188,6 +188,24 @@ fn json_eq(a: &serde_json::Value, b: &serde_json::Value) -> bool {
 /// us allocate terabytes).
 pub const CONFIG_DIM_MAX: usize = 1 << 20;
 
+/// The `(field, value)` list [`check_config_dims`] takes, in the order given: `c; a, b = e,
+/// "x.y" = e` is `[("a", c.a), ("b", e), ("x.y", e)]` (a field of `c` by its name, or any
+/// value under a name).
+macro_rules! config_dims {
+    ($c:ident; $($t:tt)*) => { $crate::models::config::config_dims!(@acc $c; []; $($t)*) };
+    (@acc $c:ident; [$($out:tt)*]; ) => { [$($out)*] };
+    (@acc $c:ident; [$($out:tt)*]; $name:ident = $e:expr $(, $($rest:tt)*)?) => {
+        $crate::models::config::config_dims!(@acc $c; [$($out)* (stringify!($name), $e),]; $($($rest)*)?)
+    };
+    (@acc $c:ident; [$($out:tt)*]; $name:literal = $e:expr $(, $($rest:tt)*)?) => {
+        $crate::models::config::config_dims!(@acc $c; [$($out)* ($name, $e),]; $($($rest)*)?)
+    };
+    (@acc $c:ident; [$($out:tt)*]; $name:ident $(, $($rest:tt)*)?) => {
+        $crate::models::config::config_dims!(@acc $c; [$($out)* (stringify!($name), $c.$name),]; $($($rest)*)?)
+    };
+}
+pub(crate) use config_dims;
+
 /// Checks that every `(field, value)` of a config lies in `1..=CONFIG_DIM_MAX`.
 ///
 /// Errors: the first that does not, as `LABEL: 'field' = value is outside 1..=1048576`.
@@ -245,6 +263,18 @@ pub fn check_rope_theta_and_eps(
         bail!("{label}: 'rms_norm_eps' = {rms_norm_eps} must be a finite number of at least 0");
     }
     Ok(())
+}
+
+/// The file name (for errors) and the architecture of `g`, which `ok` must accept.
+///
+/// Errors: the architecture is missing, or `ok` refuses it, as
+/// `FILE: architecture 'ARCH' is not WANT`.
+pub fn gguf_arch(g: &GgufModel, ok: impl Fn(&str) -> bool, want: &str) -> Result<(String, String)> {
+    let (file, arch) = (g.file_name(), g.architecture()?.to_string());
+    if !ok(&arch) {
+        bail!("{file}: architecture '{arch}' is not {want}");
+    }
+    Ok((file, arch))
 }
 
 /// The integer at GGUF metadata `key`, required to lie in `range`.

@@ -285,6 +285,21 @@ impl<'a> Tensors<'a> {
     }
 }
 
+/// A gated MLP's `[gate, up, down]` tensors, named `names`, for rows of width `d` and a hidden
+/// width `ff`: `gate` and `up` of shape `[d, ff]`, `down` of shape `[ff, d]`, each read by
+/// `get(name, shape)` (which checks the shape).
+///
+/// Errors: the first that `get` returns.
+pub fn gate_up_down<T>(
+    get: impl Fn(&str, &[usize]) -> Result<T>,
+    names: [String; 3],
+    d: usize,
+    ff: usize,
+) -> Result<[T; 3]> {
+    let [g, u, dn] = names;
+    Ok([get(&g, &[d, ff])?, get(&u, &[d, ff])?, get(&dn, &[ff, d])?])
+}
+
 /// Groups tensors into read ranges (merging byte-adjacent ones in the same file) and returns
 /// the unit plus each tensor's (piece, offset) in it.
 pub fn unit_of(tensors: &[&TensorInfo]) -> (Unit, Vec<(usize, usize)>) {

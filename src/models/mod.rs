@@ -31,7 +31,8 @@
 //!   mixers of Kimi Linear and K3; `hybrid.rs`: their per-layer KDA/MLA layout from
 //!   `config.json` or GGUF), `moe.rs` (routing and the MoE
 //!   block), `rope.rs` (RoPE scaling), `embed_head.rs` (embeddings, LM head), `loading.rs`
-//!   (tensor resolution and units), `budget.rs` (placement under the RAM budget), `config.rs`
+//!   (tensor resolution and units), `budget.rs` (placement under the RAM budget), `needs.rs` (each family's memory
+//!   needs besides its weights, turned into reserved bytes), `config.rs`
 //!   (serde defaults and bounded GGUF getters), `kv_cache.rs` (KV rows, latent rows and
 //!   recurrent states per layer, and the final hidden rows a multi-token-prediction drafter
 //!   reads: `HiddenRows`, rolled back with the cache).
@@ -48,6 +49,7 @@ mod model;
 pub mod moe;
 mod mtp_decoder;
 pub mod mtp_layer;
+mod needs;
 pub mod registry;
 pub mod rope;
 

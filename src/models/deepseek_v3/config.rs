@@ -13,7 +13,9 @@ use serde::Deserialize;
 
 use crate::models::rope::{default_inv_freq_f32, get_mscale, HfRope, Yarn};
 
+use crate::models::config::config_dims;
 use crate::models::config::defaults;
+use crate::models::needs::MemoryNeeds;
 
 /// Fields of `config.json` that the forward pass uses; defaults are transformers'.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -113,24 +115,12 @@ impl Config {
     pub fn from_json(v: &serde_json::Value, label: &str) -> Result<Self> {
         let v = crate::models::config::with_defaults(v, &transformers_defaults());
         let c: Config = serde_json::from_value(v).map_err(|e| anyhow!("{label}: {e}"))?;
-        let dims = [
-            ("vocab_size", c.vocab_size),
-            ("hidden_size", c.hidden_size),
-            ("intermediate_size", c.intermediate_size),
-            ("moe_intermediate_size", c.moe_intermediate_size),
-            ("num_hidden_layers", c.num_hidden_layers),
-            ("num_attention_heads", c.num_attention_heads),
-            ("kv_lora_rank", c.kv_lora_rank),
-            ("qk_rope_head_dim", c.qk_rope_head_dim),
-            ("qk_nope_head_dim", c.qk_nope_head_dim),
-            ("v_head_dim", c.v_head_dim),
-            ("n_routed_experts", c.n_routed_experts),
-            ("n_shared_experts", c.n_shared_experts.max(1)),
-            ("num_experts_per_tok", c.num_experts_per_tok),
-            ("n_group", c.n_group),
-            ("topk_group", c.topk_group),
-            ("q_lora_rank", c.q_lora_rank.unwrap_or(1)),
-        ];
+        let dims = config_dims!(c;
+            vocab_size, hidden_size, intermediate_size, moe_intermediate_size, num_hidden_layers,
+            num_attention_heads, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
+            n_routed_experts, n_shared_experts = c.n_shared_experts.max(1), num_experts_per_tok,
+            n_group, topk_group, q_lora_rank = c.q_lora_rank.unwrap_or(1)
+        );
         crate::models::config::check_config_dims(label, &dims)?;
         crate::models::config::check_rope_theta_and_eps(label, &c.hf_rope(), 10_000.0, c.rms_norm_eps)?;
         if !c.qk_rope_head_dim.is_multiple_of(2) || c.qk_rope_head_dim > 512 {
@@ -211,6 +201,35 @@ impl Config {
     /// Floats of the compressed cache per token per layer: `kv_lora_rank + qk_rope_head_dim`.
     pub fn latent_dim(&self) -> usize {
         self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    /// RAM a pass needs besides the weights ([`MemoryNeeds`]); with `mtp`, also the
+    /// multi-token-prediction block: its latent cache, its three norms and the final hidden
+    /// rows it reads.
+    pub(super) fn memory_needs(&self, mtp: bool) -> MemoryNeeds {
+        let (d, nh, rank) = (self.hidden_size, self.num_attention_heads, self.kv_lora_rank);
+        let (ne, eff) = (self.n_routed_experts, self.moe_intermediate_size);
+        let sff = eff * self.n_shared_experts;
+        let q_rank = self.q_lora_rank.unwrap_or(0);
+        let n_blocks = self.num_hidden_layers + usize::from(mtp);
+        MemoryNeeds {
+            row_floats: 4 * d
+                + q_rank
+                + nh * (self.qk_head_dim() + self.v_head_dim + rank)
+                + self.latent_dim()
+                + 2 * self.intermediate_size.max(sff).max(eff)
+                + ne,
+            pass_floats: self.vocab_size,
+            ctx_floats: if mtp { d } else { 0 },
+            thread_ctx_floats: 1,
+            thread_floats: rank * (self.qk_nope_head_dim + 2),
+            state_ctx_floats: n_blocks * self.latent_dim(),
+            vector_floats: d * (2 * n_blocks + 1)
+                + n_blocks * (q_rank + rank + ne)
+                + if mtp { 3 * d } else { 0 },
+            max_ctx: self.max_position_embeddings,
+            ..Default::default()
+        }
     }
 
     /// Whether the weights are FP8 (a `quantization_config` was accepted).

@@ -40,8 +40,8 @@ use serde_json::json;
 
 use super::{Config, DeepseekV3};
 use super::tensors::{Checkpoint, FfnTensors, KvB, LayerTensors, Lin};
-use crate::models::loading::Tensors;
-use crate::models::config::{gguf_count, gguf_sigmoid_moe, opt_gguf_count, GgufSigmoidMoe};
+use crate::models::loading::{gate_up_down, Tensors};
+use crate::models::config::{gguf_arch, gguf_count, gguf_sigmoid_moe, opt_gguf_count, GgufSigmoidMoe};
 use crate::models::LoadOptions;
 use crate::source::gguf::GgufModel;
 use crate::store::WeightStore;
@@ -60,11 +60,7 @@ const DIM_MAX: u64 = 1 << 20;
 /// `rope.scaling.yarn_log_multiplier` or with `rope.scaling.attn_factor` ≠ 1, key lengths that
 /// do not fit, and whatever [`Config::from_json`] refuses.
 pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
-    let file = g.file_name();
-    let arch = g.architecture()?.to_string();
-    if arch != "deepseek2" {
-        bail!("{file}: architecture '{arch}' is not deepseek2");
-    }
+    let (file, arch) = gguf_arch(g, |a| a == "deepseek2", "deepseek2")?;
     let k = |s: &str| format!("{arch}.{s}");
     let n_all = gguf_count(g, &k("block_count"), 1..=4096)?;
     let nextn = g.opt_u64(&k("nextn_predict_layers"))?.unwrap_or(0) as usize;
@@ -245,19 +241,11 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
                 .collect();
             FfnTensors::Moe {
                 router: lin(&n("ffn_gate_inp"), &[d, ne])?,
-                shared: [
-                    lin(&n("ffn_gate_shexp"), &[d, sff])?,
-                    lin(&n("ffn_up_shexp"), &[d, sff])?,
-                    lin(&n("ffn_down_shexp"), &[sff, d])?,
-                ],
+                shared: gate_up_down(lin, ["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"].map(&n), d, sff)?,
                 experts,
             }
         } else {
-            FfnTensors::Dense([
-                lin(&n("ffn_gate"), &[d, dff])?,
-                lin(&n("ffn_up"), &[d, dff])?,
-                lin(&n("ffn_down"), &[dff, d])?,
-            ])
+            FfnTensors::Dense(gate_up_down(lin, ["ffn_gate", "ffn_up", "ffn_down"].map(&n), d, dff)?)
         };
         layers.push(LayerTensors {
             q_a,

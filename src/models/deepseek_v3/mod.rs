@@ -39,17 +39,17 @@ use anyhow::Result;
 
 pub use self::config::Config;
 
-use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
+use super::budget::{place, HeadTensors, Notes, OnDemand, WeightUnits};
 use self::tensors::{hf_checkpoint, unit_of_lins, Checkpoint, FfnTensors, KvB, Lin};
 use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
-use super::loading::{unit_of, CheckpointFiles, MatRef};
+use super::loading::{CheckpointFiles, MatRef};
 use super::layers::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
 use super::moe::{route_sigmoid_grouped, store_swiglu_experts, ExpertMats, UnitExperts};
 use super::moe::ExpertStep;
 use super::decoder::{Blocks, CacheShape, ChunkedMatrix, Decoder, Dims, MtpLayer, RouterParts, Scratch};
 use super::embed_head::{head_chunks, Head};
 use super::batch::{rows_of_mut, Seqs};
-use super::{KvCache, LoadOptions};
+use super::LoadOptions;
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
 use crate::store::{Fp8Pack, Unit, UnitBytes, WeightStore};
@@ -141,19 +141,11 @@ impl DeepseekV3 {
         ck: Checkpoint,
         opts: &LoadOptions,
     ) -> Result<(Self, WeightStore)> {
-        let (d, nh) = (c.hidden_size, c.num_attention_heads);
-        let (ne, eff, dff) = (
-            c.n_routed_experts,
-            c.moe_intermediate_size,
-            c.intermediate_size,
-        );
-        let sff = eff * c.n_shared_experts;
         let (embd, head_t) = (&ck.embd, &ck.head);
         let files = CheckpointFiles::open(&ck.files, ck.pack.as_ref(), opts.direct_io)?;
         let vec_of = |t: &TensorInfo| files.vector(t);
         let final_norm = vec_of(&ck.final_norm)?;
 
-        let (qh, vd, rank) = (c.qk_head_dim(), c.v_head_dim, c.kv_lora_rank);
         let mut units: Vec<Unit> = Vec::new();
         let mut packs: Vec<Vec<Fp8Pack>> = Vec::new();
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
@@ -277,44 +269,12 @@ impl DeepseekV3 {
         w.packs = packs;
 
         // --- budget -------------------------------------------------------------------------
-        let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
-        let kv_bytes = KvCache::latent_bytes_for(c.num_hidden_layers, n_ctx, c.latent_dim());
-        let nb = opts.n_batch.max(1);
-        let per_tok = 4 * d
-            + c.q_lora_rank.unwrap_or(0)
-            + nh * (qh + vd + rank)
-            + c.latent_dim()
-            + 2 * dff.max(sff).max(eff)
-            + ne;
-        let scratch_bytes = 4
-            * (nb * per_tok
-                + c.vocab_size
-                + crate::models::layers::pass_threads() * (n_ctx + rank * (c.qk_nope_head_dim + 2)));
-        let n_blocks = c.num_hidden_layers + usize::from(mtp_t.is_some());
-        let mut norms_bytes =
-            4 * (d * (2 * n_blocks + 1) + n_blocks * (c.q_lora_rank.unwrap_or(0) + rank + ne));
-        let mut kv_bytes = kv_bytes;
-        if mtp_t.is_some() {
-            // its norms, its block's latent cache, and the hidden rows it reads
-            norms_bytes += 4 * (3 * d + n_ctx * d);
-            kv_bytes += KvCache::latent_bytes_for(1, n_ctx, c.latent_dim());
-        }
         let placed = place(
             opts,
             &files.paths,
             w,
-            HeadTensors {
-                head: head_t,
-                head_unit: files.relocate(&unit_of(&[head_t]).0),
-                embd,
-                embd_unit: files.relocate(&unit_of(&[embd]).0),
-                tied: c.tie_word_embeddings,
-            },
-            Reserved {
-                kv_bytes,
-                scratch_bytes: scratch_bytes + norms_bytes,
-                n_ctx,
-            },
+            HeadTensors::new(&files, head_t, embd, c.tie_word_embeddings),
+            c.memory_needs(mtp_t.is_some()),
             // FP8 experts are repacked by the store as they land
             OnDemand {
                 per_tok: c.num_experts_per_tok,

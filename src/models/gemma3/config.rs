@@ -4,6 +4,7 @@
 use anyhow::{anyhow, bail, Result};
 
 use crate::models::config::gguf_count;
+use crate::models::needs::MemoryNeeds;
 use crate::source::gguf::GgufModel;
 
 /// Hyper-parameters, named as in the Hugging Face `Gemma3TextConfig`; read from the GGUF keys
@@ -208,13 +209,19 @@ impl Config {
         self.num_key_value_heads * self.head_dim
     }
 
-    /// Activation bytes of a forward pass over `n` tokens returning logits for `m` of them.
-    pub(super) fn scratch_bytes(&self, n: usize, m: usize, n_ctx: usize) -> usize {
-        let per_tok = 4 * self.hidden_size
-            + 2 * self.q_dim()
-            + 2 * self.kv_dim()
-            + 2 * self.intermediate_size;
-        4 * (n * per_tok + m * self.vocab_size + crate::models::layers::pass_threads() * n_ctx)
+    /// RAM a pass needs besides the weights ([`MemoryNeeds`]); the resident vectors are each
+    /// layer's four norms and query/key norms, and the final norm.
+    pub(super) fn memory_needs(&self) -> MemoryNeeds {
+        let (d, l, kvd) = (self.hidden_size, self.num_hidden_layers, self.kv_dim());
+        MemoryNeeds {
+            row_floats: 4 * d + 2 * self.q_dim() + 2 * kvd + 2 * self.intermediate_size,
+            pass_floats: self.vocab_size,
+            thread_ctx_floats: 1,
+            state_ctx_floats: 2 * l * kvd,
+            vector_floats: d * (4 * l + 1) + 2 * self.head_dim * l,
+            max_ctx: self.max_position_embeddings,
+            ..Default::default()
+        }
     }
 }
 

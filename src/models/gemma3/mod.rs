@@ -13,6 +13,7 @@ pub use config::Config;
 
 use anyhow::Result;
 
+use super::budget::{streamed_payload, Reserved};
 use super::embed_head::{head_chunks, Embedding, Head};
 use super::layers::{
     add_post_normed, geglu_rows, gqa_attention, mm, mm_many, rms_norm_rows, rope_inv_freq,
@@ -23,7 +24,7 @@ use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::ExpertStep;
 use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
 use super::batch::Seqs;
-use super::{KvCache, LoadOptions, Placement};
+use super::{LoadOptions, Placement};
 
 use crate::source::gguf::GgufModel;
 use crate::store::plan::{choose_resident, Candidate};
@@ -134,10 +135,11 @@ impl Gemma3 {
         let layer_max = units.iter().map(|u| u.buffer_bytes()).max().unwrap_or(0);
 
         // --- budget -------------------------------------------------------------------------
-        let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
-        let kv_bytes = KvCache::bytes_for(c.num_hidden_layers, n_ctx, kvd);
-        let scratch_bytes = c.scratch_bytes(opts.n_batch.max(1), 1, n_ctx);
-        let norms_bytes = 4 * (d * (4 * c.num_hidden_layers + 1) + 2 * hd * c.num_hidden_layers);
+        let Reserved {
+            kv_bytes,
+            scratch_bytes,
+            n_ctx,
+        } = c.memory_needs().reserve(opts);
         let head_unit = unit_of(&[head_t]).0;
         let embd_unit = unit_of(&[embd]).0;
         let mut cands = vec![Candidate {
@@ -157,7 +159,7 @@ impl Gemma3 {
             });
         }
         let total: usize = cands.iter().map(|c| c.bytes).sum();
-        let fixed = kv_bytes + scratch_bytes + norms_bytes;
+        let fixed = kv_bytes + scratch_bytes;
         let (resident_flags, stream_buf) = match opts.ram_budget {
             None => (vec![true; cands.len()], 0),
             Some(b) => {
@@ -176,7 +178,7 @@ impl Gemma3 {
                             parts: format!(
                                 "the KV cache for {n_ctx} tokens ({}), activations ({}) and stream buffers ({})",
                                 mib(kv_bytes),
-                                mib(scratch_bytes + norms_bytes),
+                                mib(scratch_bytes),
                                 mib(stream_buf),
                             ),
                         }
@@ -234,12 +236,7 @@ impl Gemma3 {
         } else {
             Embedding::Streamed(embd.clone())
         };
-        let streamed_bytes: usize = units
-            .iter()
-            .zip(&resident)
-            .filter(|(_, r)| !**r)
-            .map(|(u, _)| u.payload_bytes())
-            .sum();
+        let streamed_bytes = streamed_payload(&units, &resident, 0..0);
         let resident_layers = layer_flags.iter().filter(|r| **r).count();
         let store = WeightStore::open(
             &g.files,
@@ -255,7 +252,7 @@ impl Gemma3 {
             spine_streamed_bytes: streamed_bytes,
             stream_buffer_bytes: store.stream_buffer_bytes(),
             kv_bytes,
-            scratch_bytes: scratch_bytes + norms_bytes,
+            scratch_bytes,
             summary: format!(
                 "{resident_layers}/{} layers resident, LM head {}{}",
                 c.num_hidden_layers,

@@ -9,7 +9,9 @@ use serde::Deserialize;
 
 use crate::models::rope::{default_inv_freq_f64, HfRope, Yarn};
 
+use crate::models::config::config_dims;
 use crate::models::config::defaults;
+use crate::models::needs::MemoryNeeds;
 
 /// Fields of `config.json` that the forward pass uses; defaults are transformers'.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -92,16 +94,10 @@ impl Config {
     pub fn from_json(v: &serde_json::Value, label: &str) -> Result<Self> {
         let v = crate::models::config::with_defaults(v, &transformers_defaults());
         let c: Config = serde_json::from_value(v).map_err(|e| anyhow!("{label}: {e}"))?;
-        let dims = [
-            ("vocab_size", c.vocab_size),
-            ("hidden_size", c.hidden_size),
-            ("intermediate_size", c.intermediate_size),
-            ("num_hidden_layers", c.num_hidden_layers),
-            ("num_attention_heads", c.num_attention_heads),
-            ("num_key_value_heads", c.num_key_value_heads),
-            ("head_dim", c.head_dim()),
-            ("sliding_window", c.sliding_window),
-        ];
+        let dims = config_dims!(c;
+            vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+            num_key_value_heads, head_dim = c.head_dim(), sliding_window
+        );
         crate::models::config::check_config_dims(label, &dims)?;
         crate::models::config::check_gqa(label, c.num_attention_heads, c.num_key_value_heads, c.head_dim())?;
         crate::models::config::check_rope_theta_and_eps(label, &c.hf_rope(), 150_000.0, c.rms_norm_eps)?;
@@ -166,6 +162,23 @@ impl Config {
 
     pub fn kv_dim(&self) -> usize {
         self.num_key_value_heads * self.head_dim()
+    }
+
+    /// RAM a pass needs besides the weights ([`MemoryNeeds`]); the resident vectors are each
+    /// layer's two norms, attention biases, sinks and router bias, and the final norm.
+    pub(super) fn memory_needs(&self) -> MemoryNeeds {
+        let (d, l, ff) = (self.hidden_size, self.num_hidden_layers, self.intermediate_size);
+        let (qd, kvd) = (self.q_dim(), self.kv_dim());
+        let (ne, nh) = (self.num_local_experts, self.num_attention_heads);
+        MemoryNeeds {
+            row_floats: 4 * d + 2 * qd + 2 * kvd + 3 * ff + ne,
+            pass_floats: self.vocab_size,
+            thread_ctx_floats: 1,
+            state_ctx_floats: 2 * l * kvd,
+            vector_floats: l * (2 * d + qd + 2 * kvd + d + ne + nh) + d,
+            max_ctx: self.max_position_embeddings,
+            ..Default::default()
+        }
     }
 
     /// Whether the experts are stored as MXFP4 (`quantization_config.quant_method`).

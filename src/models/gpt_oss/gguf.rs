@@ -37,7 +37,7 @@ use serde_json::json;
 
 use super::{Checkpoint, Config, ExpertTensors, GptOss, LayerTensors};
 use crate::models::loading::Tensors;
-use crate::models::config::{gguf_count, opt_gguf_count};
+use crate::models::config::{gguf_arch, gguf_count, opt_gguf_count};
 use crate::models::LoadOptions;
 use crate::source::gguf::{GgufModel, Value};
 use crate::store::WeightStore;
@@ -96,11 +96,7 @@ fn layer_types(g: &GgufModel, n_layer: usize) -> Result<Vec<String>> {
 /// without its factor and original context length, or with `rope.scaling.yarn_log_multiplier`),
 /// plus whatever [`Config::from_json`] refuses.
 pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
-    let file = g.file_name();
-    let arch = g.architecture()?.to_string();
-    if arch != ARCHITECTURE {
-        bail!("{file}: architecture '{arch}' is not '{ARCHITECTURE}'");
-    }
+    let (file, arch) = gguf_arch(g, |a| a == ARCHITECTURE, &format!("'{ARCHITECTURE}'"))?;
     let k = |s: &str| format!("{arch}.{s}");
     let n_layer = gguf_count(g, &k("block_count"), 1..=4096)?;
     let d = gguf_count(g, &k("embedding_length"), 1..=DIM_MAX)?;

@@ -39,7 +39,7 @@ use anyhow::{bail, Result};
 
 pub use self::config::Config;
 
-use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
+use super::budget::{place, HeadTensors, Notes, OnDemand, WeightUnits};
 use self::experts::{
     expert_ffn, mxfp4_transform, repack_expert, ExpertRef, ExpertTable, OssExperts,
     Packed,
@@ -53,7 +53,7 @@ use super::rope::RopeStyle;
 use super::moe::ExpertStep;
 use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
 use super::batch::Seqs;
-use super::{KvCache, LoadOptions};
+use super::LoadOptions;
 use crate::quant::GgmlType;
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
@@ -250,8 +250,7 @@ impl GptOss {
         ck: Checkpoint,
         opts: &LoadOptions,
     ) -> Result<(Self, WeightStore)> {
-        let (d, ff, qd, kvd) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim());
-        let (ne, nh) = (c.num_local_experts, c.num_attention_heads);
+        let (d, ff, ne) = (c.hidden_size, c.intermediate_size, c.num_local_experts);
         let files = CheckpointFiles::open(&ck.files, ck.pack.as_ref(), opts.direct_io)?;
         let (embd, head_t) = (&ck.embd, &ck.head);
         let final_norm = files.vector(&ck.final_norm)?;
@@ -344,29 +343,12 @@ impl GptOss {
         w.units = files.relocate_all(w.units);
 
         // --- budget -------------------------------------------------------------------------
-        let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
-        let kv_bytes = KvCache::bytes_for(c.num_hidden_layers, n_ctx, kvd);
-        let nb = opts.n_batch.max(1);
-        let per_tok = 4 * d + 2 * qd + 2 * kvd + 3 * ff + ne;
-        let scratch_bytes =
-            4 * (nb * per_tok + c.vocab_size + crate::models::layers::pass_threads() * n_ctx);
-        let vec_bytes = 4 * (c.num_hidden_layers * (2 * d + qd + 2 * kvd + d + ne + nh) + d);
-        let placed = place(
+        let mut placed = place(
             opts,
             &files.paths,
             w,
-            HeadTensors {
-                head: head_t,
-                head_unit: files.relocate(&unit_of(&[head_t]).0),
-                embd,
-                embd_unit: files.relocate(&unit_of(&[embd]).0),
-                tied: c.tie_word_embeddings,
-            },
-            Reserved {
-                kv_bytes,
-                scratch_bytes: scratch_bytes + vec_bytes,
-                n_ctx,
-            },
+            HeadTensors::new(&files, head_t, embd, c.tie_word_embeddings),
+            c.memory_needs(),
             OnDemand {
                 per_tok: c.num_experts_per_tok,
                 // Hugging Face MXFP4 experts are repacked as they land
@@ -378,7 +360,7 @@ impl GptOss {
                 tail: "",
             },
         )?;
-        let mut store = placed.store;
+        let store = &mut placed.store;
         // resident MXFP4 experts: repack once, keep only the GGML layout
         if let Some(p) = table.packed {
             for le in &table.units {
@@ -391,8 +373,7 @@ impl GptOss {
                 }
             }
         }
-        let mut placement = placed.placement;
-        placement.resident_bytes = store.resident_bytes();
+        placed.placement.resident_bytes = placed.store.resident_bytes();
         let (inv_freq, attn_factor) = c.rope();
         let blocks = GptOssBlocks {
             inv_freq,
@@ -412,16 +393,7 @@ impl GptOss {
                 c.kv_dim(),
             )
         };
-        let m = Decoder::new(
-            blocks,
-            dims,
-            layers,
-            placed.embedding,
-            placed.head,
-            final_norm,
-            placement,
-        );
-        Ok((m, store))
+        Ok(Decoder::placed(blocks, dims, layers, final_norm, placed))
     }
 }
 

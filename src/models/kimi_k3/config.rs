@@ -6,8 +6,10 @@
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
-use crate::models::config::{gguf_count, gguf_sigmoid_moe, opt_gguf_count, GgufSigmoidMoe};
+use crate::models::config::config_dims;
+use crate::models::config::{gguf_arch, gguf_count, gguf_sigmoid_moe, opt_gguf_count, GgufSigmoidMoe};
 use crate::models::config::Fields;
+use crate::models::needs::MemoryNeeds;
 use crate::models::layers::hybrid::{gguf_hybrid_attn, mixers, Mixer};
 use crate::source::gguf::GgufModel;
 
@@ -83,6 +85,39 @@ impl Config {
     /// Floats of an MLA layer's cache row: `kv_lora_rank + qk_rope_head_dim`.
     pub fn latent_dim(&self) -> usize {
         self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    /// RAM a pass needs besides the weights ([`MemoryNeeds`]): a latent cache for the MLA
+    /// layers, a recurrent state for the KDA layers; `layer_vectors`: the floats of the
+    /// layers' resident vectors as loaded (norms, attention-residual scores, router biases,
+    /// convolutions, KDA gates), to which the final norm and the output residual score add
+    /// `2 · hidden_size`.
+    pub(super) fn memory_needs(&self, layer_vectors: usize) -> MemoryNeeds {
+        let (d, nh, nl) = (self.hidden_size, self.num_heads, self.num_hidden_layers);
+        let n_mla = self.mixers.iter().filter(|m| **m == Mixer::Mla).count();
+        let n_banks = nl.div_ceil(self.attn_res_block_size.max(1));
+        let m = &self.moe;
+        MemoryNeeds {
+            row_floats: (8 + n_banks) * d
+                + 12 * self.kda_dim()
+                + nh * (self.qk_nope_head_dim
+                    + self.qk_rope_head_dim
+                    + 2 * self.v_head_dim
+                    + self.kv_lora_rank)
+                + self.latent_dim()
+                + 2 * m.dense_ff.max(m.expert_ff * m.shared.max(1))
+                + 4 * self.routed_width()
+                + m.experts,
+            pass_floats: self.vocab_size,
+            thread_ctx_floats: 1,
+            thread_floats: self.kv_lora_rank * (self.qk_nope_head_dim + 2),
+            thread_row_floats: 4 * self.kda_head_dim + 1,
+            state_ctx_floats: n_mla * self.latent_dim(),
+            state_floats: (nl - n_mla) * self.kda_state(),
+            vector_floats: layer_vectors + 2 * d,
+            max_ctx: self.max_position_embeddings,
+            ..Default::default()
+        }
     }
 
     /// Width of the routed experts' rows: the latent width, else `hidden_size`.
@@ -229,27 +264,15 @@ impl Config {
     /// The range checks of [`Config::from_hf_json`] (the GGUF reader's bounds).
     fn check_hf_dims(&self, label: &str) -> Result<()> {
         let m = &self.moe;
-        let dims = [
-            ("vocab_size", self.vocab_size),
-            ("hidden_size", self.hidden_size),
-            ("num_hidden_layers", self.num_hidden_layers),
-            ("num_attention_heads", self.num_heads),
-            ("linear_attn_config.head_dim", self.kda_head_dim),
-            ("kv_lora_rank", self.kv_lora_rank),
-            ("qk_nope_head_dim", self.qk_nope_head_dim),
-            ("qk_rope_head_dim", self.qk_rope_head_dim),
-            ("v_head_dim", self.v_head_dim),
-            ("q_lora_rank", self.q_lora_rank.unwrap_or(1)),
-            ("num_experts", m.experts),
-            ("num_experts_per_token", m.used),
-            ("moe_intermediate_size", m.expert_ff),
-            ("intermediate_size", m.dense_ff),
-            ("num_expert_group", m.groups),
-            ("topk_group", m.groups_used),
-            ("routed_expert_hidden_size", self.latent.unwrap_or(1)),
-            ("num_shared_experts", m.shared.max(1)),
-            ("shared experts' width", m.expert_ff.saturating_mul(m.shared.max(1))),
-        ];
+        let dims = config_dims!(self;
+            vocab_size, hidden_size, num_hidden_layers, num_attention_heads = self.num_heads,
+            "linear_attn_config.head_dim" = self.kda_head_dim, kv_lora_rank, qk_nope_head_dim,
+            qk_rope_head_dim, v_head_dim, q_lora_rank = self.q_lora_rank.unwrap_or(1),
+            num_experts = m.experts, num_experts_per_token = m.used, moe_intermediate_size = m.expert_ff,
+            intermediate_size = m.dense_ff, num_expert_group = m.groups, topk_group = m.groups_used,
+            routed_expert_hidden_size = self.latent.unwrap_or(1), num_shared_experts = m.shared.max(1),
+            "shared experts' width" = m.expert_ff.saturating_mul(m.shared.max(1))
+        );
         crate::models::config::check_config_dims(label, &dims)?;
         // as the GGUF reader's `context_length`
         if !(1..=1 << 24).contains(&self.max_position_embeddings) {
@@ -288,11 +311,7 @@ impl Config {
     /// RMS epsilon, context length, `attn_res.block_size`, both SiTU betas); a value out of
     /// range; a non-finite or non-positive epsilon or SiTU beta; a token table of no rows.
     pub fn from_gguf(g: &GgufModel) -> Result<Self> {
-        let file = g.file_name();
-        let arch = g.architecture()?.to_string();
-        if arch != ARCH {
-            bail!("{file}: architecture '{arch}' is not {ARCH}");
-        }
+        let (file, arch) = gguf_arch(g, |a| a == ARCH, ARCH)?;
         let k = |s: &str| format!("{arch}.{s}");
         let h = gguf_hybrid_attn(g, &arch)?;
         let positive = |key: &str| -> Result<f32> {

@@ -25,7 +25,7 @@ use anyhow::Result;
 use super::config::Config;
 use crate::models::layers::hybrid::Mixer;
 use crate::models::loading::either;
-use crate::models::loading::Tensors;
+use crate::models::loading::{gate_up_down, Tensors};
 use crate::source::gguf::GgufModel;
 use crate::source::tensor::TensorInfo;
 
@@ -169,11 +169,7 @@ pub(crate) fn checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
             let down = split("ffn_down_exps", &[eff, w, ne])?;
             let sff = eff * c.moe.shared.max(1);
             let shared = match g.tensor(&n("ffn_gate_shexp")) {
-                Some(_) => Some(Box::new([
-                    get(&n("ffn_gate_shexp"), &[d, sff])?,
-                    get(&n("ffn_up_shexp"), &[d, sff])?,
-                    get(&n("ffn_down_shexp"), &[sff, d])?,
-                ])),
+                Some(_) => Some(Box::new(gate_up_down(get, ["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"].map(&n), d, sff)?)),
                 None => None,
             };
             let (routed_down, routed_up, routed_norm) = match c.latent {
@@ -196,11 +192,7 @@ pub(crate) fn checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
             }
         } else {
             let ff = c.moe.dense_ff;
-            FfnTensors::Dense(Box::new([
-                get(&n("ffn_gate"), &[d, ff])?,
-                get(&n("ffn_up"), &[d, ff])?,
-                get(&n("ffn_down"), &[ff, d])?,
-            ]))
+            FfnTensors::Dense(Box::new(gate_up_down(get, ["ffn_gate", "ffn_up", "ffn_down"].map(&n), d, ff)?))
         };
         layers.push(LayerTensors {
             mix,

@@ -32,7 +32,7 @@ use serde_json::Value;
 use super::config::{merged_text_config, Config};
 use super::gguf::{Checkpoint, FfnTensors, LayerTensors, MixTensors, Score};
 use crate::models::layers::hybrid::Mixer;
-use crate::models::loading::Tensors;
+use crate::models::loading::{gate_up_down, Tensors};
 use crate::quant::GgmlType;
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
@@ -180,12 +180,9 @@ pub(crate) fn checkpoint(c: &Config, h: &HfModel) -> Result<Checkpoint> {
         let ffn = if c.is_moe(l) {
             let m = |s: &str| p(&format!("block_sparse_moe.{s}"));
             let sff = eff * c.moe.shared.max(1);
+            let names = ["gate_proj", "up_proj", "down_proj"].map(|w| m(&format!("shared_experts.{w}.weight")));
             let shared = match c.moe.shared > 0 {
-                true => Some(Box::new([
-                    get(&m("shared_experts.gate_proj.weight"), &[d, sff])?,
-                    get(&m("shared_experts.up_proj.weight"), &[d, sff])?,
-                    get(&m("shared_experts.down_proj.weight"), &[sff, d])?,
-                ])),
+                true => Some(Box::new(gate_up_down(get, names, d, sff)?)),
                 false => None,
             };
             let (routed_down, routed_up, routed_norm) = match c.latent {
@@ -242,11 +239,7 @@ pub(crate) fn checkpoint(c: &Config, h: &HfModel) -> Result<Checkpoint> {
             }
         } else {
             let ff = c.moe.dense_ff;
-            FfnTensors::Dense(Box::new([
-                get(&p("mlp.gate_proj.weight"), &[d, ff])?,
-                get(&p("mlp.up_proj.weight"), &[d, ff])?,
-                get(&p("mlp.down_proj.weight"), &[ff, d])?,
-            ]))
+            FfnTensors::Dense(Box::new(gate_up_down(get, ["mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"].map(&p), d, ff)?))
         };
         layers.push(LayerTensors {
             mix,

@@ -43,7 +43,7 @@ pub use self::hf::MXFP4_FORMAT;
 use self::ffn::{res_mix, situ_experts, Situ};
 use self::gguf::{Checkpoint, FfnTensors, MixTensors, Score};
 use self::mxfp4::{ExpertRepack, Mxfp4Experts};
-use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
+use super::budget::{place, HeadTensors, Notes, OnDemand, WeightUnits};
 use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
 use super::layers::hybrid::{a_log_of_neg_exp, Mixer};
 use super::layers::mixers::{kda_mixer, mla_mixer, KdaShape, KdaWeights, MlaLayer};
@@ -52,7 +52,7 @@ use super::layers::{add_into, mm, rms_norm_rows};
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef};
 use super::moe::{route_sigmoid_grouped, ExpertMats, ExpertStep, UnitExperts};
 use super::batch::Seqs;
-use super::{KvCache, LoadOptions};
+use super::LoadOptions;
 use crate::source::gguf::GgufModel;
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
@@ -284,24 +284,7 @@ fn build(
     let mut wu = WeightUnits::new(units, expert_units, &mut experts.units);
     wu.units = files.relocate_all(wu.units);
 
-    let (d, nh, nl) = (c.hidden_size, c.num_heads, c.num_hidden_layers);
-    let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
-    let n_mla = c.mixers.iter().filter(|m| **m == Mixer::Mla).count();
-    let kv_bytes = KvCache::latent_bytes_for(n_mla, n_ctx, c.latent_dim()) + 4 * (nl - n_mla) * c.kda_state();
-    let nb = opts.n_batch.max(1);
-    let n_banks = nl.div_ceil(c.attn_res_block_size.max(1));
-    let per_tok = (8 + n_banks) * d
-        + 12 * c.kda_dim()
-        + nh * (c.qk_nope_head_dim + c.qk_rope_head_dim + 2 * c.v_head_dim + c.kv_lora_rank)
-        + c.latent_dim()
-        + 2 * c.moe.dense_ff.max(c.moe.expert_ff * c.moe.shared.max(1))
-        + 4 * c.routed_width()
-        + c.moe.experts;
-    // the delta rule's per-head copies of q, k, g, v and beta for the batch's rows (kda::delta_rule)
-    let chunk = nb * (4 * c.kda_head_dim + 1);
-    let scratch_bytes = 4
-        * (nb * per_tok + c.vocab_size + crate::models::layers::pass_threads() * (n_ctx + c.kv_lora_rank * (c.qk_nope_head_dim + 2) + chunk));
-    let vec_bytes: usize = 4 * vecs
+    let layer_vectors: usize = vecs
         .iter()
         .map(|v| {
             [&v.attn_norm, &v.ffn_norm, &v.attn_res, &v.ffn_res, &v.bias, &v.routed_norm, &v.conv, &v.a_log, &v.dt_bias, &v.o_norm]
@@ -315,14 +298,8 @@ fn build(
         opts,
         &files.paths,
         wu,
-        HeadTensors {
-            head: head_t,
-            head_unit: files.relocate(&unit_of(&[head_t]).0),
-            embd,
-            embd_unit: files.relocate(&unit_of(&[embd]).0),
-            tied: c.tie_word_embeddings,
-        },
-        Reserved { kv_bytes, scratch_bytes: scratch_bytes + vec_bytes + 8 * d, n_ctx },
+        HeadTensors::new(&files, head_t, embd, c.tie_word_embeddings),
+        c.memory_needs(layer_vectors),
         OnDemand { per_tok: c.moe.used, transform: mx.transform(), pack: files.pack.clone() },
         Notes { experts: if mx.is_empty() { "" } else { " (MXFP4)" }, tail: "" },
     )?;
@@ -330,10 +307,10 @@ fn build(
     mx.repack_resident(&experts, &mut placed.store);
     placed.placement.resident_bytes = placed.store.resident_bytes();
     let dims = Dims {
-        hidden_size: d,
+        hidden_size: c.hidden_size,
         vocab_size: c.vocab_size,
         context_length: c.max_position_embeddings,
-        num_layers: nl,
+        num_layers: c.num_hidden_layers,
         final_norm_eps: c.rms_norm_eps,
         cache: CacheShape::Latent { width: c.latent_dim() },
     };

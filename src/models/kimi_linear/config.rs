@@ -11,7 +11,9 @@
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
+use crate::models::config::config_dims;
 use crate::models::config::Fields;
+use crate::models::needs::MemoryNeeds;
 use crate::models::layers::hybrid::{mixers, Mixer};
 
 /// The fields of `config.json` the forward pass uses.
@@ -119,26 +121,12 @@ impl Config {
             mixers: mixers(v, la, n_layers, label)?,
             moe: moe_layers(v, n_layers, label)?,
         };
-        let dims = [
-            ("vocab_size", c.vocab_size),
-            ("hidden_size", c.hidden_size),
-            ("intermediate_size", c.intermediate_size),
-            ("moe_intermediate_size", c.moe_intermediate_size),
-            ("num_hidden_layers", c.num_hidden_layers),
-            ("num_attention_heads", c.num_attention_heads),
-            ("kv_lora_rank", c.kv_lora_rank),
-            ("qk_rope_head_dim", c.qk_rope_head_dim),
-            ("qk_nope_head_dim", c.qk_nope_head_dim),
-            ("v_head_dim", c.v_head_dim),
-            ("n_routed_experts", c.n_routed_experts),
-            ("n_shared_experts", c.n_shared_experts),
-            ("num_experts_per_tok", c.num_experts_per_tok),
-            ("n_group", c.n_group),
-            ("topk_group", c.topk_group),
-            ("q_lora_rank", c.q_lora_rank.unwrap_or(1)),
-            ("linear_num_heads", c.linear_num_heads),
-            ("max_position_embeddings", c.max_position_embeddings),
-        ];
+        let dims = config_dims!(c;
+            vocab_size, hidden_size, intermediate_size, moe_intermediate_size, num_hidden_layers,
+            num_attention_heads, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
+            n_routed_experts, n_shared_experts, num_experts_per_tok, n_group, topk_group,
+            q_lora_rank = c.q_lora_rank.unwrap_or(1), linear_num_heads, max_position_embeddings
+        );
         crate::models::config::check_config_dims(label, &dims)?;
         if c.linear_head_dim == 0 || c.linear_head_dim > MAX_KDA_HEAD {
             bail!("{label}: 'linear_head_dim' = {} is outside 1..={MAX_KDA_HEAD}", c.linear_head_dim);
@@ -207,6 +195,34 @@ impl Config {
     pub fn kda_state(&self) -> usize {
         (self.linear_conv_kernel_dim - 1) * 3 * self.kda_dim()
             + self.linear_num_heads * self.linear_head_dim * self.linear_head_dim
+    }
+
+    /// RAM a pass needs besides the weights ([`MemoryNeeds`]): a latent cache for the MLA
+    /// layers, a recurrent state for the KDA layers; `layer_vectors`: the floats of the
+    /// layers' resident vectors as loaded (norms, router biases, convolutions, KDA gates), to
+    /// which the final norm adds `hidden_size`.
+    pub(super) fn memory_needs(&self, layer_vectors: usize) -> MemoryNeeds {
+        let (d, nh, rank) = (self.hidden_size, self.num_attention_heads, self.kv_lora_rank);
+        let n_mla = self.mixers.iter().filter(|m| **m == Mixer::Mla).count();
+        MemoryNeeds {
+            row_floats: 4 * d
+                + 12 * self.kda_dim()
+                + nh * (self.qk_head_dim() + self.v_head_dim + rank)
+                + self.latent_dim()
+                + 2 * self
+                    .intermediate_size
+                    .max(self.moe_intermediate_size * self.n_shared_experts)
+                + self.n_routed_experts,
+            pass_floats: self.vocab_size,
+            thread_ctx_floats: 1,
+            thread_floats: rank * (self.qk_nope_head_dim + 2),
+            thread_row_floats: 4 * self.linear_head_dim + 1,
+            state_ctx_floats: n_mla * self.latent_dim(),
+            state_floats: (self.num_hidden_layers - n_mla) * self.kda_state(),
+            vector_floats: layer_vectors + d,
+            max_ctx: self.max_position_embeddings,
+            ..Default::default()
+        }
     }
 }
 

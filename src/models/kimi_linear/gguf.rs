@@ -34,9 +34,9 @@ use serde_json::json;
 use super::config::Config;
 use super::tensors::{Checkpoint, FfnTensors, KdaTensors, KvB, LayerTensors, MixTensors, MlaTensors};
 use super::KimiLinear;
-use crate::models::config::{gguf_count, gguf_sigmoid_moe, GgufSigmoidMoe};
+use crate::models::config::{gguf_arch, gguf_count, gguf_sigmoid_moe, GgufSigmoidMoe};
 use crate::models::layers::hybrid::{gguf_hybrid_attn, Mixer};
-use crate::models::loading::{either, Tensors};
+use crate::models::loading::{either, gate_up_down, Tensors};
 use crate::models::LoadOptions;
 use crate::source::gguf::GgufModel;
 use crate::source::tensor::TensorInfo;
@@ -54,11 +54,7 @@ pub const ARCH: &str = "kimi-linear";
 /// `attention.head_count_kv` that is not an array of one count per block, a gating function
 /// other than sigmoid, and whatever [`Config::from_json`] refuses.
 pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
-    let file = g.file_name();
-    let arch = g.architecture()?.to_string();
-    if arch != ARCH {
-        bail!("{file}: architecture '{arch}' is not {ARCH}");
-    }
+    let (file, arch) = gguf_arch(g, |a| a == ARCH, ARCH)?;
     let k = |s: &str| format!("{arch}.{s}");
     let h = gguf_hybrid_attn(g, &arch)?;
     let (n, d, n_head) = (h.layers, h.hidden, h.heads);
@@ -187,20 +183,12 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
             FfnTensors::Moe {
                 router: get(&n("ffn_gate_inp"), &[d, ne])?,
                 bias: get(&format!("blk.{l}.exp_probs_b.bias"), &[ne])?,
-                shared: [
-                    get(&n("ffn_gate_shexp"), &[d, sff])?,
-                    get(&n("ffn_up_shexp"), &[d, sff])?,
-                    get(&n("ffn_down_shexp"), &[sff, d])?,
-                ],
+                shared: gate_up_down(get, ["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"].map(&n), d, sff)?,
                 experts: gate.into_iter().zip(up).zip(down).map(|((g, u), d)| [g, u, d]).collect(),
             }
         } else {
             let ff = c.intermediate_size;
-            FfnTensors::Dense([
-                get(&n("ffn_gate"), &[d, ff])?,
-                get(&n("ffn_up"), &[d, ff])?,
-                get(&n("ffn_down"), &[ff, d])?,
-            ])
+            FfnTensors::Dense(gate_up_down(get, ["ffn_gate", "ffn_up", "ffn_down"].map(&n), d, ff)?)
         };
         layers.push(LayerTensors {
             mix,

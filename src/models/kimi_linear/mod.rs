@@ -35,14 +35,14 @@ use super::layers::hybrid::a_log_of_neg_exp;
 use super::layers::kda;
 use super::layers::mixers::{kda_mixer, mla_mixer, KdaShape, KdaWeights, MlaLayer};
 use self::tensors::{hf_checkpoint, Checkpoint, FfnTensors, KvB, MixTensors};
-use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
+use super::budget::{place, HeadTensors, Notes, OnDemand, WeightUnits};
 use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
 use super::layers::mla::MlaShape;
 use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef};
 use super::moe::{route_sigmoid_grouped, store_swiglu_experts, ExpertMats, ExpertStep, UnitExperts};
 use super::batch::Seqs;
-use super::{KvCache, LoadOptions};
+use super::LoadOptions;
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
 use crate::store::{Unit, UnitBytes, WeightStore};
@@ -220,45 +220,17 @@ impl KimiLinear {
         let mut w = WeightUnits::new(units, expert_units, &mut experts.units);
         w.units = files.relocate_all(w.units);
 
-        let (d, nh, nl) = (c.hidden_size, c.num_attention_heads, c.num_hidden_layers);
-        let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
-        let n_mla = c.mixers.iter().filter(|m| **m == Mixer::Mla).count();
-        let kv_bytes = KvCache::latent_bytes_for(n_mla, n_ctx, c.latent_dim()) + 4 * (nl - n_mla) * c.kda_state();
-        let nb = opts.n_batch.max(1);
-        let dim = c.kda_dim();
-        let per_tok = 4 * d
-            + 12 * dim
-            + nh * (c.qk_head_dim() + c.v_head_dim + c.kv_lora_rank)
-            + c.latent_dim()
-            + 2 * c.intermediate_size.max(c.moe_intermediate_size * c.n_shared_experts)
-            + c.n_routed_experts;
-        // the delta rule's per-head copies of q, k, g, v and beta for the batch's rows (kda::delta_rule)
-        let chunk = nb * (4 * c.linear_head_dim + 1);
-        let scratch_bytes = 4
-            * (nb * per_tok
-                + c.vocab_size
-                + crate::models::layers::pass_threads() * (n_ctx + c.kv_lora_rank * (c.qk_nope_head_dim + 2) + chunk));
-        let vec_bytes: usize = 4 * vecs
+        let layer_vectors: usize = vecs
             .iter()
             .map(|v| v.input.len() + v.post_attn.len() + v.bias.len() + v.conv.len() + v.a_log.len() + v.dt_bias.len() + v.o_norm.len())
-            .sum::<usize>();
+            .sum();
         let (embd, head_t) = (&ck.embd, &ck.head);
         let placed = place(
             opts,
             &files.paths,
             w,
-            HeadTensors {
-                head: head_t,
-                head_unit: files.relocate(&unit_of(&[head_t]).0),
-                embd,
-                embd_unit: files.relocate(&unit_of(&[embd]).0),
-                tied: c.tie_word_embeddings,
-            },
-            Reserved {
-                kv_bytes,
-                scratch_bytes: scratch_bytes + vec_bytes + 4 * d,
-                n_ctx,
-            },
+            HeadTensors::new(&files, head_t, embd, c.tie_word_embeddings),
+            c.memory_needs(layer_vectors),
             OnDemand {
                 per_tok: c.num_experts_per_tok,
                 transform: None,
@@ -267,10 +239,10 @@ impl KimiLinear {
             Notes::default(),
         )?;
         let dims = Dims {
-            hidden_size: d,
+            hidden_size: c.hidden_size,
             vocab_size: c.vocab_size,
             context_length: c.max_position_embeddings,
-            num_layers: nl,
+            num_layers: c.num_hidden_layers,
             final_norm_eps: c.rms_norm_eps as f32,
             cache: CacheShape::Latent { width: c.latent_dim() },
         };

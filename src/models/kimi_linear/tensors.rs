@@ -20,7 +20,7 @@ use anyhow::{anyhow, bail, Result};
 
 use super::config::Config;
 use crate::models::layers::hybrid::Mixer;
-use crate::models::loading::Tensors;
+use crate::models::loading::{gate_up_down, Tensors};
 use crate::source::hf::HfModel;
 use crate::source::pack::PackInfo;
 use crate::source::tensor::TensorInfo;
@@ -186,21 +186,14 @@ pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
             let experts = (0..ne)
                 .map(|e| {
                     let x = |w: &str| m(&format!("experts.{e}.{w}.weight"));
-                    Ok([
-                        get(&x("w1"), &[d, eff])?,
-                        get(&x("w3"), &[d, eff])?,
-                        get(&x("w2"), &[eff, d])?,
-                    ])
+                    gate_up_down(get, ["w1", "w3", "w2"].map(&x), d, eff)
                 })
                 .collect::<Result<Vec<_>>>()?;
+            let shared = ["gate_proj", "up_proj", "down_proj"].map(|w| m(&format!("shared_experts.{w}.weight")));
             FfnTensors::Moe {
                 router: get(&m("gate.weight"), &[d, ne])?,
                 bias: get(&m("gate.e_score_correction_bias"), &[ne])?,
-                shared: [
-                    get(&m("shared_experts.gate_proj.weight"), &[d, sff])?,
-                    get(&m("shared_experts.up_proj.weight"), &[d, sff])?,
-                    get(&m("shared_experts.down_proj.weight"), &[sff, d])?,
-                ],
+                shared: gate_up_down(get, shared, d, sff)?,
                 experts,
             }
         } else {
@@ -213,11 +206,7 @@ pub(crate) fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
                 false => "mlp",
             };
             let m = |s: &str| p(&format!("{pre}.{s}"));
-            FfnTensors::Dense([
-                get(&m("gate_proj.weight"), &[d, ff])?,
-                get(&m("up_proj.weight"), &[d, ff])?,
-                get(&m("down_proj.weight"), &[ff, d])?,
-            ])
+            FfnTensors::Dense(gate_up_down(get, ["gate_proj.weight", "up_proj.weight", "down_proj.weight"].map(&m), d, ff)?)
         };
         layers.push(LayerTensors {
             mix,

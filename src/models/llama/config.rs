@@ -11,7 +11,9 @@
 use anyhow::{anyhow, bail, Result};
 use serde::Deserialize;
 
+use crate::models::config::config_dims;
 use crate::models::config::defaults;
+use crate::models::needs::MemoryNeeds;
 
 use crate::models::rope::{HfRope, RopeScaling};
 
@@ -130,15 +132,10 @@ impl Config {
             }
         }
         let c: Config = serde_json::from_value(v).map_err(|e| anyhow!("{label}: {e}"))?;
-        let dims = [
-            ("vocab_size", c.vocab_size),
-            ("hidden_size", c.hidden_size),
-            ("intermediate_size", c.intermediate_size),
-            ("num_hidden_layers", c.num_hidden_layers),
-            ("num_attention_heads", c.num_attention_heads),
-            ("num_key_value_heads", c.n_kv_heads()),
-            ("head_dim", c.head_dim()),
-        ];
+        let dims = config_dims!(c;
+            vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+            num_key_value_heads = c.n_kv_heads(), head_dim = c.head_dim()
+        );
         crate::models::config::check_config_dims(label, &dims)?;
         crate::models::config::check_gqa(label, c.num_attention_heads, c.n_kv_heads(), c.head_dim())?;
         crate::models::config::check_rope_theta_and_eps(label, &c.hf_rope(), c.default_theta(), c.rms_norm_eps)?;
@@ -194,6 +191,26 @@ impl Config {
 
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads() * self.head_dim()
+    }
+
+    /// RAM a pass needs besides the weights ([`MemoryNeeds`]); `qk_norm`: the layers have
+    /// query/key norms (Qwen3).
+    pub(super) fn memory_needs(&self, qk_norm: bool) -> MemoryNeeds {
+        let (d, l, kvd) = (self.hidden_size, self.num_hidden_layers, self.kv_dim());
+        let qk_norms = if qk_norm { 2 * self.head_dim() } else { 0 };
+        MemoryNeeds {
+            row_floats: 4 * d
+                + 2 * self.q_dim()
+                + 2 * kvd
+                + 2 * self.intermediate_size.max(self.expert_ff())
+                + self.n_experts(),
+            pass_floats: self.vocab_size,
+            thread_ctx_floats: 1,
+            state_ctx_floats: 2 * l * kvd,
+            vector_floats: d * (2 * l + 1) + qk_norms * l,
+            max_ctx: self.max_position_embeddings,
+            ..Default::default()
+        }
     }
 
     /// Expert count: `num_experts`, else `num_local_experts`, else 0 (dense).

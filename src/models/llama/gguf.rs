@@ -21,8 +21,8 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::models::config::{gguf_count, opt_gguf_count};
-use crate::models::loading::{CheckpointFiles, Tensors};
+use crate::models::config::{gguf_arch, gguf_count, opt_gguf_count};
+use crate::models::loading::{gate_up_down, CheckpointFiles, Tensors};
 use super::{Checkpoint, Config, FfnTensors, LayerTensors, Llama};
 use crate::models::LoadOptions;
 use crate::models::rope::RopeStyle;
@@ -46,11 +46,8 @@ pub const ARCHITECTURES: [&str; 3] = ["qwen3moe", "qwen3", "llama"];
 /// `attention.layer_norm_rms_epsilon`, a RoPE scaling type other than `none` or `linear`,
 /// expert counts without experts' widths.
 pub fn config_from_gguf(g: &GgufModel) -> Result<Config> {
-    let file = g.file_name();
-    let arch = g.architecture()?.to_string();
-    if !ARCHITECTURES.contains(&arch.as_str()) {
-        bail!("{file}: architecture '{arch}' is not one of {ARCHITECTURES:?}");
-    }
+    let want = format!("one of {ARCHITECTURES:?}");
+    let (file, arch) = gguf_arch(g, |a| ARCHITECTURES.contains(&a), &want)?;
     let k = |s: &str| format!("{arch}.{s}");
     let n_layer = gguf_count(g, &k("block_count"), 1..=4096)?;
     let d = gguf_count(g, &k("embedding_length"), 1..=DIM_MAX)?;
@@ -218,11 +215,7 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
                 .collect();
             FfnTensors::Moe { router, experts }
         } else {
-            FfnTensors::Dense([
-                get(&n("ffn_gate"), &[d, ff])?,
-                get(&n("ffn_up"), &[d, ff])?,
-                get(&n("ffn_down"), &[ff, d])?,
-            ])
+            FfnTensors::Dense(gate_up_down(get, ["ffn_gate", "ffn_up", "ffn_down"].map(&n), d, ff)?)
         };
         layers.push(LayerTensors {
             attn,

@@ -29,17 +29,17 @@ use anyhow::Result;
 
 pub use self::config::Config;
 
-use super::budget::{place, HeadTensors, Notes, OnDemand, Reserved, WeightUnits};
+use super::budget::{place, HeadTensors, Notes, OnDemand, WeightUnits};
 use super::layers::{
     add_into, gqa_attention, mm, rms_norm_rows, swiglu_mlp, AttnShape, Gqa, GqaRope,
 };
-use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
+use super::loading::{gate_up_down, mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::{route_softmax_topk, store_swiglu_experts, ExpertMats, UnitExperts};
 use super::rope::RopeStyle;
 use super::moe::ExpertStep;
 use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
 use super::batch::Seqs;
-use super::{KvCache, LoadOptions};
+use super::LoadOptions;
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
 use crate::store::{Unit, UnitBytes, WeightStore};
@@ -179,11 +179,7 @@ fn hf_checkpoint(c: &Config, hf: &HfModel) -> Result<Checkpoint> {
                 .collect::<Result<_>>()?;
             FfnTensors::Moe { router, experts }
         } else {
-            FfnTensors::Dense([
-                get(&n("mlp.gate_proj"), &[d, ff])?,
-                get(&n("mlp.up_proj"), &[d, ff])?,
-                get(&n("mlp.down_proj"), &[ff, d])?,
-            ])
+            FfnTensors::Dense(gate_up_down(get, ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"].map(&n), d, ff)?)
         };
         layers.push(LayerTensors {
             attn,
@@ -237,8 +233,6 @@ impl Llama {
         ck: Checkpoint,
         opts: &LoadOptions,
     ) -> Result<(Self, WeightStore)> {
-        let (d, ff, qd, kvd) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim());
-        let (ne, eff) = (c.n_experts(), c.expert_ff());
         let embd = &ck.embd;
         let head_t = ck.head.as_ref().unwrap_or(embd);
         let tied = ck.head.is_none();
@@ -307,35 +301,13 @@ impl Llama {
         w.units = files.relocate_all(w.units);
 
         // --- budget -------------------------------------------------------------------------
-        let n_ctx = opts.n_ctx.min(c.max_position_embeddings).max(1);
-        let kv_bytes = KvCache::bytes_for(c.num_hidden_layers, n_ctx, kvd);
-        let nb = opts.n_batch.max(1);
-        let per_tok = 4 * d + 2 * qd + 2 * kvd + 2 * ff.max(eff) + ne;
-        let scratch_bytes =
-            4 * (nb * per_tok + c.vocab_size + crate::models::layers::pass_threads() * n_ctx);
-        let hd = c.head_dim();
-        let qk_norms = if ck.layers.iter().any(|l| l.qk_norm.is_some()) {
-            2 * hd
-        } else {
-            0
-        };
-        let norms_bytes = 4 * (d * (2 * c.num_hidden_layers + 1) + qk_norms * c.num_hidden_layers);
+        let qk_norm = ck.layers.iter().any(|l| l.qk_norm.is_some());
         let placed = place(
             opts,
             &files.paths,
             w,
-            HeadTensors {
-                head: head_t,
-                head_unit: files.relocate(&unit_of(&[head_t]).0),
-                embd,
-                embd_unit: files.relocate(&unit_of(&[embd]).0),
-                tied,
-            },
-            Reserved {
-                kv_bytes,
-                scratch_bytes: scratch_bytes + norms_bytes,
-                n_ctx,
-            },
+            HeadTensors::new(&files, head_t, embd, tied),
+            c.memory_needs(qk_norm),
             OnDemand {
                 per_tok: c.num_experts_per_tok.unwrap_or(1),
                 transform: None,
