@@ -584,7 +584,15 @@ mod tests_attention {
             softcap: Some(30.0),
         };
         let whole = AttnShape { window: None, ..s };
-        let cases = [(9, 70), (120, 1), (49, 1), (50, 1), (0, 1), (700, 1), (3, 700)];
+        let cases = [
+            (9, 70),
+            (120, 1),
+            (49, 1),
+            (50, 1),
+            (0, 1),
+            (700, 1),
+            (3, 700),
+        ];
         for (s, (pos0, n)) in [s, whole].into_iter().flat_map(|s| cases.map(|c| (s, c))) {
             let total = pos0 + n;
             let mut x = 1u32 + pos0 as u32;
