@@ -22,7 +22,7 @@ use anyhow::{bail, Result};
 
 use super::embed_head::{head_chunks, whole, Embedding, Head};
 use super::loading::{unit_of, CheckpointFiles};
-use super::needs::MemoryNeeds;
+use super::needs::{MemoryNeeds, Reserved};
 use super::{LoadOptions, Placement};
 use crate::source::pack::PackInfo;
 use crate::source::tensor::TensorInfo;
@@ -36,16 +36,6 @@ use crate::store::{
 
 /// Stream buffers used when any weight is streamed.
 pub(super) const STREAM_SLOTS: usize = 2;
-
-/// RAM a model needs besides its weights, in bytes ([`MemoryNeeds::reserve`]).
-pub(super) struct Reserved {
-    /// KV cache for `n_ctx` tokens.
-    pub kv_bytes: usize,
-    /// Activations, resident norms and other small vectors.
-    pub scratch_bytes: usize,
-    /// Context the KV cache holds, in tokens (for the error message).
-    pub n_ctx: usize,
-}
 
 /// A model's weight units before placement: spine units first (`..n_spine`: a layer's
 /// attention with its dense MLP or its router and shared experts), then one unit per (layer,

@@ -2,8 +2,17 @@
 //! ([`MemoryNeeds`]), and the bytes [`super::budget`] reserves for it ([`MemoryNeeds::reserve`],
 //! the one place the thread count and the batch size enter).
 
-use super::budget::Reserved;
 use super::LoadOptions;
+
+/// RAM a model needs besides its weights, in bytes ([`MemoryNeeds::reserve`]).
+pub(super) struct Reserved {
+    /// KV cache for `n_ctx` tokens.
+    pub kv_bytes: usize,
+    /// Activations, resident norms and other small vectors.
+    pub scratch_bytes: usize,
+    /// Context the KV cache holds, in tokens (for the error message).
+    pub n_ctx: usize,
+}
 
 /// A family's memory needs besides its weights, in `f32` floats (4 bytes each), independent
 /// of the batch size, the context length and the thread count. Each family builds it once

@@ -21,7 +21,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::error::ApiError;
-use super::routes::AppState;
+use super::state::AppState;
 
 /// When the request must be done (`None`: no `--timeout`), in the request's extensions.
 #[derive(Clone, Copy, Debug)]

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::routes::{parse, AppState};
+use super::state::{parse, AppState};
 
 /// A prompt as the completions endpoint takes it.
 #[derive(Clone, Debug, PartialEq)]

@@ -20,6 +20,7 @@ pub mod messages;
 pub mod metrics;
 pub mod routes;
 pub mod sse;
+pub mod state;
 pub mod types;
 pub mod worker;
 

@@ -4,7 +4,7 @@
 //! with a whole body or a stream of server-sent events.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -23,57 +23,14 @@ use super::admit::{self, Deadline};
 use super::error::ApiError;
 use super::guard;
 use super::info::{self, Prompt};
-use super::messages::{self, TemplateTraits};
-use super::metrics::Metrics;
+use super::messages;
 use super::sse::{self, Head, Kind};
+use super::state::parse;
+pub use super::state::AppState;
 use super::types::{self, ChatRequest, Common, CompletionRequest, StopField};
-use super::worker::{Event, Job, Queue, SubmitError};
+use super::worker::{Event, Job, SubmitError};
 use crate::engine::tools::ToolFormat;
-use crate::engine::SamplerConfig;
 use crate::engine::{Chunk, FinishReason, Outcome, Params, TokenLogprob};
-use crate::tokenizer::chat::ChatTemplate;
-use crate::tokenizer::ModelTokenizer;
-
-/// What every handler shares.
-pub struct AppState {
-    /// The one model's id (`GET /v1/models`, `--alias`); every request is answered by this
-    /// model whatever its `model` names, and responses carry this id.
-    pub model_id: String,
-    pub tok: Arc<ModelTokenizer>,
-    pub template: Option<Arc<ChatTemplate>>,
-    /// The template's tool-call syntax, when it has one.
-    pub tool_format: Option<ToolFormat>,
-    /// How the template takes content parts and the `developer` role.
-    pub traits: TemplateTraits,
-    /// Sampling when a request sets nothing.
-    pub defaults: SamplerConfig,
-    /// A fixed seed for requests without one (`--seed`); else each request draws one.
-    pub seed: Option<u64>,
-    /// `max_tokens` of requests that set none (`None`: the rest of the context).
-    pub default_max_tokens: Option<usize>,
-    /// KV cache capacity in tokens.
-    pub n_ctx: usize,
-    pub queue: Queue,
-    pub metrics: Arc<Metrics>,
-    /// The key `Authorization: Bearer` must carry (all endpoints but `/health`).
-    pub api_key: Option<String>,
-    /// Largest request body in bytes.
-    pub body_limit: usize,
-    /// Seconds since the epoch for `created` (fixed in tests).
-    pub clock: fn() -> u64,
-    /// Numbers the response ids.
-    pub next_id: AtomicU64,
-    /// Most bytes a prompt may have before tokenizing ([`admit`]).
-    pub prompt_bytes: usize,
-    /// Prompts being rendered and tokenized: at most `--queue` + 1 at once.
-    pub prep: tokio::sync::Semaphore,
-    /// `--timeout`: the wall limit of a request (`None`: none).
-    pub timeout: Option<std::time::Duration>,
-    /// The hosts requests may name ([`guard::check_host`]).
-    pub hosts: Arc<guard::Hosts>,
-    /// `--cors-origin` values.
-    pub cors_origins: Vec<String>,
-}
 
 /// The wall clock in seconds since the epoch.
 pub fn unix_now() -> u64 {
@@ -186,30 +143,6 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
         s.metrics.render(),
     )
         .into_response()
-}
-
-/// The body as JSON of type `T`, or the OpenAI error for a body too large, not JSON, or of
-/// the wrong shape.
-pub(super) fn parse<T: serde::de::DeserializeOwned>(
-    body: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
-    let body = body.map_err(|r| {
-        let status = r.status();
-        let mut e = ApiError::invalid(None, r.body_text());
-        e.status = status;
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            e.code = Some("request_too_large");
-        }
-        e
-    })?;
-    serde_json::from_slice(&body).map_err(|e| {
-        let what = if e.is_syntax() || e.is_eof() {
-            "the body is not valid JSON"
-        } else {
-            "the body does not match the request schema"
-        };
-        ApiError::invalid(None, format!("{what}: {e}"))
-    })
 }
 
 /// A request body of type `T` whose fields are all in `accepted` ([`types::check_fields`]):

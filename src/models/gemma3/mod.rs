@@ -13,7 +13,8 @@ pub use config::Config;
 
 use anyhow::Result;
 
-use super::budget::{streamed_payload, Reserved};
+use super::budget::streamed_payload;
+use super::needs::Reserved;
 use super::embed_head::{head_chunks, Embedding, Head};
 use super::layers::{
     add_post_normed, geglu_rows, gqa_attention, mm, mm_many, rms_norm_rows, rope_inv_freq,
