@@ -55,7 +55,7 @@ pub struct PlanArgs {
     /// Expert use counts for the hit rate, none: uniform [default: the model's heat file]
     #[arg(long, value_name = "FILE")]
     pub heat_file: Option<String>,
-    /// Hit rate over N tokens decoded from an empty cache (as bench's cold-decode) [default: steady state]
+    /// Hit rate over N tokens decoded after a 1-pass prompt from an empty cache (bench's cold-decode) [default: steady state]
     #[arg(long, value_name = "N")]
     pub decode_tokens: Option<u64>,
     /// Weight bytes per second a decode step multiplies, instead of measuring

@@ -27,10 +27,11 @@
 //! The hit rate: per MoE layer, expert `e` is used by a pass with probability `p_e`
 //! (`Σ p_e = k`): `k/E` each under uniform routing, or the heat file's counts scaled to sum to
 //! `k`. A cache of `C` experts holding the most used ones hits `h = Σ_top C p_e / (k·L)` in
-//! the steady state; from an empty cache over the first `n` tokens each layer's share
-//! `c = C/L` fills as the experts are first met: the expert used at token `t` is cached with
-//! probability `(1 − (1 − p_e)^t) · min(1, c / D(t))`, `D(t) = Σ_e 1 − (1 − p_e)^t` the
-//! distinct experts met so far; `h` is the mean over `t = 0..n`.
+//! the steady state; from an empty cache, over the first `n` tokens decoded after a one-pass
+//! prompt (as `bench`'s cold-decode), each layer's share `c = C/L` fills as the experts are
+//! first met: the expert used by the token after `t` passes is cached with probability
+//! `(1 − (1 − p_e)^t) · min(1, c / D(t))`, `D(t) = Σ_e 1 − (1 − p_e)^t` the distinct experts
+//! met so far; `h` is the mean over `t = 1..=n`.
 //!
 //! The time to first token of a `P`-token prompt from a cold cache: each layer reads the
 //! experts its `P` rows touch, `D(P)`; the I/O floor is those bytes over `B` (plus the
@@ -152,7 +153,8 @@ pub struct PlanInputs {
     pub routing: Routing,
     /// Prompt lengths for the time to first token.
     pub prompt_tokens: Vec<u64>,
-    /// Decoded tokens from an empty cache (`--decode-tokens`, as `bench`'s cold-decode);
+    /// Tokens decoded from an empty cache after a one-pass prompt (`--decode-tokens`, as
+    /// `bench`'s cold-decode);
     /// `None`: the steady state.
     pub decode_tokens: Option<u64>,
 }
@@ -368,7 +370,7 @@ pub fn hit_rate(
         Some(n) => {
             let c = cached as f64 / shape.moe_layers as f64;
             let mut sum = 0.0;
-            for t in 0..n {
+            for t in 1..=n {
                 for r in &rows {
                     let seen: Vec<f64> = r.iter().map(|p| 1.0 - (1.0 - p).powf(t as f64)).collect();
                     let d: f64 = seen.iter().sum();
