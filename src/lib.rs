@@ -8,6 +8,7 @@ pub mod engine;
 pub mod fuzzing;
 pub mod load;
 pub mod models;
+pub mod plan;
 pub mod progress;
 pub mod pull;
 pub mod quant;

@@ -1,6 +1,6 @@
 //! Command-line interface (clap). Each command lives in its own file and calls the library:
 //! `run.rs`, `chat.rs`, `serve.rs`, `bench.rs`, `inspect.rs`, `pack.rs`, `pull.rs`, `synth.rs`,
-//! `tokenize.rs`.
+//! `tokenize.rs`, `plan.rs`, `doctor.rs`.
 //!
 //! Commands do not import one another. What they share:
 //!
@@ -22,11 +22,13 @@ use clap::{Parser, Subcommand};
 pub mod bench;
 pub mod bench_out;
 pub mod chat;
+pub mod doctor;
 pub mod engine_args;
 pub mod fit_ctx;
 pub mod inspect;
 pub mod interrupt;
 pub mod pack;
+pub mod plan;
 pub mod pull;
 pub mod run;
 pub mod serve;
@@ -65,6 +67,10 @@ pub enum Command {
     Chat(Box<chat::ChatArgs>),
     /// Print the token ids and pieces of a text.
     Tokenize(tokenize::TokenizeArgs),
+    /// Predict placement, decode tok/s per drive count and time to first token, without loading.
+    Plan(Box<plan::PlanArgs>),
+    /// Check this machine: CPU and SIMD, memory, drives (probed), open files, GPUs.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Sets the size of the global thread pool once (`--threads`; `None`: all cores).
@@ -135,6 +141,8 @@ pub fn main() -> std::process::ExitCode {
         Command::Serve(a) => serve::run(*a),
         Command::Chat(a) => chat::run(*a),
         Command::Tokenize(a) => tokenize::run(a),
+        Command::Plan(a) => plan::run(*a),
+        Command::Doctor(a) => doctor::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -16,12 +16,14 @@
 //! - `expert_cache.rs`: the expert cache (LFU-DA, LRU, none); `heat.rs`: the heat file.
 //! - `counters.rs`: raw counters (`ExpertCounters`, per layer `LayerCounters`; a leaf module);
 //!   `telemetry.rs`: statistics (snapshots, per-layer `LayerIo`, JSON).
-//! - `plan.rs`: residency planning under the RAM budget.
+//! - `plan.rs`: residency planning under the RAM budget; `drive_probe.rs`: a short random-read
+//!   probe of a drive through the read engine (`deltafin doctor`, `deltafin plan --drives`).
 
 pub mod aligned;
 pub mod checksum;
 pub mod counters;
 pub mod direct;
+pub mod drive_probe;
 pub mod expert_cache;
 pub mod experts;
 pub mod heat;

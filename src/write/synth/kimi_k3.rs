@@ -70,14 +70,18 @@ impl KimiK3Shape {
 
 /// The presets: `tiny` (the `kimi_k3` test fixture's shape) and `kimi-k3`.
 ///
-/// `kimi-k3` has K3's published dimensions: hidden 7168, 93 layers, 896 routed experts of
-/// width 3072 in a latent space of 3584 (`routed_expert_hidden_size`), top-16, 2 shared
-/// experts, MXFP4 routed experts: 3 matrices × 3584 × 3072 values × 17/32 bytes =
-/// 17,547,264 bytes (17.5 MB, 16.7 MiB) per expert. Where the published description is silent
-/// the values are assumptions, chosen from its relatives: 64 heads (Kimi K2), KDA heads of 128
-/// and MLA every 4th layer and the last (Kimi Linear's 3 : 1), MLA ranks and widths of K2
-/// (q 1536, kv 512, nope 128, rope 64, v 128), one dense leading layer of width 18432 (K2),
-/// attention-residual blocks of 12 layers, a vocabulary of 512 (the test tokenizer).
+/// `kimi-k3` has the published shape of the checkpoint: hidden 7168, 93 layers, 69 KDA and
+/// 24 gated MLA (every 4th layer and the last), MLA q_lora 1536 and kv_lora 512 with 96 heads,
+/// KDA 96 heads of 128 with a short convolution of 4, attention-residual blocks of 12 layers,
+/// 896 routed experts of width 3072 in a latent space of 3584 (`routed_expert_hidden_size`),
+/// top-16, 2 shared experts, a vocabulary of 163,840, MXFP4 routed experts: 3 matrices × 3584
+/// × 3072 values × 17/32 bytes = 17,547,264 bytes (17.55 MB) per expert, 82,432 of them
+/// (1.45 TB), BF16 elsewhere (1.56 TB in all). Still assumed, where the published description
+/// is silent: the MLA head widths of Kimi K2 (nope 128, rope 64, v 128: a no-RoPE MLA keeps
+/// the rope slice of the latent row), one dense leading layer of width 18432 (K2; 93 layers
+/// less the 92 that hold the 82,432 experts), untied embeddings, and the tokenizer: the
+/// written GGUF carries the test tokenizer's 512 tokens padded with reserved control tokens
+/// up to the vocabulary.
 pub fn presets() -> Vec<(&'static str, &'static str, KimiK3Shape)> {
     let tiny = KimiK3Shape {
         hidden_size: 64,
@@ -106,7 +110,7 @@ pub fn presets() -> Vec<(&'static str, &'static str, KimiK3Shape)> {
         num_hidden_layers: 93,
         first_k_dense_replace: 1,
         intermediate_size: 18432,
-        num_heads: 64,
+        num_heads: 96,
         kda_head_dim: 128,
         conv_kernel: 4,
         q_lora_rank: 1536,
@@ -121,7 +125,7 @@ pub fn presets() -> Vec<(&'static str, &'static str, KimiK3Shape)> {
         latent: 3584,
         mla_every: 4,
         attn_res_block_size: 12,
-        vocab_size: 512,
+        vocab_size: 163_840,
     };
     vec![
         (
@@ -131,7 +135,7 @@ pub fn presets() -> Vec<(&'static str, &'static str, KimiK3Shape)> {
         ),
         (
             "kimi-k3",
-            "Kimi K3 shape (hidden 7168, 93 layers KDA with MLA every 4th and the last, 896 MXFP4 experts of 17.5 MB: latent 3584, FFN 3072, top-16, 2 shared), 1 dense + 92 MoE layers (~1.5 TB); use --layers and --experts for less",
+            "Kimi K3 shape (hidden 7168, 93 layers KDA with MLA every 4th and the last, 96 heads, 896 MXFP4 experts of 17.5 MB: latent 3584, FFN 3072, top-16, 2 shared, vocabulary 163,840), 1 dense + 92 MoE layers (~1.56 TB); use --layers and --experts for less",
             k3,
         ),
     ]
@@ -294,7 +298,7 @@ fn metadata(s: &KimiK3Shape) -> Result<Vec<(String, Value)>> {
         .get("tokenizer.ggml.tokens")
         .and_then(|v| v.as_array())
         .map_or(0, |a| a.len());
-    if n_tokens != s.vocab_size {
+    if n_tokens > s.vocab_size {
         bail!("the synthetic GGUF tokenizer has {n_tokens} tokens, the shape asks for a vocabulary of {}", s.vocab_size);
     }
     let u = |v: usize| Value::U32(v as u32);
@@ -313,7 +317,7 @@ fn metadata(s: &KimiK3Shape) -> Result<Vec<(String, Value)>> {
             Value::String("Deltafin synthetic kimi-k3".into()),
         ),
         (a("block_count"), u(s.num_hidden_layers)),
-        (a("context_length"), u(131072)),
+        (a("context_length"), u(1_048_576)),
         (a("embedding_length"), u(s.hidden_size)),
         (a("feed_forward_length"), u(s.intermediate_size)),
         (a("attention.head_count"), u(s.num_heads)),
@@ -350,9 +354,26 @@ fn metadata(s: &KimiK3Shape) -> Result<Vec<(String, Value)>> {
         (a("activation.situ_linear_beta"), Value::F32(1.5)),
         (a("attn_res.block_size"), u(s.attn_res_block_size)),
     ];
+    // the vocabulary beyond the test tokenizer's tokens: reserved control tokens, as Kimi's
+    // own vocabulary names its unused ids
+    let pad = s.vocab_size - n_tokens;
     for (k, v) in &src.metadata {
-        if k.starts_with("tokenizer.") {
-            m.push((k.clone(), v.clone()));
+        match (k.as_str(), v) {
+            ("tokenizer.ggml.tokens", Value::Array(a)) if pad > 0 => {
+                let mut a = a.clone();
+                a.extend(
+                    (n_tokens..s.vocab_size)
+                        .map(|i| Value::String(format!("<|reserved_token_{i}|>"))),
+                );
+                m.push((k.clone(), Value::Array(a)));
+            }
+            ("tokenizer.ggml.token_type", Value::Array(a)) if pad > 0 => {
+                let mut a = a.clone();
+                a.extend(std::iter::repeat_n(Value::I32(3), pad));
+                m.push((k.clone(), Value::Array(a)));
+            }
+            _ if k.starts_with("tokenizer.") => m.push((k.clone(), v.clone())),
+            _ => {}
         }
     }
     m.push(("general.quantization_version".into(), Value::U32(2)));
@@ -451,4 +472,32 @@ pub fn write_kimi_k3_gguf(
     .and_then(|_| w.flush())
     .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_test_tokenizer_is_padded_with_reserved_tokens_up_to_the_vocabulary() {
+        let mut s = presets().remove(0).2;
+        s.vocab_size = 515;
+        let m = metadata(&s).unwrap();
+        let get = |k: &str| m.iter().find(|(n, _)| n == k).unwrap().1.clone();
+        let Value::Array(tokens) = get("tokenizer.ggml.tokens") else {
+            panic!()
+        };
+        let Value::Array(types) = get("tokenizer.ggml.token_type") else {
+            panic!()
+        };
+        assert_eq!((tokens.len(), types.len()), (515, 515));
+        assert_eq!(tokens[514], Value::String("<|reserved_token_514|>".into()));
+        assert_eq!(tokens[512], Value::String("<|reserved_token_512|>".into()));
+        assert_eq!(types[512..], [Value::I32(3), Value::I32(3), Value::I32(3)]);
+        s.vocab_size = 100;
+        assert_eq!(
+            metadata(&s).unwrap_err().to_string(),
+            "the synthetic GGUF tokenizer has 512 tokens, the shape asks for a vocabulary of 100"
+        );
+    }
 }

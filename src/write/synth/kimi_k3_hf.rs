@@ -205,7 +205,7 @@ pub fn config_json(s: &KimiK3Shape) -> serde_json::Value {
         "routed_expert_hidden_size": s.latent,
         "latent_moe_use_norm": true,
         "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 262144,
+        "max_position_embeddings": 1048576,
         "tie_word_embeddings": false,
         "linear_attn_config": {
             "full_attn_layers": full,

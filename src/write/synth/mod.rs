@@ -566,24 +566,27 @@ mod tests {
         assert_eq!(full.expert_bytes, 3 * 3584 * 3072 / 32 * 17);
         assert_eq!(full.expert_bytes, 17_547_264);
         assert_eq!((full.layers, full.moe_layers, full.experts), (93, 92, 896));
-        // 1.446 TB of routed experts (92 × 896 × 17.5 MB), 85 GB of BF16 spine
+        // 1.446 TB of routed experts (92 × 896 × 17.5 MB), 1.56 TB in all (as published:
+        // ~1.56 TB)
         assert_eq!(92 * 896 * full.expert_bytes, 1_446_456_066_048);
-        assert_eq!(full.tensor_bytes / 1_000_000_000, 1_531);
+        assert_eq!(full.tensor_bytes / 1_000_000_000, 1_560);
         shape.set_layers(Some(2), Some(0)).unwrap();
         shape.set_experts(Some(64)).unwrap();
         let p = plan(&shape, Encoding::Gguf(GgmlType::MXFP4), 0).unwrap();
         assert_eq!((p.layers, p.moe_layers, p.experts), (2, 2, 64));
         assert_eq!(p.expert_bytes, 17_547_264);
         // layer 0 KDA, layer 1 (the last) MLA, both MoE; BF16 matrices, F32 vectors and router
-        let (d, dim, lat, sff) = (7168u64, 8192u64, 3584u64, 6144u64);
-        let kda = 2 * (4 * d * dim + d * 128 + 128 * dim + d * 64 + dim * d)
-            + 4 * (3 * 4 * dim + 64 + dim + 128);
+        // 96 heads of 128 in both mixers, a vocabulary of 163,840
+        let (d, nh, dim, lat, sff, vocab) =
+            (7168u64, 96u64, 12288u64, 3584u64, 6144u64, 163_840u64);
+        let kda = 2 * (4 * d * dim + d * 128 + 128 * dim + d * nh + dim * d)
+            + 4 * (3 * 4 * dim + nh + dim + 128);
         let mla = 2
-            * (d * 1536 + 1536 * 64 * 192 + d * 576 + 2 * 128 * 512 * 64 + 2 * d * 64 * 128)
+            * (d * 1536 + 1536 * nh * 192 + d * 576 + 2 * 128 * 512 * nh + 2 * d * nh * 128)
             + 4 * (1536 + 512);
         let moe = 4 * (d * 64 + 64 + lat) + 2 * (2 * d * lat + 3 * d * sff) + 64 * 17_547_264;
         let layer = 4 * 4 * d;
-        let top = 2 * 2 * 512 * d + 4 * 2 * d;
+        let top = 2 * 2 * vocab * d + 4 * 2 * d;
         assert_eq!(p.tensor_bytes, top + kda + mla + 2 * (moe + layer));
         assert_eq!(
             shape.set_experts(Some(8)).unwrap_err().to_string(),
