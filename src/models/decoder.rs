@@ -1,6 +1,10 @@
 //! The decoder-only transformer every family is: embeddings, a stack of layers, a final norm
 //! and the LM head, with [`Model`] implemented once for all of them by [`Decoder`].
 //!
+//! A pass runs several sequences at once ([`Model::forward_batch`]): their rows are stacked,
+//! and a family's spine gets them as [`Seqs`] (row-wise work over all rows, positions and
+//! cache slots per sequence).
+//!
 //! A family supplies its [`Blocks`]: what one layer's *spine* (its resident-or-streamed unit:
 //! attention, norms, the dense MLP or the router and shared experts) computes, how a MoE
 //! layer routes, and how its routed experts compute. The skeleton owns what they share:
@@ -9,9 +13,10 @@
 //!
 //! - a pass first plans its embedding rows and layer 0's spine unit;
 //! - a dense layer plans what comes after it (the next spine unit, or the LM head) before it
-//!   computes; a MoE layer plans it right after its routed experts are planned, so the
-//!   experts' reads go first, and then asks the expert store to prefetch the next MoE layer's
-//!   guessed experts (`moe::prefetch_next`);
+//!   computes; a MoE layer decides it before its routed experts are planned, with the expert
+//!   store's next step (the prefetch of the next MoE layer's guessed experts, or a read-ahead:
+//!   `moe::next_experts`), as one `store::NextReads` that the store queues right after the
+//!   experts (`WeightStore::plan_next`), so the experts' reads go first;
 //! - families whose [`Blocks::plan_whole_pass`] is true (dense models streamed layer by layer,
 //!   Gemma 3) announce every unit of the pass at its start instead.
 //!

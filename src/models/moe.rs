@@ -280,7 +280,7 @@ pub fn rank_by_weight(routes: &[Vec<(usize, f32)>]) -> Vec<usize> {
     v.into_iter().map(|(e, _)| e).collect()
 }
 
-/// A MoE layer's router inside its spine unit, as [`prefetch_next`] applies it.
+/// A MoE layer's router inside its spine unit, as [`next_experts`] applies it.
 pub(super) struct RouterRef<'a> {
     /// The spine unit holding the router.
     pub unit: usize,
@@ -293,7 +293,7 @@ pub(super) struct RouterRef<'a> {
     pub bias: Option<&'a [f32]>,
 }
 
-/// A model's MoE routers and routing function, as the forward pass and [`prefetch_next`] use
+/// A model's MoE routers and routing function, as the forward pass and [`next_experts`] use
 /// them.
 pub(super) trait Routers {
     /// Number of decoder layers.
@@ -319,7 +319,7 @@ pub(super) fn route_rows(
         .collect()
 }
 
-/// The last token's routes of a pass's first MoE layer, [`prefetch_next`]'s guesses for the
+/// The last token's routes of a pass's first MoE layer, [`next_experts`]'s guesses for the
 /// next pass: `kept` takes the last of `routes` (one per token) the first time it is called
 /// in a pass and keeps it after.
 pub(super) fn keep_first<'a>(

@@ -48,7 +48,7 @@ pub struct AppState {
     pub clock: fn() -> u64,
     /// Numbers the response ids.
     pub next_id: AtomicU64,
-    /// Most bytes a prompt may have before tokenizing ([`admit`]).
+    /// Most bytes a prompt may have before tokenizing ([`super::admit`]).
     pub prompt_bytes: usize,
     /// Prompts being rendered and tokenized: at most `--queue` + 1 at once.
     pub prep: tokio::sync::Semaphore,

@@ -1,6 +1,6 @@
 //! DeepSeek V3 (and Kimi K2 text models) from Hugging Face checkpoints, as transformers 5.24
 //! defines them (`models/deepseek_v3/modeling_deepseek_v3.py`): RMSNorm before attention and
-//! before the feed-forward block; multi-head latent attention ([`self::mla`]) with an optional
+//! before the feed-forward block; multi-head latent attention ([`crate::models::layers::mla`]) with an optional
 //! low-rank query (`q_a_proj` → `q_a_layernorm` → `q_b_proj`, or `q_proj`), the KV latent
 //! `kv_a_proj_with_mqa` → (`kv_a_layernorm`ed latent, shared rotary key) and `kv_b_proj`; YaRN
 //! RoPE on the rotary parts; a dense SwiGLU MLP in the first `first_k_dense_replace` layers and
@@ -9,7 +9,7 @@
 //! moe_intermediate_size`); final RMSNorm and LM head.
 //!
 //! The KV cache holds the compressed latent per token and layer
-//! ([`KvCache::new_latent`]: `kv_lora_rank + qk_rope_head_dim` floats).
+//! ([`crate::models::KvCache::new_latent`]: `kv_lora_rank + qk_rope_head_dim` floats).
 //!
 //! Weights: BF16/F16/F32, or FP8 E4M3 with `weight_scale_inv` 128×128 block scales, repacked
 //! when read into `GgmlType::F8_E4M3_B128` rows (see [`crate::quant::fp8`]). Multi-token-
@@ -29,7 +29,7 @@
 //! the shared ones, nor the dense layers' MLPs) are read on demand through the expert store,
 //! FP8 ones repacked as they land so that its cache holds them ready to compute
 //! (`budget.rs`). With prefetch on, the next MoE layer's experts are guessed as
-//! `moe::prefetch_next` describes (the dense layers have no router and guess nothing).
+//! `moe::next_experts` describes (the dense layers have no router and guess nothing).
 
 mod config;
 pub mod gguf;

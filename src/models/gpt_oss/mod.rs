@@ -24,7 +24,7 @@
 //! `experts.rs`. Each (layer, expert) is one weight unit holding its matrices and
 //! biases; spine units hold a layer's q/k/v/o and router weights. When the budget cannot hold
 //! every weight the experts are read on demand through the expert store (`budget.rs`), which
-//! with prefetch on reads the next layer's guessed experts (`moe::prefetch_next`,
+//! with prefetch on reads the next layer's guessed experts (`moe::next_experts`,
 //! router bias included).
 //! A format's loader resolves and checks its tensors into a `Checkpoint`; `GptOss::build`
 //! does the rest for both.

@@ -1,8 +1,8 @@
 //! Kimi Linear (`model_type: kimi_linear`, e.g. Kimi-Linear-48B-A3B) from Hugging Face
 //! checkpoints, as transformers 5.24 defines it (`models/kimi_linear/modeling_kimi_linear.py`):
 //! RMSNorm before the token mixer and before the feed-forward block; the mixer of each layer is
-//! either Kimi Delta Attention ([`self::kda`], [`self::mixer::kda_mixer`]: a recurrent state
-//! per layer) or no-RoPE multi-head latent attention ([`self::mixer::mla_mixer`]: DeepSeek's
+//! either Kimi Delta Attention ([`crate::models::layers::kda`], [`crate::models::layers::mixers::kda_mixer`]: a recurrent state
+//! per layer) or no-RoPE multi-head latent attention ([`crate::models::layers::mixers::mla_mixer`]: DeepSeek's
 //! latent cache), as `linear_attn_config.full_attn_layers` / `layer_types` say
 //! ([`Config::mixers`]); a dense SwiGLU MLP in the first `first_k_dense_replace` layers and
 //! the MoE block after (sigmoid routing with `e_score_correction_bias`,
@@ -14,7 +14,7 @@
 //! The session's cache holds, per MLA layer, one latent row per position (`kv_lora_rank +
 //! qk_rope_head_dim` floats) and, per KDA layer, its recurrent state
 //! ([`Config::kda_state`] floats: the short convolutions' last inputs and one
-//! `head_dim × head_dim` matrix per head; [`KvCache::with_state`]). Every pass runs the delta
+//! `head_dim × head_dim` matrix per head; [`crate::models::KvCache::with_state`]). Every pass runs the delta
 //! rule in its recurrent form, so a prompt's logits equal token-at-a-time decoding bit for bit
 //! ([`self::kda`] says why the chunked form is not used).
 //!

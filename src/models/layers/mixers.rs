@@ -65,7 +65,7 @@ pub struct KdaWeights<'a> {
 }
 
 /// A KDA layer `l` over the normed rows `xn` (`rows × hidden`) of the sequences `seqs` into
-/// `out` (`rows × hidden`): each sequence's rows in order through [`kda_rows`], with the
+/// `out` (`rows × hidden`): each sequence's rows in order through `kda_rows`, with the
 /// sequence's layer-`l` state (convolution inputs then `n_heads × head_dim²` floats) carried
 /// from its previous tokens and updated.
 pub fn kda_mixer(
