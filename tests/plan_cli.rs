@@ -161,7 +161,7 @@ fn plan_prints_a_table_and_draws_the_ladder() {
         "{out}"
     );
     assert!(
-        out.contains("\nrecommend:  --ram-budget 256K -c 67 --placement stripe; pack: yes"),
+        out.contains("\nrecommend:  run with --ram-budget 256K -c 67; pack: yes, `deltafin pack --placement stripe`"),
         "{out}"
     );
     let s = std::fs::read_to_string(&svg).unwrap();
@@ -200,10 +200,11 @@ fn plan_takes_the_kimi_k3_preset_without_a_file() {
         156
     );
     assert_eq!(v["placement"]["all_resident"], false);
-    let o = deltafin(&["plan", "-m", "kimi-k3", "--ram", "128G"]);
+    let o = deltafin(&["plan", "-m", "kimi-k4", "--ram", "128G"]);
     assert_eq!(
         stderr(&o),
-        "error: kimi-k3 is a synth preset, on no drive yet: give --drives or --drive-bandwidth\n"
+        "error: kimi-k4: No such file or directory (os error 2); and no synth preset is named \
+         kimi-k4 (`deltafin synth --preset list` lists them)\n"
     );
 }
 
@@ -229,7 +230,7 @@ fn plan_refuses_bad_inputs() {
     );
     assert_eq!(
         run(&["--ram-budget", "2G"]),
-        "error: --ram-budget 2.0 GiB is more than the memory limit of 1.0 GiB (cgroup) this \
+        "error: --ram-budget 2.0 GiB is more than the memory limit of 1.0 GiB (--ram) this \
          process may use\n"
     );
     let e = run(&["--drives", "/tmp"]);

@@ -99,8 +99,14 @@ fn read_shape(model: &str) -> Result<(ModelShape, [crate::quant::GgmlType; 2], O
             return Ok((s, t, None));
         }
     }
-    let path = super::model_path(Some(Path::new(model)))?;
-    let m = open_any(path.as_deref())?;
+    let no_preset = |e: anyhow::Error| match Path::new(model).exists() {
+        true => e,
+        false => anyhow!(
+            "{e}; and no synth preset is named {model} (`deltafin synth --preset list` lists them)"
+        ),
+    };
+    let path = super::model_path(Some(Path::new(model))).map_err(no_preset)?;
+    let m = open_any(path.as_deref()).map_err(no_preset)?;
     let (s, t) = shape::of_model(&m, model)?;
     Ok((s, t, path))
 }
@@ -164,10 +170,9 @@ pub fn run(a: PlanArgs) -> Result<()> {
                     d
                 }]
             }
-            (None, true) => bail!(
-                "{} is a synth preset, on no drive yet: give --drives or --drive-bandwidth",
-                a.model
-            ),
+            // a preset is on no drive yet: the drive of the current folder, where it would be
+            // downloaded or packed (--drives or --drive-bandwidth plan others)
+            (None, true) => vec![PathBuf::from(".")],
         };
         let o = ProbeOptions {
             file_bytes: a.probe_size,
@@ -216,7 +221,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let limit = match a.ram {
         Some(b) => Some(MemoryLimit {
             bytes: b,
-            source: LimitSource::Cgroup,
+            source: LimitSource::Given,
         }),
         None => MemoryLimit::of_this_process(),
     };
@@ -406,12 +411,14 @@ fn text(
     let rc = &p.recommend;
     let _ = writeln!(
         o,
-        "recommend:  --ram-budget {}{}{}; pack: {} ({})",
+        "recommend:  run with --ram-budget {}{}; pack: {}{} ({})",
         budget_flag(rc.ram_budget),
         rc.ctx_size.map_or(String::new(), |c| format!(" -c {c}")),
-        rc.placement
-            .map_or(String::new(), |pl| format!(" --placement {pl}")),
         if rc.pack { "yes" } else { "no" },
+        match (rc.pack, rc.placement) {
+            (true, Some(pl)) => format!(", `deltafin pack --placement {pl}`"),
+            _ => String::new(),
+        },
         rc.pack_reason
     );
     o

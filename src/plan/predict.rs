@@ -470,7 +470,8 @@ fn tok_s(shape: &ModelShape, inp: &PlanInputs, budget: u64, drives: &[f64], r: &
     let Ok(p) = place(shape, budget, inp.ctx) else {
         return 0.0;
     };
-    let h = hit_rate(shape, &inp.routing, p.cache_experts, inp.decode_tokens);
+    // `+ 0.0`: an empty cache's sum is -0.0, shown as "-0.000"
+    let h = hit_rate(shape, &inp.routing, p.cache_experts, inp.decode_tokens) + 0.0;
     let bw: f64 = drives.iter().sum();
     1.0 / decode_time(shape, &p, h, bw, drives[0], r).3
 }
@@ -496,7 +497,7 @@ pub fn plan(shape: &ModelShape, inp: &PlanInputs) -> Result<Plan, String> {
     let p = place(shape, b, inp.ctx)?;
     let h = match p.all_resident {
         true => 1.0,
-        false => hit_rate(shape, &inp.routing, p.cache_experts, inp.decode_tokens),
+        false => hit_rate(shape, &inp.routing, p.cache_experts, inp.decode_tokens) + 0.0,
     };
     let source = match (&inp.routing, p.all_resident) {
         (_, true) => "all resident",

@@ -41,6 +41,8 @@ pub enum LimitSource {
     Cgroup,
     /// The kernel's `MemAvailable` (`/proc/meminfo`).
     MemAvailable,
+    /// Given by the user (`deltafin plan --ram`), for a machine other than this one.
+    Given,
 }
 
 impl std::fmt::Display for LimitSource {
@@ -48,6 +50,7 @@ impl std::fmt::Display for LimitSource {
         f.write_str(match self {
             LimitSource::Cgroup => "cgroup",
             LimitSource::MemAvailable => "MemAvailable",
+            LimitSource::Given => "--ram",
         })
     }
 }
