@@ -181,6 +181,11 @@ pub async fn detokenize(
     axum::Json(json!({"content": s.tok.decode(&ids, false)})).into_response()
 }
 
+/// `x` as the f64 its shortest decimal names (`0.8f32` as `0.8`, not `0.800000011920929`).
+fn shortest(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(x as f64)
+}
+
 /// `GET /props` (llama-server's shape, the fields Deltafin has): the defaults of requests,
 /// the context, slots, the model's name, chat template and modalities.
 pub async fn props(State(s): State<Arc<AppState>>) -> Response {
@@ -190,13 +195,13 @@ pub async fn props(State(s): State<Arc<AppState>>) -> Response {
             "n_ctx": s.n_ctx,
             "params": {
                 "n_predict": s.default_max_tokens.map_or(-1, |m| m as i64),
-                "temperature": d.temperature,
+                "temperature": shortest(d.temperature),
                 "top_k": d.top_k,
-                "top_p": d.top_p,
-                "min_p": d.min_p,
-                "repeat_penalty": d.repeat_penalty,
-                "presence_penalty": d.presence_penalty,
-                "frequency_penalty": d.frequency_penalty,
+                "top_p": shortest(d.top_p),
+                "min_p": shortest(d.min_p),
+                "repeat_penalty": shortest(d.repeat_penalty),
+                "presence_penalty": shortest(d.presence_penalty),
+                "frequency_penalty": shortest(d.frequency_penalty),
                 "seed": s.seed.map_or(-1, |x| x as i64),
             },
         },
@@ -212,6 +217,14 @@ pub async fn props(State(s): State<Arc<AppState>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sampling_defaults_are_shown_as_their_shortest_decimals() {
+        assert_eq!(shortest(0.8), 0.8);
+        assert_eq!(shortest(0.95), 0.95);
+        assert_eq!(shortest(1.0), 1.0);
+        assert_eq!((0.8f32 as f64).to_string(), "0.800000011920929");
+    }
 
     #[test]
     fn prompts_of_every_shape() {
