@@ -75,6 +75,18 @@ fn content_parts_and_roles() {
         json!({"message": "top_k is -1, expected an integer >= 0 (0: no limit)",
             "type": "invalid_request_error", "param": "top_k", "code": null})
     );
+    let mut m = chat(json!([{"role": "user", "content": "x"}]));
+    m["max_tokens"] = json!(-1);
+    assert_eq!(
+        refused(&srv.post("/v1/chat/completions", &m)),
+        json!({"message": "max_tokens is -1, expected a whole number from 0 to 4294967295",
+            "type": "invalid_request_error", "param": "max_tokens", "code": null})
+    );
+    m["max_tokens"] = json!(2.5);
+    assert_eq!(
+        refused(&srv.post("/v1/chat/completions", &m))["param"],
+        "max_tokens"
+    );
     srv.stop();
 }
 

@@ -156,6 +156,22 @@ fn parse_request<T: serde::de::DeserializeOwned>(
         return Err(ApiError::invalid(None, "the body must be a JSON object"));
     };
     types::check_fields(&mut map, accepted)?;
+    // counts the schema holds as u32: a bad one is named here (the schema's error does not
+    // name its field)
+    for key in ["max_tokens", "max_completion_tokens", "n", "top_logprobs"] {
+        match map.get(key) {
+            Some(v) if !v.is_null() && v.as_u64().is_none_or(|x| x > u32::MAX as u64) => {
+                return Err(ApiError::invalid(
+                    Some(key),
+                    format!(
+                        "{key} is {v}, expected a whole number from 0 to {}",
+                        u32::MAX
+                    ),
+                ))
+            }
+            _ => {}
+        }
+    }
     serde_json::from_value(Value::Object(map)).map_err(|e| {
         ApiError::invalid(
             None,
