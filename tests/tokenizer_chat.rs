@@ -78,6 +78,21 @@ fn gemma_rejects_non_alternating_roles() {
 }
 
 #[test]
+fn gemma_names_a_late_system_message_and_an_unknown_role() {
+    let late = [Message::new("user", "a"), Message::new("system", "b")];
+    assert_eq!(
+        gemma().render(&late, true).unwrap_err().to_string(),
+        "chat template error: Unsupported role in a Gemma chat: system (a system or developer \
+         message must come first)"
+    );
+    let odd = [Message::new("user", "a"), Message::new("critic", "b")];
+    assert_eq!(
+        gemma().render(&odd, true).unwrap_err().to_string(),
+        "chat template error: Unsupported role in a Gemma chat: critic"
+    );
+}
+
+#[test]
 fn gemma_template_only_for_gemma_architectures() {
     for arch in ["gemma", "gemma2", "gemma3"] {
         assert!(

@@ -69,7 +69,7 @@ pub const GEMMA_TEMPLATE: &str = r#"{{ bos_token }}
 {%- for m in ns.turns -%}
   {%- set speaker = "model" if m.role == "assistant" else "user" -%}
   {%- if m.role not in ["user", "assistant", "tool"] -%}
-    {{ raise_exception("Unsupported role in a Gemma chat: " ~ m.role) }}
+    {{ raise_exception("Unsupported role in a Gemma chat: " ~ m.role ~ (" (a system or developer message must come first)" if m.role == "system" else "")) }}
   {%- endif -%}
   {%- if (speaker == "user") != (loop.index0 is even) -%}
     {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
