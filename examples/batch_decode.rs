@@ -9,18 +9,9 @@
 //! N values over 3 rounds and keeping each one's best.
 use std::time::Instant;
 
+use deltafin::engine::sampler::argmax;
 use deltafin::load::open_any;
 use deltafin::models::{KvCache, LoadOptions, Logits, SeqPass};
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -66,7 +57,7 @@ fn main() -> anyhow::Result<()> {
                     .map(|t| (1000 + 37 * s as u32 + 11 * t) % v)
                     .collect();
                 let l = model.forward(&mut store, c, &prompt, Logits::Last)?;
-                last.push(argmax(&l));
+                last.push(argmax(&l) as u32);
             }
             let b0 = bytes(&store);
             let t0 = Instant::now();
@@ -78,7 +69,7 @@ fn main() -> anyhow::Result<()> {
                     .map(|(c, t)| SeqPass::new(c, t, Logits::Last))
                     .collect();
                 let out = model.forward_batch(&mut store, &mut batch)?;
-                last = out.iter().map(|l| argmax(l)).collect();
+                last = out.iter().map(|l| argmax(l) as u32).collect();
             }
             let s = t0.elapsed().as_secs_f64();
             let tok = (n * steps) as f64;

@@ -233,31 +233,18 @@ impl Model for Gated {
     fn new_cache(&self, n_ctx: usize) -> KvCache {
         self.inner.new_cache(n_ctx)
     }
-    fn forward(
+    fn forward_batch(
         &self,
         s: &mut WeightStore,
-        c: &mut KvCache,
-        t: &[u32],
-        l: Logits,
-    ) -> anyhow::Result<Vec<f32>> {
+        batch: &mut [deltafin::models::SeqPass<'_>],
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
         let (m, cv) = &*self.open;
         let mut g = m.lock().unwrap();
         while !*g {
             g = cv.wait(g).unwrap();
         }
         drop(g);
-        self.inner.forward(s, c, t, l)
-    }
-    /// One sequence after another (a mock: no batching).
-    fn forward_batch(
-        &self,
-        s: &mut WeightStore,
-        batch: &mut [deltafin::models::SeqPass<'_>],
-    ) -> anyhow::Result<Vec<Vec<f32>>> {
-        batch
-            .iter_mut()
-            .map(|p| self.forward(s, p.cache, p.tokens, p.logits))
-            .collect()
+        self.inner.forward_batch(s, batch)
     }
     fn placement(&self) -> &Placement {
         self.inner.placement()

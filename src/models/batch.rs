@@ -89,11 +89,6 @@ impl<'a> Seqs<'a> {
             (at, s)
         })
     }
-
-    /// The sequences, in row order.
-    pub fn list(&self) -> &[SeqRows<'a>] {
-        &self.list
-    }
 }
 
 /// Row `r0 .. r0 + n` of a row-major matrix `m` whose rows are `width` wide.

@@ -223,7 +223,6 @@ mod tests {
         assert_eq!(shortest(0.8), 0.8);
         assert_eq!(shortest(0.95), 0.95);
         assert_eq!(shortest(1.0), 1.0);
-        assert_eq!((0.8f32 as f64).to_string(), "0.800000011920929");
     }
 
     #[test]
