@@ -85,11 +85,11 @@ async fn error_of(app: &axum::Router, path: &str, body: Value) -> (u16, Value) {
 async fn request_errors_have_the_openai_shape() {
     let app = app_with(echo_engine(), None);
     let path = "/v1/chat/completions";
-    let (s, e) = error_of(&app, path, chat("x", json!({"n": 2}))).await;
+    let (s, e) = error_of(&app, path, chat("x", json!({"n": 5}))).await;
     assert_eq!(s, 400);
     assert_eq!(
         e,
-        json!({"error": {"message": "n is 2, but this server generates one choice per request (n = 1)",
+        json!({"error": {"message": "n is 5, expected 1 to 4 (choices wait in the queue of --queue jobs)",
             "type": "invalid_request_error", "param": "n", "code": null}})
     );
     // any model name is answered by the one model, named in the answer

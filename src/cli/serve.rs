@@ -30,6 +30,12 @@ pub struct ServeArgs {
     /// Requests that may wait while one runs; more are answered 503 with Retry-After.
     #[arg(long, default_value_t = 16)]
     pub queue: usize,
+    /// Slots: requests decoded together, each decode step one forward pass over all of them
+    /// (a MoE layer reads the union of their experts once); prompts join between steps and are
+    /// prefilled in chunks of at most -b rows shared with the decoding slots. The context
+    /// (-c) is split evenly among the slots. Speculative decoding runs with 1 slot only.
+    #[arg(long, visible_alias = "np", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub parallel: u16,
     /// The name the model is served as (`/v1/models`, the `model` of responses); default:
     /// the file or folder name of -m.
     #[arg(long)]
@@ -83,7 +89,27 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if api_key.as_deref() == Some("") {
         bail!("--api-key is empty");
     }
+    let parallel = usize::from(a.parallel);
+    if parallel > 1 && a.engine.spec.enabled() {
+        bail!(
+            "--parallel {parallel} does not combine with speculative decoding (--lookup, \
+             --draft-model, --draft): speculation runs one request at a time"
+        );
+    }
+    if parallel > a.engine.memory.batch_size {
+        bail!(
+            "--parallel {parallel} is more than -b {}: each decode step takes a row per slot",
+            a.engine.memory.batch_size
+        );
+    }
     let (mut engine, model_id) = a.engine.load_engine(4096, false)?;
+    if parallel > 1 {
+        eprintln!(
+            "{parallel} slots of {} tokens each (-c {} split evenly)",
+            crate::engine::slots::slot_ctx(engine.n_ctx(), parallel),
+            engine.n_ctx()
+        );
+    }
     engine.default_max_tokens = Some(a.engine.sampling.max_tokens);
     serve(
         engine,
@@ -92,6 +118,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             port: a.port,
             api_key,
             queue: a.queue,
+            parallel,
             body_limit: usize::try_from(a.body_limit).unwrap_or(usize::MAX),
             model_id: a.alias.unwrap_or(model_id),
             seed: a.engine.sampling.seed,

@@ -103,6 +103,37 @@ pub struct Outcome {
     pub speculative: Option<SpecStats>,
 }
 
+impl Outcome {
+    /// How a generation of `completion_tokens` tokens after a prompt of `prompt_tokens` ended
+    /// with `finish` and the parsed `tool_calls` (then [`FinishReason::ToolCalls`], unless
+    /// cancelled); no timings, nothing cached.
+    pub(crate) fn of(
+        finish: &Finish,
+        tool_calls: Vec<ToolCall>,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    ) -> Self {
+        let mut finish = match finish {
+            Finish::Eos | Finish::Stop(_) => FinishReason::Stop,
+            Finish::Length | Finish::ContextFull => FinishReason::Length,
+            Finish::Interrupted => FinishReason::Cancelled,
+        };
+        if !tool_calls.is_empty() && finish != FinishReason::Cancelled {
+            finish = FinishReason::ToolCalls;
+        }
+        Outcome {
+            finish,
+            tool_calls,
+            prompt_tokens,
+            completion_tokens,
+            cached_tokens: 0,
+            ttft_s: 0.0,
+            decode_s: 0.0,
+            speculative: None,
+        }
+    }
+}
+
 impl Engine {
     /// An engine over `session` with an empty conversation.
     pub fn new(
@@ -172,7 +203,7 @@ impl Engine {
             sp.begin(&p.sampler);
         }
         let tok = Arc::clone(&self.tok);
-        let mut reply = Reply::new(&tok, p, emit);
+        let mut reply = Reply::new(&tok, p, Box::new(emit));
         let mut sampler = Sampler::new(p.sampler.clone());
         let is_eog = |t: u32| tok.is_eog(t);
         let opts = GenerateOptions {
@@ -201,24 +232,13 @@ impl Engine {
         let all = prompt.iter().chain(&g.tokens).chain(&g.unused);
         self.cached = all.copied().take(held).collect();
         debug_assert_eq!(self.cached.len(), held);
-        let mut finish = match g.finish {
-            Finish::Eos | Finish::Stop(_) => FinishReason::Stop,
-            Finish::Length | Finish::ContextFull => FinishReason::Length,
-            Finish::Interrupted => FinishReason::Cancelled,
-        };
         let tool_calls = reply.finish();
-        if !tool_calls.is_empty() && finish != FinishReason::Cancelled {
-            finish = FinishReason::ToolCalls;
-        }
         Ok(Outcome {
-            finish,
-            tool_calls,
-            prompt_tokens: prompt.len(),
-            completion_tokens: g.tokens.len(),
             cached_tokens: keep,
             ttft_s: g.stats.ttft_s,
             decode_s: g.stats.decode_s,
             speculative: g.stats.speculative,
+            ..Outcome::of(&g.finish, tool_calls, prompt.len(), g.tokens.len())
         })
     }
 }
@@ -226,7 +246,7 @@ impl Engine {
 /// A reply as the generation loop makes it ([`Output`]): each token's logprobs when asked,
 /// its text through the detokenizer, final text as content until the tool section's marker,
 /// the section held from there on.
-struct Reply<'a> {
+pub(crate) struct Reply<'a> {
     tok: &'a ModelTokenizer,
     dec: ModelStreamDecoder<'a>,
     /// Alternatives per logprob entry (`None`: no logprobs).
@@ -238,11 +258,16 @@ struct Reply<'a> {
     marker: Option<StopMatcher>,
     /// The tool section, from its marker on.
     section: Option<String>,
-    emit: &'a mut dyn FnMut(Chunk),
+    emit: Box<dyn FnMut(Chunk) + 'a>,
 }
 
 impl<'a> Reply<'a> {
-    fn new(tok: &'a ModelTokenizer, p: &Params, emit: &'a mut dyn FnMut(Chunk)) -> Self {
+    /// The reply to a request asking `p`, its chunks sent to `emit`.
+    pub(crate) fn new(
+        tok: &'a ModelTokenizer,
+        p: &Params,
+        emit: Box<dyn FnMut(Chunk) + 'a>,
+    ) -> Self {
         Self {
             tok,
             dec: match p.tools {
@@ -260,7 +285,7 @@ impl<'a> Reply<'a> {
 
     /// Sends what is still held: content the marker watch kept, the tool section when it does
     /// not parse (as content), the last logprobs. Returns the parsed tool calls.
-    fn finish(mut self) -> Vec<ToolCall> {
+    pub(crate) fn finish(mut self) -> Vec<ToolCall> {
         if self.section.is_none() {
             if let Some(m) = self.marker.as_mut() {
                 let rest = m.finish();

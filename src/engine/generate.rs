@@ -62,6 +62,84 @@ pub struct Generated {
     pub stats: GenStats,
 }
 
+/// What the generation loop keeps of one sequence while handing out its tokens, the same for
+/// a sequence alone ([`Session::generate_into`]) and for each sequence of a batch
+/// ([`super::slots::Slots`]): the tokens handed out, the history they extend (prompt, then
+/// tokens), the stop-string watch over their text, and why the sequence ended.
+pub(crate) struct Handout {
+    /// The tokens handed out, an ending end-of-generation token included.
+    pub tokens: Vec<u32>,
+    /// The prompt, then `tokens` (what penalties look back over).
+    pub history: Vec<u32>,
+    stops: StopMatcher,
+    max_tokens: usize,
+    finish: Option<Finish>,
+}
+
+impl Handout {
+    /// Nothing handed out yet after `prompt`; stops at a string of `stop` or after
+    /// `max_tokens` tokens.
+    pub fn new(prompt: &[u32], stop: &[String], max_tokens: usize) -> Self {
+        Self {
+            tokens: Vec::new(),
+            history: prompt.to_vec(),
+            stops: StopMatcher::new(stop),
+            max_tokens,
+            finish: None,
+        }
+    }
+
+    /// Hands out token `id` (with its logits `row` when the output asks): it joins the tokens
+    /// and history; an end-of-generation token (`is_eog`) ends the sequence there, unseen by
+    /// `out`; else `out` gets the token and its text, and a stop string or the `max_tokens`-th
+    /// token ends the sequence. Returns whether the sequence goes on.
+    pub fn push(
+        &mut self,
+        id: u32,
+        row: Option<&[f32]>,
+        is_eog: &dyn Fn(u32) -> bool,
+        out: &mut dyn Output,
+    ) -> bool {
+        self.tokens.push(id);
+        self.history.push(id);
+        if is_eog(id) {
+            self.finish = Some(Finish::Eos);
+            return false;
+        }
+        out.token(id, row);
+        let r = self.stops.push(&out.piece(id));
+        out.text(r.text);
+        if let Some(s) = r.stop {
+            self.finish = Some(Finish::Stop(s));
+            return false;
+        }
+        if self.tokens.len() >= self.max_tokens {
+            self.finish = Some(Finish::Length);
+            return false;
+        }
+        true
+    }
+
+    /// Whether `max_tokens` tokens were handed out.
+    pub fn done(&self) -> bool {
+        self.tokens.len() >= self.max_tokens
+    }
+
+    /// Ends the sequence: why it ended (what [`Handout::push`] saw, else `ended`, else
+    /// `max_tokens`), after sending `out` the text still held when no stop string ended it.
+    pub fn end(&mut self, ended: Option<Finish>, out: &mut dyn Output) -> Finish {
+        let finish = self.finish.take().or(ended).unwrap_or(Finish::Length);
+        if !matches!(finish, Finish::Stop(_)) {
+            let r = self.stops.push(&out.flush());
+            out.text(r.text);
+            if r.stop.is_none() {
+                out.text(self.stops.finish());
+            }
+        }
+        finish
+    }
+}
+
 /// [`Output`] for [`Session::generate_with`]: text through the caller's detokenizer and
 /// emitter.
 struct TextSink<'a> {
@@ -151,7 +229,6 @@ impl Session {
         let es0 = snap(self);
         let mut per_token = Vec::new();
         let t0 = Instant::now();
-        let mut history = prompt.to_vec();
         let mut stats = GenStats {
             prompt_tokens: prompt.len(),
             ..Default::default()
@@ -164,40 +241,40 @@ impl Session {
         let es_first = es_prev.clone();
         let want_rows = out.rows();
         let vocab = self.model.vocab_size();
-        let mut stops = StopMatcher::new(opts.stop);
-        let mut tokens = Vec::new();
-        let mut finish = Finish::Length;
+        let mut h = Handout::new(prompt, opts.stop, opts.max_tokens);
+        let mut ended = None;
         let mut first = None;
         // the tokens of the last step and their logits (with `want_rows`); `at` of them handed out
         let mut step: Vec<u32> = Vec::new();
         let mut rows: Vec<f32> = Vec::new();
         let mut at = 0usize;
-        while tokens.len() < opts.max_tokens {
+        while h.tokens.len() < opts.max_tokens {
             if opts.cancel.is_some_and(|c| c()) {
-                finish = Finish::Interrupted;
+                ended = Some(Finish::Interrupted);
                 break;
             }
             if at == step.len() {
                 at = 0;
                 step.clear();
-                if tokens.is_empty() {
+                if h.tokens.is_empty() {
                     // the first token, from the prompt's logits
                     rows = if want_rows {
                         logits.clone()
                     } else {
                         Vec::new()
                     };
-                    step.push(sampler.sample(&mut logits, &history));
+                    step.push(sampler.sample(&mut logits, &h.history));
                     first = Some((Instant::now(), self.store.stats().snapshot()));
                 } else {
                     // one decode step after `history`, whose last token is not yet in the cache
-                    let left = opts.max_tokens - tokens.len();
+                    let left = opts.max_tokens - h.tokens.len();
                     match spec.as_deref_mut() {
                         Some(sp) => {
-                            (step, rows) = sp.step_rows(self, sampler, &history, left, want_rows)?
+                            (step, rows) =
+                                sp.step_rows(self, sampler, &h.history, left, want_rows)?
                         }
                         None => {
-                            let last = *history.last().expect("a token was generated");
+                            let last = *h.history.last().expect("a token was generated");
                             let mut l = self.model.forward(
                                 &mut self.store,
                                 &mut self.cache,
@@ -205,7 +282,7 @@ impl Session {
                                 Logits::Last,
                             )?;
                             rows = if want_rows { l.clone() } else { Vec::new() };
-                            step.push(sampler.sample(&mut l, &history));
+                            step.push(sampler.sample(&mut l, &h.history));
                         }
                     }
                     let now = snap(self);
@@ -218,34 +295,16 @@ impl Session {
             let id = step[at];
             let row = want_rows.then(|| &rows[at * vocab..(at + 1) * vocab]);
             at += 1;
-            tokens.push(id);
-            history.push(id);
-            if (opts.is_eog)(id) {
-                finish = Finish::Eos;
-                break;
-            }
-            out.token(id, row);
-            let r = stops.push(&out.piece(id));
-            out.text(r.text);
-            if let Some(s) = r.stop {
-                finish = Finish::Stop(s);
-                break;
-            }
-            if tokens.len() >= opts.max_tokens {
+            if !h.push(id, row, opts.is_eog, out) {
                 break;
             }
             if at == step.len() && self.cache.len >= self.cache.n_ctx {
-                finish = Finish::ContextFull;
+                ended = Some(Finish::ContextFull);
                 break;
             }
         }
-        if !matches!(finish, Finish::Stop(_)) {
-            let r = stops.push(&out.flush());
-            out.text(r.text);
-            if r.stop.is_none() {
-                out.text(stops.finish());
-            }
-        }
+        let finish = h.end(ended, out);
+        let tokens = std::mem::take(&mut h.tokens);
         let t_end = Instant::now();
         let io_end = self.store.stats().snapshot();
         let (t_first, io_first) = first.unwrap_or((t_end, io_end));

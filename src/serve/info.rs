@@ -205,7 +205,7 @@ pub async fn props(State(s): State<Arc<AppState>>) -> Response {
                 "seed": s.seed.map_or(-1, |x| x as i64),
             },
         },
-        "total_slots": 1,
+        "total_slots": s.slots,
         "model_alias": s.model_id,
         "chat_template": s.template.as_ref().map(|t| t.source()),
         "modalities": {"vision": false, "audio": false},

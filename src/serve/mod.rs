@@ -3,8 +3,9 @@
 //! - [`routes`]: the endpoints, request checking, API key, body limit;
 //! - [`types`]: the request bodies; [`sse`]: response bodies and event-stream framing;
 //!   [`error`]: errors in the OpenAI shape;
-//! - [`worker`]: the bounded FIFO queue and the model's one thread, which runs each request
-//!   through [`crate::engine::Engine::generate`] (the conversation with KV prefix reuse,
+//! - [`worker`]: the bounded FIFO queue and the model's one thread, which runs the requests
+//!   in `--parallel` slots ([`crate::engine::slots`], continuous batching), or one at a time
+//!   through [`crate::engine::Engine::generate`] when speculating (the conversation with KV prefix reuse,
 //!   logprobs, stop strings, tool calls, cancellation and speculative decoding lives in
 //!   [`crate::engine`], with the one generation loop; [`generate`], [`stop`] and [`tools`]
 //!   name it here for existing callers);
@@ -51,8 +52,11 @@ pub struct ServeOptions {
     pub port: u16,
     /// Required bearer key (all endpoints but `/health`).
     pub api_key: Option<String>,
-    /// Requests that may wait for the model besides the running one.
+    /// Requests that may wait for the model besides the running ones.
     pub queue: usize,
+    /// `--parallel`: slots, requests decoded together (the context is shared among them:
+    /// [`crate::engine::slots::slot_ctx`]).
+    pub parallel: usize,
     /// Largest request body in bytes.
     pub body_limit: usize,
     /// The id the model is served as (`/v1/models`, the `model` of responses).
@@ -94,11 +98,17 @@ pub fn state(
         .map(|t| messages::TemplateTraits::of(t.source()))
         .unwrap_or_default();
     let defaults = engine.defaults.clone();
-    let n_ctx = engine.n_ctx();
+    let parallel = if engine.spec.is_some() {
+        1
+    } else {
+        opts.parallel.max(1)
+    };
+    let n_ctx = crate::engine::slots::slot_ctx(engine.n_ctx(), parallel);
     let prompt_bytes = admit::prompt_byte_limit(&tok, n_ctx);
     let default_max_tokens = engine.default_max_tokens;
     let (queue, handle) = worker::start(
         engine,
+        parallel,
         opts.queue,
         Arc::clone(&metrics),
         Arc::clone(&stopping),
@@ -113,6 +123,7 @@ pub fn state(
         seed: opts.seed,
         default_max_tokens,
         n_ctx,
+        slots: parallel,
         queue,
         metrics,
         api_key: opts.api_key.clone(),

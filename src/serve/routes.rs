@@ -195,6 +195,9 @@ fn check<T: PartialOrd + Copy + std::fmt::Display>(
     }
 }
 
+/// Most choices (`n`) one request may ask.
+const MAX_CHOICES: usize = 16;
+
 /// Sampling parameters of a request: each field it sets replaces the server's default.
 fn params(
     s: &AppState,
@@ -203,11 +206,16 @@ fn params(
     logprobs: Option<usize>,
     tools: Option<ToolFormat>,
 ) -> Result<Params, ApiError> {
-    if let Some(n) = c.n.filter(|&n| n != 1) {
-        return Err(ApiError::invalid(
-            Some("n"),
-            format!("n is {n}, but this server generates one choice per request (n = 1)"),
-        ));
+    if let Some(n) = c.n {
+        let most = s.queue.capacity().min(MAX_CHOICES);
+        if n == 0 || n as usize > most {
+            return Err(ApiError::invalid(
+                Some("n"),
+                format!(
+                    "n is {n}, expected 1 to {most} (choices wait in the queue of --queue jobs)"
+                ),
+            ));
+        }
     }
     let mut sc = s.defaults.clone();
     if let Some(t) = check(
@@ -415,7 +423,8 @@ async fn chat(
         model: s.model_id.clone(),
         include_usage: r.include_usage(),
     };
-    answer(&s, head, prompt, p, r.stream, dl).await
+    let n = r.common().n.unwrap_or(1) as usize;
+    answer(&s, head, prompt, p, n, r.stream, dl).await
 }
 
 async fn completions(
@@ -483,7 +492,8 @@ async fn completions(
         model: s.model_id.clone(),
         include_usage: r.include_usage(),
     };
-    answer(&s, head, prompt, p, r.stream, dl).await
+    let n = r.common().n.unwrap_or(1) as usize;
+    answer(&s, head, prompt, p, n, r.stream, dl).await
 }
 
 /// The ids of a raw prompt, bounded as [`admit`] says.
@@ -498,23 +508,75 @@ async fn prompt_text(s: &Arc<AppState>, text: String) -> Result<Vec<u32>, ApiErr
     .await?
 }
 
-/// Queues the job and answers: the whole body, or a stream of events (ended at the
-/// deadline).
+/// The events of a request's choices, each with its choice's index.
+enum Events {
+    /// One choice: its job's events.
+    One(mpsc::UnboundedReceiver<Event>),
+    /// Several: their events merged by forwarding tasks.
+    Many(mpsc::UnboundedReceiver<(usize, Event)>),
+}
+
+impl Events {
+    /// The choices' receivers as one: `rxs` in order of index. With several, each is
+    /// forwarded by a task that ends (dropping its receiver, which cancels its job) when
+    /// the merged receiver is dropped.
+    fn merge(mut rxs: Vec<mpsc::UnboundedReceiver<Event>>) -> Events {
+        if rxs.len() == 1 {
+            return Events::One(rxs.pop().expect("one"));
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        for (i, mut r) in rxs.into_iter().enumerate() {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        ev = r.recv() => match ev {
+                            Some(ev) => if tx.send((i, ev)).is_err() { break },
+                            None => break,
+                        },
+                        _ = tx.closed() => break,
+                    }
+                }
+            });
+        }
+        Events::Many(rx)
+    }
+
+    async fn recv(&mut self) -> Option<(usize, Event)> {
+        match self {
+            Events::One(r) => r.recv().await.map(|e| (0, e)),
+            Events::Many(r) => r.recv().await,
+        }
+    }
+}
+
+/// Queues the request's `n` choices (choice `i` sampled with the request's seed plus `i`)
+/// and answers: the whole body, or a stream of events (ended at the deadline).
 async fn answer(
     s: &AppState,
     head: Head,
     prompt: Vec<u32>,
     p: Params,
+    n: usize,
     stream: bool,
     dl: Deadline,
 ) -> Response {
     let want_lp = p.logprobs.is_some();
-    let (tx, rx) = mpsc::unbounded_channel();
-    match s.queue.submit(Job {
-        prompt,
-        params: p,
-        events: tx,
-    }) {
+    let mut rxs = Vec::with_capacity(n);
+    let jobs = (0..n)
+        .map(|i| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            rxs.push(rx);
+            let mut params = p.clone();
+            params.sampler.seed = params.sampler.seed.wrapping_add(i as u64);
+            Job {
+                prompt: prompt.clone(),
+                params,
+                events: tx,
+            }
+        })
+        .collect();
+    match s.queue.submit_all(jobs) {
         Ok(()) => {}
         Err(SubmitError::Full) => return admit::queue_full().into_response(),
         Err(SubmitError::Stopped) => {
@@ -526,29 +588,47 @@ async fn answer(
             .into_response()
         }
     }
+    let rx = Events::merge(rxs);
     if stream {
-        return stream_response(head, rx, want_lp, dl.0, s.timeout);
+        return stream_response(head, rx, n, want_lp, dl.0, s.timeout);
     }
-    whole(head, rx, want_lp).await
+    whole(head, rx, n, want_lp).await
 }
 
-async fn whole(head: Head, mut rx: mpsc::UnboundedReceiver<Event>, want_lp: bool) -> Response {
-    let mut text = String::new();
-    let mut lps: Vec<TokenLogprob> = Vec::new();
-    while let Some(ev) = rx.recv().await {
+async fn whole(head: Head, mut rx: Events, n: usize, want_lp: bool) -> Response {
+    let mut texts = vec![String::new(); n];
+    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; n];
+    let mut left = n;
+    while let Some((i, ev)) = rx.recv().await {
         match ev {
             Event::Chunk(Chunk { text: t, logprobs }) => {
-                text.push_str(&t);
-                lps.extend(logprobs);
+                texts[i].push_str(&t);
+                lps[i].extend(logprobs);
             }
             Event::Done(o) if o.finish == FinishReason::Cancelled => {
                 return shutdown_error().into_response()
             }
             Event::Done(o) => {
-                let lp = want_lp.then(|| sse::logprobs(head.kind, &lps, 0));
-                let mut r = axum::Json(head.complete(&text, lp, &o)).into_response();
+                outcomes[i] = Some(o);
+                left -= 1;
+                if left > 0 {
+                    continue;
+                }
+                let choices: Vec<(String, Option<Value>, Outcome)> = texts
+                    .into_iter()
+                    .zip(lps)
+                    .zip(outcomes)
+                    .map(|((t, l), o)| {
+                        let lp = want_lp.then(|| sse::logprobs(head.kind, &l, 0));
+                        (t, lp, o.expect("every choice ended"))
+                    })
+                    .collect();
+                let all: Vec<&Outcome> = choices.iter().map(|c| &c.2).collect();
+                let u = sse::total_usage(&all);
+                let mut r = axum::Json(head.complete_all(&choices)).into_response();
                 let tokens = Tokens::default();
-                tokens.set(o.prompt_tokens, o.completion_tokens);
+                tokens.set(u.prompt_tokens, u.completion_tokens);
                 r.extensions_mut().insert(tokens);
                 return r;
             }
@@ -569,9 +649,12 @@ async fn whole(head: Head, mut rx: mpsc::UnboundedReceiver<Event>, want_lp: bool
 /// State of an event stream being written.
 struct Streaming {
     head: Head,
-    rx: mpsc::UnboundedReceiver<Event>,
+    rx: Events,
     want_lp: bool,
-    offset: usize,
+    /// Per choice: bytes of text sent (the legacy logprobs' `text_offset`).
+    offset: Vec<usize>,
+    /// The choices' outcomes as they end; the stream ends with the last.
+    outcomes: Vec<Option<Outcome>>,
     /// Events ready to send, in order.
     out: std::collections::VecDeque<String>,
     ended: bool,
@@ -580,19 +663,19 @@ struct Streaming {
 }
 
 impl Streaming {
-    fn on(&mut self, ev: Option<Event>) {
+    fn on(&mut self, ev: Option<(usize, Event)>) {
         match ev {
-            Some(Event::Chunk(c)) => {
+            Some((i, Event::Chunk(c))) => {
                 let lp = self
                     .want_lp
-                    .then(|| sse::logprobs(self.head.kind, &c.logprobs, self.offset));
-                self.offset += c.text.len();
+                    .then(|| sse::logprobs(self.head.kind, &c.logprobs, self.offset[i]));
+                self.offset[i] += c.text.len();
                 let delta = json!({"content": c.text});
                 self.out
-                    .push_back(sse::event(&self.head.chunk(delta, lp, None)));
+                    .push_back(sse::event(&self.head.chunk_of(i, delta, lp, None)));
             }
-            Some(Event::Done(o)) => self.done(&o),
-            Some(Event::Error(m)) => {
+            Some((i, Event::Done(o))) => self.done(i, o),
+            Some((_, Event::Error(m))) => {
                 self.fail(ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "server_error",
@@ -611,23 +694,32 @@ impl Streaming {
         self.ended = true;
     }
 
-    fn done(&mut self, o: &Outcome) {
-        self.tokens.set(o.prompt_tokens, o.completion_tokens);
+    /// Choice `i` ended as `o`: its tool calls and finish chunk; after the last choice, the
+    /// usage (when asked) and `[DONE]`.
+    fn done(&mut self, i: usize, o: Outcome) {
         if o.finish == FinishReason::Cancelled {
             // the handler still listens, so the server is stopping: not a normal end
+            self.tokens.set(o.prompt_tokens, o.completion_tokens);
             return self.fail(shutdown_error());
         }
         if !o.tool_calls.is_empty() {
             let delta = json!({"tool_calls": sse::tool_calls(&o.tool_calls, true)});
             self.out
-                .push_back(sse::event(&self.head.chunk(delta, None, None)));
+                .push_back(sse::event(&self.head.chunk_of(i, delta, None, None)));
         }
         let delta = json!({});
         let finish = Some(o.finish.as_str());
         self.out
-            .push_back(sse::event(&self.head.chunk(delta, None, finish)));
+            .push_back(sse::event(&self.head.chunk_of(i, delta, None, finish)));
+        self.outcomes[i] = Some(o);
+        if self.outcomes.iter().any(Option::is_none) {
+            return;
+        }
+        let all: Vec<&Outcome> = self.outcomes.iter().flatten().collect();
+        let u = sse::total_usage(&all);
+        self.tokens.set(u.prompt_tokens, u.completion_tokens);
         if self.head.include_usage {
-            self.out.push_back(sse::event(&self.head.usage_chunk(o)));
+            self.out.push_back(sse::event(&self.head.usage_chunk(&u)));
         }
         self.out.push_back(sse::DONE.into());
         self.ended = true;
@@ -646,7 +738,8 @@ fn shutdown_error() -> ApiError {
 
 fn stream_response(
     head: Head,
-    rx: mpsc::UnboundedReceiver<Event>,
+    rx: Events,
+    n: usize,
     want_lp: bool,
     deadline: Option<tokio::time::Instant>,
     timeout: Option<std::time::Duration>,
@@ -657,13 +750,16 @@ fn stream_response(
         Kind::Completion => json!({"content": ""}),
     };
     if head.kind == Kind::Chat {
-        first.push_back(sse::event(&head.chunk(role, None, None)));
+        for i in 0..n {
+            first.push_back(sse::event(&head.chunk_of(i, role.clone(), None, None)));
+        }
     }
     let st = Streaming {
         head,
         rx,
         want_lp,
-        offset: 0,
+        offset: vec![0; n],
+        outcomes: vec![None; n],
         out: first,
         ended: false,
         tokens: Tokens::default(),

@@ -130,14 +130,26 @@ impl Head {
         v
     }
 
-    /// A stream chunk: `delta` for chat (or `text` for completions), logprobs, finish reason.
+    /// A stream chunk of choice 0: `delta` for chat (or `text` for completions), logprobs,
+    /// finish reason.
     pub fn chunk(&self, delta: Value, lps: Option<Value>, finish: Option<&str>) -> Value {
+        self.chunk_of(0, delta, lps, finish)
+    }
+
+    /// [`Head::chunk`] of choice `index` (a request with `n` > 1).
+    pub fn chunk_of(
+        &self,
+        index: usize,
+        delta: Value,
+        lps: Option<Value>,
+        finish: Option<&str>,
+    ) -> Value {
         let choice = match self.kind {
             Kind::Chat => {
-                json!({"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish})
             }
             Kind::Completion => json!({
-                "index": 0,
+                "index": index,
                 "text": delta.get("content").cloned().unwrap_or(json!("")),
                 "logprobs": lps,
                 "finish_reason": finish,
@@ -153,9 +165,27 @@ impl Head {
         v
     }
 
-    /// A whole (non-streamed) response.
+    /// A whole (non-streamed) response of one choice.
     pub fn complete(&self, text: &str, lps: Option<Value>, o: &Outcome) -> Value {
-        let choice = match self.kind {
+        self.complete_all(&[(text.to_string(), lps, o.clone())])
+    }
+
+    /// A whole response of `choices` (text, logprobs, outcome), indexed in order; the usage
+    /// counts the prompt once and every choice's tokens ([`total_usage`]).
+    pub fn complete_all(&self, choices: &[(String, Option<Value>, Outcome)]) -> Value {
+        let list: Vec<Value> = choices
+            .iter()
+            .enumerate()
+            .map(|(i, (text, lps, o))| self.choice(i, text, lps.clone(), o))
+            .collect();
+        let mut v = self.wrap(Value::Array(list), false);
+        let outcomes: Vec<&Outcome> = choices.iter().map(|c| &c.2).collect();
+        v["usage"] = usage(&total_usage(&outcomes));
+        v
+    }
+
+    fn choice(&self, index: usize, text: &str, lps: Option<Value>, o: &Outcome) -> Value {
+        let mut choice = match self.kind {
             Kind::Chat => {
                 let mut msg = json!({"role": "assistant", "content": text});
                 if !o.tool_calls.is_empty() {
@@ -170,10 +200,18 @@ impl Head {
             Kind::Completion => json!({"index": 0, "text": text, "logprobs": lps,
                                        "finish_reason": o.finish.as_str()}),
         };
-        let mut v = self.wrap(json!([choice]), false);
-        v["usage"] = usage(o);
-        v
+        choice["index"] = json!(index);
+        choice
     }
+}
+
+/// The usage of a request whose choices ended as `outcomes` (at least one): the prompt
+/// counted once (its cached tokens as the first choice's), completion tokens summed over the
+/// choices.
+pub fn total_usage(outcomes: &[&Outcome]) -> Outcome {
+    let mut o = outcomes[0].clone();
+    o.completion_tokens = outcomes.iter().map(|x| x.completion_tokens).sum();
+    o
 }
 
 /// One server-sent event carrying `v`.

@@ -38,6 +38,8 @@ pub struct AppState {
     pub default_max_tokens: Option<usize>,
     /// KV cache capacity in tokens.
     pub n_ctx: usize,
+    /// Slots (`--parallel`; 1 when speculating).
+    pub slots: usize,
     pub queue: Queue,
     pub metrics: Arc<Metrics>,
     /// The key `Authorization: Bearer` must carry (all endpoints but `/health`).

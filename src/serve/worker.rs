@@ -1,8 +1,10 @@
 //! The model's one worker thread and its bounded FIFO queue. Handlers submit [`Job`]s with
-//! [`Queue::submit`] (refused at once when the queue is full); the worker runs them one at a
-//! time, sending [`Event`]s back. A queued job whose client has gone (its event receiver
-//! dropped) gives up its slot at the next submit and is never run; a running one stops
-//! before its next decode step.
+//! [`Queue::submit`] (refused at once when the queue is full); the worker runs them in its
+//! slots (`--parallel N`, [`crate::engine::slots::Slots`]: every running job advances by one
+//! forward pass per step, and queued jobs join, first come first served, as slots free up) or,
+//! when the engine speculates, one at a time ([`Engine::generate`]), sending [`Event`]s back.
+//! A queued job whose client has gone (its event receiver dropped) gives up its place at the
+//! next submit and is never run; a running one stops before its next step.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
+use crate::engine::slots::{Request, Slots};
 use crate::engine::{Chunk, Engine, Outcome, Params};
 
 /// What the worker reports about one job.
@@ -96,6 +99,12 @@ impl Queue {
     /// Queues `job`, or says why not at once. Queued jobs whose clients have disconnected are
     /// dropped first (counted as cancelled), so they hold no slot.
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        self.submit_all(vec![job])
+    }
+
+    /// Queues every job of `jobs` (the choices of one request), or none of them and says why
+    /// not at once (as [`Queue::submit`]).
+    pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), SubmitError> {
         let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.closed {
             return Err(SubmitError::Stopped);
@@ -107,13 +116,19 @@ impl Queue {
             self.metrics.cancelled.fetch_add(gone, Ordering::Relaxed);
             self.metrics.queued.fetch_sub(gone, Ordering::SeqCst);
         }
-        if st.jobs.len() >= self.shared.capacity {
+        if st.jobs.len() + jobs.len() > self.shared.capacity {
             return Err(SubmitError::Full);
         }
-        st.jobs.push_back(job);
-        self.metrics.queued.fetch_add(1, Ordering::SeqCst);
+        let n = jobs.len();
+        st.jobs.extend(jobs);
+        self.metrics.queued.fetch_add(n as u64, Ordering::SeqCst);
         self.shared.ready.notify_one();
         Ok(())
+    }
+
+    /// Most jobs that may wait.
+    pub fn capacity(&self) -> usize {
+        self.shared.capacity
     }
 
     /// Jobs waiting now (abandoned ones included until the next submit).
@@ -145,13 +160,21 @@ impl Receiver {
             st = self.0.ready.wait(st).unwrap_or_else(|e| e.into_inner());
         }
     }
+
+    /// The next job if one waits, without waiting.
+    fn try_recv(&self) -> Option<Job> {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.jobs.pop_front()
+    }
 }
 
-/// Starts the worker thread over `engine` with a queue of `capacity` waiting jobs (at least
-/// 1). `stopping` set to true cancels the running job at its next step and every queued one.
+/// Starts the worker thread over `engine` with `parallel` slots (at least 1; one request at a
+/// time when the engine speculates) and a queue of `capacity` waiting jobs (at least 1).
+/// `stopping` set to true cancels the running jobs at their next step and every queued one.
 /// The thread ends when every [`Queue`] is dropped.
 pub fn start(
     engine: Engine,
+    parallel: usize,
     capacity: usize,
     metrics: Arc<Metrics>,
     stopping: Arc<AtomicBool>,
@@ -160,18 +183,105 @@ pub fn start(
     let rx = Receiver(Arc::clone(&queue.shared));
     let handle = std::thread::Builder::new()
         .name("deltafin-model".into())
-        .spawn(move || run(engine, rx, &metrics, &stopping))
+        .spawn(move || match engine.spec {
+            Some(_) => run(engine, rx, &metrics, &stopping),
+            None => run_slots(engine, parallel, rx, &metrics, &stopping),
+        })
         .expect("spawning the model thread");
     (queue, handle)
 }
 
+/// Takes `job` off the queue's count; `None` when it is not to run (its client has gone, or
+/// the server is stopping), counted as cancelled.
+fn take(job: Job, m: &Metrics, stopping: &AtomicBool) -> Option<Job> {
+    m.queued.fetch_sub(1, Ordering::SeqCst);
+    if job.events.is_closed() || stopping.load(Ordering::SeqCst) {
+        m.cancelled.fetch_add(1, Ordering::Relaxed);
+        return None;
+    }
+    Some(job)
+}
+
+/// Counts a generation's outcome and sends it (or its error) to the client.
+fn finish(events: &UnboundedSender<Event>, r: Result<Outcome, String>, m: &Metrics) {
+    match r {
+        Ok(o) => {
+            m.prompt_tokens
+                .fetch_add(o.prompt_tokens as u64, Ordering::Relaxed);
+            m.cached_tokens
+                .fetch_add(o.cached_tokens as u64, Ordering::Relaxed);
+            m.generated_tokens
+                .fetch_add(o.completion_tokens as u64, Ordering::Relaxed);
+            m.generation(o.ttft_s, o.decode_s);
+            if o.finish == crate::engine::FinishReason::Cancelled {
+                m.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = events.send(Event::Done(o));
+        }
+        Err(e) => {
+            let _ = events.send(Event::Error(e));
+        }
+    }
+}
+
+/// The worker over `parallel` slots: admits queued jobs into free slots, then runs one step of
+/// every running job; waits for a job only when none runs.
+fn run_slots(
+    mut engine: Engine,
+    parallel: usize,
+    rx: Receiver,
+    m: &Metrics,
+    stopping: &AtomicBool,
+) -> Engine {
+    engine.reset();
+    let tok = Arc::clone(&engine.tok);
+    let mut slots = Slots::new(&mut engine.session, &tok, parallel);
+    loop {
+        let mut next = None;
+        if slots.running() == 0 {
+            match rx.recv() {
+                Some(j) => next = Some(j),
+                None => break,
+            }
+        }
+        while slots.has_free() {
+            let Some(job) = next.take().or_else(|| rx.try_recv()) else {
+                break;
+            };
+            if let Some(job) = take(job, m, stopping) {
+                slots.admit(request(job, m, stopping));
+            }
+        }
+        m.in_flight.store(slots.running() as u64, Ordering::SeqCst);
+        slots.step(&mut engine.session);
+        record(&engine, m);
+        m.in_flight.store(slots.running() as u64, Ordering::SeqCst);
+    }
+    slots.into_cache(&mut engine.session);
+    engine
+}
+
+/// A slot request for `job`: its events, cancelled when its client goes or the server stops.
+fn request<'a>(job: Job, m: &'a Metrics, stopping: &'a AtomicBool) -> Request<'a> {
+    let (ev, ev2) = (job.events.clone(), job.events.clone());
+    let events = job.events;
+    Request {
+        prompt: job.prompt,
+        params: job.params,
+        emit: Box::new(move |c| {
+            let _ = ev.send(Event::Chunk(c));
+        }),
+        cancelled: Box::new(move || ev2.is_closed() || stopping.load(Ordering::SeqCst)),
+        done: Box::new(move |r| finish(&events, r, m)),
+    }
+}
+
+/// The worker one request at a time (speculative decoding).
 fn run(mut engine: Engine, rx: Receiver, m: &Metrics, stopping: &AtomicBool) -> Engine {
     while let Some(job) = rx.recv() {
-        m.queued.fetch_sub(1, Ordering::SeqCst);
-        if job.events.is_closed() || stopping.load(Ordering::SeqCst) {
-            m.cancelled.fetch_add(1, Ordering::Relaxed);
+        let Some(job) = take(job, m, stopping) else {
             continue;
-        }
+        };
         m.in_flight.store(1, Ordering::SeqCst);
         let events = job.events.clone();
         let cancelled = || events.is_closed() || stopping.load(Ordering::SeqCst);
@@ -189,24 +299,7 @@ fn run(mut engine: Engine, rx: Receiver, m: &Metrics, stopping: &AtomicBool) -> 
             m.spec(&sp.stats);
         }
         m.in_flight.store(0, Ordering::SeqCst);
-        match r {
-            Ok(o) => {
-                m.prompt_tokens
-                    .fetch_add(o.prompt_tokens as u64, Ordering::Relaxed);
-                m.cached_tokens
-                    .fetch_add(o.cached_tokens as u64, Ordering::Relaxed);
-                m.generated_tokens
-                    .fetch_add(o.completion_tokens as u64, Ordering::Relaxed);
-                m.generation(o.ttft_s, o.decode_s);
-                if o.finish == crate::engine::FinishReason::Cancelled {
-                    m.cancelled.fetch_add(1, Ordering::Relaxed);
-                }
-                let _ = job.events.send(Event::Done(o));
-            }
-            Err(e) => {
-                let _ = job.events.send(Event::Error(format!("{e:#}")));
-            }
-        }
+        finish(&job.events, r.map_err(|e| format!("{e:#}")), m);
     }
     engine
 }

@@ -147,6 +147,7 @@ pub fn opts(key: Option<&str>) -> ServeOptions {
         port: 0,
         api_key: key.map(str::to_string),
         queue: 4,
+        parallel: 1,
         body_limit: 8192,
         model_id: "qwen3_moe".into(),
         seed: Some(1),

@@ -1,0 +1,312 @@
+//! Continuous batching (`deltafin serve --parallel N`): several requests decoded together.
+//!
+//! [`Slots`] holds N slots, each a KV cache (its share of the context) with the token ids it
+//! holds, kept after a request ends so that the next request sharing its prefix prefills only
+//! the rest. A request joins a free slot between steps ([`Slots::admit`]: the free slot whose
+//! tokens share the longest prefix with its prompt). Each [`Slots::step`] is one forward pass
+//! over every running slot ([`crate::models::Model::forward_batch`]): one token of each
+//! decoding slot, then chunks of the prefilling slots' prompts within the step's budget of
+//! `n_batch` rows, first come first served, so a long prompt is prefilled over several steps
+//! while the others keep decoding. A MoE layer reads the union of the slots' experts once.
+//!
+//! Each token goes through the same hand-out as a sequence alone ([`Handout`]: end of
+//! generation, stop strings, `max_tokens`) and the same reply ([`Reply`]: logprobs, tool
+//! calls), and a sequence's logits in a batch equal its logits alone bit for bit
+//! (`tests/batch_pass.rs`), so a request's text is that of [`super::Engine::generate`] for the
+//! same prompt and seed (`tests/serve_batch.rs`). Speculative decoding is not batched: the
+//! server runs it one request at a time ([`super::Engine::generate`]).
+
+use std::time::Instant;
+
+use super::conversation::{Chunk, Outcome, Params, Reply};
+use super::generate::{Handout, Output};
+use super::sampler::Sampler;
+use super::session::{Finish, Session};
+use crate::models::{KvCache, Logits, SeqPass};
+use crate::tokenizer::ModelTokenizer;
+
+/// One request for a slot, with where its results go. `'a` is what the callbacks borrow.
+pub struct Request<'a> {
+    /// Prompt token ids (at least one).
+    pub prompt: Vec<u32>,
+    /// Sampling, stops, logprobs, tools.
+    pub params: Params,
+    /// Receives final text (and logprobs) in order.
+    pub emit: Box<dyn FnMut(Chunk) + 'a>,
+    /// Asked before every step: `true` ends the request there ([`super::FinishReason::Cancelled`]).
+    pub cancelled: Box<dyn Fn() -> bool + 'a>,
+    /// Called once at the end: how the request ended, or why it failed (the message for the
+    /// client).
+    pub done: Box<dyn FnOnce(Result<Outcome, String>) + 'a>,
+}
+
+/// A request in a slot.
+struct Running<'a> {
+    prompt: Vec<u32>,
+    /// Prompt tokens in the slot's cache (those reused included).
+    pos: usize,
+    /// Prompt tokens reused from the slot's previous request.
+    keep: usize,
+    /// Admission order (first come, first served for prefill rows).
+    order: u64,
+    sampler: Sampler,
+    hand: Handout,
+    reply: Reply<'a>,
+    cancelled: Box<dyn Fn() -> bool + 'a>,
+    done: Box<dyn FnOnce(Result<Outcome, String>) + 'a>,
+    /// Admission time, and the first token's.
+    t0: Instant,
+    first: Option<Instant>,
+}
+
+impl Running<'_> {
+    fn prefilling(&self) -> bool {
+        self.pos < self.prompt.len()
+    }
+}
+
+/// One slot: its KV cache, the token ids the cache holds (once no request runs in it), and
+/// the request running in it.
+struct Slot<'a> {
+    cache: KvCache,
+    cached: Vec<u32>,
+    run: Option<Running<'a>>,
+}
+
+/// N slots over one model (module header). `'a` is what the tokenizer and the requests'
+/// callbacks borrow.
+pub struct Slots<'a> {
+    tok: &'a ModelTokenizer,
+    slots: Vec<Slot<'a>>,
+    /// Rows one step may take (the session's `n_batch`, at least the number of slots).
+    rows: usize,
+    admitted: u64,
+}
+
+/// The context of each of `n` slots sharing a KV cache of `n_ctx` positions: `n_ctx / n`
+/// (llama-server's rule for `-np`), at least 2.
+pub fn slot_ctx(n_ctx: usize, n: usize) -> usize {
+    (n_ctx / n.max(1)).max(2)
+}
+
+impl<'a> Slots<'a> {
+    /// `n` slots (at least 1) over `session`'s model, each with a KV cache of
+    /// [`slot_ctx`]`(session.cache.n_ctx, n)` positions: one slot takes the session's cache
+    /// and what it holds is forgotten; with more, the session's cache is given up for theirs
+    /// (give it back with [`Slots::into_cache`]). `tok` detokenizes and tells
+    /// end-of-generation tokens.
+    pub fn new(session: &mut Session, tok: &'a ModelTokenizer, n: usize) -> Self {
+        let n = n.max(1);
+        let caches: Vec<KvCache> = if n == 1 {
+            let mut c = std::mem::replace(&mut session.cache, session.model.new_cache(0));
+            c.clear();
+            vec![c]
+        } else {
+            let per = slot_ctx(session.cache.n_ctx, n);
+            session.cache = session.model.new_cache(0);
+            (0..n).map(|_| session.model.new_cache(per)).collect()
+        };
+        Self {
+            tok,
+            slots: caches
+                .into_iter()
+                .map(|cache| Slot {
+                    cache,
+                    cached: Vec::new(),
+                    run: None,
+                })
+                .collect(),
+            rows: session.n_batch.max(n),
+            admitted: 0,
+        }
+    }
+
+    /// Gives the first slot's cache back to `session` (its contents forgotten).
+    pub fn into_cache(mut self, session: &mut Session) {
+        let mut c = self.slots.swap_remove(0).cache;
+        c.clear();
+        session.cache = c;
+    }
+
+    /// Context of each slot in tokens.
+    pub fn n_ctx(&self) -> usize {
+        self.slots[0].cache.n_ctx
+    }
+
+    /// Requests running.
+    pub fn running(&self) -> usize {
+        self.slots.iter().filter(|s| s.run.is_some()).count()
+    }
+
+    /// Whether a slot is free.
+    pub fn has_free(&self) -> bool {
+        self.slots.iter().any(|s| s.run.is_none())
+    }
+
+    /// Starts `req` in the free slot whose cached tokens share the longest prefix with its
+    /// prompt (that prefix, short of the prompt's last token, is not prefilled again). Its
+    /// tokens come from the following [`Slots::step`]s.
+    ///
+    /// Errors (through `req.done`, at once): no slot is free; the prompt is empty or does not
+    /// fit a slot's context with one more token.
+    pub fn admit(&mut self, req: Request<'a>) {
+        let n_ctx = self.n_ctx();
+        let p = &req.prompt;
+        let refuse = if p.is_empty() {
+            Some("the prompt is empty".to_string())
+        } else if p.len() + 1 > n_ctx {
+            Some(format!(
+                "the prompt has {} tokens but the context holds {n_ctx}",
+                p.len()
+            ))
+        } else if !self.has_free() {
+            Some("no slot is free".to_string())
+        } else {
+            None
+        };
+        if let Some(m) = refuse {
+            return (req.done)(Err(m));
+        }
+        let shared = |s: &Slot| s.cached.iter().zip(p).take_while(|(a, b)| a == b).count();
+        let slot = self
+            .slots
+            .iter_mut()
+            .filter(|s| s.run.is_none())
+            .max_by_key(|s| (shared(s), std::cmp::Reverse(s.cache.len)))
+            .expect("a free slot");
+        let keep = shared(slot).min(p.len() - 1);
+        let keep = slot.cache.truncate(keep);
+        slot.cached.truncate(keep);
+        self.admitted += 1;
+        let tok = self.tok;
+        slot.run = Some(Running {
+            pos: keep,
+            keep,
+            order: self.admitted,
+            sampler: Sampler::new(req.params.sampler.clone()),
+            hand: Handout::new(p, &req.params.stop, req.params.max_tokens),
+            reply: Reply::new(tok, &req.params, req.emit),
+            cancelled: req.cancelled,
+            done: req.done,
+            t0: Instant::now(),
+            first: None,
+            prompt: req.prompt,
+        });
+    }
+
+    /// One step: ends the requests whose `cancelled` says so, then runs one forward pass over
+    /// the running slots (module header) and hands out each token sampled. Returns the rows
+    /// the pass took (0: nothing ran).
+    ///
+    /// A pass that fails ends every request in it with the error (their slots' caches are
+    /// emptied).
+    pub fn step(&mut self, session: &mut Session) -> usize {
+        for i in 0..self.slots.len() {
+            if self.slots[i].run.as_ref().is_some_and(|r| (r.cancelled)()) {
+                self.end(i, Some(Finish::Interrupted));
+            }
+        }
+        // decoding slots first, then prefill chunks first come first served
+        let mut order: Vec<(bool, u64, usize)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.run.as_ref().map(|r| (r.prefilling(), r.order, i)))
+            .collect();
+        order.sort();
+        let mut left = self.rows;
+        // (slot, tokens, whether they end the prompt)
+        let mut chosen: Vec<(usize, Vec<u32>, bool)> = Vec::new();
+        for &(prefilling, _, i) in &order {
+            let r = self.slots[i].run.as_ref().expect("running");
+            if !prefilling {
+                let last = *r.hand.history.last().expect("the first token was sampled");
+                chosen.push((i, vec![last], true));
+                left = left.saturating_sub(1);
+            } else if left > 0 {
+                let n = (r.prompt.len() - r.pos).min(left);
+                let end = r.pos + n;
+                chosen.push((i, r.prompt[r.pos..end].to_vec(), end == r.prompt.len()));
+                left -= n;
+            }
+        }
+        if chosen.is_empty() {
+            return 0;
+        }
+        chosen.sort_by_key(|c| c.0);
+        let rows = chosen.iter().map(|c| c.1.len()).sum();
+        let result = {
+            let mut want = chosen.iter().peekable();
+            let mut passes = Vec::with_capacity(chosen.len());
+            for (i, s) in self.slots.iter_mut().enumerate() {
+                if let Some((_, toks, _)) = want.next_if(|c| c.0 == i) {
+                    passes.push(SeqPass::new(&mut s.cache, toks, Logits::Last));
+                }
+            }
+            session.model.forward_batch(&mut session.store, &mut passes)
+        };
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                let msg = format!("{e:#}");
+                for (i, _, _) in chosen {
+                    let s = &mut self.slots[i];
+                    s.cache.clear();
+                    s.cached.clear();
+                    if let Some(r) = s.run.take() {
+                        (r.done)(Err(msg.clone()));
+                    }
+                }
+                return 0;
+            }
+        };
+        let tok = self.tok;
+        let is_eog = |t: u32| tok.is_eog(t);
+        for ((i, toks, ends), mut l) in chosen.into_iter().zip(logits) {
+            let slot = &mut self.slots[i];
+            let r = slot.run.as_mut().expect("running");
+            if r.prefilling() {
+                r.pos += toks.len();
+            }
+            if !ends {
+                continue;
+            }
+            if r.hand.done() {
+                self.end(i, None);
+                continue;
+            }
+            let row = r.reply.rows().then(|| l.clone());
+            let id = r.sampler.sample(&mut l, &r.hand.history);
+            r.first.get_or_insert_with(Instant::now);
+            if !r.hand.push(id, row.as_deref(), &is_eog, &mut r.reply) {
+                self.end(i, None);
+            } else if slot.cache.len >= slot.cache.n_ctx {
+                self.end(i, Some(Finish::ContextFull));
+            }
+        }
+        rows
+    }
+
+    /// Ends the request in slot `i` (`ended`: why, unless its hand-out saw an end), reports it,
+    /// and keeps the token ids the slot's cache holds for the next request.
+    fn end(&mut self, i: usize, ended: Option<Finish>) {
+        let slot = &mut self.slots[i];
+        let Some(mut r) = slot.run.take() else {
+            return;
+        };
+        let finish = r.hand.end(ended, &mut r.reply);
+        let tool_calls = r.reply.finish();
+        let held = slot.cache.len;
+        let all = r.prompt.iter().chain(&r.hand.tokens);
+        slot.cached = all.copied().take(held).collect();
+        let t_end = Instant::now();
+        let first = r.first.unwrap_or(t_end);
+        let o = Outcome {
+            cached_tokens: r.keep,
+            ttft_s: (first - r.t0).as_secs_f64(),
+            decode_s: (t_end - first).as_secs_f64(),
+            ..Outcome::of(&finish, tool_calls, r.prompt.len(), r.hand.tokens.len())
+        };
+        (r.done)(Ok(o));
+    }
+}
