@@ -27,6 +27,7 @@ use super::messages;
 use super::sse::{self, Head, Kind};
 use super::state::parse;
 pub use super::state::AppState;
+use super::steer;
 use super::types::{self, ChatRequest, Common, CompletionRequest, StopField};
 use super::worker::{Event, Job, SubmitError};
 use crate::engine::tools::ToolFormat;
@@ -311,6 +312,7 @@ fn params(
         stop,
         logprobs,
         tools,
+        steering: Default::default(),
     })
 }
 
@@ -370,16 +372,6 @@ async fn chat(
             .into_response()
         }
     };
-    if let Some(f) = &r.response_format {
-        let t = f.get("type").and_then(Value::as_str).unwrap_or("");
-        if t != "text" {
-            return ApiError::invalid(
-                Some("response_format"),
-                format!("response_format type '{t}' is not supported (only 'text')"),
-            )
-            .into_response();
-        }
-    }
     let logprobs = match (r.logprobs, r.top_logprobs) {
         (_, Some(n)) if n > 20 => {
             return ApiError::invalid(
@@ -404,8 +396,12 @@ async fn chat(
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    let p = match params(&s, &r.common(), prompt.len(), logprobs, tools) {
+    let mut p = match params(&s, &r.common(), prompt.len(), logprobs, tools) {
         Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    p.steering = match steer::steering(&s, &r.common()).await {
+        Ok(st) => st,
         Err(e) => return e.into_response(),
     };
     let head = Head {
@@ -461,7 +457,7 @@ async fn completions(
             Err(e) => return e.into_response(),
         },
     };
-    let p = match params(
+    let mut p = match params(
         &s,
         &r.common(),
         prompt.len(),
@@ -475,6 +471,10 @@ async fn completions(
             }
             return e.into_response();
         }
+    };
+    p.steering = match steer::steering(&s, &r.common()).await {
+        Ok(st) => st,
+        Err(e) => return e.into_response(),
     };
     let head = Head {
         kind: Kind::Completion,

@@ -237,6 +237,7 @@ mod tests {
                 stop: Vec::new(),
                 logprobs: None,
                 tools: None,
+                steering: Default::default(),
             },
             events,
         }
