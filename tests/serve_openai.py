@@ -180,8 +180,8 @@ try:
     assert not errors, errors
     for p in stream_prompts:
         assert len(got[p]) == 2, (p, got[p])
-        for text, finish in got[p]:
-            assert text == whole[p] and finish in ("stop", "length"), (p, text, finish, whole[p])
+        for streamed_text, finish in got[p]:
+            assert streamed_text == whole[p] and finish in ("stop", "length"), (p, streamed_text, finish)
 
     # load: 8 clients x 5 requests, every greedy answer equal to the request alone
     prompts = [f"Question number {i}" for i in range(5)]
@@ -226,7 +226,8 @@ try:
     else:
         raise AssertionError("no cancellation in /metrics:\n" + m)
     assert get("/health", None)[0] == 200
-    assert c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=12).choices[0].message.content == text
+    last = c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=12).choices[0].message.content
+    assert last == text, (last, text)
     print("serve_openai: all checks passed")
 finally:
     server.send_signal(signal.SIGTERM)
