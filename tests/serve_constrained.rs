@@ -269,3 +269,39 @@ fn logit_bias_and_ignore_eos() {
     );
     srv.stop();
 }
+
+/// The value of a counter in `/metrics`.
+fn counter(srv: &Server, name: &str) -> u64 {
+    let m = srv.get("/metrics").body;
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {m}"))
+}
+
+/// A server that speculates (`--lookup`) decodes a request with a grammar plainly (its
+/// passes are not counted as speculation's) and still follows the schema; a request without
+/// one speculates.
+#[test]
+fn constrained_requests_do_not_speculate() {
+    let srv = Server::start(&["--lookup"]);
+    let passes = |srv: &Server| {
+        counter(srv, "deltafin_spec_plain_passes_total")
+            + counter(srv, "deltafin_spec_verify_passes_total")
+    };
+    let c = srv
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "A person:", "max_tokens": 400, "json_schema": schema()}),
+        )
+        .json();
+    assert_eq!(c["choices"][0]["finish_reason"], "stop", "{c}");
+    check_person(c["choices"][0]["text"].as_str().unwrap());
+    assert_eq!(passes(&srv), 0);
+    let plain = srv.post(
+        "/v1/completions",
+        &json!({"prompt": "one two one two one two", "max_tokens": 8}),
+    );
+    assert_eq!(plain.status, 200, "{}", plain.body);
+    assert!(passes(&srv) > 0);
+    srv.stop();
+}
