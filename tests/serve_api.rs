@@ -98,13 +98,13 @@ async fn request_errors_have_the_openai_shape() {
     let (s, e) = error_of(
         &app,
         path,
-        chat("x", json!({"response_format": {"type": "json_object"}})),
+        chat("x", json!({"response_format": {"type": "json_html"}})),
     )
     .await;
     assert_eq!(s, 400);
     assert_eq!(
         e["error"]["message"],
-        "response_format type 'json_object' is not supported (only 'text')"
+        "response_format type 'json_html' is not supported (text, json_object, json_schema)"
     );
     let (s, e) = error_of(&app, path, chat("x", json!({"temperature": "hot"}))).await;
     assert_eq!(s, 400);

@@ -272,6 +272,7 @@ fn a_cancelled_speculative_generation_leaves_a_sound_cache() {
         stop: Vec::new(),
         logprobs: None,
         tools: None,
+        steering: Default::default(),
     };
     let run = |e: &mut Engine, prompt: &[u32], cancel_after: Option<usize>| {
         let checks = std::cell::Cell::new(0usize);

@@ -73,6 +73,7 @@ fn params(sampler: SamplerConfig, max_tokens: usize) -> Params {
         stop: Vec::new(),
         logprobs: None,
         tools: None,
+        steering: Default::default(),
     }
 }
 

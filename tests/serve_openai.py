@@ -11,8 +11,10 @@ import sys
 import threading
 import time
 import urllib.request
+from typing import Literal
 
 import openai
+import pydantic
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 KEY = "test-key"
@@ -112,11 +114,12 @@ try:
 
     # errors surface as the SDK's exception types
     for kwargs, exc in [({"n": 2}, openai.BadRequestError),
-                        ({"logit_bias": {"1": 5}}, openai.BadRequestError),
+                        ({"logit_bias": {"99999": 5}}, openai.BadRequestError),
+                        ({"extra_body": {"grammar": "root ::= \"a\""}}, openai.BadRequestError),
                         ({"messages": [{"role": "user", "content": [
                             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]},
                          openai.BadRequestError),
-                        ({"response_format": {"type": "json_object"}}, openai.BadRequestError)]:
+                        ({"response_format": {"type": "xml"}}, openai.BadRequestError)]:
         args = {"model": MODEL_ID, "messages": msgs, "max_tokens": 4, **kwargs}
         try:
             c.chat.completions.create(**args)
@@ -128,6 +131,57 @@ try:
         raise AssertionError("a wrong key was accepted")
     except openai.AuthenticationError:
         pass
+
+    # structured output through the SDK's parse(): the pydantic model's JSON schema is
+    # enforced, so even the random-weight fixture answers with an instance of it
+    class Pet(pydantic.BaseModel):
+        kind: Literal["cat", "dog"]
+        legs: int = pydantic.Field(ge=0, le=8)
+
+    class Person(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=6)
+        happy: bool
+        pet: Pet
+
+    parse = getattr(c.chat.completions, "parse", None) or c.beta.chat.completions.parse
+    parsed = parse(model=MODEL_ID, messages=msgs, max_tokens=600, response_format=Person)
+    person = parsed.choices[0].message.parsed
+    assert isinstance(person, Person) and parsed.choices[0].finish_reason == "stop", parsed
+    assert Person.model_validate_json(parsed.choices[0].message.content) == person
+    # json_object and logit_bias pass through the SDK too
+    obj = c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=8,
+                                    response_format={"type": "json_object"})
+    assert obj.choices[0].message.content.startswith("{"), obj
+
+    # concurrent streams: each ends with its finish_reason and the whole text the same
+    # prompt gets alone
+    stream_prompts = [f"Tell me about {w}" for w in ("cats", "dogs", "ships", "rain")]
+    whole = {p: c.chat.completions.create(model=MODEL_ID, max_tokens=24, messages=[
+        {"role": "user", "content": p}]).choices[0].message.content for p in stream_prompts}
+    got, errors = {}, []
+
+    def streamer(p):
+        try:
+            parts, finish = [], None
+            for ch in c.chat.completions.create(model=MODEL_ID, max_tokens=24, stream=True,
+                                                messages=[{"role": "user", "content": p}]):
+                if ch.choices:
+                    parts.append(ch.choices[0].delta.content or "")
+                    finish = ch.choices[0].finish_reason or finish
+            got.setdefault(p, []).append(("".join(parts), finish))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=streamer, args=(p,)) for p in stream_prompts * 2]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    for p in stream_prompts:
+        assert len(got[p]) == 2, (p, got[p])
+        for streamed_text, finish in got[p]:
+            assert streamed_text == whole[p] and finish in ("stop", "length"), (p, streamed_text, finish)
 
     # load: 8 clients x 5 requests, every greedy answer equal to the request alone
     prompts = [f"Question number {i}" for i in range(5)]
@@ -172,7 +226,8 @@ try:
     else:
         raise AssertionError("no cancellation in /metrics:\n" + m)
     assert get("/health", None)[0] == 200
-    assert c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=12).choices[0].message.content == text
+    last = c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=12).choices[0].message.content
+    assert last == text, (last, text)
     print("serve_openai: all checks passed")
 finally:
     server.send_signal(signal.SIGTERM)

@@ -349,6 +349,7 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
             stop: a.engine.sampling.stop.clone(),
             logprobs: None,
             tools: None,
+            steering: Default::default(),
         };
         let mut answer = String::new();
         let io0 = engine.session.store.stats().snapshot();

@@ -10,7 +10,7 @@ use anyhow::Result;
 
 use super::generate::Output;
 use super::logprobs::{log_softmax, TokenLogprob};
-use super::sampler::{Sampler, SamplerConfig};
+use super::sampler::{Sampler, SamplerConfig, Steering};
 use super::session::{Finish, GenerateOptions, Session};
 use super::speculative::{SpecStats, Speculator};
 use super::stop::StopMatcher;
@@ -52,6 +52,9 @@ pub struct Params {
     pub logprobs: Option<usize>,
     /// Parse tool calls in this syntax (the request has tools).
     pub tools: Option<ToolFormat>,
+    /// Logit bias, `ignore_eos` and a grammar, applied by the sampler; a request with a
+    /// grammar is decoded plainly (no speculation).
+    pub steering: Steering,
 }
 
 /// Text that became final, with the logprobs of the tokens generated since the last chunk.
@@ -204,7 +207,7 @@ impl Engine {
         }
         let tok = Arc::clone(&self.tok);
         let mut reply = Reply::new(&tok, p, Box::new(emit));
-        let mut sampler = Sampler::new(p.sampler.clone());
+        let mut sampler = Sampler::steered(p.sampler.clone(), p.steering.clone());
         let is_eog = |t: u32| tok.is_eog(t);
         let opts = GenerateOptions {
             max_tokens: p.max_tokens,
@@ -217,7 +220,7 @@ impl Engine {
             keep,
             &mut sampler,
             &opts,
-            self.spec.as_mut(),
+            self.spec.as_mut().filter(|_| p.steering.grammar.is_none()),
             &mut reply,
         );
         let g = match r {

@@ -19,6 +19,9 @@
 //!   `generate.rs` (`Handout`) into the conversation's `Reply`.
 //! - `stop.rs`: `StopMatcher`, stop strings over streamed text. `tools.rs`: the tool-call
 //!   syntaxes (`ToolFormat`) and their parsing.
+//! - `constrain.rs`: a request's `Steering` (logit bias, `ignore_eos`, a grammar): the
+//!   `llguidance` matcher of JSON schemas and Lark grammars over the vocabulary's bytes
+//!   (`Guide`), applied by the sampler.
 //! - `sampler.rs`: penalties (repetition, presence, frequency), top-k, top-p, min-p and
 //!   temperature, in llama.cpp's or transformers' order by the settings' source.
 //! - `speculative.rs`: one verification pass of the last token plus the drafts, greedy and
@@ -37,6 +40,7 @@
 //!   through `DraftSource::draft_for`.
 //! - `report.rs`: the statistics report (`--stats` table and JSON).
 
+pub mod constrain;
 pub mod conversation;
 pub mod draft;
 pub mod draft_mtp;
@@ -52,6 +56,7 @@ pub mod speculative;
 pub mod stop;
 pub mod tools;
 
+pub use constrain::{GrammarSpec, Guide, Steering};
 pub use conversation::{Chunk, Engine, FinishReason, Outcome, Params};
 pub use generate::{Generated, Output};
 pub use logprobs::TokenLogprob;

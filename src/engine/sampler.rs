@@ -4,6 +4,11 @@
 //! temperature → draw, with top-p and min-p on the unscaled probabilities; and transformers'
 //! `generate` (`_get_logits_processor`): penalty → temperature → top-k → top-p → min-p → draw,
 //! with top-p and min-p on the temperature-scaled probabilities.
+//!
+//! A request's [`Steering`] (logit bias, `ignore_eos`, a grammar) comes before all of them
+//! ([`Sampler::steered`]).
+
+pub use super::constrain::Steering;
 
 /// Sampling settings. `temperature <= 0` means greedy (argmax; ties go to the lowest id).
 #[derive(Clone, Debug, PartialEq)]
@@ -180,6 +185,8 @@ impl Rng {
 pub struct Sampler {
     pub config: SamplerConfig,
     rng: Rng,
+    /// The request's bias, `ignore_eos` and grammar (none by default).
+    steering: Steering,
 }
 
 /// Index of the largest value; the lowest index among equals.
@@ -196,19 +203,42 @@ pub fn argmax(x: &[f32]) -> usize {
 impl Sampler {
     /// A sampler with its PRNG seeded from `config.seed`.
     pub fn new(config: SamplerConfig) -> Self {
+        Self::steered(config, Steering::default())
+    }
+
+    /// A sampler that applies `steering` before the penalties: the bias and `ignore_eos` in
+    /// [`Sampler::penalize`], the grammar's mask in [`Sampler::sample`], which also advances
+    /// the grammar over the token it returns. With a grammar, call `sample` once per token
+    /// handed out, and only then (no speculative verification: it cannot take tokens back).
+    pub fn steered(config: SamplerConfig, steering: Steering) -> Self {
         let rng = Rng::new(config.seed);
-        Self { config, rng }
+        Self {
+            config,
+            rng,
+            steering,
+        }
+    }
+
+    /// The request's steering.
+    pub fn steering(&self) -> &Steering {
+        &self.steering
     }
 
     /// Chooses the next token from `logits` (one per vocabulary entry; modified in place by the
-    /// penalty) given the tokens so far (`history`, prompt included).
+    /// steering and the penalty) given the tokens so far (`history`, prompt included). Under
+    /// a grammar, the token is one the grammar allows (an end-of-generation token once it is
+    /// complete), and the grammar moves past it.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         self.penalize(logits, history);
-        if self.config.temperature <= 0.0 {
-            return argmax(logits) as u32;
-        }
-        let cand = self.distribution(logits);
-        self.draw(&cand)
+        self.steering.mask(logits);
+        let t = if self.config.temperature <= 0.0 {
+            argmax(logits) as u32
+        } else {
+            let cand = self.distribution(logits);
+            self.draw(&cand)
+        };
+        self.steering.commit(t);
+        t
     }
 
     /// Draws one token from `cand` (`(id, probability)` pairs summing to 1, as
@@ -232,7 +262,8 @@ impl Sampler {
         self.rng.next_f64()
     }
 
-    /// Applies the repetition penalty to `logits` in place: each distinct token among the last
+    /// Applies the steering's bias and `ignore_eos` ban ([`Steering::bias`]), then the
+    /// repetition penalty to `logits` in place: each distinct token among the last
     /// [`SamplerConfig::repeat_last_n`] of `history` has a positive logit divided by the
     /// penalty and a negative one multiplied by it (CTRL, Keskar et al. 2019; the same formula
     /// in llama.cpp and transformers).
@@ -240,6 +271,7 @@ impl Sampler {
     /// Then the presence and frequency penalties over the same window, with OpenAI's formula:
     /// `logit -= count × frequency_penalty + (count > 0) × presence_penalty`.
     pub fn penalize(&self, logits: &mut [f32], history: &[u32]) {
+        self.steering.bias(logits);
         let c = &self.config;
         if c.repeat_last_n == 0 {
             return;
@@ -269,7 +301,8 @@ impl Sampler {
 
     /// The tokens left after the filters, with the probabilities the draw uses (summing to 1),
     /// most likely first (ties by id), in [`SamplerConfig::order`]. `logits` are taken as they
-    /// are (penalize first); the temperature must be above 0.
+    /// are (penalize first); the temperature must be above 0. Tokens whose logit is −∞
+    /// (banned, or refused by a grammar) are never among them.
     pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f64)> {
         let c = &self.config;
         // Under transformers' order every filter sees the temperature-scaled logits.
@@ -280,8 +313,13 @@ impl Sampler {
         let mut cand: Vec<(u32, f32)> = logits
             .iter()
             .enumerate()
+            .filter(|&(_, &l)| l > f32::NEG_INFINITY)
             .map(|(i, &l)| (i as u32, l))
             .collect();
+        if cand.is_empty() {
+            // everything banned: the first token, as greedy picks it
+            return vec![(0, 1.0)];
+        }
         cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if c.top_k > 0 && c.top_k < cand.len() {
             cand.truncate(c.top_k);

@@ -183,7 +183,7 @@ impl<'a> Slots<'a> {
             pos: keep,
             keep,
             order: self.admitted,
-            sampler: Sampler::new(req.params.sampler.clone()),
+            sampler: Sampler::steered(req.params.sampler.clone(), req.params.steering.clone()),
             hand: Handout::new(p, &req.params.stop, req.params.max_tokens),
             reply: Reply::new(tok, &req.params, req.emit),
             cancelled: req.cancelled,

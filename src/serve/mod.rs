@@ -1,7 +1,8 @@
 //! `deltafin serve`: an OpenAI-compatible HTTP server (axum on tokio) over one model.
 //!
 //! - [`routes`]: the endpoints, request checking, API key, body limit;
-//! - [`types`]: the request bodies; [`sse`]: response bodies and event-stream framing;
+//! - [`types`]: the request bodies; [`steer`]: `logit_bias`, `ignore_eos` and constrained
+//!   output (`response_format`, `grammar`, `json_schema`) checked and compiled; [`sse`]: response bodies and event-stream framing;
 //!   [`error`]: errors in the OpenAI shape;
 //! - [`worker`]: the bounded FIFO queue and the model's one thread, which runs the requests
 //!   in `--parallel` slots ([`crate::engine::slots`], continuous batching), or one at a time
@@ -22,6 +23,7 @@ pub mod metrics;
 pub mod routes;
 pub mod sse;
 pub mod state;
+pub mod steer;
 pub mod types;
 pub mod worker;
 
@@ -135,6 +137,7 @@ pub fn state(
         timeout: opts.timeout,
         hosts: Arc::new(guard::Hosts::new(&opts.host, &opts.allowed_hosts)),
         cors_origins: opts.cors_origins.clone(),
+        guide: std::sync::OnceLock::new(),
     };
     (Arc::new(st), stopping, handle)
 }

@@ -27,6 +27,7 @@ use super::messages;
 use super::sse::{self, Head, Kind};
 use super::state::parse;
 pub use super::state::AppState;
+use super::steer;
 use super::types::{self, ChatRequest, Common, CompletionRequest, StopField};
 use super::worker::{Event, Job, SubmitError};
 use crate::engine::tools::ToolFormat;
@@ -319,6 +320,7 @@ fn params(
         stop,
         logprobs,
         tools,
+        steering: Default::default(),
     })
 }
 
@@ -378,16 +380,6 @@ async fn chat(
             .into_response()
         }
     };
-    if let Some(f) = &r.response_format {
-        let t = f.get("type").and_then(Value::as_str).unwrap_or("");
-        if t != "text" {
-            return ApiError::invalid(
-                Some("response_format"),
-                format!("response_format type '{t}' is not supported (only 'text')"),
-            )
-            .into_response();
-        }
-    }
     let logprobs = match (r.logprobs, r.top_logprobs) {
         (_, Some(n)) if n > 20 => {
             return ApiError::invalid(
@@ -412,8 +404,12 @@ async fn chat(
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    let p = match params(&s, &r.common(), prompt.len(), logprobs, tools) {
+    let mut p = match params(&s, &r.common(), prompt.len(), logprobs, tools) {
         Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    p.steering = match steer::steering(&s, &r.common()).await {
+        Ok(st) => st,
         Err(e) => return e.into_response(),
     };
     let head = Head {
@@ -470,7 +466,7 @@ async fn completions(
             Err(e) => return e.into_response(),
         },
     };
-    let p = match params(
+    let mut p = match params(
         &s,
         &r.common(),
         prompt.len(),
@@ -484,6 +480,10 @@ async fn completions(
             }
             return e.into_response();
         }
+    };
+    p.steering = match steer::steering(&s, &r.common()).await {
+        Ok(st) => st,
+        Err(e) => return e.into_response(),
     };
     let head = Head {
         kind: Kind::Completion,

@@ -15,7 +15,7 @@ use super::messages::TemplateTraits;
 use super::metrics::Metrics;
 use super::worker::Queue;
 use crate::engine::tools::ToolFormat;
-use crate::engine::SamplerConfig;
+use crate::engine::{Guide, SamplerConfig};
 use crate::tokenizer::chat::ChatTemplate;
 use crate::tokenizer::ModelTokenizer;
 
@@ -60,6 +60,9 @@ pub struct AppState {
     pub hosts: Arc<guard::Hosts>,
     /// `--cors-origin` values.
     pub cors_origins: Vec<String>,
+    /// The grammar compiler of the model's vocabulary, built by the first request that
+    /// constrains its output ([`super::steer`]); the message when it cannot be built.
+    pub guide: std::sync::OnceLock<Result<Arc<Guide>, String>>,
 }
 
 /// The body as JSON of type `T`, or the OpenAI error for a body too large, not JSON, or of

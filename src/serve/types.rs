@@ -28,6 +28,10 @@ pub const CHAT_FIELDS: &[&str] = &[
     "logprobs",
     "top_logprobs",
     "response_format",
+    "logit_bias",
+    "ignore_eos",
+    "grammar",
+    "json_schema",
     "tools",
     "tool_choice",
     "parallel_tool_calls",
@@ -55,6 +59,11 @@ pub const COMPLETION_FIELDS: &[&str] = &[
     "logprobs",
     "echo",
     "suffix",
+    "response_format",
+    "logit_bias",
+    "ignore_eos",
+    "grammar",
+    "json_schema",
     "user",
 ];
 
@@ -69,10 +78,6 @@ pub fn check_fields(
         return Ok(());
     };
     let why = match f.as_str() {
-        "logit_bias" | "ignore_eos" => format!("{f} is not supported yet"),
-        "grammar" | "json_schema" => {
-            format!("{f} is not supported yet (constrained decoding)")
-        }
         "functions" | "function_call" => {
             format!("{f} (deprecated by OpenAI) is not supported; use tools and tool_choice")
         }
@@ -129,6 +134,18 @@ macro_rules! request {
             #[serde(default)]
             pub stream: bool,
             pub stream_options: Option<StreamOptions>,
+            /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`,
+            /// read by [`super::steer`].
+            pub response_format: Option<serde_json::Value>,
+            /// Token id (as a string) → bias in [-100, 100], read by [`super::steer`].
+            pub logit_bias: Option<serde_json::Value>,
+            /// llama-server's: end-of-generation tokens are never sampled.
+            #[serde(default)]
+            pub ignore_eos: bool,
+            /// llama-server's: a grammar (llguidance's Lark syntax here, not GBNF).
+            pub grammar: Option<String>,
+            /// llama-server's: a JSON schema the output follows.
+            pub json_schema: Option<serde_json::Value>,
             $($(#[$fm])* pub $f: $t,)*
         }
     };
@@ -142,7 +159,6 @@ request!(
         #[serde(default)]
         logprobs: bool,
         top_logprobs: Option<u32>,
-        response_format: Option<serde_json::Value>,
         tools: Option<Vec<serde_json::Value>>,
         tool_choice: Option<serde_json::Value>,
         parallel_tool_calls: Option<bool>,
@@ -183,6 +199,11 @@ pub struct Common<'a> {
     pub seed: Option<i64>,
     pub stop: Option<&'a StopField>,
     pub n: Option<u32>,
+    pub response_format: Option<&'a serde_json::Value>,
+    pub logit_bias: Option<&'a serde_json::Value>,
+    pub ignore_eos: bool,
+    pub grammar: Option<&'a str>,
+    pub json_schema: Option<&'a serde_json::Value>,
 }
 
 macro_rules! common {
@@ -203,6 +224,11 @@ macro_rules! common {
                     seed: self.seed,
                     stop: self.stop.as_ref(),
                     n: self.n,
+                    response_format: self.response_format.as_ref(),
+                    logit_bias: self.logit_bias.as_ref(),
+                    ignore_eos: self.ignore_eos,
+                    grammar: self.grammar.as_deref(),
+                    json_schema: self.json_schema.as_ref(),
                 }
             }
 

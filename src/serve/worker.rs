@@ -330,6 +330,7 @@ mod tests {
                 stop: Vec::new(),
                 logprobs: None,
                 tools: None,
+                steering: Default::default(),
             },
             events,
         }

@@ -99,6 +99,11 @@ impl HfTokenizer {
         })
     }
 
+    /// The `tokenizers` pipeline (read-only).
+    pub(crate) fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
     /// Number of tokens, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

@@ -33,6 +33,8 @@
 //! - `literal.rs`: message text kept literal inside rendered templates (used by
 //!   `ModelTokenizer::encode_messages`).
 //! - `stream.rs`: streaming detokenization.
+//! - `token_bytes.rs`: every token's bytes and whether it is special (for constrained
+//!   decoding).
 //! - `model_tokenizer.rs`: either kind behind `ModelTokenizer`.
 
 mod bpe;
@@ -49,6 +51,7 @@ mod pre_split;
 mod pre_tokenizers;
 pub mod stream;
 mod tiktoken;
+mod token_bytes;
 mod vocab;
 
 use std::collections::BTreeMap;
@@ -59,6 +62,7 @@ use crate::source::gguf::{GgufModel, Value};
 pub use chat::{ChatTemplate, Message};
 pub use model_tokenizer::{ModelStreamDecoder, ModelTokenizer};
 pub use stream::StreamDecoder;
+pub use token_bytes::TokenBytes;
 use vocab::Vocab;
 
 /// The BPE of either kind of GGUF vocabulary.
