@@ -47,8 +47,13 @@ __device__ __forceinline__ float e8m0_half(u8 e) {
     return e < 2 ? __uint_as_float(0x00200000u << e) : __uint_as_float(((u32)e - 1) << 23);
 }
 
-// E2M1 values doubled (quant::scalar::MXFP4_VALUES).
-__device__ __constant__ i8 MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// E2M1 value of nibble q, doubled (quant::scalar::MXFP4_VALUES): magnitudes 0, 1, 2, 3, 4, 6,
+// 8, 12 packed in nibbles (a table in constant memory would serialize the lanes' different
+// indices), bit 3 the sign; an int, so that -0 is +0 as in the table.
+__device__ __forceinline__ float mxfp4_value(u32 q) {
+    const int m = (int)((0xC8643210u >> (4 * (q & 7))) & 15);
+    return (float)((q & 8) ? -m : m);
+}
 
 // One E4M3 byte as f32, exactly (quant::fp8::format::e4m3_bits).
 __device__ __forceinline__ float e4m3_to_f32(u8 b) {
@@ -144,8 +149,8 @@ __device__ __forceinline__ void decode32(const u8* __restrict__ row, int u, int 
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             const u8 q = b[1 + j];
-            w[j] = d * (float)MXFP4_VALUES[q & 15];
-            w[j + 16] = d * (float)MXFP4_VALUES[q >> 4];
+            w[j] = d * mxfp4_value(q & 15);
+            w[j + 16] = d * mxfp4_value(q >> 4);
         }
     } else if (T == T_Q4_K) {
         const u8* b = row + 144 * (u >> 3);
@@ -208,4 +213,137 @@ __device__ __forceinline__ void decode32(const u8* __restrict__ row, int u, int 
 template <int T>
 __device__ __forceinline__ bool whole_units() {
     return T != T_F32 && T != T_F16 && T != T_BF16 && T != T_F8B128;
+}
+
+// The matrix-vector kernels split a unit among 4 lanes: part p (0..4) of unit u is 8 values,
+// w[0..4] the elements at e0 + part_a(p) .. + 4 and w[4..8] those at e0 + part_b(p) .. + 4
+// (e0 = 32u): 8 consecutive elements, or for the types whose bytes hold element j and j + 16
+// (Q4_0, Q5_0, MXFP4) bytes 4p .. 4p + 4 of the nibbles. Same values as decode32.
+template <int T>
+__device__ __forceinline__ bool split_nibbles() {
+    return T == T_Q4_0 || T == T_Q5_0 || T == T_MXFP4;
+}
+template <int T>
+__device__ __forceinline__ int part_a(int p) {
+    return split_nibbles<T>() ? 4 * p : 8 * p;
+}
+template <int T>
+__device__ __forceinline__ int part_b(int p) {
+    return split_nibbles<T>() ? 16 + 4 * p : 8 * p + 4;
+}
+
+template <int T>
+__device__ __forceinline__ void decode8(const u8* __restrict__ row, int u, int p, int cols, float* w) {
+    const int e0 = u << 5;
+    const int e = e0 + 8 * p;     // the first element of a contiguous part
+    const int n = max(0, min(8, cols - e));
+    if (T == T_F32) {
+        const float* q = (const float*)row + e;
+        if (n == 8 && (((u64)q) & 15) == 0) {
+            const float4 a = ((const float4*)q)[0], b = ((const float4*)q)[1];
+            w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+            w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+        } else {
+            for (int i = 0; i < 8; i++) w[i] = i < n ? q[i] : 0.0f;
+        }
+    } else if (T == T_F16 || T == T_BF16) {
+        const u16* q = (const u16*)row + e;
+        if (n == 8 && (((u64)q) & 15) == 0) {
+            const uint4 v = *(const uint4*)q;
+            const u32 h[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const u16 lo = (u16)(h[j] & 0xFFFF), hi = (u16)(h[j] >> 16);
+                w[2 * j] = T == T_F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
+                w[2 * j + 1] = T == T_F16 ? f16_to_f32(hi) : bf16_to_f32(hi);
+            }
+        } else {
+            for (int i = 0; i < 8; i++)
+                w[i] = i < n ? (T == T_F16 ? f16_to_f32(q[i]) : bf16_to_f32(q[i])) : 0.0f;
+        }
+    } else if (T == T_Q8_0) {
+        const u8* b = row + 34 * u;
+        const float d = f16_to_f32(ld16(b));
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u16 q = ld16(b + 2 + 8 * p + 2 * i);
+            w[2 * i] = d * (float)(i8)(q & 0xFF);
+            w[2 * i + 1] = d * (float)(i8)(q >> 8);
+        }
+    } else if (T == T_Q4_0) {
+        const u8* b = row + 18 * u;
+        const float d = f16_to_f32(ld16(b));
+        const u32 q = (u32)ld16(b + 2 + 4 * p) | ((u32)ld16(b + 4 + 4 * p) << 16);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 qb = (q >> (8 * i)) & 0xFF;
+            w[i] = d * (float)((int)(qb & 15) - 8);
+            w[4 + i] = d * (float)((int)(qb >> 4) - 8);
+        }
+    } else if (T == T_Q5_0) {
+        const u8* b = row + 22 * u;
+        const float d = f16_to_f32(ld16(b));
+        const u32 qh = (u32)ld16(b + 2) | ((u32)ld16(b + 4) << 16);
+        const u32 q = (u32)ld16(b + 6 + 4 * p) | ((u32)ld16(b + 8 + 4 * p) << 16);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = 4 * p + i;
+            const u32 qb = (q >> (8 * i)) & 0xFF;
+            const u32 lo = (qb & 15) | (((qh >> j) & 1) << 4);
+            const u32 hi = (qb >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            w[i] = d * (float)((int)lo - 16);
+            w[4 + i] = d * (float)((int)hi - 16);
+        }
+    } else if (T == T_MXFP4) {
+        const u8* b = row + 17 * u;
+        const float d = e8m0_half(b[0]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 q = b[1 + 4 * p + i];
+            w[i] = d * mxfp4_value(q & 15);
+            w[4 + i] = d * mxfp4_value(q >> 4);
+        }
+    } else if (T == T_Q4_K) {
+        const u8* b = row + 144 * (u >> 3);
+        const int r = u & 7;
+        const float d = f16_to_f32(ld16(b));
+        const float dmin = f16_to_f32(ld16(b + 2));
+        const u8* s = b + 4;
+        u32 sc, m;
+        if (r < 4) {
+            sc = s[r] & 63;
+            m = s[r + 4] & 63;
+        } else {
+            sc = (s[r + 4] & 15) | ((s[r - 4] >> 6) << 4);
+            m = (s[r + 4] >> 4) | ((s[r] >> 6) << 4);
+        }
+        const float d1 = d * (float)sc;
+        const float m1 = dmin * (float)m;
+        const uint2 v = *(const uint2*)(b + 16 + 32 * (r >> 1) + 8 * p);
+        const int shift = 4 * (r & 1);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const u32 byte = ((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xFF;
+            w[i] = __fsub_rn(__fmul_rn(d1, (float)((byte >> shift) & 15)), m1);
+        }
+    } else if (T == T_Q6_K) {
+        const u8* b = row + 210 * (u >> 3);
+        const int s = u & 7, h = s >> 2;
+        const int c = 2 * (s & 3) + (p >> 1);
+        const int k0 = 8 * (p & 1);
+        const u8* lo = b + 64 * h + 16 * (c & 3) + k0;
+        const u8* hi = b + 128 + 32 * h + 16 * (c & 1) + k0;
+        const int ns = 4 * (c >> 2), hs = 2 * (c >> 1);
+        const float ds = f16_to_f32(ld16(b + 208)) * (float)(i8)b[192 + 8 * h + c];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int q = ((lo[k] >> ns) & 15) | (((hi[k] >> hs) & 3) << 4);
+            w[k] = ds * (float)(q - 32);
+        }
+    } else if (T == T_F8B128) {
+        const u8* b = row + 132 * (e >> 7);
+        const float scale = __uint_as_float((u32)b[0] | ((u32)b[1] << 8) | ((u32)b[2] << 16) | ((u32)b[3] << 24));
+        const u8* q = b + 4 + (e & 127);
+        for (int i = 0; i < 8; i++) w[i] = i < n ? e4m3_to_f32(q[i]) * scale : 0.0f;
+    }
 }

@@ -1,33 +1,14 @@
 // Products of a weight matrix in its stored encoding with 1 to 8 activation rows, and
 // row dequantization (embedding rows; f32 panels for the cuBLAS path).
 //
-// mv_<type>_<R>: y[t][r] = dot(W[r], x[t]) for t < R. One warp per output row r: lane l
-// decodes units l, l + 32, ... of the row (decode.cuh) and multiplies each decoded value into
-// its R accumulators (fma, f32); the 32 lanes are summed by a butterfly of shuffles. Each
+// mv_<type>_<R>: y[t][r] = dot(W[r], x[t]) for t < R. One warp per output row r: four lanes
+// share each unit of 32 weights (decode8 in decode.cuh), each lane multiplies its 8 decoded
+// values into its R accumulators (fma, f32); the 32 lanes are summed by a butterfly of
+// shuffles. Each
 // weight byte is read once per launch whatever R is, so a decode step (R = 1) and a small
 // batch (R ≤ 8) read the matrix once.
 
 #define MV_WARPS 8
-
-template <int R>
-__device__ __forceinline__ void fma_unit(const float* w, const float* __restrict__ x, int cols, int e0, int n, float* acc) {
-#pragma unroll
-    for (int t = 0; t < R; t++) {
-        const float* xr = x + (u64)t * cols + e0;
-        if (n == 32 && (((u64)xr) & 15) == 0) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const float4 v = __ldg((const float4*)xr + i);
-                acc[t] = fmaf(w[4 * i], v.x, acc[t]);
-                acc[t] = fmaf(w[4 * i + 1], v.y, acc[t]);
-                acc[t] = fmaf(w[4 * i + 2], v.z, acc[t]);
-                acc[t] = fmaf(w[4 * i + 3], v.w, acc[t]);
-            }
-        } else {
-            for (int i = 0; i < n; i++) acc[t] = fmaf(w[i], __ldg(xr + i), acc[t]);
-        }
-    }
-}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -35,6 +16,8 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Lane l takes part l % 4 of units l / 4, l / 4 + 8, ... (decode8), so a warp's loads of
+// weights and of x cover 8 consecutive units at a time.
 template <int T, int R>
 __device__ __forceinline__ void matvec(const u8* __restrict__ W, u64 row_bytes, int rows, int cols,
                                        const float* __restrict__ x, float* __restrict__ y) {
@@ -42,15 +25,42 @@ __device__ __forceinline__ void matvec(const u8* __restrict__ W, u64 row_bytes, 
     const int lane = threadIdx.x & 31;
     if (r >= rows) return;
     const u8* row = W + (u64)r * row_bytes;
+    const int p = lane & 3;
+    const bool vec = (cols & 3) == 0 && (((u64)x) & 15) == 0;
     float acc[R];
 #pragma unroll
     for (int t = 0; t < R; t++) acc[t] = 0.0f;
     const int units = (cols + 31) >> 5;
-    for (int u = lane; u < units; u += 32) {
-        float w[32];
-        decode32<T>(row, u, cols, w);
-        const int e0 = u << 5;
-        fma_unit<R>(w, x, cols, e0, whole_units<T>() ? 32 : min(32, cols - e0), acc);
+    for (int u = lane >> 2; u < units; u += 8) {
+        float w[8];
+        decode8<T>(row, u, p, cols, w);
+        const int a = (u << 5) + part_a<T>(p), b = (u << 5) + part_b<T>(p);
+        if (vec && (whole_units<T>() || b + 4 <= cols)) {
+#pragma unroll
+            for (int t = 0; t < R; t++) {
+                const float* xr = x + (u64)t * cols;
+                const float4 xa = __ldg((const float4*)(xr + a)), xb = __ldg((const float4*)(xr + b));
+                float s = acc[t];
+                s = fmaf(w[0], xa.x, s);
+                s = fmaf(w[1], xa.y, s);
+                s = fmaf(w[2], xa.z, s);
+                s = fmaf(w[3], xa.w, s);
+                s = fmaf(w[4], xb.x, s);
+                s = fmaf(w[5], xb.y, s);
+                s = fmaf(w[6], xb.z, s);
+                s = fmaf(w[7], xb.w, s);
+                acc[t] = s;
+            }
+        } else {
+#pragma unroll
+            for (int t = 0; t < R; t++) {
+                const float* xr = x + (u64)t * cols;
+                for (int i = 0; i < 4; i++) {
+                    if (a + i < cols) acc[t] = fmaf(w[i], __ldg(xr + a + i), acc[t]);
+                    if (b + i < cols) acc[t] = fmaf(w[4 + i], __ldg(xr + b + i), acc[t]);
+                }
+            }
+        }
     }
 #pragma unroll
     for (int t = 0; t < R; t++) {
