@@ -5,9 +5,11 @@
 //!   GELU, softmax, at the best SIMD level the CPU runs, split over a rayon pool by output rows
 //!   so the thread count never changes a result. Its state is the arithmetic of the matrix
 //!   products ([`cpu::Numerics`]) and the pool a pass runs on.
-//! - `cuda.rs`: the CUDA backend's place ([`cuda::Cuda`]). Today a stub that compiles
-//!   everywhere and finds no device; the CUDA issue fills it (ARCHITECTURE.md, "Adding a
-//!   compute device").
+//! - `cuda/`: the CUDA backend ([`cuda::Cuda`]): the driver, NVRTC and cuBLAS loaded at run
+//!   time (no CUDA needed to build or to run without a GPU), kernels from committed `.cu`
+//!   sources compiled at first use; products over the stored encodings, norms, RoPE, the
+//!   GLUs, GQA attention. The models do not use it yet (ARCHITECTURE.md, "Adding a compute
+//!   device").
 //!
 //! The model code above (`models/layers/`, the decoder skeleton) owns the wiring of a layer
 //! (which projection feeds which op); a backend owns the buffers and the ops. Routing stays

@@ -1,0 +1,390 @@
+//! [`Backend`] for [`Cuda`]: every op a launch (or a few) on the device's stream. Small host
+//! inputs of an op (norm weights, RoPE frequencies, sinks, row indices, token ids) are copied
+//! to the device per call; the models' next step (holding them on the device) removes that.
+//! Shape mismatches are errors, never panics.
+
+use anyhow::{bail, Context, Result};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::kernels::{type_name, ATT_MAX_DIM, ATT_WARPS};
+use super::{Cuda, CudaBuf, CudaMatrix};
+use crate::backend::{AttnShape, Backend, Glu, MlaProj, MlaShape};
+
+/// Threads per block of the element-wise kernels.
+const THREADS: u32 = 256;
+
+/// A 1-D launch over `n` items.
+fn grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n as u64).div_ceil(THREADS as u64).max(1) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn same_len(what: &str, a: usize, b: usize) -> Result<()> {
+    if a != b {
+        bail!("{what}: {a} and {b} floats");
+    }
+    Ok(())
+}
+
+impl Backend for Cuda {
+    type Buf = CudaBuf;
+    type Weights<'a> = &'a CudaMatrix;
+
+    fn name(&self) -> String {
+        self.label.clone()
+    }
+
+    fn run_pass<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        // the context is current on the calling thread for the pass (the ops bind it too)
+        let _ = self.ctx.bind_to_thread();
+        f()
+    }
+
+    fn zeros(&self, len: usize) -> Result<CudaBuf> {
+        let data = self
+            .stream
+            .alloc_zeros::<f32>(len.max(1))
+            .context("CUDA allocation")?;
+        Ok(CudaBuf { len, data })
+    }
+
+    fn upload(&self, host: &[f32]) -> Result<CudaBuf> {
+        Ok(CudaBuf {
+            len: host.len(),
+            data: self.put(host)?,
+        })
+    }
+
+    fn download(&self, buf: &CudaBuf, out: &mut [f32]) -> Result<()> {
+        same_len("download", buf.len, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let src = buf.data.slice(..buf.len);
+        self.stream
+            .memcpy_dtoh(&src, out)
+            .context("CUDA download")?;
+        self.synchronize()
+    }
+
+    fn matmul(&self, w: &CudaMatrix, x: &CudaBuf, rows: usize, y: &mut CudaBuf) -> Result<()> {
+        self.matmul_dev(w, x, rows, y)
+    }
+
+    fn embed_rows(&self, table: &CudaMatrix, ids: &[u32], out: &mut CudaBuf) -> Result<()> {
+        same_len("embed_rows", ids.len() * table.cols, out.len)?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= table.rows) {
+            bail!("embed_rows: token {id} of {}", table.rows);
+        }
+        let k = self.k()?;
+        let f = k.get(&format!(
+            "deq_{}",
+            type_name(table.ty).expect("a device type")
+        ));
+        let dev_ids = self.put(ids)?;
+        let units = table.cols.div_ceil(32) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (units.div_ceil(128), ids.len().min(65535) as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (rb, cols, row0, n) = (
+            table.row_bytes as u64,
+            table.cols as i32,
+            0i32,
+            ids.len() as i32,
+        );
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&table.data)
+            .arg(&rb)
+            .arg(&cols)
+            .arg(&dev_ids)
+            .arg(&row0)
+            .arg(&n)
+            .arg(&mut out.data);
+        // SAFETY: every id is a row of `table` (checked); `out` holds ids × cols floats.
+        unsafe { b.launch(cfg) }.context("CUDA embed kernel")?;
+        Ok(())
+    }
+
+    fn rms_norm_rows(&self, x: &CudaBuf, w: &[f32], eps: f32, out: &mut CudaBuf) -> Result<()> {
+        same_len("rms_norm_rows", x.len, out.len)?;
+        let d = w.len();
+        if d == 0 || !x.len.is_multiple_of(d) {
+            bail!("rms_norm_rows: {} floats in rows of {d}", x.len);
+        }
+        if x.len == 0 {
+            return Ok(());
+        }
+        let f = self.k()?.get("rms_norm");
+        let wd = self.put(w)?;
+        let cfg = LaunchConfig {
+            grid_dim: ((x.len / d) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let d32 = d as i32;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&x.data)
+            .arg(&wd)
+            .arg(&eps)
+            .arg(&d32)
+            .arg(&mut out.data);
+        // SAFETY: x and out hold (x.len / d) rows of d floats, w holds d.
+        unsafe { b.launch(cfg) }.context("CUDA rms_norm kernel")?;
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaBuf,
+        rows: usize,
+        head_dim: usize,
+        pos0: usize,
+        inv_freq: &[f32],
+        interleaved: bool,
+        scale: f32,
+    ) -> Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let width = x.len / rows;
+        let half = inv_freq.len();
+        if !x.len.is_multiple_of(rows)
+            || head_dim != 2 * half
+            || half == 0
+            || !width.is_multiple_of(head_dim)
+        {
+            bail!(
+                "rope: {} floats, {rows} rows, head_dim {head_dim}, {half} frequencies",
+                x.len
+            );
+        }
+        let f = self.k()?.get("rope");
+        let fd = self.put(inv_freq)?;
+        let (r32, w32, h32, p32, il) = (
+            rows as i32,
+            width as i32,
+            half as i32,
+            pos0 as i32,
+            interleaved as i32,
+        );
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut x.data)
+            .arg(&r32)
+            .arg(&w32)
+            .arg(&h32)
+            .arg(&p32)
+            .arg(&fd)
+            .arg(&il)
+            .arg(&scale);
+        // SAFETY: one thread per pair of rows × width / 2 pairs of x; fd holds `half` floats.
+        unsafe { b.launch(grid(rows * width / 2)) }.context("CUDA rope kernel")?;
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        s: &AttnShape,
+        q: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        pos0: usize,
+        sinks: Option<&[f32]>,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let (nh, nkv, hd) = (s.n_heads, s.n_kv_heads, s.head_dim);
+        let qd = nh * hd;
+        if qd == 0
+            || nkv == 0
+            || !nh.is_multiple_of(nkv)
+            || hd > ATT_MAX_DIM
+            || !q.len.is_multiple_of(qd)
+        {
+            bail!(
+                "attention: {} query floats, {nh} heads, {nkv} kv heads of {hd} (at most {ATT_MAX_DIM})",
+                q.len
+            );
+        }
+        same_len("attention output", q.len, out.len)?;
+        let n = q.len / qd;
+        let need = (pos0 + n) * nkv * hd;
+        if k.len < need || v.len < need {
+            bail!(
+                "attention: keys {} and values {} floats, {need} needed for {} positions",
+                k.len,
+                v.len,
+                pos0 + n
+            );
+        }
+        if sinks.is_some_and(|sk| sk.len() != nh) {
+            bail!(
+                "attention: {} sinks for {nh} heads",
+                sinks.map_or(0, |s| s.len())
+            );
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.k()?.get("attention");
+        let sinks_dev = sinks.map(|sk| self.put(sk)).transpose()?;
+        let null: u64 = 0;
+        let (nh32, nkv32, hd32, p32) = (nh as i32, nkv as i32, hd as i32, pos0 as i32);
+        let window = s.window.map_or(0, |w| w.max(1)) as i32;
+        let cap = s.softcap.unwrap_or(0.0);
+        let cfg = LaunchConfig {
+            grid_dim: ((n * nh) as u32, 1, 1),
+            block_dim: (32 * ATT_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&q.data)
+            .arg(&k.data)
+            .arg(&v.data)
+            .arg(&nh32)
+            .arg(&nkv32)
+            .arg(&hd32)
+            .arg(&p32)
+            .arg(&window)
+            .arg(&cap);
+        match &sinks_dev {
+            Some(sd) => b.arg(sd),
+            None => b.arg(&null),
+        };
+        b.arg(&mut out.data);
+        // SAFETY: q and out hold n × nh × hd floats, k and v (pos0 + n) × nkv × hd at least,
+        // sinks nh floats or a null pointer (checked above).
+        unsafe { b.launch(cfg) }.context("CUDA attention kernel")?;
+        Ok(())
+    }
+
+    fn mla_attention(
+        &self,
+        _: &MlaShape,
+        _: &CudaBuf,
+        _: MlaProj<&CudaMatrix>,
+        _: &CudaBuf,
+        _: usize,
+        _: &mut CudaBuf,
+    ) -> Result<()> {
+        bail!(
+            "cuda:{}: multi-head latent attention has no CUDA kernel yet",
+            self.ordinal
+        )
+    }
+
+    fn kda_scan(
+        &self,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: [&CudaBuf; 4],
+        _: &CudaBuf,
+        _: &mut CudaBuf,
+        _: &mut CudaBuf,
+    ) -> Result<()> {
+        bail!("cuda:{}: the KDA scan has no CUDA kernel yet", self.ordinal)
+    }
+
+    fn glu(&self, act: Glu, gate: &mut CudaBuf, up: &CudaBuf) -> Result<()> {
+        same_len("glu", gate.len, up.len)?;
+        let (code, beta, linear_beta) = match act {
+            Glu::Swiglu => (0i32, 0f32, 0f32),
+            Glu::GegluTanh => (1, 0.0, 0.0),
+            Glu::Situ { beta, linear_beta } => (2, beta, linear_beta),
+        };
+        let f = self.k()?.get("glu");
+        let n = gate.len as u64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut gate.data)
+            .arg(&up.data)
+            .arg(&n)
+            .arg(&code)
+            .arg(&beta)
+            .arg(&linear_beta);
+        // SAFETY: gate and up hold n floats.
+        unsafe { b.launch(grid(gate.len)) }.context("CUDA glu kernel")?;
+        Ok(())
+    }
+
+    fn softcap(&self, x: &mut CudaBuf, cap: f32) -> Result<()> {
+        let f = self.k()?.get("softcap");
+        let n = x.len as u64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut x.data).arg(&n).arg(&cap);
+        // SAFETY: x holds n floats.
+        unsafe { b.launch(grid(x.len)) }.context("CUDA softcap kernel")?;
+        Ok(())
+    }
+
+    fn add(&self, x: &mut CudaBuf, y: &CudaBuf) -> Result<()> {
+        same_len("add", x.len, y.len)?;
+        let f = self.k()?.get("add");
+        let n = x.len as u64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut x.data).arg(&y.data).arg(&n);
+        // SAFETY: x and y hold n floats.
+        unsafe { b.launch(grid(x.len)) }.context("CUDA add kernel")?;
+        Ok(())
+    }
+
+    fn gather_rows(
+        &self,
+        x: &CudaBuf,
+        width: usize,
+        rows: &[usize],
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        same_len("gather_rows output", rows.len() * width, out.len)?;
+        if rows.is_empty() || width == 0 {
+            return Ok(());
+        }
+        let idx = self.put_rows(rows, x.len / width, "gather_rows")?;
+        let f = self.k()?.get("gather_rows");
+        let (w32, n32) = (width as i32, rows.len() as i32);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&x.data)
+            .arg(&w32)
+            .arg(&idx)
+            .arg(&n32)
+            .arg(&mut out.data);
+        // SAFETY: every index is a row of x (checked); out holds rows × width floats.
+        unsafe { b.launch(grid(out.len)) }.context("CUDA gather kernel")?;
+        Ok(())
+    }
+
+    fn scatter_add_rows(
+        &self,
+        y: &CudaBuf,
+        width: usize,
+        rows: &[usize],
+        weights: &[f32],
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        same_len("scatter_add_rows input", rows.len() * width, y.len)?;
+        same_len("scatter_add_rows weights", rows.len(), weights.len())?;
+        if rows.is_empty() || width == 0 {
+            return Ok(());
+        }
+        let idx = self.put_rows(rows, out.len / width, "scatter_add_rows")?;
+        let wd = self.put(weights)?;
+        let f = self.k()?.get("scatter_add_rows");
+        let (w32, n32) = (width as i32, rows.len() as i32);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&y.data)
+            .arg(&w32)
+            .arg(&idx)
+            .arg(&wd)
+            .arg(&n32)
+            .arg(&mut out.data);
+        // SAFETY: every index is a row of out (checked); y holds rows × width floats.
+        unsafe { b.launch(grid(width)) }.context("CUDA scatter kernel")?;
+        Ok(())
+    }
+}

@@ -1,0 +1,404 @@
+//! Each CUDA op against the CPU backend's result on random inputs. They need a GPU, its
+//! driver and NVRTC: where [`Cuda::open`] fails (CI, a machine without a GPU) each test
+//! prints why and passes without checking anything; `cargo test --release --lib
+//! backend::cuda -- --nocapture` on a GPU machine prints the measured errors (`cuda-err`
+//! lines).
+//!
+//! Bounds: a product's error is measured per output against `Σ|w·x|` (the magnitude a
+//! dot's rounding scales with) and must stay ≤ 1e-5; both sides accumulate in f32, in
+//! different orders. The decoders and the gather, scatter and add ops must match the CPU bit
+//! for bit; the other element-wise ops and attention, which call CUDA's `expf`, `tanhf`,
+//! `sin`, `cos`, within 1e-5 of the output's largest magnitude.
+
+use std::sync::OnceLock;
+
+use super::*;
+use crate::backend::cpu::{self, Cpu};
+use crate::backend::{AttnShape, Backend, Glu};
+use crate::quant::tests::{random_fp8_row, random_row, random_x, Rng};
+
+/// The device the tests share, or `None` (with the reason printed once) without one.
+fn gpu() -> Option<&'static Cuda> {
+    static DEV: OnceLock<Option<Cuda>> = OnceLock::new();
+    DEV.get_or_init(|| match Cuda::open(0) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("CUDA tests skipped: {e:#}");
+            None
+        }
+    })
+    .as_ref()
+}
+
+macro_rules! device_or_skip {
+    () => {
+        match gpu() {
+            Some(d) => d,
+            None => {
+                eprintln!("skipped: no usable CUDA device");
+                return;
+            }
+        }
+    };
+}
+
+/// A random matrix of `rows × cols` of `ty`, as the CPU reads it.
+fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    (0..rows)
+        .flat_map(|_| match ty {
+            GgmlType::F8_E4M3_B128 => random_fp8_row(cols, rng),
+            _ => random_row(ty, cols / ty.block_elems(), rng),
+        })
+        .collect()
+}
+
+fn download(dev: &Cuda, b: &CudaBuf) -> Vec<f32> {
+    let mut v = vec![0f32; b.len()];
+    dev.download(b, &mut v).unwrap();
+    v
+}
+
+/// The worst `|got − want| / Σ|w·x|` over the outputs of `x Wᵀ` (`n` rows).
+fn worst_dot_error(w: &Matrix, x: &[f32], n: usize, got: &[f32], want: &[f32]) -> f64 {
+    let mut row = vec![0f32; w.cols];
+    let mut worst = 0f64;
+    for r in 0..w.rows {
+        dequantize_row(w.ty, w.row(r), &mut row);
+        for t in 0..n {
+            let xt = &x[t * w.cols..(t + 1) * w.cols];
+            let mag: f64 = row
+                .iter()
+                .zip(xt)
+                .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                .sum();
+            let i = t * w.rows + r;
+            let err = (got[i] as f64 - want[i] as f64).abs();
+            assert!(got[i].is_finite(), "output {i} is {}", got[i]);
+            if mag > 0.0 {
+                worst = worst.max(err / mag);
+            } else {
+                assert_eq!(got[i], 0.0, "output {i}");
+            }
+        }
+    }
+    worst
+}
+
+/// The worst `|got − want|` relative to the largest `|want|`.
+fn worst_rel(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0f64, |m, (a, b)| m.max((*a as f64 - *b as f64).abs()));
+    assert!(got.iter().all(|v| v.is_finite()));
+    if scale == 0.0 {
+        err
+    } else {
+        err / scale
+    }
+}
+
+/// Columns for a type's test matrix: whole blocks, and for the float and FP8 types a length
+/// that leaves a partial last unit of 32.
+fn cols_for(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1000,
+        GgmlType::F8_E4M3_B128 => 700,
+        t if t.block_elems() == 256 => 4096,
+        _ => 2048,
+    }
+}
+
+#[test]
+fn open_names_a_missing_driver_or_gpu() {
+    let err = Cuda::open(99).unwrap_err().to_string();
+    match device_count() {
+        Err(e) => assert_eq!(err, format!("cuda:99: {e}")),
+        Ok(n) => assert_eq!(err, format!("cuda:99: no GPU 99 (this machine has {n})")),
+    }
+    if driver_missing().is_some() {
+        assert_eq!(err, "cuda:99: no CUDA driver found (libcuda.so)");
+        assert!(Cuda::devices().is_empty());
+    }
+}
+
+#[test]
+fn products_of_every_device_type_match_the_cpu() {
+    let dev = device_or_skip!();
+    let mut rng = Rng::new(7);
+    let mut report = Vec::new();
+    for ty in DEVICE_TYPES
+        .into_iter()
+        .chain([GgmlType::Q2_K, GgmlType::Q5_K])
+    {
+        let (rows, cols) = (300, cols_for(ty));
+        let bytes = random_matrix(ty, rows, cols, &mut rng);
+        let w = Matrix::new(ty, rows, cols, &bytes).unwrap();
+        let dw = dev.upload_matrix(&w).unwrap();
+        assert_eq!(
+            dw.dequantized_from.is_some(),
+            !DEVICE_TYPES.contains(&ty),
+            "{ty}"
+        );
+        let mut worst = 0f64;
+        for n in [1, 2, 3, 5, 8, 13, 40] {
+            let x = random_x(n * cols, &mut rng);
+            let mut want = vec![0f32; n * rows];
+            cpu::matmul(&w, &x, n, &mut want);
+            let dx = dev.upload(&x).unwrap();
+            let mut dy = dev.zeros(n * rows).unwrap();
+            dev.matmul(&dw, &dx, n, &mut dy).unwrap();
+            let got = download(dev, &dy);
+            let e = worst_dot_error(&w, &x, n, &got, &want);
+            assert!(e <= 1e-5, "{ty} with {n} rows: error {e:e}");
+            worst = worst.max(e);
+            if n > matmul::DIRECT_MAX_ROWS {
+                // the direct kernels on the same rows (the path without cuBLAS)
+                let mut dy = dev.zeros(n * rows).unwrap();
+                dev.matmul_direct(&dw, &dx, n, &mut dy).unwrap();
+                let e = worst_dot_error(&w, &x, n, &download(dev, &dy), &want);
+                assert!(e <= 1e-5, "{ty} direct with {n} rows: error {e:e}");
+                worst = worst.max(e);
+            }
+        }
+        report.push(format!("{ty} {worst:.2e}"));
+    }
+    eprintln!(
+        "cuda-err matmul (|gpu-cpu| / sum|w*x|, worst over 1..40 rows): {}",
+        report.join(", ")
+    );
+}
+
+#[test]
+fn embedding_rows_decode_bit_for_bit() {
+    let dev = device_or_skip!();
+    let mut rng = Rng::new(11);
+    for ty in DEVICE_TYPES {
+        let (rows, cols) = (64, cols_for(ty));
+        let bytes = random_matrix(ty, rows, cols, &mut rng);
+        let w = Matrix::new(ty, rows, cols, &bytes).unwrap();
+        let dw = dev.upload_matrix(&w).unwrap();
+        let ids = [5u32, 0, 63, 5, 17];
+        let mut want = vec![0f32; ids.len() * cols];
+        Cpu::default().embed_rows(w, &ids, &mut want).unwrap();
+        let mut out = dev.zeros(ids.len() * cols).unwrap();
+        dev.embed_rows(&dw, &ids, &mut out).unwrap();
+        let got = download(dev, &out);
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g.to_bits() == e.to_bits() || (g.is_nan() && e.is_nan()),
+                "{ty} element {i}: {g} vs {e}"
+            );
+        }
+        let err = dev
+            .embed_rows(&dw, &[64], &mut dev.zeros(cols).unwrap())
+            .unwrap_err();
+        assert_eq!(err.to_string(), "embed_rows: token 64 of 64");
+    }
+    eprintln!(
+        "cuda-err embed_rows: bit-exact for {} types",
+        DEVICE_TYPES.len()
+    );
+}
+
+#[test]
+fn norms_rope_and_activations_match_the_cpu() {
+    let dev = device_or_skip!();
+    let cpu = Cpu::default();
+    let mut rng = Rng::new(3);
+    let (rows, d) = (7, 1152);
+    let x = random_x(rows * d, &mut rng);
+    let y = random_x(rows * d, &mut rng);
+    let w = random_x(d, &mut rng);
+    let (dx, dy) = (dev.upload(&x).unwrap(), dev.upload(&y).unwrap());
+    let mut report = Vec::new();
+
+    let mut want = vec![0f32; rows * d];
+    cpu.rms_norm_rows(&x, &w, 1e-6, &mut want).unwrap();
+    let mut out = dev.zeros(rows * d).unwrap();
+    dev.rms_norm_rows(&dx, &w, 1e-6, &mut out).unwrap();
+    let e = worst_rel(&download(dev, &out), &want);
+    assert!(e <= 1e-5, "rms_norm {e:e}");
+    report.push(format!("rms_norm {e:.2e}"));
+
+    for (interleaved, scale, hd) in [(false, 1.0, 128), (true, 0.125, 64), (false, 0.5, 256)] {
+        let inv = cpu::ops::rope_inv_freq(hd, 10000.0, 1.0);
+        // whole heads of each row (256-wide heads leave part of a 1152-wide row out)
+        let width = d / hd * hd;
+        let xs: Vec<f32> = x.chunks(d).flat_map(|r| r[..width].to_vec()).collect();
+        let mut want = xs.clone();
+        cpu.rope(&mut want, rows, hd, 4000, &inv, interleaved, scale)
+            .unwrap();
+        let mut dxs = dev.upload(&xs).unwrap();
+        dev.rope(&mut dxs, rows, hd, 4000, &inv, interleaved, scale)
+            .unwrap();
+        let e = worst_rel(&download(dev, &dxs), &want);
+        assert!(
+            e <= 1e-5,
+            "rope (interleaved {interleaved}, head {hd}) {e:e}"
+        );
+        report.push(format!(
+            "rope/{hd}{} {e:.2e}",
+            if interleaved { "i" } else { "" }
+        ));
+    }
+
+    let acts = [
+        ("swiglu", Glu::Swiglu),
+        ("geglu", Glu::GegluTanh),
+        (
+            "situ",
+            Glu::Situ {
+                beta: 3.0,
+                linear_beta: 10.0,
+            },
+        ),
+        (
+            "situ0",
+            Glu::Situ {
+                beta: 2.0,
+                linear_beta: 0.0,
+            },
+        ),
+    ];
+    for (name, act) in acts {
+        // a wide range of gate values: both tails of each activation
+        let g: Vec<f32> = x.iter().map(|v| v * 12.0).collect();
+        let mut want = g.clone();
+        cpu.glu(act, &mut want, &y).unwrap();
+        let mut dg = dev.upload(&g).unwrap();
+        dev.glu(act, &mut dg, &dy).unwrap();
+        let e = worst_rel(&download(dev, &dg), &want);
+        assert!(e <= 1e-5, "{name} {e:e}");
+        report.push(format!("{name} {e:.2e}"));
+    }
+
+    let mut want: Vec<f32> = x.iter().map(|v| v * 80.0).collect();
+    let mut dsc = dev.upload(&want).unwrap();
+    cpu.softcap(&mut want, 30.0).unwrap();
+    dev.softcap(&mut dsc, 30.0).unwrap();
+    let e = worst_rel(&download(dev, &dsc), &want);
+    assert!(e <= 1e-5, "softcap {e:e}");
+    report.push(format!("softcap {e:.2e}"));
+
+    let mut want = x.clone();
+    cpu.add(&mut want, &y).unwrap();
+    let mut dsum = dev.upload(&x).unwrap();
+    dev.add(&mut dsum, &dy).unwrap();
+    assert_eq!(download(dev, &dsum), want, "add");
+    eprintln!(
+        "cuda-err elementwise (|gpu-cpu| / max|cpu|): {}; add exact",
+        report.join(", ")
+    );
+}
+
+#[test]
+fn gather_and_scatter_rows_match_the_cpu_exactly() {
+    let dev = device_or_skip!();
+    let cpu = Cpu::default();
+    let mut rng = Rng::new(5);
+    let width = 640;
+    let x = random_x(9 * width, &mut rng);
+    let rows = [4usize, 0, 8, 4];
+    let mut want = vec![0f32; rows.len() * width];
+    cpu.gather_rows(&x, width, &rows, &mut want).unwrap();
+    let dx = dev.upload(&x).unwrap();
+    let mut g = dev.zeros(rows.len() * width).unwrap();
+    dev.gather_rows(&dx, width, &rows, &mut g).unwrap();
+    assert_eq!(download(dev, &g), want);
+
+    let weights = [0.25f32, -1.5, 0.75, 2.0];
+    let mut out_cpu = random_x(9 * width, &mut rng);
+    let mut out = dev.upload(&out_cpu).unwrap();
+    cpu.scatter_add_rows(&want, width, &rows, &weights, &mut out_cpu)
+        .unwrap();
+    dev.scatter_add_rows(&g, width, &rows, &weights, &mut out)
+        .unwrap();
+    assert_eq!(download(dev, &out), out_cpu);
+    let err = dev
+        .gather_rows(&dx, width, &[9], &mut dev.zeros(width).unwrap())
+        .unwrap_err();
+    assert_eq!(err.to_string(), "gather_rows: row 9 of 9");
+}
+
+#[test]
+fn attention_matches_the_cpu_over_a_kv_cache() {
+    let dev = device_or_skip!();
+    let cpu = Cpu::default();
+    let mut rng = Rng::new(9);
+    let mut worst = 0f64;
+    let cases = [
+        // (heads, kv heads, head dim, pos0, rows, window, softcap, sinks)
+        (8, 2, 64, 0, 1, None, None, false),
+        (8, 2, 128, 300, 1, None, None, false),
+        (16, 4, 256, 1000, 1, Some(128), Some(50.0), false),
+        (8, 8, 64, 37, 5, None, None, true),
+        (4, 1, 80, 2047, 3, Some(512), None, true),
+        (12, 4, 512, 90, 2, None, Some(30.0), false),
+    ];
+    for (nh, nkv, hd, pos0, n, window, softcap, sinks) in cases {
+        let s = AttnShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            window,
+            softcap,
+        };
+        let scale = 1.0 / (hd as f32).sqrt();
+        let q: Vec<f32> = random_x(n * nh * hd, &mut rng)
+            .iter()
+            .map(|v| v * 2.0 * scale)
+            .collect();
+        let k = random_x((pos0 + n) * nkv * hd, &mut rng);
+        let v = random_x((pos0 + n) * nkv * hd, &mut rng);
+        let sk: Option<Vec<f32>> = sinks.then(|| random_x(nh, &mut rng));
+        let mut want = vec![0f32; q.len()];
+        cpu.attention(&s, &q, &k, &v, pos0, sk.as_deref(), &mut want)
+            .unwrap();
+        let (dq, dk, dv) = (
+            dev.upload(&q).unwrap(),
+            dev.upload(&k).unwrap(),
+            dev.upload(&v).unwrap(),
+        );
+        let mut out = dev.zeros(q.len()).unwrap();
+        dev.attention(&s, &dq, &dk, &dv, pos0, sk.as_deref(), &mut out)
+            .unwrap();
+        let e = worst_rel(&download(dev, &out), &want);
+        assert!(
+            e <= 1e-5,
+            "attention {nh}/{nkv}x{hd} at {pos0} ({n} rows): {e:e}"
+        );
+        worst = worst.max(e);
+    }
+    eprintln!("cuda-err attention (|gpu-cpu| / max|cpu|, 6 shapes): {worst:.2e}");
+}
+
+#[test]
+fn shape_mismatches_are_errors_and_missing_kernels_say_so() {
+    let dev = device_or_skip!();
+    let bytes = vec![0u8; 4 * 64 * 4];
+    let w = Matrix::new(GgmlType::F32, 4, 64, &bytes).unwrap();
+    let dw = dev.upload_matrix(&w).unwrap();
+    let x = dev.zeros(63).unwrap();
+    let mut y = dev.zeros(4).unwrap();
+    assert_eq!(
+        dev.matmul(&dw, &x, 1, &mut y).unwrap_err().to_string(),
+        "matmul: F32 matrix 4x64 with x of 63 and y of 4 floats for 1 rows"
+    );
+    let mut a = dev.zeros(3).unwrap();
+    let err = dev.add(&mut a, &x).unwrap_err().to_string();
+    assert_eq!(err, "add: 3 and 63 floats");
+    let err = dev
+        .kda_scan(1, 1, 1, [&x, &x, &x, &x], &x, &mut a, &mut y)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        format!(
+            "cuda:{}: the KDA scan has no CUDA kernel yet",
+            dev.ordinal()
+        )
+    );
+}
