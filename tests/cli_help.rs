@@ -126,11 +126,13 @@ fn each_command_lists_exactly_the_flags_it_takes() {
             "--api-key",
             "--api-key-file",
             "--queue",
+            "--parallel",
             "--alias",
             "--allowed-hosts",
             "--cors-origin",
             "--timeout",
             "--idle-timeout",
+            "--write-timeout",
             "--body-limit",
         ])
     );

@@ -396,3 +396,41 @@ async fn n_choices_are_the_requests_of_consecutive_seeds() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_nobody_reads_is_cut_at_the_write_timeout_and_frees_its_slot() {
+    let mut o = opts(None);
+    o.write_timeout = std::time::Duration::ZERO;
+    let (st, _, _) = state(real_engine(), &o, || 0);
+    let metrics = Arc::clone(&st.metrics);
+    let app = routes::router(st);
+    let body = json!({"messages": [{"role": "user", "content": "Go on and on"}],
+                      "max_tokens": 200, "ignore_eos": true, "stream": true});
+    let req = axum::http::Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    // the response's body is not polled: its events wait unread
+    let unread = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(unread.status(), StatusCode::OK);
+    // the one slot is free again: a second request is answered whole
+    let (code, b) = call(&app, "/v1/chat/completions", chat_body("Hi there")).await;
+    assert_eq!(code, StatusCode::OK, "{b}");
+    let generated = metrics
+        .generated_tokens
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        generated < 200,
+        "the unread stream was cut: {generated} tokens in all"
+    );
+    let text = String::from_utf8(
+        axum::body::to_bytes(unread.into_body(), usize::MAX)
+            .await
+            .unwrap()
+            .to_vec(),
+    )
+    .unwrap();
+    assert!(text.contains("\"code\":\"write_timeout\""), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    assert!(!text.contains("finish_reason\":\"length"), "{text}");
+}

@@ -56,6 +56,10 @@ pub struct ServeArgs {
     /// requests; then it is closed.
     #[arg(long, default_value_t = 30)]
     pub idle_timeout: u64,
+    /// Seconds a streaming client may leave its events unread (its socket full) before its
+    /// generation is cut, freeing its slot; the stream then ends with a `write_timeout` error.
+    #[arg(long, default_value_t = 60)]
+    pub write_timeout: u64,
     /// Largest request body (e.g. 4M); larger ones are refused with 413 before being read.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     pub body_limit: u64,
@@ -126,6 +130,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             cors_origins: a.cors_origin,
             timeout: (a.timeout > 0).then(|| std::time::Duration::from_secs(a.timeout)),
             idle_timeout: std::time::Duration::from_secs(a.idle_timeout.max(1)),
+            write_timeout: std::time::Duration::from_secs(a.write_timeout.max(1)),
         },
     )
 }

@@ -10,7 +10,7 @@
 //!   logprobs, stop strings, tool calls, cancellation and speculative decoding lives in
 //!   [`crate::engine`], with the one generation loop; [`generate`], [`stop`] and [`tools`]
 //!   name it here for existing callers);
-//! - [`metrics`]: Prometheus text; [`access`]: the request log (one line per request).
+//! - [`reading`]: the write timeout (a client that stops reading); [`metrics`]: Prometheus text; [`access`]: the request log (one line per request).
 
 pub mod access;
 pub mod admit;
@@ -20,6 +20,7 @@ pub mod info;
 pub mod listen;
 pub mod messages;
 pub mod metrics;
+pub mod reading;
 pub mod routes;
 pub mod sse;
 pub mod state;
@@ -72,6 +73,9 @@ pub struct ServeOptions {
     pub cors_origins: Vec<String>,
     /// `--timeout`: the wall limit of a request (`None`: none).
     pub timeout: Option<std::time::Duration>,
+    /// `--write-timeout`: a stream whose client reads nothing for this long while events wait
+    /// is cancelled ([`reading`]).
+    pub write_timeout: std::time::Duration,
     /// `--idle-timeout`: a connection that sends no whole request head this long after
     /// connecting or after its last answer is closed.
     pub idle_timeout: std::time::Duration,
@@ -112,6 +116,7 @@ pub fn state(
         engine,
         parallel,
         opts.queue,
+        opts.write_timeout,
         Arc::clone(&metrics),
         Arc::clone(&stopping),
     );

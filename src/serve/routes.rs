@@ -24,6 +24,7 @@ use super::error::ApiError;
 use super::guard;
 use super::info::{self, Prompt};
 use super::messages;
+use super::reading::Reading;
 use super::sse::{self, Head, Kind};
 use super::state::parse;
 pub use super::state::AppState;
@@ -562,6 +563,7 @@ async fn answer(
     dl: Deadline,
 ) -> Response {
     let want_lp = p.logprobs.is_some();
+    let reading = stream.then(|| Arc::new(Reading::default()));
     let mut rxs = Vec::with_capacity(n);
     let jobs = (0..n)
         .map(|i| {
@@ -572,6 +574,7 @@ async fn answer(
             Job {
                 prompt: prompt.clone(),
                 params,
+                reading: reading.clone(),
                 events: tx,
             }
         })
@@ -590,7 +593,8 @@ async fn answer(
     }
     let rx = Events::merge(rxs);
     if stream {
-        return stream_response(head, rx, n, want_lp, dl.0, s.timeout);
+        let reading = reading.expect("made for streams");
+        return stream_response(head, rx, n, want_lp, reading, dl.0, s.timeout);
     }
     whole(head, rx, n, want_lp).await
 }
@@ -660,10 +664,15 @@ struct Streaming {
     ended: bool,
     /// Filled in at the end, for the request log.
     tokens: Tokens,
+    /// What the client took, for the write timeout.
+    reading: Arc<Reading>,
 }
 
 impl Streaming {
     fn on(&mut self, ev: Option<(usize, Event)>) {
+        if let Some((_, Event::Chunk(_))) = &ev {
+            self.reading.took();
+        }
         match ev {
             Some((i, Event::Chunk(c))) => {
                 let lp = self
@@ -698,9 +707,20 @@ impl Streaming {
     /// usage (when asked) and `[DONE]`.
     fn done(&mut self, i: usize, o: Outcome) {
         if o.finish == FinishReason::Cancelled {
-            // the handler still listens, so the server is stopping: not a normal end
+            // the handler still listens, so the client stopped reading or the server is
+            // stopping: not a normal end
             self.tokens.set(o.prompt_tokens, o.completion_tokens);
-            return self.fail(shutdown_error());
+            let e = if self.reading.was_cut() {
+                ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "timeout",
+                    "the client did not read the stream within --write-timeout: the generation was cut short",
+                )
+                .code("write_timeout")
+            } else {
+                shutdown_error()
+            };
+            return self.fail(e);
         }
         if !o.tool_calls.is_empty() {
             let delta = json!({"tool_calls": sse::tool_calls(&o.tool_calls, true)});
@@ -741,6 +761,7 @@ fn stream_response(
     rx: Events,
     n: usize,
     want_lp: bool,
+    reading: Arc<Reading>,
     deadline: Option<tokio::time::Instant>,
     timeout: Option<std::time::Duration>,
 ) -> Response {
@@ -760,6 +781,7 @@ fn stream_response(
         want_lp,
         offset: vec![0; n],
         outcomes: vec![None; n],
+        reading,
         out: first,
         ended: false,
         tokens: Tokens::default(),

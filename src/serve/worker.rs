@@ -9,10 +9,12 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
+use super::reading::Reading;
 use crate::engine::slots::{Request, Slots};
 use crate::engine::{Chunk, Engine, Outcome, Params};
 
@@ -33,6 +35,9 @@ pub struct Job {
     pub prompt: Vec<u32>,
     /// Sampling, stops, logprobs, tools.
     pub params: Params,
+    /// How far a streaming client has read (`None` for a whole answer): the job is cancelled
+    /// once its events wait unread past the write timeout ([`super::reading`]).
+    pub reading: Option<Arc<Reading>>,
     /// Where events go; dropped by the handler when its client disconnects.
     pub events: UnboundedSender<Event>,
 }
@@ -170,12 +175,14 @@ impl Receiver {
 
 /// Starts the worker thread over `engine` with `parallel` slots (at least 1; one request at a
 /// time when the engine speculates) and a queue of `capacity` waiting jobs (at least 1).
-/// `stopping` set to true cancels the running jobs at their next step and every queued one.
+/// `stopping` set to true cancels the running jobs at their next step and every queued one; a
+/// streaming job whose events wait unread longer than `write_timeout` is cancelled too.
 /// The thread ends when every [`Queue`] is dropped.
 pub fn start(
     engine: Engine,
     parallel: usize,
     capacity: usize,
+    write_timeout: Duration,
     metrics: Arc<Metrics>,
     stopping: Arc<AtomicBool>,
 ) -> (Queue, std::thread::JoinHandle<Engine>) {
@@ -183,12 +190,44 @@ pub fn start(
     let rx = Receiver(Arc::clone(&queue.shared));
     let handle = std::thread::Builder::new()
         .name("deltafin-model".into())
-        .spawn(move || match engine.spec {
-            Some(_) => run(engine, rx, &metrics, &stopping),
-            None => run_slots(engine, parallel, rx, &metrics, &stopping),
+        .spawn(move || {
+            let w = Watch {
+                m: &metrics,
+                stopping: &stopping,
+                write_timeout,
+            };
+            match engine.spec {
+                Some(_) => run(engine, rx, &w),
+                None => run_slots(engine, parallel, rx, &w),
+            }
         })
         .expect("spawning the model thread");
     (queue, handle)
+}
+
+/// What the worker watches besides its jobs: the metrics, the server stopping, the write
+/// timeout.
+struct Watch<'a> {
+    m: &'a Metrics,
+    stopping: &'a AtomicBool,
+    write_timeout: Duration,
+}
+
+impl Watch<'_> {
+    /// Whether `job` is to stop: its client has gone or stopped reading, or the server stops.
+    fn cancelled(&self, events: &UnboundedSender<Event>, reading: Option<&Reading>) -> bool {
+        events.is_closed()
+            || self.stopping.load(Ordering::SeqCst)
+            || reading.is_some_and(|r| r.stalled(self.write_timeout))
+    }
+}
+
+/// Sends `ev` to the job's client, counting it for the write timeout.
+fn send(events: &UnboundedSender<Event>, reading: Option<&Reading>, ev: Event) {
+    if let Some(r) = reading {
+        r.sent();
+    }
+    let _ = events.send(ev);
 }
 
 /// Takes `job` off the queue's count; `None` when it is not to run (its client has gone, or
@@ -226,13 +265,8 @@ fn finish(events: &UnboundedSender<Event>, r: Result<Outcome, String>, m: &Metri
 
 /// The worker over `parallel` slots: admits queued jobs into free slots, then runs one step of
 /// every running job; waits for a job only when none runs.
-fn run_slots(
-    mut engine: Engine,
-    parallel: usize,
-    rx: Receiver,
-    m: &Metrics,
-    stopping: &AtomicBool,
-) -> Engine {
+fn run_slots(mut engine: Engine, parallel: usize, rx: Receiver, w: &Watch) -> Engine {
+    let m = w.m;
     engine.reset();
     let tok = Arc::clone(&engine.tok);
     let mut slots = Slots::new(&mut engine.session, &tok, parallel);
@@ -248,8 +282,8 @@ fn run_slots(
             let Some(job) = next.take().or_else(|| rx.try_recv()) else {
                 break;
             };
-            if let Some(job) = take(job, m, stopping) {
-                slots.admit(request(job, m, stopping));
+            if let Some(job) = take(job, m, w.stopping) {
+                slots.admit(request(job, w));
             }
         }
         m.in_flight.store(slots.running() as u64, Ordering::SeqCst);
@@ -261,36 +295,34 @@ fn run_slots(
     engine
 }
 
-/// A slot request for `job`: its events, cancelled when its client goes or the server stops.
-fn request<'a>(job: Job, m: &'a Metrics, stopping: &'a AtomicBool) -> Request<'a> {
+/// A slot request for `job`: its events, cancelled as [`Watch::cancelled`] says.
+fn request<'a>(job: Job, w: &'a Watch<'a>) -> Request<'a> {
     let (ev, ev2) = (job.events.clone(), job.events.clone());
+    let (r, r2) = (job.reading.clone(), job.reading.clone());
     let events = job.events;
     Request {
         prompt: job.prompt,
         params: job.params,
-        emit: Box::new(move |c| {
-            let _ = ev.send(Event::Chunk(c));
-        }),
-        cancelled: Box::new(move || ev2.is_closed() || stopping.load(Ordering::SeqCst)),
-        done: Box::new(move |r| finish(&events, r, m)),
+        emit: Box::new(move |c| send(&ev, r.as_deref(), Event::Chunk(c))),
+        cancelled: Box::new(move || w.cancelled(&ev2, r2.as_deref())),
+        done: Box::new(move |r| finish(&events, r, w.m)),
     }
 }
 
 /// The worker one request at a time (speculative decoding).
-fn run(mut engine: Engine, rx: Receiver, m: &Metrics, stopping: &AtomicBool) -> Engine {
+fn run(mut engine: Engine, rx: Receiver, w: &Watch) -> Engine {
+    let m = w.m;
     while let Some(job) = rx.recv() {
-        let Some(job) = take(job, m, stopping) else {
+        let Some(job) = take(job, m, w.stopping) else {
             continue;
         };
         m.in_flight.store(1, Ordering::SeqCst);
-        let events = job.events.clone();
-        let cancelled = || events.is_closed() || stopping.load(Ordering::SeqCst);
+        let reading = job.reading.as_deref();
+        let cancelled = || w.cancelled(&job.events, reading);
         let r = engine.generate(
             &job.prompt,
             &job.params,
-            &mut |c| {
-                let _ = job.events.send(Event::Chunk(c));
-            },
+            &mut |c| send(&job.events, reading, Event::Chunk(c)),
             &cancelled,
         );
         record(&engine, m);
@@ -332,6 +364,7 @@ mod tests {
                 tools: None,
                 steering: Default::default(),
             },
+            reading: None,
             events,
         }
     }

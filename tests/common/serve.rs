@@ -155,6 +155,7 @@ pub fn opts(key: Option<&str>) -> ServeOptions {
         cors_origins: Vec::new(),
         timeout: None,
         idle_timeout: std::time::Duration::from_secs(30),
+        write_timeout: std::time::Duration::from_secs(60),
     }
 }
 
