@@ -51,6 +51,75 @@ pub(super) fn matvec_q8(level: SimdLevel, w: &Matrix, x: &[f32], y: &mut [f32]) 
 }
 
 /// The rows of `w` through `kernel`, 16 at a time, tasks owning whole groups of 16.
+/// Most rows [`matmul_q8_small`] takes: its cost grows with the rows (the single-row kernel is
+/// bound by its integer arithmetic at 2 threads, ~12 ms per row for the demo model), while the
+/// prepared-panel tiles of `gemm_q8.rs` cost a fixed ~85 ms per call there (their panels are
+/// prepared on each call), so from 8 rows the tiles are as fast.
+pub(super) const SMALL_MAX: usize = 7;
+
+/// `y[t * w.rows + r]` for the `n` (2 to [`SMALL_MAX`]) activation rows of `x`, each the value
+/// [`matvec_q8`] gives for that row alone (the same single-row kernel over the same quantized
+/// activations): a batch of a few sequences decodes each as it decodes alone. A group of
+/// weight rows is read once and run against every activation row while it is in cache, so
+/// the weights cross memory once per call, not once per row. `false` where [`matvec_q8`] has
+/// no kernel (nothing written).
+pub(super) fn matmul_q8_small(
+    level: SimdLevel,
+    w: &Matrix,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> bool {
+    let Some((layout, kernel)) = vec_kernel(level, w.ty) else {
+        return false;
+    };
+    if !w.cols.is_multiple_of(layout.format_block()) || n > SMALL_MAX {
+        return false;
+    }
+    let acts: Vec<VecActs> = x
+        .chunks(w.cols)
+        .take(n)
+        .map(|row| {
+            let mut a = VecActs::default();
+            a.build(layout, row);
+            a
+        })
+        .collect();
+    let (rows, rb) = (w.rows, w.row_bytes());
+    let min_rows = MIN_TASK_BYTES.div_ceil((rb * n).max(1));
+    let per = rows
+        .div_ceil(rayon::current_num_threads() * 4)
+        .max(min_rows)
+        .max(1)
+        .div_ceil(VEC_ROWS)
+        * VEC_ROWS;
+    let out = super::OutPtr(y.as_mut_ptr());
+    let run = |first: usize, count: usize| {
+        let mut v = [0f32; VEC_ROWS];
+        let mut r0 = first;
+        while r0 < first + count {
+            let len = VEC_ROWS.min(first + count - r0);
+            for (t, a) in acts.iter().enumerate() {
+                kernel(w.data, rb, r0, len, a, &mut v[..len]);
+                for (i, &val) in v[..len].iter().enumerate() {
+                    // SAFETY: `t * rows + r0 + i` is inside `y` (`n × rows`, checked by the
+                    // caller) and rows `first .. first + count` are this task's alone
+                    unsafe { *out.get().add(t * rows + r0 + i) = val };
+                }
+            }
+            r0 += len;
+        }
+    };
+    if per >= rows {
+        run(0, rows);
+    } else {
+        (0..rows.div_ceil(per))
+            .into_par_iter()
+            .for_each(|i| run(i * per, per.min(rows - i * per)));
+    }
+    true
+}
+
 fn rows16(
     w: &Matrix,
     rb: usize,

@@ -23,16 +23,22 @@ fn check(ty: GgmlType, rows: usize, blocks: usize, seed: u64) {
         .flat_map(|_| random_row(ty, blocks, &mut rng))
         .collect();
     let w = Matrix::new(ty, rows, cols, &data).unwrap();
-    let n = 3;
-    let x = random_x(n * cols, &mut rng);
+    // 3 rows: the few-rows path (`matmul_q8_small`); 9: the prepared-panel tiles
+    for n in [3, 9] {
+        check_n(ty, &w, rows, cols, n, &mut rng);
+    }
+}
+
+fn check_n(ty: GgmlType, w: &Matrix, rows: usize, cols: usize, n: usize, rng: &mut Rng) {
+    let x = random_x(n * cols, rng);
     for level in SimdLevel::available() {
         let mut batch = vec![0f32; n * rows];
-        matmul_q8_at(level, &w, &x, n, &mut batch);
+        matmul_q8_at(level, w, &x, n, &mut batch);
         for threads in [1, 3] {
             for t in 0..n {
                 let xt = &x[t * cols..][..cols];
                 let mut one = vec![0f32; rows];
-                pool(threads).install(|| matmul_q8_at(level, &w, xt, 1, &mut one));
+                pool(threads).install(|| matmul_q8_at(level, w, xt, 1, &mut one));
                 for r in 0..rows {
                     let (b, o) = (batch[t * rows + r], one[r]);
                     assert_eq!(
@@ -44,7 +50,7 @@ fn check(ty: GgmlType, rows: usize, blocks: usize, seed: u64) {
                 }
                 // near the exact dot: q8 rounding of the activations only
                 let mut exact = vec![0f32; rows];
-                matvec_at(level, &w, xt, &mut exact);
+                matvec_at(level, w, xt, &mut exact);
                 let scale = exact.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
                 for r in 0..rows {
                     assert!(
