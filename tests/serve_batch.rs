@@ -434,3 +434,51 @@ async fn a_stream_nobody_reads_is_cut_at_the_write_timeout_and_frees_its_slot() 
     assert!(text.ends_with("data: [DONE]\n\n"));
     assert!(!text.contains("finish_reason\":\"length"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_fills_the_free_slots_and_the_queue() {
+    let mut o = opts(None);
+    o.parallel = 4;
+    o.queue = 1;
+    let (st, _, _) = state(real_engine(), &o, || 0);
+    let app = routes::router(st);
+    let tasks: Vec<_> = (0..5)
+        .map(|i| {
+            let app = app.clone();
+            let body = chat_body(&format!("Item {i}"));
+            tokio::spawn(async move { call(&app, "/v1/chat/completions", body).await })
+        })
+        .collect();
+    for t in tasks {
+        let (code, b) = t.await.unwrap();
+        assert_eq!(code, StatusCode::OK, "four slots and one queue place: {b}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_queued_whole_answer_is_a_503_when_the_server_stops() {
+    let (st, stopping, _) = state(real_engine(), &opts(None), || 0);
+    let metrics = Arc::clone(&st.metrics);
+    let app = routes::router(st);
+    // a stream nobody reads holds the one slot
+    let body = json!({"messages": [{"role": "user", "content": "Go on"}],
+                      "max_tokens": 500, "ignore_eos": true, "stream": true});
+    let req = axum::http::Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let _held = app.clone().oneshot(req).await.unwrap();
+    let app2 = app.clone();
+    let queued =
+        tokio::spawn(
+            async move { call(&app2, "/v1/chat/completions", chat_body("Waiting")).await },
+        );
+    while metrics.queued.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (code, b) = queued.await.unwrap();
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{b}");
+    let v: Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(v["error"]["code"], "server_shutdown");
+}

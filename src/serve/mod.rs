@@ -138,7 +138,7 @@ pub fn state(
         clock,
         next_id: AtomicU64::new(1),
         prompt_bytes,
-        prep: tokio::sync::Semaphore::new(opts.queue.max(1) + 1),
+        prep: tokio::sync::Semaphore::new(opts.queue.max(1) + parallel),
         timeout: opts.timeout,
         hosts: Arc::new(guard::Hosts::new(&opts.host, &opts.allowed_hosts)),
         cors_origins: opts.cors_origins.clone(),

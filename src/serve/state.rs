@@ -52,7 +52,7 @@ pub struct AppState {
     pub next_id: AtomicU64,
     /// Most bytes a prompt may have before tokenizing ([`super::admit`]).
     pub prompt_bytes: usize,
-    /// Prompts being rendered and tokenized: at most `--queue` + 1 at once.
+    /// Prompts being rendered and tokenized: at most `--queue` + `--parallel` at once.
     pub prep: tokio::sync::Semaphore,
     /// `--timeout`: the wall limit of a request (`None`: none).
     pub timeout: Option<std::time::Duration>,

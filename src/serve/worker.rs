@@ -16,7 +16,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::metrics::Metrics;
 use super::reading::Reading;
 use crate::engine::slots::{Request, Slots};
-use crate::engine::{Chunk, Engine, Outcome, Params};
+use crate::engine::{Chunk, Engine, Finish, Outcome, Params};
 
 /// What the worker reports about one job.
 #[derive(Debug)]
@@ -56,6 +56,9 @@ struct Shared {
     state: Mutex<State>,
     ready: Condvar,
     capacity: usize,
+    /// Slots the worker has free (set between its steps): jobs that will start at its next
+    /// step, so they wait besides the `capacity` others.
+    free: std::sync::atomic::AtomicUsize,
 }
 
 struct State {
@@ -93,6 +96,7 @@ impl Queue {
             }),
             ready: Condvar::new(),
             capacity: capacity.max(1),
+            free: std::sync::atomic::AtomicUsize::new(0),
         });
         Queue {
             _handle: Arc::new(Handle(Arc::clone(&shared))),
@@ -108,7 +112,8 @@ impl Queue {
     }
 
     /// Queues every job of `jobs` (the choices of one request), or none of them and says why
-    /// not at once (as [`Queue::submit`]).
+    /// not at once (as [`Queue::submit`]). The queue holds `capacity` jobs besides those
+    /// the worker's free slots will take at its next step.
     pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), SubmitError> {
         let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.closed {
@@ -121,7 +126,8 @@ impl Queue {
             self.metrics.cancelled.fetch_add(gone, Ordering::Relaxed);
             self.metrics.queued.fetch_sub(gone, Ordering::SeqCst);
         }
-        if st.jobs.len() + jobs.len() > self.shared.capacity {
+        let room = self.shared.capacity + self.shared.free.load(Ordering::SeqCst);
+        if st.jobs.len() + jobs.len() > room {
             return Err(SubmitError::Full);
         }
         let n = jobs.len();
@@ -164,6 +170,11 @@ impl Receiver {
             }
             st = self.0.ready.wait(st).unwrap_or_else(|e| e.into_inner());
         }
+    }
+
+    /// Tells submitters how many slots are free.
+    fn set_free(&self, n: usize) {
+        self.0.free.store(n, Ordering::SeqCst);
     }
 
     /// The next job if one waits, without waiting.
@@ -236,6 +247,10 @@ fn take(job: Job, m: &Metrics, stopping: &AtomicBool) -> Option<Job> {
     m.queued.fetch_sub(1, Ordering::SeqCst);
     if job.events.is_closed() || stopping.load(Ordering::SeqCst) {
         m.cancelled.fetch_add(1, Ordering::Relaxed);
+        // a handler still waiting learns that its request was cancelled (a 503 while the
+        // server stops)
+        let o = Outcome::of(&Finish::Interrupted, Vec::new(), job.prompt.len(), 0);
+        let _ = job.events.send(Event::Done(o));
         return None;
     }
     Some(job)
@@ -270,7 +285,9 @@ fn run_slots(mut engine: Engine, parallel: usize, rx: Receiver, w: &Watch) -> En
     engine.reset();
     let tok = Arc::clone(&engine.tok);
     let mut slots = Slots::new(&mut engine.session, &tok, parallel);
+    let free = |s: &Slots| parallel.max(1) - s.running();
     loop {
+        rx.set_free(free(&slots));
         let mut next = None;
         if slots.running() == 0 {
             match rx.recv() {
@@ -287,6 +304,7 @@ fn run_slots(mut engine: Engine, parallel: usize, rx: Receiver, w: &Watch) -> En
             }
         }
         m.in_flight.store(slots.running() as u64, Ordering::SeqCst);
+        rx.set_free(free(&slots));
         slots.step(&mut engine.session);
         record(&engine, m);
         m.in_flight.store(slots.running() as u64, Ordering::SeqCst);
@@ -312,8 +330,11 @@ fn request<'a>(job: Job, w: &'a Watch<'a>) -> Request<'a> {
 /// The worker one request at a time (speculative decoding).
 fn run(mut engine: Engine, rx: Receiver, w: &Watch) -> Engine {
     let m = w.m;
+    rx.set_free(1);
     while let Some(job) = rx.recv() {
+        rx.set_free(0);
         let Some(job) = take(job, m, w.stopping) else {
+            rx.set_free(1);
             continue;
         };
         m.in_flight.store(1, Ordering::SeqCst);
@@ -332,6 +353,7 @@ fn run(mut engine: Engine, rx: Receiver, w: &Watch) -> Engine {
         }
         m.in_flight.store(0, Ordering::SeqCst);
         finish(&job.events, r.map_err(|e| format!("{e:#}")), m);
+        rx.set_free(1);
     }
     engine
 }
