@@ -12,6 +12,7 @@ pub mod plan;
 pub mod progress;
 pub mod pull;
 pub mod quant;
+pub mod remote;
 pub mod serve;
 pub mod source;
 pub mod store;

@@ -340,7 +340,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         // the demo model, as every other command defaults to (fetched when absent)
         use crate::pull::{home_dir, pull, PullOptions, DEMO_MODEL};
         a.model = pull(DEMO_MODEL, &home_dir(), &PullOptions::default())?;
-    } else if let Some(p) = super::model_path(Some(&a.model))? {
+    } else if let Some(p) = a.store.s3.model_path(Some(&a.model))? {
         a.model = p;
     }
     super::init_threads(a.threads);

@@ -208,11 +208,12 @@ pub fn checked_budget(
 }
 
 impl EngineArgs {
-    /// The path `-m` names, through the one resolver of every command ([`super::model_path`]).
+    /// The path `-m` names, through the one resolver of every command ([`super::model_path`];
+    /// a pack on object storage's local copy where `--local-cache` says).
     ///
-    /// Errors: as [`super::model_path`].
+    /// Errors: as [`super::model_path_s3`].
     pub fn model_path(&self) -> Result<Option<PathBuf>> {
-        super::model_path(self.model.as_deref())
+        self.store.s3.model_path(self.model.as_deref())
     }
 
     /// Loads the weights of `opened` (the model at `path`, [`EngineArgs::model_path`]) under

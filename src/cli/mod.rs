@@ -184,10 +184,31 @@ pub fn hf_hub_cache() -> anyhow::Result<std::path::PathBuf> {
 /// Errors: `MODEL` is one `.safetensors` file ([`crate::load::check_model_path`]: the folder
 /// that holds it is named); a repository not in the cache, or no cache folder known.
 pub fn model_path(model: Option<&std::path::Path>) -> anyhow::Result<Option<std::path::PathBuf>> {
+    model_path_s3(model, None, &crate::store::remote::FetchOptions::default())
+}
+
+/// [`model_path`], where `s3://BUCKET/PREFIX` names a pack on object storage: its local copy
+/// ([`crate::remote::local_copy`]: manifest, spine and small files fetched and checked) in
+/// `local_cache` (`--local-cache`), else in `$DELTAFIN_HOME/remote`, fetching with `fetch`.
+///
+/// Errors: as [`model_path`]; the pack on object storage cannot be reached, is not there or
+/// fails its checks (named).
+pub fn model_path_s3(
+    model: Option<&std::path::Path>,
+    local_cache: Option<&std::path::Path>,
+    fetch: &crate::store::remote::FetchOptions,
+) -> anyhow::Result<Option<std::path::PathBuf>> {
     use crate::pull::hf_cache::{resolve, RepoSpec};
     let Some(m) = model else {
         return Ok(None);
     };
+    if let Some(url) = m.to_str().filter(|u| crate::store::remote::is_s3_url(u)) {
+        let root = match local_cache {
+            Some(d) => d.to_path_buf(),
+            None => crate::pull::home_dir().join("remote"),
+        };
+        return Ok(Some(crate::remote::local_copy(url, &root, fetch)?));
+    }
     if m.exists() {
         crate::load::check_model_path(m)?;
         return Ok(Some(m.to_path_buf()));

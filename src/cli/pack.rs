@@ -18,11 +18,13 @@ pub struct PackArgs {
     #[arg(short, long, required_unless_present = "verify")]
     pub model: Option<PathBuf>,
     /// The pack folder (manifest, spine, config and tokenizer files; for GGUF the spine file
-    /// is a GGUF file holding the metadata and tokenizer).
+    /// is a GGUF file holding the metadata and tokenizer); or s3://BUCKET/PREFIX to upload the
+    /// finished pack -m names to object storage (docs/object-storage.md).
     #[arg(long, required_unless_present = "verify")]
     pub out: Option<PathBuf>,
-    /// Folders, one per drive, that receive the expert data files (comma-separated).
-    #[arg(long, value_delimiter = ',', required_unless_present = "verify")]
+    /// Folders, one per drive, that receive the expert data files (comma-separated; not with
+    /// --out s3://…).
+    #[arg(long, value_delimiter = ',')]
     pub drives: Vec<PathBuf>,
     /// stripe: every expert cut evenly over all drives; spread: whole experts balanced per
     /// layer over the drives, hottest first when a heat file exists.
@@ -40,6 +42,15 @@ pub struct PackArgs {
     /// spine tensors, expert records and copied files) instead of writing one.
     #[arg(long, conflicts_with_all = ["model", "out", "overwrite"])]
     pub verify: Option<PathBuf>,
+    /// With --out s3://…: bytes of one part of a multipart upload (S3 takes 5M at least)
+    #[arg(long, value_name = "SIZE", default_value = "8M", value_parser = crate::store::plan::parse_size)]
+    pub part_size: u64,
+    /// With --out s3://…: parts in flight at most, 1 to 4096
+    #[arg(long, value_name = "N", default_value_t = crate::store::remote::client::DEFAULT_CONCURRENCY as u64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub s3_concurrency: u64,
+    /// Tests: end as if killed once this many parts were sent
+    #[arg(long, hide = true)]
+    pub stop_after_parts: Option<usize>,
 }
 
 /// The end of `pack --help`: every family `pack` packs, from the registry
@@ -83,9 +94,15 @@ pub fn run(a: PackArgs) -> Result<()> {
         println!("{}: all {n} checksums match", dir.display());
         return Ok(());
     }
-    let (Some(model), Some(out)) = (super::model_path(a.model.as_deref())?, a.out) else {
+    let (Some(model), Some(out)) = (super::model_path(a.model.as_deref())?, a.out.clone()) else {
         bail!("pack needs -m MODEL and --out DIR");
     };
+    if let Some(url) = out.to_str().filter(|u| crate::store::remote::is_s3_url(u)) {
+        return upload(&model, url, &a);
+    }
+    if a.drives.is_empty() {
+        bail!("pack needs --drives DIR[,DIR...] (the folders that receive the expert data files)");
+    }
     let heat = StoreArgs::heat_path_for(a.heat_file.as_deref(), Some(&model));
     let rep = write_pack(
         &model,
@@ -106,5 +123,52 @@ pub fn run(a: PackArgs) -> Result<()> {
         rep.bytes_written as f64 / 1048576.0,
         rep.skipped
     );
+    Ok(())
+}
+
+/// `pack -m PACK --out s3://…`: uploads the finished pack `pack` to `url`.
+///
+/// Errors: `pack` is not a finished pack (packing a model to object storage goes through a
+/// local pack first), `--drives` was given, or the upload fails (as
+/// [`crate::remote::upload_pack`]).
+fn upload(pack: &std::path::Path, url: &str, a: &PackArgs) -> Result<()> {
+    use crate::remote::{upload_pack, UploadOptions};
+    if !crate::source::pack::is_pack(pack) {
+        bail!(
+            "{}: not a finished pack; pack the model to a local folder first (`deltafin pack -m MODEL --out DIR --drives ...`), then upload that folder with `deltafin pack -m DIR --out {url}`",
+            pack.display()
+        );
+    }
+    if !a.drives.is_empty() {
+        bail!(
+            "--drives does not apply to an upload to {url} (the pack's records become one object)"
+        );
+    }
+    let rep = upload_pack(
+        pack,
+        url,
+        &UploadOptions {
+            part_bytes: a.part_size.max(1),
+            fetch: crate::store::remote::FetchOptions {
+                concurrency: a.s3_concurrency as usize,
+                ..Default::default()
+            },
+            overwrite: a.overwrite,
+            progress: true,
+            stop_after_parts: a.stop_after_parts,
+        },
+    )?;
+    match rep.already {
+        true => println!(
+            "{url}: already uploaded (its manifest matches {})",
+            pack.display()
+        ),
+        false => println!(
+            "{url}: {} objects and parts sent ({:.1} MiB), {} already done",
+            rep.sent,
+            rep.bytes as f64 / 1048576.0,
+            rep.skipped
+        ),
+    }
     Ok(())
 }

@@ -9,6 +9,7 @@ use crate::store::io_engine::{
     DEFAULT_DEPTH, DEFAULT_PREFETCH_DEPTH, DEFAULT_REQUEST_BYTES, MAX_DEPTH,
 };
 use crate::store::plan::parse_size;
+use crate::store::remote::FetchOptions;
 use crate::store::{CachePolicy, EngineChoice, ExpertStoreOptions, IoOptions, PrefetchMode};
 
 /// A read depth (`--io-depth`, `--prefetch-depth`) in `1..=`[`MAX_DEPTH`].
@@ -65,6 +66,52 @@ pub struct StoreArgs {
     /// Read a long batch's next layer's experts ahead: on or off
     #[arg(value_name = "ON_OFF", help_heading = HEADING, long, default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     pub read_ahead: bool,
+    #[command(flatten)]
+    pub s3: S3Args,
+}
+
+/// The help heading of [`S3Args`].
+const S3_HEADING: &str = "Object storage (-m s3://BUCKET/PREFIX)";
+
+/// Flags of packs on object storage (docs/object-storage.md); endpoint, region and
+/// credentials come from the standard `AWS_*` variables and profile files.
+#[derive(clap::Args, Debug, Clone)]
+pub struct S3Args {
+    /// Keep fetched expert records (and the pack's spine) in this folder on a local drive
+    #[arg(help_heading = S3_HEADING, long, value_name = "DIR")]
+    pub local_cache: Option<PathBuf>,
+    /// Bytes of records --local-cache may hold, e.g. 200G [default: the whole pack]
+    #[arg(value_name = "SIZE", help_heading = S3_HEADING, long, value_parser = parse_size, requires = "local_cache")]
+    pub local_cache_size: Option<u64>,
+    /// Expert GETs in flight at most, 1 to 4096
+    #[arg(value_name = "N", help_heading = S3_HEADING, long, default_value_t = crate::store::remote::client::DEFAULT_CONCURRENCY, value_parser = depth)]
+    pub s3_concurrency: usize,
+    /// Seconds one request may take before it is tried again
+    #[arg(value_name = "SECS", help_heading = S3_HEADING, long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub s3_timeout: u64,
+    /// Tries after the first before a failed GET ends the run
+    #[arg(value_name = "N", help_heading = S3_HEADING, long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub s3_retries: u32,
+}
+
+impl S3Args {
+    /// The fetch options these flags give.
+    pub fn fetch(&self) -> FetchOptions {
+        FetchOptions {
+            concurrency: self.s3_concurrency,
+            timeout: std::time::Duration::from_secs(self.s3_timeout),
+            retries: self.s3_retries,
+            ..FetchOptions::default()
+        }
+    }
+
+    /// The path `model` names ([`super::model_path`]), an `s3://` pack's local copy being
+    /// kept in `--local-cache` (default `$DELTAFIN_HOME/remote`).
+    ///
+    /// Errors: as [`super::model_path_s3`].
+    pub fn model_path(&self, model: Option<&Path>) -> anyhow::Result<Option<PathBuf>> {
+        super::model_path_s3(model, self.local_cache.as_deref(), &self.fetch())
+    }
 }
 
 /// `on` or `off`.
@@ -129,6 +176,12 @@ impl StoreArgs {
                 || (!self.no_verify_experts && model.is_some_and(crate::source::pack::is_pack)),
             prefetch: self.prefetch,
             read_ahead: self.read_ahead,
+            remote: self.s3.fetch(),
+            local_cache: self
+                .s3
+                .local_cache
+                .as_ref()
+                .map(|_| self.s3.local_cache_size.unwrap_or(u64::MAX)),
         }
     }
 }

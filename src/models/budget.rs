@@ -496,7 +496,7 @@ pub(super) fn place(
             store.stats().clone(),
         )?;
         if let Some(p) = &od.pack {
-            p.attach(&mut es, opts.experts.verify);
+            p.attach(&mut es, opts.experts.verify)?;
         }
         if let Some((t, out)) = transform {
             es.set_transform(t, out);

@@ -59,6 +59,7 @@ pub use super::pack_info::PackInfo;
 use super::tensor::TensorInfo;
 use crate::store::checksum::RecordSum;
 use crate::store::relocate::{Relocation, Stripe};
+use crate::store::remote::RemoteSpec;
 
 /// A pack's tensor index in its logical files, checked against the files on disk.
 struct Layout {
@@ -125,6 +126,7 @@ fn open_layout(dir: &Path) -> Result<Layout> {
         checksums,
         labels,
         copied,
+        remote: RemoteSpec::read(dir)?,
     });
     Ok(Layout {
         m,

@@ -31,6 +31,15 @@ impl Manifest {
         check(&m, dir)?;
         Ok(m)
     }
+
+    /// The checks of [`Manifest::read_checked`] that read nothing but the manifest (a
+    /// manifest fetched from object storage, before its files exist here); `dir` names it in
+    /// messages.
+    ///
+    /// Errors: as [`Manifest::read_checked`]'s field checks.
+    pub fn check_fields(&self, dir: &Path) -> Result<()> {
+        check_fields(self, dir)
+    }
 }
 
 /// Alignment of chunks, records and their tensors in a pack.

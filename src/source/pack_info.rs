@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 use crate::store::checksum::RecordSum;
 
 use crate::store::relocate::Relocation;
+use crate::store::remote::RemoteSpec;
 use crate::store::ExpertStore;
 
 /// What the loaders need of a pack beyond its tensor index.
@@ -27,21 +28,33 @@ pub struct PackInfo {
     /// The files copied from the source (tokenizer, generation config, ...) whose SHA-256 the
     /// manifest records, as (path, checksum).
     pub copied: Vec<(PathBuf, [u8; 32])>,
+    /// For the local copy of a pack on object storage (its folder holds
+    /// [`crate::store::remote::spec::MARKER`]): where the records the local tier lacks are
+    /// fetched from.
+    pub remote: Option<RemoteSpec>,
 }
 
 impl PackInfo {
     /// Readies an expert store opened over [`Relocation::files`]: its errors name each drive
     /// file by its drive ([`DirectFile::set_label`](crate::store::DirectFile::set_label)), and
-    /// with `verify` every expert read is checked against its checksum.
-    pub fn attach(&self, es: &mut ExpertStore, verify: bool) {
+    /// with `verify` every expert read is checked against its checksum. For a pack on object
+    /// storage the records are checked whatever `verify` says, and the store fetches what its
+    /// local tier lacks ([`ExpertStore::set_remote`]).
+    ///
+    /// Errors: those of [`ExpertStore::set_remote`].
+    pub fn attach(&self, es: &mut ExpertStore, verify: bool) -> std::io::Result<()> {
         for (f, l) in es.engine().files().iter().zip(&self.labels) {
             if let Some(l) = l {
                 f.set_label(l.clone());
             }
         }
-        if verify {
+        if verify || self.remote.is_some() {
             es.set_checksums(self.checksums.clone());
         }
+        if let Some(r) = &self.remote {
+            es.set_remote(r, &self.dir)?;
+        }
+        Ok(())
     }
 
     /// The error message when `record` (expert `expert` of `layer`: its bytes from its first

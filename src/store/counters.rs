@@ -27,6 +27,14 @@ pub struct ExpertCounters {
     pub prefetch_wasted_bytes: u64,
     /// Guesses dropped before any of their reads started (no bytes read).
     pub prefetch_cancelled: u64,
+    /// Bytes fetched from object storage (a pack on S3; counted in `bytes` too).
+    pub fetched_bytes: u64,
+    /// GETs that completed (each record's, once however often it was retried).
+    pub fetches: u64,
+    /// GETs tried again after a failure, a timeout, a short answer or a checksum mismatch.
+    pub fetch_retries: u64,
+    /// Misses read from the local tier of a pack on object storage (no GET).
+    pub tier_hits: u64,
 }
 
 impl ExpertCounters {
@@ -55,6 +63,10 @@ pub fn delta(a: &ExpertCounters, b: &ExpertCounters) -> ExpertCounters {
         prefetch_wasted: b.prefetch_wasted - a.prefetch_wasted,
         prefetch_wasted_bytes: b.prefetch_wasted_bytes - a.prefetch_wasted_bytes,
         prefetch_cancelled: b.prefetch_cancelled - a.prefetch_cancelled,
+        fetched_bytes: b.fetched_bytes - a.fetched_bytes,
+        fetches: b.fetches - a.fetches,
+        fetch_retries: b.fetch_retries - a.fetch_retries,
+        tier_hits: b.tier_hits - a.tier_hits,
     }
 }
 

@@ -39,6 +39,7 @@ use super::io_engine::{FileCounters, IoEngine, IoOptions, Req};
 use super::streamer::{IoStats, Unit, UnitBytes};
 
 mod prefetch;
+mod remote;
 mod speculative;
 pub use prefetch::{expert_layout, ExpertLayout, PrefetchMode};
 
@@ -60,6 +61,11 @@ pub struct ExpertStoreOptions {
     /// routing, in file order (`--read-ahead`; see `experts/prefetch.rs`). Default: false (the
     /// CLI's default is on).
     pub read_ahead: bool,
+    /// GETs of a pack on object storage (`--s3-concurrency`, `--s3-timeout`, `--s3-retries`).
+    pub remote: crate::store::remote::FetchOptions,
+    /// Bytes the local tier of a pack on object storage may hold (`--local-cache-size`);
+    /// `None`: no local tier (`--local-cache` not given).
+    pub local_cache: Option<u64>,
 }
 
 /// A re-encoding applied to each miss once its bytes land (see [`ExpertStore::set_transform`]):
@@ -87,6 +93,8 @@ struct Landing {
     got: u64,
     err: Option<io::Error>,
     purpose: Purpose,
+    /// Read from the local tier's mirror of a pack on object storage.
+    from_mirror: bool,
 }
 
 /// Routed experts read on demand through an I/O engine into a budgeted cache.
@@ -135,6 +143,10 @@ pub struct ExpertStore {
     cache_given: usize,
     /// Draft rows of a verification pass (see `experts/speculative.rs`).
     drafts: speculative::DraftRows,
+    /// A pack on object storage (see `experts/remote.rs`).
+    remote: Option<remote::RemoteState>,
+    remote_opts: crate::store::remote::FetchOptions,
+    local_cache: Option<u64>,
 }
 
 /// The aligned reads of `unit` with byte-adjacent ranges of one file merged (a pack record's
@@ -257,6 +269,9 @@ impl ExpertStore {
             ra_active: false,
             cache_given: cache_bytes,
             drafts: Default::default(),
+            remote: None,
+            remote_opts: opts.remote.clone(),
+            local_cache: opts.local_cache,
         })
     }
 
@@ -316,7 +331,11 @@ impl ExpertStore {
 
     /// Cumulative counters.
     pub fn counters(&self) -> ExpertCounters {
-        self.counters.clone()
+        let mut c = self.counters.clone();
+        if let Some(f) = self.engine.fetcher() {
+            c.fetch_retries = f.client().retries();
+        }
+        c
     }
 
     /// Per-file counters of the engine.
@@ -442,7 +461,16 @@ impl ExpertStore {
             let tag = self.next_tag;
             self.next_tag += 1;
             let mut n = 0;
-            for (file, start, len, pos, end) in coalesced_spans(&unit) {
+            let low = purpose != Purpose::Demand && !self.ra_active;
+            let fetch = self.must_fetch(layer, e);
+            if fetch {
+                n = self.fetch(layer, e, base, tag, low);
+            }
+            let spans = match fetch {
+                true => Vec::new(),
+                false => coalesced_spans(&unit),
+            };
+            for (file, start, len, pos, end) in spans {
                 let mut c = 0usize;
                 while c < len {
                     let rl = self.request_bytes.min(len - c);
@@ -477,6 +505,7 @@ impl ExpertStore {
                     got: 0,
                     err: None,
                     purpose,
+                    from_mirror: !fetch && self.remote.is_some(),
                 },
             );
         }
@@ -544,6 +573,24 @@ impl ExpertStore {
             let Some(l) = self.land_one()? else {
                 continue;
             };
+            let mismatch = match (&l.err, l.purpose) {
+                (None, Purpose::Demand | Purpose::Prefetch) => {
+                    self.check_sum(l.layer, l.expert, &l.bytes)
+                }
+                _ => None,
+            };
+            let bad = l.err.is_some() || mismatch.is_some();
+            if bad && self.drop_mirror_copy(l.layer, l.expert, l.from_mirror) {
+                // the tier's copy failed: never used; a demand read fetches it again
+                if l.purpose == Purpose::Demand {
+                    self.pending.push_front(l.expert);
+                    self.free.push(l.bytes.into_buf());
+                } else {
+                    self.waste(l);
+                }
+                self.issue(layer);
+                continue;
+            }
             match l.purpose {
                 Purpose::Demand => {
                     if let Some(e) = l.err {
@@ -551,7 +598,7 @@ impl ExpertStore {
                         self.free.push(l.bytes.into_buf());
                         return Err(self.fail(io::Error::new(e.kind(), msg)));
                     }
-                    if let Some(msg) = self.check_sum(l.layer, l.expert, &l.bytes) {
+                    if let Some(msg) = mismatch {
                         self.free.push(l.bytes.into_buf());
                         return Err(self.fail(io::Error::new(io::ErrorKind::InvalidData, msg)));
                     }
@@ -559,9 +606,7 @@ impl ExpertStore {
                 }
                 // a guess that failed or does not match its checksum is dropped; the demand
                 // read that follows reports the error
-                Purpose::Prefetch
-                    if l.err.is_none() && self.check_sum(l.layer, l.expert, &l.bytes).is_none() =>
-                {
+                Purpose::Prefetch if !bad => {
                     self.staged.insert((l.layer, l.expert), (l.bytes, l.got));
                 }
                 Purpose::Prefetch | Purpose::Discard => self.waste(l),
@@ -593,6 +638,10 @@ impl ExpertStore {
         l.left -= 1;
         match d.result {
             Ok(n) => {
+                if d.file == super::io_engine::REMOTE_FILE {
+                    self.counters.fetched_bytes += n;
+                    self.counters.fetches += 1;
+                }
                 l.got += n;
                 self.layers[l.layer].bytes += n;
                 self.counters.bytes += n;

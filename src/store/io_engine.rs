@@ -58,6 +58,10 @@ impl std::str::FromStr for EngineChoice {
     }
 }
 
+/// The `file` of a [`Done`] that completes a fetch from object storage
+/// ([`IoEngine::submit_remote`]).
+pub const REMOTE_FILE: usize = usize::MAX - 1;
+
 /// Default reads in flight. Measured on a drivelab drive (see BENCHMARKS.md).
 pub const DEFAULT_DEPTH: usize = 32;
 /// Default largest single read request in bytes. Measured (see BENCHMARKS.md).
@@ -205,6 +209,8 @@ pub struct IoEngine {
     drive_of: Arc<Vec<usize>>,
     /// Reads handed to the backend and not yet returned, per drive.
     busy: Vec<usize>,
+    /// Fetches from object storage (a pack on S3), completing through the pool's channel.
+    fetcher: Option<crate::store::remote::Fetcher>,
 }
 
 /// Numbers the devices holding `files` in order of first appearance: the drive of each file.
@@ -270,6 +276,7 @@ impl IoEngine {
             prefetch_depth: opts.prefetch_depth.clamp(1, depth),
             drive_of,
             busy: vec![0; n_drives],
+            fetcher: None,
         };
         if opts.engine == EngineChoice::Auto && matches!(e.backend, Backend::Uring(_)) && !e.probe()
         {
@@ -280,6 +287,42 @@ impl IoEngine {
             *c = FileCounters::default();
         }
         Ok(e)
+    }
+
+    /// Starts fetching from object storage: `start` is given the sender of the completions
+    /// and returns the fetcher ([`IoEngine::submit_remote`]). The engine moves to the pread
+    /// pool first (its completions and the fetcher's share one channel).
+    ///
+    /// Errors: the pool's threads cannot be started.
+    pub fn attach_fetcher(
+        &mut self,
+        start: impl FnOnce(std::sync::mpsc::Sender<Done>) -> crate::store::remote::Fetcher,
+    ) -> io::Result<()> {
+        self.drain();
+        if !matches!(self.backend, Backend::Pool(_)) {
+            self.backend = Backend::Pool(Pool::new(
+                self.files.clone(),
+                self.counters.clone(),
+                self.depth,
+            )?);
+        }
+        let Backend::Pool(p) = &self.backend else {
+            unreachable!("the pool was just started")
+        };
+        self.fetcher = Some(start(p.done_tx.clone()));
+        Ok(())
+    }
+
+    /// The fetcher, when one is attached.
+    pub fn fetcher(&self) -> Option<&crate::store::remote::Fetcher> {
+        self.fetcher.as_ref()
+    }
+
+    /// Queues a fetch from object storage; it completes as a [`Done`] of file
+    /// [`REMOTE_FILE`]. Panics without a fetcher.
+    pub fn submit_remote(&mut self, j: crate::store::remote::FetchJob) {
+        self.outstanding += 1;
+        self.fetcher.as_ref().expect("a fetcher").submit(j);
     }
 
     /// Reads the first 4 KiB of the first non-empty file; false when that fails.
@@ -310,7 +353,19 @@ impl IoEngine {
         } else {
             format!("O_DIRECT on {direct} of {} files", self.files.len())
         };
-        format!("{} (depth {}), {mode}", self.backend_name(), self.depth)
+        let remote = match &self.fetcher {
+            Some(f) => format!(
+                "; records fetched from {} ({} GETs in flight)",
+                f.client().url,
+                f.client().opts.concurrency
+            ),
+            None => String::new(),
+        };
+        format!(
+            "{} (depth {}), {mode}{remote}",
+            self.backend_name(),
+            self.depth
+        )
     }
 
     /// `"io_uring"` or `"pread-pool"`.
@@ -386,7 +441,7 @@ impl IoEngine {
     pub fn cancel_low(&mut self, tag: usize) -> usize {
         let before = self.low.len();
         self.low.retain(|r| r.tag != tag);
-        let n = before - self.low.len();
+        let n = before - self.low.len() + self.fetcher.as_ref().map_or(0, |f| f.cancel_low(tag));
         self.outstanding -= n;
         n
     }
@@ -398,6 +453,9 @@ impl IoEngine {
         self.low = rest;
         for r in mine {
             self.hand_over(r);
+        }
+        if let Some(f) = &self.fetcher {
+            f.promote(tag);
         }
     }
 

@@ -16,6 +16,9 @@
 //! - `expert_cache.rs`: the expert cache (LFU-DA, LRU, none); `heat.rs`: the heat file.
 //! - `counters.rs`: raw counters (`ExpertCounters`, per layer `LayerCounters`; a leaf module);
 //!   `telemetry.rs`: statistics (snapshots, per-layer `LayerIo`, JSON).
+//! - `remote/`: packs on object storage: the S3 client, the fetcher of expert records by
+//!   ranged GETs and the local tier that keeps them (`experts/remote.rs` wires them into the
+//!   expert store).
 //! - `plan.rs`: residency planning under the RAM budget; `drive_probe.rs`: a short random-read
 //!   probe of a drive through the read engine (`deltafin doctor`, `deltafin plan --drives`).
 
@@ -30,6 +33,7 @@ pub mod heat;
 pub mod io_engine;
 pub mod plan;
 pub mod relocate;
+pub mod remote;
 pub mod streamer;
 pub mod telemetry;
 pub mod weights;

@@ -185,6 +185,12 @@ pub struct ExpertCountersJson {
     pub prefetch_wasted_bytes: u64,
     /// Guesses dropped before their reads started.
     pub prefetch_cancelled: u64,
+    /// A pack on object storage: bytes fetched (in `bytes` too), records fetched (one GET
+    /// each), GETs retried, and misses served by the local tier.
+    pub fetched_bytes: u64,
+    pub fetches: u64,
+    pub fetch_retries: u64,
+    pub tier_hits: u64,
 }
 
 impl From<&ExpertCounters> for ExpertCountersJson {
@@ -208,6 +214,10 @@ impl From<&ExpertCounters> for ExpertCountersJson {
             prefetch_wasted: c.prefetch_wasted,
             prefetch_wasted_bytes: c.prefetch_wasted_bytes,
             prefetch_cancelled: c.prefetch_cancelled,
+            fetched_bytes: c.fetched_bytes,
+            fetches: c.fetches,
+            fetch_retries: c.fetch_retries,
+            tier_hits: c.tier_hits,
         }
     }
 }

@@ -29,6 +29,8 @@ fn pread_req(files: &[DirectFile], r: &Req) -> io::Result<u64> {
 pub(super) struct Pool {
     pub(super) jobs: Option<Sender<Req>>,
     pub(super) done: Receiver<Done>,
+    /// A sender of `done`, for the fetcher of a pack on object storage.
+    pub(super) done_tx: Sender<Done>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -49,6 +51,7 @@ impl Pool {
         let mut pool = Self {
             jobs: Some(jtx),
             done: drx,
+            done_tx: dtx.clone(),
             threads: Vec::with_capacity(n),
         };
         for i in 0..n {
