@@ -199,6 +199,13 @@ pub fn start(
 ) -> (Queue, std::thread::JoinHandle<Engine>) {
     let queue = Queue::new(capacity, Arc::clone(&metrics));
     let rx = Receiver(Arc::clone(&queue.shared));
+    // every slot is free before the worker first runs
+    let slots = if engine.spec.is_some() {
+        1
+    } else {
+        parallel.max(1)
+    };
+    rx.set_free(slots);
     let handle = std::thread::Builder::new()
         .name("deltafin-model".into())
         .spawn(move || {
