@@ -113,7 +113,11 @@ try:
     assert c.chat.completions.create(model="nope", messages=msgs, max_tokens=2).model == MODEL_ID
 
     # errors surface as the SDK's exception types
-    for kwargs, exc in [({"n": 2}, openai.BadRequestError),
+    # n > 1: one choice per consecutive seed, indexed
+    two = c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=4, n=2, seed=3,
+                                    temperature=0.9)
+    assert [ch.index for ch in two.choices] == [0, 1], two
+    for kwargs, exc in [({"n": 50}, openai.BadRequestError),
                         ({"logit_bias": {"99999": 5}}, openai.BadRequestError),
                         ({"extra_body": {"grammar": "root ::= \"a\""}}, openai.BadRequestError),
                         ({"messages": [{"role": "user", "content": [
