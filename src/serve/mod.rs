@@ -1,6 +1,7 @@
 //! `deltafin serve`: an OpenAI-compatible HTTP server (axum on tokio) over one model.
 //!
-//! - [`routes`]: the endpoints, request checking, API key, body limit;
+//! - [`routes`]: the endpoints, request checking, API key, body limit; [`answer`]: a queued
+//!   request answered whole or streamed (choices, deadline, write timeout);
 //! - [`types`]: the request bodies; [`steer`]: `logit_bias`, `ignore_eos` and constrained
 //!   output (`response_format`, `grammar`, `json_schema`) checked and compiled; [`sse`]: response bodies and event-stream framing;
 //!   [`error`]: errors in the OpenAI shape;
@@ -14,6 +15,7 @@
 
 pub mod access;
 pub mod admit;
+pub mod answer;
 pub mod error;
 pub mod guard;
 pub mod info;
