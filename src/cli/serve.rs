@@ -27,7 +27,8 @@ pub struct ServeArgs {
     /// Read the API key from this file (its first line), so it stays out of `ps`.
     #[arg(long)]
     pub api_key_file: Option<PathBuf>,
-    /// Requests that may wait while one runs; more are answered 503 with Retry-After.
+    /// Requests that may wait besides the running ones (and those free slots take at the next
+    /// step); more are answered 503 with Retry-After.
     #[arg(long, default_value_t = 16)]
     pub queue: usize,
     /// Slots: requests decoded together, each decode step one forward pass over all of them
