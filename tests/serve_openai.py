@@ -233,6 +233,17 @@ try:
     last = c.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=12).choices[0].message.content
     assert last == text, (last, text)
     print("serve_openai: all checks passed")
+except BaseException:
+    # the server's side of a failure: its log (and, if it died, its exit status)
+    died = server.poll()
+    if died is None:
+        server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(5)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    print(f"server exit status {died} before the SIGTERM, {server.returncode} after; its stderr:\n{server.stderr.read()}", file=sys.stderr)
+    raise
 finally:
     server.send_signal(signal.SIGTERM)
     try:
