@@ -264,3 +264,74 @@ fn serve_logs_each_request_in_one_line() {
         ]
     );
 }
+
+/// A client that hangs up mid-stream cannot kill `deltafin serve`: SIGPIPE stays ignored in
+/// the server (CI once saw the server die of it when a write met a reset connection, a race),
+/// checked on the process's signal mask in `/proc`, then by twelve streams cut after their
+/// first event, each followed by a request the server must still answer.
+#[test]
+fn serve_survives_clients_that_hang_up_mid_stream() {
+    use std::io::{BufRead, BufReader, Read};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args(["serve", "-m", MODEL, "--port", "0", "--temp", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("serving qwen3_moe on http://")
+        .and_then(|r| r.strip_suffix(" (OpenAI API under /v1)"))
+        .unwrap_or_else(|| panic!("{first}"))
+        .to_string();
+    // SigIgn: the ignored signals as a hex mask, bit (n - 1) for signal n
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    let ignored = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .map(|h| u64::from_str_radix(h.trim(), 16).unwrap())
+        .unwrap();
+    assert_ne!(
+        ignored & (1 << (libc::SIGPIPE - 1)),
+        0,
+        "SigIgn: {ignored:x}"
+    );
+    let body =
+        r#"{"model":"qwen3_moe","prompt":"Once upon a time","max_tokens":400,"stream":true}"#;
+    for _ in 0..12 {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut line = String::new();
+        while !line.starts_with("data: ") {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+        }
+        s.shutdown(std::net::Shutdown::Both).unwrap();
+        drop((r, s));
+        let mut h = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            h,
+            "GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        h.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    }
+    // SAFETY: signalling the child we started, by its id.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "{rest}");
+}

@@ -432,13 +432,13 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         "scenarios": rows,
     });
     match a.output {
-        Output::Table => print!("{}{notes}", table(&table_rows, Output::Table)),
+        Output::Table => out!("{}{notes}", table(&table_rows, Output::Table)),
         Output::Json => {
-            println!("{}", serde_json::to_string_pretty(&out)?);
+            outln!("{}", serde_json::to_string_pretty(&out)?);
             eprint!("{notes}");
         }
         f => {
-            print!("{}", table(&table_rows, f));
+            out!("{}", table(&table_rows, f));
             eprint!("{notes}");
         }
     }

@@ -360,13 +360,12 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
             &p,
             &mut |c| {
                 answer.push_str(&c.text);
-                print!("{}", c.text);
-                let _ = std::io::stdout().flush();
+                out!("{}", c.text);
             },
             &|| STOP.load(Ordering::SeqCst),
         );
         GENERATING.store(false, Ordering::SeqCst);
-        println!();
+        outln!();
         let o = r?;
         let io1 = engine.session.store.stats().snapshot();
         turn += 1;
@@ -395,7 +394,7 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
         history.push(json!({"role": "assistant", "content": answer}));
     }
     if matches!(lines, Lines::Terminal(_)) {
-        println!();
+        outln!();
     }
     Ok(())
 }

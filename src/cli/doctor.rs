@@ -184,7 +184,7 @@ pub fn run(a: DoctorArgs) -> Result<()> {
             "findings": findings,
             "ok": errors == 0,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         let mut o = String::new();
         let _ = writeln!(
@@ -265,7 +265,7 @@ pub fn run(a: DoctorArgs) -> Result<()> {
         for f in &findings {
             let _ = writeln!(o, "{}: {}; {}", f.level, f.what, f.fix);
         }
-        print!("{o}");
+        out!("{o}");
     }
     if errors > 0 {
         bail!("doctor found {errors} problem(s) that would stop a run");

@@ -85,9 +85,9 @@ pub fn run(a: InspectArgs) -> Result<()> {
     let m = open_any(model.as_deref())?;
     let f = facts(&m, a.tensors)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&f)?);
+        outln!("{}", serde_json::to_string_pretty(&f)?);
     } else {
-        print!("{}", text(&f));
+        out!("{}", text(&f));
     }
     Ok(())
 }

@@ -14,10 +14,23 @@
 //!   `Speculator`;
 //! - `fit_ctx.rs`: the largest context that fits the RAM budget (`chat`);
 //! - `interrupt.rs`: Ctrl-C during `run`'s generation;
+//! - `out.rs`: standard output (the `out!` / `outln!` macros), ended by SIGPIPE when its reader
+//!   goes away while SIGPIPE itself stays ignored for the sockets;
 //! - `bench_out.rs`: `bench`'s tables, CSV, Markdown and plot;
 //! - `run.rs`'s `describe_prompt`, which `tokenize` reuses.
 
 use clap::{Parser, Subcommand};
+
+/// `print!` through [`out::print`]: a closed reader ends the command by SIGPIPE.
+macro_rules! out {
+    ($($t:tt)*) => { $crate::cli::out::print(&format!($($t)*)) };
+}
+
+/// `println!` through [`out::println`].
+macro_rules! outln {
+    () => { $crate::cli::out::println("") };
+    ($($t:tt)*) => { $crate::cli::out::println(&format!($($t)*)) };
+}
 
 pub mod bench;
 pub mod bench_out;
@@ -27,6 +40,7 @@ pub mod engine_args;
 pub mod fit_ctx;
 pub mod inspect;
 pub mod interrupt;
+pub mod out;
 pub mod pack;
 pub mod plan;
 pub mod pull;
@@ -114,12 +128,9 @@ pub fn init_tracing(trace: bool, serve: bool) {
 
 /// Parses the command line, runs the command and maps errors to exit code 1.
 pub fn main() -> std::process::ExitCode {
-    // Like other command-line tools, end quietly when the reader of our output goes away
-    // (`deltafin run ... | head`) instead of failing every write.
-    // SAFETY: setting a signal disposition before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
+    // SIGPIPE stays ignored (a client hanging up must not kill `serve`, nor a closed
+    // connection `pull` or an S3 upload); output to a closed pipe ends the command through
+    // `out.rs` instead.
     let cli = Cli::parse();
     init_tracing(
         match &cli.command {

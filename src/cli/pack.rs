@@ -91,7 +91,7 @@ pub fn run(a: PackArgs) -> Result<()> {
                 bad.len()
             );
         }
-        println!("{}: all {n} checksums match", dir.display());
+        outln!("{}: all {n} checksums match", dir.display());
         return Ok(());
     }
     let (Some(model), Some(out)) = (super::model_path(a.model.as_deref())?, a.out.clone()) else {
@@ -116,7 +116,7 @@ pub fn run(a: PackArgs) -> Result<()> {
             stop_after: None,
         },
     )?;
-    println!(
+    outln!(
         "{}: {} items written ({:.1} MiB), {} already done",
         out.display(),
         rep.written,
@@ -159,11 +159,11 @@ fn upload(pack: &std::path::Path, url: &str, a: &PackArgs) -> Result<()> {
         },
     )?;
     match rep.already {
-        true => println!(
+        true => outln!(
             "{url}: already uploaded (its manifest matches {})",
             pack.display()
         ),
-        false => println!(
+        false => outln!(
             "{url}: {} objects and parts sent ({:.1} MiB), {} already done",
             rep.sent,
             rep.bytes as f64 / 1048576.0,

@@ -261,9 +261,9 @@ pub fn run(a: PlanArgs) -> Result<()> {
             "add_first": p.add_first,
             "recommend": p.recommend,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print!(
+        out!(
             "{}",
             text(&shape, &p, &rates, measured, &drives, &limit_text)
         );

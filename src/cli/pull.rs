@@ -53,7 +53,7 @@ pub fn run(args: PullArgs) -> anyhow::Result<()> {
             ..HubPullOptions::default()
         };
         let path = pull_repo(&cache, &spec.repo, &opts)?;
-        println!("{}", path.display());
+        outln!("{}", path.display());
         return Ok(());
     }
     if !args.include.is_empty() {
@@ -71,6 +71,6 @@ pub fn run(args: PullArgs) -> anyhow::Result<()> {
         ..PullOptions::default()
     };
     let path = pull(&args.name, &home_dir(), &opts)?;
-    println!("{}", path.display());
+    outln!("{}", path.display());
     Ok(())
 }

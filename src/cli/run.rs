@@ -1,6 +1,6 @@
 //! `deltafin run`: generate text from a model, streaming weights under a RAM budget.
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -175,15 +175,10 @@ pub fn run(a: RunArgs) -> Result<()> {
         is_eog: &is_eog,
         cancel: Some(&cancel),
     };
-    let mut stdout = std::io::stdout().lock();
     if !p.chat && !p.no_display_prompt {
-        let _ = write!(stdout, "{prompt}");
-        let _ = stdout.flush();
+        out!("{prompt}");
     }
-    let mut emit = |s: &str| {
-        let _ = write!(stdout, "{s}");
-        let _ = stdout.flush();
-    };
+    let mut emit = |s: &str| out!("{s}");
     let generating = interrupt::Generating::start();
     let (_, finish, stats) = session.generate_with(
         &ids,
@@ -195,8 +190,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     )?;
     drop(generating);
     emit(&dec.finish());
-    let _ = writeln!(stdout);
-    drop(stdout);
+    outln!();
     if finish == Finish::ContextFull {
         eprintln!("{}", context_full(n_ctx, limit));
     }

@@ -89,8 +89,8 @@ pub fn run(a: SynthArgs) -> Result<()> {
     if a.preset == "list" {
         for p in &all {
             let encs: Vec<String> = p.shape.encodings().iter().map(|e| e.to_string()).collect();
-            println!("{:12} {:14} {}", p.shape.arch(), p.name, p.description);
-            println!("{:27} encodings: {}", "", encs.join(", "));
+            outln!("{:12} {:14} {}", p.shape.arch(), p.name, p.description);
+            outln!("{:27} encodings: {}", "", encs.join(", "));
         }
         return Ok(());
     }
@@ -111,9 +111,9 @@ pub fn run(a: SynthArgs) -> Result<()> {
     if a.dry_run {
         let p = plan(&shape, enc, a.shard_size)?;
         for (name, bytes) in &p.files {
-            println!("{bytes:>16} {name}");
+            outln!("{bytes:>16} {name}");
         }
-        println!(
+        outln!(
             "{:.2} GB in {} files: {}",
             p.total_bytes() as f64 / 1e9,
             p.files.len(),

@@ -71,11 +71,11 @@ pub fn run(a: TokenizeArgs) -> Result<()> {
     };
     let ids = tok.encode_text(&text, !a.no_bos, !a.no_parse_special)?;
     if a.ids {
-        println!("{}", ids_line(&ids));
+        outln!("{}", ids_line(&ids));
     } else if a.json {
-        println!("{}", tokens_json(&text, &ids, &tok));
+        outln!("{}", tokens_json(&text, &ids, &tok));
     } else {
-        print!("{}", super::run::describe_prompt(&text, &ids, &tok));
+        out!("{}", super::run::describe_prompt(&text, &ids, &tok));
     }
     Ok(())
 }
