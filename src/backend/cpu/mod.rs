@@ -211,7 +211,7 @@ pub fn matmul_q8_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [
     if n == 1 && matvec_q8::matvec_q8(level, w, x, y) {
         return;
     }
-    if n <= matvec_q8::SMALL_MAX && matvec_q8::matmul_q8_small(level, w, x, n, y) {
+    if n <= matvec_q8::MULTI_MAX && matvec_q8::matmul_q8_small(level, w, x, n, y) {
         return;
     }
     if !gemm_q8::matmul_q8(level, w, x, n, y) {
