@@ -227,6 +227,10 @@ unsafe fn inner32<const TY: u8, const BB: usize, const N: usize>(
     // the unsigned offset of the values in the registers: w = u − bias
     let bias = [128, 8, 16][TY as usize];
     let mut acc = [_mm512_setzero_ps(); N];
+    // the activations' arrays, read straight (no bounds or struct loads in the loop)
+    let aq: [*const u8; N] = std::array::from_fn(|t| acts[t].q.as_ptr() as *const u8);
+    let asum: [*const i32; N] = std::array::from_fn(|t| acts[t].sum.as_ptr());
+    let ad: [*const f32; N] = std::array::from_fn(|t| acts[t].d.as_ptr());
     for b in 0..nb {
         // one line per row at every block (Q8_0: 34 bytes) or every other (Q4_0, Q5_0: two
         // blocks are at most 44 bytes), so every line of the next group's rows is asked for
@@ -242,8 +246,7 @@ unsafe fn inner32<const TY: u8, const BB: usize, const N: usize>(
         let w = block_regs::<TY>(&rows, BB * b, qh);
         let dw = f16_lo(g);
         for t in 0..N {
-            let a = &acts[t];
-            let ap = a.q.as_ptr().add(32 * b) as *const i32;
+            let ap = aq[t].add(32 * b) as *const i32;
             let x = |k: usize| _mm512_set1_epi32(ap.add(k).read_unaligned());
             // two chains of four (integers: the order is free)
             let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x(0));
@@ -254,9 +257,9 @@ unsafe fn inner32<const TY: u8, const BB: usize, const N: usize>(
             }
             let s = _mm512_sub_epi32(
                 _mm512_add_epi32(s0, s1),
-                _mm512_set1_epi32(bias * *a.sum.get_unchecked(b)),
+                _mm512_set1_epi32(bias * *asum[t].add(b)),
             );
-            let sc = _mm512_mul_ps(dw, _mm512_set1_ps(*a.d.get_unchecked(b)));
+            let sc = _mm512_mul_ps(dw, _mm512_set1_ps(*ad[t].add(b)));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[t]);
         }
     }
