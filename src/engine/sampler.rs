@@ -208,12 +208,10 @@ pub fn argmax(x: &[f32]) -> usize {
             *m = m.max(v);
         }
     }
-    let m = chunks
-        .remainder()
-        .iter()
-        .fold(lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)), |a, &b| {
-            a.max(b)
-        });
+    let m = chunks.remainder().iter().fold(
+        lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)),
+        |a, &b| a.max(b),
+    );
     // the first value equal to the maximum is the one a strict `>` scan keeps (±0 compare
     // equal, as they do there); all −∞ gives 0
     x.iter().position(|&v| v == m).unwrap_or(0)
@@ -492,8 +490,11 @@ mod tests {
                 ..SamplerConfig::default()
             });
             let got = s.distribution(&logits);
-            let mut all: Vec<(u32, f32)> =
-                logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+            let mut all: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
             all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             let ids: Vec<u32> = got.iter().map(|c| c.0).collect();
             let want: Vec<u32> = all[..top_k].iter().map(|c| c.0).collect();

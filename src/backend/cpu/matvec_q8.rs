@@ -81,7 +81,11 @@ pub(super) fn matmul_q8_small(
         return false;
     };
     let multi = multi_kernel(level, w.ty);
-    let max = if multi.is_some() { MULTI_MAX } else { SMALL_MAX };
+    let max = if multi.is_some() {
+        MULTI_MAX
+    } else {
+        SMALL_MAX
+    };
     if !w.cols.is_multiple_of(layout.format_block()) || n > max {
         return false;
     }

@@ -212,7 +212,9 @@ unsafe fn block_regs<const TY: u8>(
     w
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bitalg,avx2,fma,f16c")]
+#[target_feature(
+    enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bitalg,avx2,fma,f16c"
+)]
 unsafe fn inner32<const TY: u8, const BB: usize, const N: usize>(
     base: *const u8,
     rb: usize,
