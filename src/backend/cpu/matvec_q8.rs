@@ -6,6 +6,10 @@
 //! (`gemm_q8.rs`) for the same activation row, bit for bit, so q8 decoding and q8 batches
 //! (prompts, speculative verification) agree. Where the level or type has no single-row
 //! kernel, the batched path runs with one token (same values, slower: it prepares each row).
+//!
+//! A few rows (2 to [`MULTI_MAX`]: sequences decoded together) take [`matmul_q8_small`]: the
+//! level's multi-row kernel (`quant::q8::multi_kernel`, AVX-512 VNNI: each 16-row group's
+//! blocks transposed once for up to 8 activation rows), same values again.
 
 use super::Matrix;
 use crate::quant::q8::vec::{VecActs, MULTI_ACTS, VEC_ROWS};
