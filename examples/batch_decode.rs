@@ -26,7 +26,14 @@ fn main() -> anyhow::Result<()> {
         .map(|s| s.parse().expect("N"))
         .collect();
     let steps: usize = args.get(2).map_or(32, |s| s.parse().expect("STEPS"));
-    let budget: Option<u64> = args.get(3).map(|s| s.parse::<u64>().expect("MiB") << 20);
+    let budget: Option<u64> = args
+        .get(3)
+        .filter(|s| *s != "-")
+        .map(|s| s.parse::<u64>().expect("MiB") << 20);
+    let numerics = match args.get(5).map(String::as_str) {
+        Some("q8") => deltafin::backend::cpu::Numerics::Q8,
+        _ => deltafin::backend::cpu::Numerics::Exact,
+    };
     let cache = match args.get(4).map(String::as_str) {
         Some("none") => deltafin::store::CachePolicy::None,
         _ => deltafin::store::CachePolicy::LfuDa,
@@ -37,6 +44,7 @@ fn main() -> anyhow::Result<()> {
         ram_budget: budget,
         n_ctx: n_ctx * ns.iter().max().copied().unwrap_or(1),
         n_batch: 16,
+        numerics,
         experts: deltafin::store::ExpertStoreOptions {
             cache,
             ..Default::default()

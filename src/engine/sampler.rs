@@ -189,15 +189,32 @@ pub struct Sampler {
     steering: Steering,
 }
 
-/// Index of the largest value; the lowest index among equals.
+/// Index of the largest value; the lowest index among equals. NaNs are never chosen unless
+/// the first value is one (then 0, as a scan keeping the first strictly larger value gives).
+///
+/// Two passes the compiler vectorizes (a greedy step over a 262k-entry vocabulary is one
+/// per sequence): the maximum in 16 lanes, then the first index holding it.
 pub fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
+    match x.first() {
+        None => return 0,
+        Some(v) if v.is_nan() => return 0,
+        _ => {}
+    }
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            // `max` ignores a NaN operand
+            *m = m.max(v);
         }
     }
-    best
+    let m = chunks.remainder().iter().fold(
+        lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)),
+        |a, &b| a.max(b),
+    );
+    // the first value equal to the maximum is the one a strict `>` scan keeps (±0 compare
+    // equal, as they do there); all −∞ gives 0
+    x.iter().position(|&v| v == m).unwrap_or(0)
 }
 
 impl Sampler {
@@ -320,10 +337,15 @@ impl Sampler {
             // everything banned: the first token, as greedy picks it
             return vec![(0, 1.0)];
         }
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        // most likely first, ties by id: a total order (ids are distinct), so selecting the
+        // top k first (linear time over the 262k entries of a large vocabulary) and sorting
+        // only them gives the full sort's first k exactly
+        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if c.top_k > 0 && c.top_k < cand.len() {
+            cand.select_nth_unstable_by(c.top_k - 1, order);
             cand.truncate(c.top_k);
         }
+        cand.sort_by(order);
         let probs = |cand: &[(u32, f32)], temp: f32| -> Vec<f64> {
             let m = cand[0].1 as f64;
             let e: Vec<f64> = cand
@@ -418,6 +440,65 @@ mod tests {
             frequency_penalty: 0.0,
             seed: 7,
             order: SamplerOrder::LlamaCpp,
+        }
+    }
+
+    #[test]
+    fn argmax_equals_the_first_strictly_larger_scan() {
+        let scan = |x: &[f32]| {
+            let mut best = 0;
+            for (i, &v) in x.iter().enumerate() {
+                if v > x[best] {
+                    best = i;
+                }
+            }
+            best
+        };
+        let mut rng = Rng::new(7);
+        let cases: Vec<Vec<f32>> = vec![
+            vec![],
+            vec![1.0],
+            vec![f32::NAN, 5.0, 7.0],
+            vec![1.0, f32::NAN, 3.0, 3.0, f32::NAN],
+            vec![-0.0, 0.0, -1.0],
+            vec![f32::NEG_INFINITY; 40],
+            (0..1000).map(|i| (i % 37) as f32).collect(),
+            (0..262_147)
+                .map(|_| (rng.next_f64() * 64.0).floor() as f32 - 32.0)
+                .collect(),
+        ];
+        for x in &cases {
+            assert_eq!(argmax(x), scan(x), "{:?}", &x[..x.len().min(8)]);
+        }
+        // the maximum late in a long row, and ties across the 16-lane chunks
+        let mut x = vec![0.5f32; 100];
+        x[77] = 2.0;
+        x[93] = 2.0;
+        assert_eq!(argmax(&x), 77);
+    }
+
+    #[test]
+    fn top_k_selection_keeps_the_full_sorts_order() {
+        // many ties: the selected candidates and their order are the full sort's
+        let logits: Vec<f32> = (0..5000).map(|i| ((i * 7919) % 13) as f32 * 0.5).collect();
+        for top_k in [1, 2, 40, 385, 4999] {
+            let s = Sampler::new(SamplerConfig {
+                temperature: 1.0,
+                top_k,
+                top_p: 1.0,
+                min_p: 0.0,
+                ..SamplerConfig::default()
+            });
+            let got = s.distribution(&logits);
+            let mut all: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
+            all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let ids: Vec<u32> = got.iter().map(|c| c.0).collect();
+            let want: Vec<u32> = all[..top_k].iter().map(|c| c.0).collect();
+            assert_eq!(ids, want, "top_k {top_k}");
         }
     }
 

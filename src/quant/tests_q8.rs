@@ -381,3 +381,46 @@ fn k_quad_tiles_equal_their_scalar_reference() {
         }
     }
 }
+
+#[test]
+fn activation_abs_max_equals_the_scans_it_replaced() {
+    use crate::quant::q8::acts::{abs_max, quantize_q8_k_block};
+    let mut rng = Rng::new(91);
+    let mut rows: Vec<Vec<f32>> = vec![
+        vec![],
+        vec![0.0; 256],
+        vec![-0.0; 256],
+        (0..256)
+            .map(|i| if i % 3 == 0 { f32::NAN } else { 0.0 })
+            .collect(),
+    ];
+    for n in [1, 7, 8, 9, 31, 32, 256] {
+        // small integers: many ties in magnitude, both signs
+        let mut v: Vec<f32> = (0..n).map(|_| (rng.next_u64() % 9) as f32 - 4.0).collect();
+        rows.push(v.clone());
+        v[n / 2] = f32::NAN;
+        rows.push(v);
+    }
+    for x in &rows {
+        let fold = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert_eq!(abs_max(x).to_bits(), fold.to_bits(), "{x:?}");
+        if x.len() == 256 {
+            // Q8_K's scale follows the first value of the largest magnitude (its sign)
+            let (mut amax, mut max) = (0f32, 0f32);
+            for &v in x {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            let (mut q, mut s) = (vec![0i8; 256], vec![0i16; 16]);
+            let d = quantize_q8_k_block(x, &mut q, &mut s);
+            let want = if amax == 0.0 {
+                0.0
+            } else {
+                1.0 / (-127.0 / max)
+            };
+            assert_eq!(d.to_bits(), want.to_bits(), "{:?}", &x[..8]);
+        }
+    }
+}

@@ -6,10 +6,14 @@
 //! (`gemm_q8.rs`) for the same activation row, bit for bit, so q8 decoding and q8 batches
 //! (prompts, speculative verification) agree. Where the level or type has no single-row
 //! kernel, the batched path runs with one token (same values, slower: it prepares each row).
+//!
+//! A few rows (2 to [`MULTI_MAX`]: sequences decoded together) take [`matmul_q8_small`]: the
+//! level's multi-row kernel (`quant::q8::multi_kernel`, AVX-512 VNNI: each 16-row group's
+//! blocks transposed once for up to 8 activation rows), same values again.
 
 use super::Matrix;
-use crate::quant::q8::vec::{VecActs, VEC_ROWS};
-use crate::quant::q8::vec_kernel;
+use crate::quant::q8::vec::{VecActs, MULTI_ACTS, VEC_ROWS};
+use crate::quant::q8::{multi_kernel, vec_kernel};
 use crate::quant::SimdLevel;
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -50,19 +54,26 @@ pub(super) fn matvec_q8(level: SimdLevel, w: &Matrix, x: &[f32], y: &mut [f32]) 
     true
 }
 
-/// The rows of `w` through `kernel`, 16 at a time, tasks owning whole groups of 16.
-/// Most rows [`matmul_q8_small`] takes: its cost grows with the rows (the single-row kernel is
-/// bound by its integer arithmetic at 2 threads, ~12 ms per row for the demo model), while the
-/// prepared-panel tiles of `gemm_q8.rs` cost a fixed ~85 ms per call there (their panels are
-/// prepared on each call), so from 8 rows the tiles are as fast.
+/// Most rows [`matmul_q8_small`] takes where the type has no multi-row kernel: its cost
+/// grows with the rows (the single-row kernel is bound by its integer arithmetic at 2
+/// threads, ~12 ms per row for the demo model), while the prepared-panel tiles of
+/// `gemm_q8.rs` cost a fixed ~85 ms per call there (their panels are prepared on each call),
+/// so from 8 rows the tiles are as fast.
 pub(super) const SMALL_MAX: usize = 7;
 
-/// `y[t * w.rows + r]` for the `n` (2 to [`SMALL_MAX`]) activation rows of `x`, each the value
-/// [`matvec_q8`] gives for that row alone (the same single-row kernel over the same quantized
-/// activations): a batch of a few sequences decodes each as it decodes alone. A group of
-/// weight rows is read once and run against every activation row while it is in cache, so
-/// the weights cross memory once per call, not once per row. `false` where [`matvec_q8`] has
-/// no kernel (nothing written).
+/// Most rows [`matmul_q8_small`] takes where the type has a multi-row kernel
+/// (`quant::q8::multi_kernel`), which runs them [`MULTI_ACTS`] at a time over each 16-row
+/// group of weights; larger batches (prompts) take the prepared-panel tiles.
+pub(super) const MULTI_MAX: usize = 32;
+
+/// `y[t * w.rows + r]` for the `n` (2 to [`MULTI_MAX`], or [`SMALL_MAX`] without a multi-row
+/// kernel) activation rows of `x`, each the value [`matvec_q8`] gives for that row alone (the
+/// same quantized activations, and the single-row kernel's float order): a batch of a few
+/// sequences decodes each as it decodes alone. A group of 16 weight rows is read once and run
+/// against every activation row while it is in cache: by the multi-row kernel (its blocks
+/// transposed once for up to [`MULTI_ACTS`] activation rows), else by the single-row kernel
+/// once per activation row. `false` where [`matvec_q8`] has no kernel or `n` is larger
+/// (nothing written).
 pub(super) fn matmul_q8_small(
     level: SimdLevel,
     w: &Matrix,
@@ -73,9 +84,16 @@ pub(super) fn matmul_q8_small(
     let Some((layout, kernel)) = vec_kernel(level, w.ty) else {
         return false;
     };
-    if !w.cols.is_multiple_of(layout.format_block()) || n > SMALL_MAX {
+    let multi = multi_kernel(level, w.ty);
+    let max = if multi.is_some() {
+        MULTI_MAX
+    } else {
+        SMALL_MAX
+    };
+    if !w.cols.is_multiple_of(layout.format_block()) || n > max {
         return false;
     }
+    let layout = multi.map_or(layout, |m| m.0);
     let acts: Vec<VecActs> = x
         .chunks(w.cols)
         .take(n)
@@ -95,16 +113,31 @@ pub(super) fn matmul_q8_small(
         * VEC_ROWS;
     let out = super::OutPtr(y.as_mut_ptr());
     let run = |first: usize, count: usize| {
-        let mut v = [0f32; VEC_ROWS];
+        let mut v = [0f32; VEC_ROWS * MULTI_ACTS];
         let mut r0 = first;
         while r0 < first + count {
             let len = VEC_ROWS.min(first + count - r0);
-            for (t, a) in acts.iter().enumerate() {
-                kernel(w.data, rb, r0, len, a, &mut v[..len]);
+            let put = |t: usize, v: &[f32]| {
                 for (i, &val) in v[..len].iter().enumerate() {
                     // SAFETY: `t * rows + r0 + i` is inside `y` (`n × rows`, checked by the
                     // caller) and rows `first .. first + count` are this task's alone
                     unsafe { *out.get().add(t * rows + r0 + i) = val };
+                }
+            };
+            match multi {
+                Some((_, m)) => {
+                    for (c, chunk) in acts.chunks(MULTI_ACTS).enumerate() {
+                        m(w.data, rb, r0, len, chunk, &mut v[..VEC_ROWS * chunk.len()]);
+                        for t in 0..chunk.len() {
+                            put(c * MULTI_ACTS + t, &v[VEC_ROWS * t..]);
+                        }
+                    }
+                }
+                None => {
+                    for (t, a) in acts.iter().enumerate() {
+                        kernel(w.data, rb, r0, len, a, &mut v[..len]);
+                        put(t, &v);
+                    }
                 }
             }
             r0 += len;

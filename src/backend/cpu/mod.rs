@@ -13,7 +13,10 @@
 //! - `gemm_q8.rs`: the lossy q8 product: activations quantized once per call, panels of prepared
 //!   rows, `quant::q8` tiles. `matvec_q8.rs`: its single-token product: the activation row laid
 //!   out once, `quant::q8::vec_kernel` over 16-row groups split over threads, each row's value
-//!   equal to its value in a batch. Tests in `tests_q8.rs`.
+//!   equal to its value in a batch; and its few-rows product (2 to 32 rows: several sequences
+//!   decoding together), `quant::q8::multi_kernel` sharing each 16-row group's transposed
+//!   blocks among 8 activation rows, each row's value again its value alone. Tests in
+//!   `tests_q8.rs`.
 //! - `numerics.rs`: the `Numerics` (exact or q8) a model sets for the thread during its forward
 //!   pass.
 //! - `attn.rs`: attention scores through transposed keys (every pass, decode included; the
@@ -211,7 +214,7 @@ pub fn matmul_q8_at(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [
     if n == 1 && matvec_q8::matvec_q8(level, w, x, y) {
         return;
     }
-    if n <= matvec_q8::SMALL_MAX && matvec_q8::matmul_q8_small(level, w, x, n, y) {
+    if n <= matvec_q8::MULTI_MAX && matvec_q8::matmul_q8_small(level, w, x, n, y) {
         return;
     }
     if !gemm_q8::matmul_q8(level, w, x, n, y) {

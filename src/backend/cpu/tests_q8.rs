@@ -4,7 +4,7 @@
 //! thread count; and that value stays near the exact dot.
 
 use super::*;
-use crate::quant::q8::vec_kernel;
+use crate::quant::q8::{multi_kernel, vec_kernel};
 use crate::quant::tests::{random_row, random_x, Rng};
 use crate::quant::tests_q8::INT_TYPES;
 
@@ -23,8 +23,10 @@ fn check(ty: GgmlType, rows: usize, blocks: usize, seed: u64) {
         .flat_map(|_| random_row(ty, blocks, &mut rng))
         .collect();
     let w = Matrix::new(ty, rows, cols, &data).unwrap();
-    // 3 rows: the few-rows path (`matmul_q8_small`); 9: the prepared-panel tiles
-    for n in [3, 9] {
+    // 2 to 32 rows: the few-rows path (`matmul_q8_small`: the multi-row kernels 8 activation
+    // rows at a time, so 9 and 17 rows end with a partial chunk; the single-row kernel per
+    // row elsewhere, up to 7); 33: the prepared-panel tiles
+    for n in [2, 3, 4, 5, 6, 7, 8, 9, 17, 33] {
         check_n(ty, &w, rows, cols, n, &mut rng);
     }
 }
@@ -95,5 +97,18 @@ fn q8_single_row_kernels_cover_the_demo_model_types_at_vnni() {
         assert!(vec_kernel(SimdLevel::Avx512, ty).is_some(), "{ty}");
     }
     assert!(vec_kernel(SimdLevel::Avx512, GgmlType::Q5_K).is_none());
+    if is_x86_feature_detected!("avx512bitalg") {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
+            assert!(multi_kernel(SimdLevel::Avx512, ty).is_some(), "{ty}");
+        }
+    }
+    assert!(multi_kernel(SimdLevel::Avx512, GgmlType::Q5_K).is_none());
+    assert!(multi_kernel(SimdLevel::Avx2, GgmlType::Q8_0).is_none());
     assert!(vec_kernel(SimdLevel::Avx2, GgmlType::Q8_0).is_none());
 }

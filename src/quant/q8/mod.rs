@@ -387,3 +387,34 @@ pub(crate) fn vec_kernel(
     let _ = (level, ty);
     None
 }
+
+/// The multi-row kernel of `ty` at `level` (16 weight rows against 1 to [`vec::MULTI_ACTS`]
+/// activation rows) and the activation layout it reads, where the level has one: AVX-512
+/// with VNNI and BITALG, Q8_0 / Q4_0 / Q5_0 ([`vec::VecLayout::Natural32`]) and Q4_K / Q6_K
+/// ([`vec::VecLayout::NaturalK`]) (`quant::x86::q8_multi_avx512`). Each output equals
+/// [`vec_kernel`]'s for its activation row alone, bit for bit. `None` elsewhere.
+pub(crate) fn multi_kernel(
+    level: super::SimdLevel,
+    ty: GgmlType,
+) -> Option<(vec::VecLayout, vec::MultiRowsFn)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::x86::q8_multi_avx512 as m;
+        use vec::VecLayout as L;
+        if level == super::SimdLevel::Avx512
+            && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx512bitalg")
+        {
+            return match ty {
+                GgmlType::Q8_0 => Some((L::Natural32, m::multi_q8_0)),
+                GgmlType::Q4_0 => Some((L::Natural32, m::multi_q4_0)),
+                GgmlType::Q5_0 => Some((L::Natural32, m::multi_q5_0)),
+                GgmlType::Q4_K => Some((L::NaturalK, m::multi_q4_k)),
+                GgmlType::Q6_K => Some((L::NaturalK, m::multi_q6_k)),
+                _ => None,
+            };
+        }
+    }
+    let _ = (level, ty);
+    None
+}

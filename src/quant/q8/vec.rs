@@ -111,3 +111,14 @@ pub(crate) type VecRowsFn =
 
 /// Rows per call of a [`VecRowsFn`].
 pub(crate) const VEC_ROWS: usize = 16;
+
+/// A multi-row kernel: `out[16 t + i]` = the q8 dot of row `r0 + i` (`i < nr`,
+/// `1 <= nr <= 16`) of the matrix `data` (rows of `rb` bytes) with `acts[t]`
+/// (`1 <= acts.len() <=` [`MULTI_ACTS`]), equal bit for bit to the single-row kernel's value
+/// ([`VecRowsFn`]) for that activation row alone.
+pub(crate) type MultiRowsFn =
+    fn(data: &[u8], rb: usize, r0: usize, nr: usize, acts: &[VecActs], out: &mut [f32]);
+
+/// Most activation rows one call of a [`MultiRowsFn`] takes (one f32 accumulator register
+/// each at AVX-512).
+pub(crate) const MULTI_ACTS: usize = 8;

@@ -6,7 +6,8 @@
 //! whose shared accumulators and helpers are `lowbit` and whose tables `lowbit_tables` joins,
 //! the batch tiles of both
 //! levels (`tile_avx2`, `tile_avx512`), and the integer tiles of `--numerics q8` (`q8_avx2`,
-//! `q8_avx512`: AVX2 and AVX-512 VNNI; `q8_vec_avx512`: the single-row VNNI dots over stored rows). What all share (loads,
+//! `q8_avx512`: AVX2 and AVX-512 VNNI; `q8_vec_avx512`: the single-row VNNI dots over stored rows; `q8_multi_avx512`: the
+//! multi-row ones, weights transposed once for several activation rows). What all share (loads,
 //! reductions, block factors, the row-wrapper macros) is the leaf `common`; no kernel file
 //! imports another except a level's table naming its block-scale or low-bit kernels.
 
@@ -23,6 +24,7 @@ mod lowbit_k;
 mod lowbit_tables;
 pub(crate) mod q8_avx2;
 pub(crate) mod q8_avx512;
+pub(crate) mod q8_multi_avx512;
 pub(crate) mod q8_vec_avx512;
 mod tile_avx2;
 mod tile_avx512;
