@@ -10,9 +10,8 @@
 use crate::quant::SimdLevel;
 use std::cell::Cell;
 
-use rayon::prelude::*;
-
 use super::ops::{softcap, softmax_inplace};
+use super::pool::for_each_chunk_mut;
 
 /// Keys scored together (lanes of one block: 8 AVX-512 or 16 AVX2 registers).
 pub const KEY_BLOCK: usize = 128;
@@ -120,11 +119,9 @@ impl KeysT {
         // (a copy: the same values whatever the split); a short one on this thread
         let rows = &mut t[..width * stride];
         if positions * width >= PARALLEL_TRANSPOSE_MIN {
-            rows.par_chunks_mut(TRANSPOSE_ROWS * stride)
-                .enumerate()
-                .for_each(|(i, part)| {
-                    transpose_rows(k, positions, width, stride, i * TRANSPOSE_ROWS, part)
-                });
+            for_each_chunk_mut(rows, TRANSPOSE_ROWS * stride, |i, part| {
+                transpose_rows(k, positions, width, stride, i * TRANSPOSE_ROWS, part)
+            });
         } else {
             transpose_rows(k, positions, width, stride, 0, rows);
         }
@@ -465,6 +462,10 @@ pub fn attention_with_sinks(
     out: &mut [f32],
 ) {
     let n = q.len() / (s.n_heads * s.head_dim).max(1);
+    if super::attn_decode::fits(s, n) {
+        // a decode step: the group's heads in the lanes, the cache read once, no transposition
+        return super::attn_decode::attention_lanes(s, q, k_cache, v_cache, pos0, sinks, out);
+    }
     let group = s.n_heads / s.n_kv_heads;
     let transposed = n * group >= TRANSPOSE_MIN_QUERIES;
     attention_at(s, q, k_cache, v_cache, pos0, sinks, transposed, out)
@@ -478,9 +479,10 @@ pub fn attention_with_sinks(
 /// element (BENCHMARKS.md, "Decode spine").
 const TRANSPOSE_MIN_QUERIES: usize = 1;
 
-/// [`attention_with_sinks`], scoring through transposed keys or one key at a time.
+/// [`attention_with_sinks`], scoring through transposed keys or one key at a time (never the
+/// lanes of `attn_decode.rs`).
 #[allow(clippy::too_many_arguments)]
-fn attention_at(
+pub(super) fn attention_at(
     s: &AttnShape,
     q: &[f32],
     k_cache: &[f32],
@@ -497,7 +499,7 @@ fn attention_at(
     let lo0 = s.window.map_or(0, |w| (pos0 + 1).saturating_sub(w));
     let kt =
         transposed.then(|| KeysT::new(&k_cache[lo0 * kvd..], pos0 + n - lo0, s.n_kv_heads, hd));
-    out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+    for_each_chunk_mut(out, hd, |i, o| {
         let (t, h) = (i / nh, i % nh);
         let p = pos0 + t;
         let lo = s.window.map_or(0, |w| (p + 1).saturating_sub(w));

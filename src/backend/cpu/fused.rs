@@ -5,8 +5,6 @@
 //! finishes its share of one matrix goes on with the next. Each output is still
 //! `quant::dot_row` of its row, so the values are those of separate [`super::matvec`] calls.
 
-use rayon::prelude::*;
-
 use super::{
     check_shapes, matvec, numerics, rows_per_task, Matrix, Numerics, OutPtr, MIN_TASK_BYTES,
 };
@@ -74,6 +72,6 @@ pub fn matvec_many_at(level: SimdLevel, ws: &[&Matrix], x: &[f32], ys: &mut [&mu
     if tasks.len() <= 1 || total < MIN_TASK_BYTES {
         tasks.iter().for_each(run);
     } else {
-        tasks.par_iter().for_each(run);
+        super::pool::for_each_task(tasks.len(), |t| run(&tasks[t]));
     }
 }

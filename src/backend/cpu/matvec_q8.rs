@@ -11,11 +11,10 @@ use super::Matrix;
 use crate::quant::q8::vec::{VecActs, VEC_ROWS};
 use crate::quant::q8::vec_kernel;
 use crate::quant::SimdLevel;
-use rayon::prelude::*;
 use std::cell::RefCell;
 
 /// Weight bytes a parallel task should cover at least (as the exact matvec's).
-const MIN_TASK_BYTES: usize = 64 * 1024;
+const MIN_TASK_BYTES: usize = 16 * 1024;
 
 thread_local! {
     static ACTS: RefCell<VecActs> = RefCell::new(VecActs::default());
@@ -113,9 +112,7 @@ pub(super) fn matmul_q8_small(
     if per >= rows {
         run(0, rows);
     } else {
-        (0..rows.div_ceil(per))
-            .into_par_iter()
-            .for_each(|i| run(i * per, per.min(rows - i * per)));
+        super::pool::for_each_task(rows.div_ceil(per), |i| run(i * per, per.min(rows - i * per)));
     }
     true
 }
@@ -144,8 +141,6 @@ fn rows16(
     if per >= rows {
         run(0, y);
     } else {
-        y.par_chunks_mut(per)
-            .enumerate()
-            .for_each(|(i, ys)| run(i * per, ys));
+        super::pool::for_each_chunk_mut(y, per, |i, ys| run(i * per, ys));
     }
 }

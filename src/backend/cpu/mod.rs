@@ -28,6 +28,7 @@
 //! - `ops.rs`: RMSNorm, RoPE (angles once per position), GELU, softmax.
 
 pub mod attn;
+mod attn_decode;
 mod device;
 mod fused;
 pub mod gelu;
@@ -93,8 +94,10 @@ impl<'a> Matrix<'a> {
     }
 }
 
-/// Weight bytes a parallel task should cover at least, so small matrices run on one thread.
-const MIN_TASK_BYTES: usize = 64 * 1024;
+/// Weight bytes a parallel task should cover at least, so small matrices run on one thread
+/// (16 KiB: a region costs a compare-and-swap per task on the pass's team, `pool.rs`, and
+/// an expert's matrix of 0.9 MB is then some 50 tasks, enough to keep 16 threads even).
+const MIN_TASK_BYTES: usize = 16 * 1024;
 
 /// Rows per parallel task for a matrix of `rows` rows of `row_bytes` bytes: about four
 /// tasks per pool thread, never fewer than `MIN_TASK_BYTES` of weights per task. Only the
@@ -161,9 +164,7 @@ pub fn matvec_at(level: SimdLevel, w: &Matrix, x: &[f32], y: &mut [f32]) {
     if per >= w.rows {
         run(0, y);
     } else {
-        y.par_chunks_mut(per)
-            .enumerate()
-            .for_each(|(i, ys)| run(i * per, ys));
+        pool::for_each_chunk_mut(y, per, |i, ys| run(i * per, ys));
     }
 }
 
