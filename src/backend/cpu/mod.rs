@@ -16,13 +16,18 @@
 //!   equal to its value in a batch. Tests in `tests_q8.rs`.
 //! - `numerics.rs`: the `Numerics` (exact or q8) a model sets for the thread during its forward
 //!   pass.
-//! - `attn.rs`: attention scores through transposed keys (every pass, decode included; the
-//!   thread's transposition buffer reused) and value sums, in AVX-512 / AVX2 lanes, the same
-//!   sequential sums bit for bit.
+//! - `attn.rs`: attention scores through transposed keys (prompts and batches; the thread's
+//!   transposition buffer reused) and value sums, in AVX-512 / AVX2 lanes, the same
+//!   sequential sums bit for bit. `attn_decode.rs`: a decode step's attention (a GQA group's
+//!   query rows fit one vector): the group's heads in the lanes over the untransposed cache,
+//!   scores split by runs of positions, value sums by group and runs of outputs; the same
+//!   values bit for bit.
 //! - `fused.rs`: several matvecs of one input (q/k/v, gate/up) in one parallel region
 //!   (`matvec_many`).
-//! - `pool.rs`: a forward pass moved onto one pool thread so its products enter the pool without
-//!   a hand-off (`on_pool`, carrying the caller's numerics).
+//! - `pool.rs`: a forward pass moved onto one pool thread (`on_pool`, carrying the caller's
+//!   numerics) with the pool's other threads spinning as its team for the pass; every hot
+//!   product and attention splits its tasks over the team (`for_each_task`, one
+//!   compare-and-swap per task instead of rayon's joins and futex wake-ups per region).
 //! - `gelu.rs`: GeGLU with the tanh GELU vectorized (`x / (1 + exp(-2y))`,
 //!   position-independent).
 //! - `ops.rs`: RMSNorm, RoPE (angles once per position), GELU, softmax.

@@ -28,10 +28,13 @@ use rayon::prelude::*;
 
 use super::numerics::Carried;
 
-/// How long an idle team thread spins for the next region before it parks.
+/// How long an idle team thread polls for the next region before it parks.
 const SPIN: Duration = Duration::from_micros(500);
+/// How long of that it spins without yielding its core (the gap between two regions of a
+/// decode step is usually shorter).
+const SPIN_ALONE: Duration = Duration::from_micros(30);
 
-/// Most tasks one region may have (the task counters are 16 bits of the state word).
+/// Most tasks one region counts (16 bits of the state word); [`for_each_task`] groups more.
 pub const MAX_TASKS: usize = u16::MAX as usize;
 
 /// A region's work: `f(i)` for each task `i`. Lives on the driver's stack while the region
@@ -122,11 +125,11 @@ impl Team {
                 continue;
             }
             spins += 1;
-            if spins % 256 != 0 {
+            if spins % 64 != 0 {
                 std::hint::spin_loop();
                 continue;
             }
-            if spins == 256 {
+            if spins == 64 {
                 idle = Instant::now();
             }
             // work of the pool outside the team (a product not yet on it, another caller)
@@ -134,7 +137,13 @@ impl Team {
                 spins = 0;
                 continue;
             }
-            if idle.elapsed() < SPIN {
+            let waited = idle.elapsed();
+            if waited < SPIN {
+                // past the first microseconds, give the core to any other runnable thread
+                // between polls (on a busy machine the driver may be waiting for it)
+                if waited > SPIN_ALONE {
+                    std::thread::yield_now();
+                }
                 continue;
             }
             let g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -199,10 +208,18 @@ pub fn for_each_task(n: usize, f: impl Fn(usize) + Sync) {
         return;
     }
     let team = TEAM.with(Cell::get);
-    if !team.is_null() && !MEMBER.with(Cell::get) && n <= MAX_TASKS {
+    if !team.is_null() && !MEMBER.with(Cell::get) {
         // SAFETY: the pointer is set only while `on_pool`'s team lives (it is cleared before
         // the team is dropped).
-        return unsafe { &*team }.run(n, &f);
+        let team = unsafe { &*team };
+        if n <= MAX_TASKS {
+            return team.run(n, &f);
+        }
+        // more tasks than a region counts: consecutive ones grouped
+        let per = n.div_ceil(MAX_TASKS);
+        return team.run(n.div_ceil(per), &|i: usize| {
+            (i * per..((i + 1) * per).min(n)).for_each(&f)
+        });
     }
     (0..n).into_par_iter().for_each(|i| f(i));
 }
@@ -319,7 +336,7 @@ mod tests {
                 .unwrap();
             pool.install(|| {
                 let check = || {
-                    for n in [0usize, 1, 2, 7, 64, 1000] {
+                    for n in [0usize, 1, 2, 7, 64, 1000, MAX_TASKS + 3] {
                         let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
                         for_each_task(n, |i| {
                             hits[i].fetch_add(1, Ordering::Relaxed);
