@@ -157,7 +157,14 @@ pub fn attention_lanes(
             *wh = &all[r + lo - lo0..r + p + 1 - lo0];
         }
         let mut acc = [[0f32; VCOLS]; LANES];
-        weighted_group(simd, &ws[..group], &v_cache[lo * kvd + g * hd + c0..], kvd, w, &mut acc);
+        weighted_group(
+            simd,
+            &ws[..group],
+            &v_cache[lo * kvd + g * hd + c0..],
+            kvd,
+            w,
+            &mut acc,
+        );
         for (hh, a) in acc.iter().enumerate().take(group) {
             let o = t * qd + (g * group + hh) * hd + c0;
             // SAFETY: outputs `o .. o + w` of head `g * group + hh` of row `t` are this
@@ -173,7 +180,11 @@ pub fn attention_lanes(
 /// `sink` pushed last, bit for bit (maximum, then `exp(v - max)` summed in f64 in order, the
 /// sink's last, then each value times the rounded inverse).
 fn softmax_with_sink(x: &mut [f32], sink: Option<f32>) {
-    let m = x.iter().copied().chain(sink).fold(f32::NEG_INFINITY, f32::max);
+    let m = x
+        .iter()
+        .copied()
+        .chain(sink)
+        .fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f64;
     for v in x.iter_mut() {
         *v = (*v - m).exp();
@@ -406,7 +417,9 @@ mod tests {
                             pool.install(|| attention_lanes(&s, &q, &k, &v, pos0, sk, &mut got));
                             assert!(want.iter().any(|v| *v != 0.0));
                             assert!(
-                                want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                                want.iter()
+                                    .zip(&got)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                                 "{threads} threads, {nh}/{nkv} heads, pos0 {pos0} n {n}"
                             );
                         }

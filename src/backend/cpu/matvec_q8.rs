@@ -112,7 +112,9 @@ pub(super) fn matmul_q8_small(
     if per >= rows {
         run(0, rows);
     } else {
-        super::pool::for_each_task(rows.div_ceil(per), |i| run(i * per, per.min(rows - i * per)));
+        super::pool::for_each_task(rows.div_ceil(per), |i| {
+            run(i * per, per.min(rows - i * per))
+        });
     }
     true
 }

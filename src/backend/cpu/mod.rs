@@ -48,7 +48,7 @@ pub mod pool;
 pub mod small_batch;
 
 pub use device::Cpu;
-pub use fused::{matvec_many, matvec_many_at};
+pub use fused::{matvec_each, matvec_each_at, matvec_many, matvec_many_at};
 pub use numerics::{with_numerics, Numerics};
 pub use pool::on_pool;
 

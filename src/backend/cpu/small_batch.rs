@@ -9,7 +9,6 @@
 //! tiled path's per-panel decoding into scratch costs more than it saves. Split over threads
 //! by ranges of rows.
 
-
 use super::{check_shapes, rows_per_task, Matrix, OutPtr};
 use crate::quant::{self, SimdLevel};
 
@@ -55,6 +54,8 @@ pub fn matmul_small(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [
     if per >= rows {
         run(0, rows);
     } else {
-        super::pool::for_each_task(rows.div_ceil(per), |i| run(i * per, per.min(rows - i * per)));
+        super::pool::for_each_task(rows.div_ceil(per), |i| {
+            run(i * per, per.min(rows - i * per))
+        });
     }
 }
