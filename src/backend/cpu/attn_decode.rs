@@ -16,7 +16,6 @@
 
 use std::cell::Cell;
 
-use super::attn::AttnShape;
 use super::ops::softcap;
 use super::pool::for_each_task;
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
@@ -50,18 +49,27 @@ impl Shared {
     }
 }
 
+/// The shape of grouped-query attention as [`attention_lanes`] reads it (`attn::AttnShape`'s
+/// fields).
+pub struct Shape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub window: Option<usize>,
+    pub softcap: Option<f32>,
+}
+
 /// Whether [`attention_lanes`] takes `n` query rows of this shape (their group's queries fit
 /// one vector).
-pub fn fits(s: &AttnShape, n: usize) -> bool {
+pub fn fits(s: &Shape, n: usize) -> bool {
     let group = s.n_heads / s.n_kv_heads.max(1);
     n >= 1 && n * group <= LANES
 }
 
-/// [`super::attn::attention_with_sinks`] for `n` rows where [`fits`] holds: the same values
-/// bit for bit (see the module header).
-#[allow(clippy::too_many_arguments)]
+/// `attn::attention_with_sinks` for `n` rows where [`fits`] holds: the same values bit for
+/// bit (see the module header; `attn.rs`'s tests compare them).
 pub fn attention_lanes(
-    s: &AttnShape,
+    s: &Shape,
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
@@ -368,64 +376,5 @@ unsafe fn block_avx2(
     }
     for (kk, ak) in a.iter().enumerate() {
         _mm256_storeu_ps(tile.as_mut_ptr().add(kk * LANES), *ak);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::cpu::attn::attention_at;
-
-    /// The lanes path gives the transposed path's outputs bit for bit (and so the
-    /// one-key-at-a-time sums'): one row and two rows, grouped heads of 8 and 4 and 1, with a
-    /// window, a cap and sinks, at short and long caches, on pools of 1, 2 and 5 threads.
-    #[test]
-    fn lanes_change_no_bit() {
-        for threads in [1, 2, 5] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            for (nh, nkv, hd) in [(8, 1, 40), (16, 4, 32), (4, 4, 24)] {
-                for window in [None, Some(50)] {
-                    for (pos0, n) in [(0, 1), (9, 1), (70, 2), (700, 1), (49, 1)] {
-                        let s = AttnShape {
-                            n_heads: nh,
-                            n_kv_heads: nkv,
-                            head_dim: hd,
-                            window,
-                            softcap: window.map(|_| 30.0),
-                        };
-                        if !fits(&s, n) {
-                            continue;
-                        }
-                        let total = pos0 + n;
-                        let mut x = 11u32 + pos0 as u32;
-                        let mut next = move || {
-                            x = x.wrapping_mul(1664525).wrapping_add(1013904223);
-                            (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-                        };
-                        let kvd = nkv * hd;
-                        let k: Vec<f32> = (0..total * kvd).map(|_| 3.0 * next()).collect();
-                        let v: Vec<f32> = (0..total * kvd).map(|_| next()).collect();
-                        let q: Vec<f32> = (0..n * nh * hd).map(|_| next()).collect();
-                        let sinks: Vec<f32> = (0..nh).map(|_| next()).collect();
-                        for sk in [None, Some(&sinks[..])] {
-                            let mut want = vec![0f32; q.len()];
-                            attention_at(&s, &q, &k, &v, pos0, sk, false, &mut want);
-                            let mut got = vec![f32::NAN; q.len()];
-                            pool.install(|| attention_lanes(&s, &q, &k, &v, pos0, sk, &mut got));
-                            assert!(want.iter().any(|v| *v != 0.0));
-                            assert!(
-                                want.iter()
-                                    .zip(&got)
-                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                                "{threads} threads, {nh}/{nkv} heads, pos0 {pos0} n {n}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
     }
 }

@@ -125,7 +125,7 @@ impl Team {
                 continue;
             }
             spins += 1;
-            if spins % 64 != 0 {
+            if !spins.is_multiple_of(64) {
                 std::hint::spin_loop();
                 continue;
             }
@@ -221,7 +221,7 @@ pub fn for_each_task(n: usize, f: impl Fn(usize) + Sync) {
             (i * per..((i + 1) * per).min(n)).for_each(&f)
         });
     }
-    (0..n).into_par_iter().for_each(|i| f(i));
+    (0..n).into_par_iter().for_each(&f);
 }
 
 /// Raw pointer to the elements of a slice that tasks split into disjoint chunks.
