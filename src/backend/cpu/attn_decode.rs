@@ -6,13 +6,15 @@
 //! fma), which is exactly the one-key-at-a-time sum of [`super::attn`] (`Σ_e`, as
 //! `Iterator::sum` adds), bit for bit. Eight keys run side by side (independent chains).
 //!
-//! Three parallel regions on the pass's team ([`super::pool`]): scores by (key head, run of
+//! Three parallel regions on the pool ([`super::pool`]): scores by (key head, run of
 //! positions); softmax by query head; value sums by (key head, run of 32 outputs), every head
 //! of the group at once, so each value row is read once per step too (the per-head sums of
 //! `attn::weighted_rows` read each row once per query head, with a 2 KiB stride the
 //! prefetchers do not follow: at 4,000 positions that was most of a step's attention). Each
 //! output is still its head's sum over ascending positions from `+0.0`. How the work is split
-//! changes no value, so results do not depend on the thread count.
+//! changes no value, so results do not depend on the thread count. A short cache (under
+//! [`SERIAL_KEYS`] keys over all key heads) is scored and normalized on the calling thread:
+//! there a parallel region costs more than its work.
 
 use std::cell::Cell;
 
@@ -29,6 +31,8 @@ const KEYS: usize = 8;
 const VCOLS: usize = 32;
 /// Value rows ahead of the one summed whose cache lines are prefetched.
 const PREFETCH_ROWS: usize = 8;
+/// Keys (positions × key heads) under which scores and softmax run on the calling thread.
+const SERIAL_KEYS: usize = 1024;
 /// Fewest positions one scoring task covers.
 const MIN_RUN: usize = 64;
 
@@ -106,7 +110,8 @@ pub fn attention_lanes(
     let want = (rayon::current_num_threads() * 4).div_ceil(nkv).max(1);
     let run = len.div_ceil(want).max(MIN_RUN).div_ceil(KEYS) * KEYS;
     let runs = len.div_ceil(run);
-    for_each_task(nkv * runs, |i| {
+    let par = len * nkv >= SERIAL_KEYS;
+    tasks(par, nkv * runs, |i| {
         let (g, r) = (i / runs, i % runs);
         let j0 = r * run;
         let j1 = (j0 + run).min(len);
@@ -136,7 +141,7 @@ pub fn attention_lanes(
     });
     // softmax: one task per (row, head)
     let sp = &sp;
-    for_each_task(n * nh, |i| {
+    tasks(par, n * nh, |i| {
         let (t, h) = (i / nh, i % nh);
         let p = pos0 + t;
         let lo = lo_of(p);
@@ -181,6 +186,14 @@ pub fn attention_lanes(
         }
     });
     SCORES.with(|c| c.set(scores));
+}
+
+/// `f(i)` for `i in 0..n`: split over the pool when `par`, else in order on this thread.
+fn tasks(par: bool, n: usize, f: impl Fn(usize) + Sync) {
+    match par {
+        true => for_each_task(n, f),
+        false => (0..n).for_each(f),
+    }
 }
 
 /// The softmax of `x` with an optional extra logit `sink` counted in the maximum and the

@@ -14,7 +14,7 @@ use crate::quant::SimdLevel;
 use std::cell::RefCell;
 
 /// Weight bytes a parallel task should cover at least (as the exact matvec's).
-const MIN_TASK_BYTES: usize = 16 * 1024;
+const MIN_TASK_BYTES: usize = 64 * 1024;
 
 thread_local! {
     static ACTS: RefCell<VecActs> = RefCell::new(VecActs::default());

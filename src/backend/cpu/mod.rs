@@ -24,10 +24,9 @@
 //!   values bit for bit.
 //! - `fused.rs`: several matvecs of one input (q/k/v, gate/up) in one parallel region
 //!   (`matvec_many`).
-//! - `pool.rs`: a forward pass moved onto one pool thread (`on_pool`, carrying the caller's
-//!   numerics) with the pool's other threads spinning as its team for the pass; every hot
-//!   product and attention splits its tasks over the team (`for_each_task`, one
-//!   compare-and-swap per task instead of rayon's joins and futex wake-ups per region).
+//! - `pool.rs`: a forward pass moved onto one pool thread so its products enter the pool without
+//!   a hand-off (`on_pool`, carrying the caller's numerics); the kernels' parallel loops
+//!   (`for_each_task`, `for_each_chunk_mut`).
 //! - `gelu.rs`: GeGLU with the tanh GELU vectorized (`x / (1 + exp(-2y))`,
 //!   position-independent).
 //! - `ops.rs`: RMSNorm, RoPE (angles once per position), GELU, softmax.
@@ -99,10 +98,8 @@ impl<'a> Matrix<'a> {
     }
 }
 
-/// Weight bytes a parallel task should cover at least, so small matrices run on one thread
-/// (16 KiB: a region costs a compare-and-swap per task on the pass's team, `pool.rs`, and
-/// an expert's matrix of 0.9 MB is then some 50 tasks, enough to keep 16 threads even).
-const MIN_TASK_BYTES: usize = 16 * 1024;
+/// Weight bytes a parallel task should cover at least, so small matrices run on one thread.
+const MIN_TASK_BYTES: usize = 64 * 1024;
 
 /// Rows per parallel task for a matrix of `rows` rows of `row_bytes` bytes: about four
 /// tasks per pool thread, never fewer than `MIN_TASK_BYTES` of weights per task. Only the

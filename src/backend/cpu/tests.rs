@@ -219,16 +219,16 @@ fn matvec_many_equals_dot_row_per_matrix_at_any_thread_count() {
             }
         }
     }
-    // each matrix with its own input (`matvec_each`), on a pass's team and outside one
+    // each matrix with its own input (`matvec_each`), inside a pass and outside one
     let xs: Vec<Vec<f32>> = ws
         .iter()
         .map(|_| (0..cols).map(|_| rng.unit()).collect())
         .collect();
     let xr: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
-    for on_team in [false, true] {
+    for in_pass in [false, true] {
         let mut ys: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; w.rows]).collect();
         let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
-        match on_team {
+        match in_pass {
             true => on_pool(|| matvec_each(&wr, &xr, &mut outs)),
             false => matvec_each(&wr, &xr, &mut outs),
         }
