@@ -11,11 +11,14 @@
 //! expert loop adds them in. Experts are planned in ascending id order, each at most once per
 //! layer per batch, and computed in the order their bytes land
 //! ([`ExpertSource::for_each_landed`]); each expert's output is kept until the reduction, so the
-//! result never depends on arrival order.
+//! result never depends on arrival order. One decode token whose experts are all resident (no
+//! expert store) takes every expert's gate and up projections in one parallel region and their
+//! down projections in a second (`resident_token_experts`), the same values and the same
+//! reduction.
 
 use std::io;
 
-use super::layers::{add_into, mm, mm_many, rms_norm_rows, silu};
+use super::layers::{add_into, mm, mm_each, mm_many, rms_norm_rows, silu};
 use super::loading::MatRef;
 use crate::backend::cpu::ops::softmax_inplace;
 use crate::backend::cpu::Matrix;
@@ -415,6 +418,10 @@ pub(super) fn store_swiglu_experts(
     d: usize,
     step: ExpertStep<'_>,
 ) -> io::Result<()> {
+    let mut step = step;
+    if resident_token_experts(table, d, &mut step) {
+        return Ok(());
+    }
     let mut src = StoreExperts {
         table,
         store: step.store,
@@ -428,6 +435,74 @@ pub(super) fn store_swiglu_experts(
         step.out,
         &step.next,
     )
+}
+
+/// One token's routed experts when every one of them is resident and no expert store is
+/// attached (a decode step with the weights in RAM): the gate and up projections of all of
+/// them in one parallel region, their down projections in a second ([`mm_many`],
+/// [`mm_each`]), instead of two regions per expert; the reads after them planned as
+/// [`plan_in_store`] plans them (resident units need no read). Each expert's output and the
+/// reduction in ascending id order are those of [`moe_forward`], bit for bit. `false` (nothing
+/// done) when the step is not such a step.
+fn resident_token_experts(table: &UnitExperts, d: usize, step: &mut ExpertStep<'_>) -> bool {
+    let [route] = step.routes else {
+        return false;
+    };
+    let units = &table.units[step.layer];
+    if step.store.experts().is_some()
+        || route.is_empty()
+        || !route.windows(2).all(|p| p[0].0 < p[1].0)
+        || !route
+            .iter()
+            .all(|&(e, _)| step.store.resident(units[e].0).is_some())
+    {
+        return false;
+    }
+    step.store.plan_next(&step.next);
+    let store: &WeightStore = step.store;
+    let views: Vec<ExpertView> = route
+        .iter()
+        .map(|&(e, _)| {
+            let (unit, m) = &units[e];
+            m.view(store.resident(*unit).expect("resident"))
+        })
+        .collect();
+    let ff = views[0].gate.rows;
+    let k = views.len();
+    let mut gu = vec![0f32; 2 * k * ff];
+    {
+        let ws: Vec<&Matrix> = views.iter().flat_map(|v| [&v.gate, &v.up]).collect();
+        let mut ys: Vec<&mut [f32]> = views
+            .iter()
+            .zip(gu.chunks_exact_mut(2 * ff))
+            .flat_map(|(_, pair)| {
+                let (g, u) = pair.split_at_mut(ff);
+                [g, u]
+            })
+            .collect();
+        mm_many(&ws, step.xn, 1, &mut ys);
+    }
+    let mut acts = vec![0f32; k * ff];
+    for (a, pair) in acts.chunks_exact_mut(ff).zip(gu.chunks_exact(2 * ff)) {
+        let (g, u) = pair.split_at(ff);
+        for ((o, &gv), &uv) in a.iter_mut().zip(g).zip(u) {
+            *o = silu(gv) * uv;
+        }
+    }
+    let mut ys = vec![0f32; k * d];
+    {
+        let ws: Vec<&Matrix> = views.iter().map(|v| &v.down).collect();
+        let xs: Vec<&[f32]> = acts.chunks_exact(ff).collect();
+        let mut outs: Vec<&mut [f32]> = ys.chunks_exact_mut(d).collect();
+        mm_each(&ws, &xs, &mut outs);
+    }
+    // the reduction of `moe_forward_with`: ascending expert id, each output times its weight
+    for (&(_, wt), y) in route.iter().zip(ys.chunks_exact(d)) {
+        for (o, v) in step.out[..d].iter_mut().zip(y) {
+            *o += wt * v;
+        }
+    }
+    true
 }
 
 /// The MoE feed-forward of layer `layer` for `n` tokens with SwiGLU experts

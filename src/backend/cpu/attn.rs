@@ -10,9 +10,9 @@
 use crate::quant::SimdLevel;
 use std::cell::Cell;
 
-use rayon::prelude::*;
-
+use super::attn_decode;
 use super::ops::{softcap, softmax_inplace};
+use super::pool::for_each_chunk_mut;
 
 /// Keys scored together (lanes of one block: 8 AVX-512 or 16 AVX2 registers).
 pub const KEY_BLOCK: usize = 128;
@@ -120,11 +120,9 @@ impl KeysT {
         // (a copy: the same values whatever the split); a short one on this thread
         let rows = &mut t[..width * stride];
         if positions * width >= PARALLEL_TRANSPOSE_MIN {
-            rows.par_chunks_mut(TRANSPOSE_ROWS * stride)
-                .enumerate()
-                .for_each(|(i, part)| {
-                    transpose_rows(k, positions, width, stride, i * TRANSPOSE_ROWS, part)
-                });
+            for_each_chunk_mut(rows, TRANSPOSE_ROWS * stride, |i, part| {
+                transpose_rows(k, positions, width, stride, i * TRANSPOSE_ROWS, part)
+            });
         } else {
             transpose_rows(k, positions, width, stride, 0, rows);
         }
@@ -465,9 +463,25 @@ pub fn attention_with_sinks(
     out: &mut [f32],
 ) {
     let n = q.len() / (s.n_heads * s.head_dim).max(1);
+    let lanes = lanes_shape(s);
+    if attn_decode::fits(&lanes, n) {
+        // a decode step: the group's heads in the lanes, the cache read once, no transposition
+        return attn_decode::attention_lanes(&lanes, q, k_cache, v_cache, pos0, sinks, out);
+    }
     let group = s.n_heads / s.n_kv_heads;
     let transposed = n * group >= TRANSPOSE_MIN_QUERIES;
     attention_at(s, q, k_cache, v_cache, pos0, sinks, transposed, out)
+}
+
+/// `s` as `attn_decode.rs` reads it.
+fn lanes_shape(s: &AttnShape) -> attn_decode::Shape {
+    attn_decode::Shape {
+        n_heads: s.n_heads,
+        n_kv_heads: s.n_kv_heads,
+        head_dim: s.head_dim,
+        window: s.window,
+        softcap: s.softcap,
+    }
 }
 
 /// Queries per key head from which [`attention_with_sinks`] transposes the keys once
@@ -478,7 +492,8 @@ pub fn attention_with_sinks(
 /// element (BENCHMARKS.md, "Decode spine").
 const TRANSPOSE_MIN_QUERIES: usize = 1;
 
-/// [`attention_with_sinks`], scoring through transposed keys or one key at a time.
+/// [`attention_with_sinks`], scoring through transposed keys or one key at a time (never the
+/// lanes of `attn_decode.rs`).
 #[allow(clippy::too_many_arguments)]
 fn attention_at(
     s: &AttnShape,
@@ -497,7 +512,7 @@ fn attention_at(
     let lo0 = s.window.map_or(0, |w| (pos0 + 1).saturating_sub(w));
     let kt =
         transposed.then(|| KeysT::new(&k_cache[lo0 * kvd..], pos0 + n - lo0, s.n_kv_heads, hd));
-    out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+    for_each_chunk_mut(out, hd, |i, o| {
         let (t, h) = (i / nh, i % nh);
         let p = pos0 + t;
         let lo = s.window.map_or(0, |w| (p + 1).saturating_sub(w));
@@ -617,6 +632,67 @@ mod tests_attention {
                     a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
                     "pos0 {pos0} n {n}"
                 );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests_lanes {
+    use super::super::attn_decode::{attention_lanes, fits};
+    use super::*;
+
+    /// The lanes path gives the transposed path's outputs bit for bit (and so the
+    /// one-key-at-a-time sums'): one row and two rows, grouped heads of 8 and 4 and 1, with a
+    /// window, a cap and sinks, at short and long caches, on pools of 1, 2 and 5 threads.
+    #[test]
+    fn lanes_change_no_bit() {
+        for threads in [1, 2, 5] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for (nh, nkv, hd) in [(8, 1, 40), (16, 4, 32), (4, 4, 24)] {
+                for window in [None, Some(50)] {
+                    for (pos0, n) in [(0, 1), (9, 1), (70, 2), (700, 1), (49, 1)] {
+                        let s = AttnShape {
+                            n_heads: nh,
+                            n_kv_heads: nkv,
+                            head_dim: hd,
+                            window,
+                            softcap: window.map(|_| 30.0),
+                        };
+                        if !fits(&lanes_shape(&s), n) {
+                            continue;
+                        }
+                        let total = pos0 + n;
+                        let mut x = 11u32 + pos0 as u32;
+                        let mut next = move || {
+                            x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+                            (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+                        };
+                        let kvd = nkv * hd;
+                        let k: Vec<f32> = (0..total * kvd).map(|_| 3.0 * next()).collect();
+                        let v: Vec<f32> = (0..total * kvd).map(|_| next()).collect();
+                        let q: Vec<f32> = (0..n * nh * hd).map(|_| next()).collect();
+                        let sinks: Vec<f32> = (0..nh).map(|_| next()).collect();
+                        for sk in [None, Some(&sinks[..])] {
+                            let mut want = vec![0f32; q.len()];
+                            attention_at(&s, &q, &k, &v, pos0, sk, false, &mut want);
+                            let mut got = vec![f32::NAN; q.len()];
+                            pool.install(|| {
+                                attention_lanes(&lanes_shape(&s), &q, &k, &v, pos0, sk, &mut got)
+                            });
+                            assert!(want.iter().any(|v| *v != 0.0));
+                            assert!(
+                                want.iter()
+                                    .zip(&got)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{threads} threads, {nh}/{nkv} heads, pos0 {pos0} n {n}"
+                            );
+                        }
+                    }
+                }
             }
         }
     }

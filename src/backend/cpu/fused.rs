@@ -5,8 +5,6 @@
 //! finishes its share of one matrix goes on with the next. Each output is still
 //! `quant::dot_row` of its row, so the values are those of separate [`super::matvec`] calls.
 
-use rayon::prelude::*;
-
 use super::{
     check_shapes, matvec, numerics, rows_per_task, Matrix, Numerics, OutPtr, MIN_TASK_BYTES,
 };
@@ -39,6 +37,33 @@ pub fn matvec_many(ws: &[&Matrix], x: &[f32], ys: &mut [&mut [f32]]) {
 
 /// [`matvec_many`] at a forced SIMD level, always exact. Panics if the level is unavailable.
 pub fn matvec_many_at(level: SimdLevel, ws: &[&Matrix], x: &[f32], ys: &mut [&mut [f32]]) {
+    let xs = vec![x; ws.len()];
+    matvec_each_at(level, ws, &xs, ys)
+}
+
+/// `ys[i] = ws[i] xs[i]` for every `i`, in one parallel region: each matrix with its own
+/// input (the down projections of a decode step's experts). Each `ys[i][r]` equals
+/// `quant::dot_row(ws[i].ty, ws[i].row(r), xs[i])` exactly, as [`super::matvec`] computes it;
+/// outside exact numerics it calls [`super::matvec`] per matrix. Panics on shape mismatches.
+pub fn matvec_each(ws: &[&Matrix], xs: &[&[f32]], ys: &mut [&mut [f32]]) {
+    if numerics::current() != Numerics::Exact {
+        assert_eq!(
+            ws.len(),
+            xs.len(),
+            "{} matrices, {} inputs",
+            ws.len(),
+            xs.len()
+        );
+        for ((w, x), y) in ws.iter().zip(xs).zip(ys.iter_mut()) {
+            matvec(w, x, y);
+        }
+        return;
+    }
+    matvec_each_at(SimdLevel::detect(), ws, xs, ys)
+}
+
+/// [`matvec_each`] at a forced SIMD level, always exact. Panics if the level is unavailable.
+pub fn matvec_each_at(level: SimdLevel, ws: &[&Matrix], xs: &[&[f32]], ys: &mut [&mut [f32]]) {
     assert_eq!(
         ws.len(),
         ys.len(),
@@ -46,11 +71,18 @@ pub fn matvec_many_at(level: SimdLevel, ws: &[&Matrix], x: &[f32], ys: &mut [&mu
         ws.len(),
         ys.len()
     );
+    assert_eq!(
+        ws.len(),
+        xs.len(),
+        "{} matrices, {} inputs",
+        ws.len(),
+        xs.len()
+    );
     // (matrix, first row, rows) per task, each matrix split as matvec splits it alone
     let total: usize = ws.iter().map(|w| w.data.len()).sum();
     let mut tasks = Vec::with_capacity(MAX_TASKS);
     for (i, (w, y)) in ws.iter().zip(ys.iter()).enumerate() {
-        check_shapes(w, x, 1, y);
+        check_shapes(w, xs[i], 1, y);
         let rb = w.ty.row_bytes(w.cols).unwrap_or(0);
         let per = rows_per_task(w.rows, rb);
         tasks.extend(
@@ -65,7 +97,7 @@ pub fn matvec_many_at(level: SimdLevel, ws: &[&Matrix], x: &[f32], ys: &mut [&mu
         let (dot, _, _) = quant::row_kernels(level, w.ty);
         let rb = w.ty.row_bytes(w.cols).unwrap_or(0);
         for r in r0..r0 + count {
-            let v = dot(&w.data[r * rb..(r + 1) * rb], x);
+            let v = dot(&w.data[r * rb..(r + 1) * rb], xs[i]);
             // SAFETY: row `r` of matrix `i` is inside `ys[i]` (checked shapes) and belongs to
             // this task only (tasks cover disjoint row ranges)
             unsafe { *outs[i].get().add(r) = v };
@@ -74,6 +106,6 @@ pub fn matvec_many_at(level: SimdLevel, ws: &[&Matrix], x: &[f32], ys: &mut [&mu
     if tasks.len() <= 1 || total < MIN_TASK_BYTES {
         tasks.iter().for_each(run);
     } else {
-        tasks.par_iter().for_each(run);
+        super::pool::for_each_task(tasks.len(), |t| run(&tasks[t]));
     }
 }

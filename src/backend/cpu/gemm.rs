@@ -20,7 +20,6 @@
 use super::{Matrix, OutPtr};
 use crate::quant::tile::{tile_kernel, TileFn};
 use crate::quant::{self, RowPlan, SimdLevel};
-use rayon::prelude::*;
 use std::cell::RefCell;
 
 /// Bytes of decoded f32 weights per panel (fits L2 with a token tile beside it).
@@ -165,7 +164,7 @@ fn matmul_aligned(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f3
     if tasks == 1 {
         run(0);
     } else {
-        (0..tasks).into_par_iter().for_each(|i| run(i * per));
+        super::pool::for_each_task(tasks, |i| run(i * per));
     }
 }
 

@@ -251,7 +251,7 @@ fn products(level: SimdLevel, plan: IntPlan, w: &Matrix, a: &Q8Acts, n: usize, y
     if tasks == 1 {
         task(0);
     } else {
-        (0..tasks).into_par_iter().for_each(|i| task(i * per));
+        super::pool::for_each_task(tasks, |i| task(i * per));
     }
 }
 
@@ -393,7 +393,7 @@ fn quad_products<B, T>(
     if tasks == 1 {
         task(0);
     } else {
-        (0..tasks).into_par_iter().for_each(|i| task(i * per));
+        super::pool::for_each_task(tasks, |i| task(i * per));
     }
 }
 

@@ -15,7 +15,6 @@ use super::Matrix;
 use crate::quant::q8::vec::{VecActs, MULTI_ACTS, VEC_ROWS};
 use crate::quant::q8::{multi_kernel, vec_kernel};
 use crate::quant::SimdLevel;
-use rayon::prelude::*;
 use std::cell::RefCell;
 
 /// Weight bytes a parallel task should cover at least (as the exact matvec's).
@@ -146,9 +145,9 @@ pub(super) fn matmul_q8_small(
     if per >= rows {
         run(0, rows);
     } else {
-        (0..rows.div_ceil(per))
-            .into_par_iter()
-            .for_each(|i| run(i * per, per.min(rows - i * per)));
+        super::pool::for_each_task(rows.div_ceil(per), |i| {
+            run(i * per, per.min(rows - i * per))
+        });
     }
     true
 }
@@ -177,8 +176,6 @@ fn rows16(
     if per >= rows {
         run(0, y);
     } else {
-        y.par_chunks_mut(per)
-            .enumerate()
-            .for_each(|(i, ys)| run(i * per, ys));
+        super::pool::for_each_chunk_mut(y, per, |i, ys| run(i * per, ys));
     }
 }

@@ -19,18 +19,23 @@
 //!   `tests_q8.rs`.
 //! - `numerics.rs`: the `Numerics` (exact or q8) a model sets for the thread during its forward
 //!   pass.
-//! - `attn.rs`: attention scores through transposed keys (every pass, decode included; the
-//!   thread's transposition buffer reused) and value sums, in AVX-512 / AVX2 lanes, the same
-//!   sequential sums bit for bit.
+//! - `attn.rs`: attention scores through transposed keys (prompts and batches; the thread's
+//!   transposition buffer reused) and value sums, in AVX-512 / AVX2 lanes, the same
+//!   sequential sums bit for bit. `attn_decode.rs`: a decode step's attention (a GQA group's
+//!   query rows fit one vector): the group's heads in the lanes over the untransposed cache,
+//!   scores split by runs of positions, value sums by group and runs of outputs; the same
+//!   values bit for bit.
 //! - `fused.rs`: several matvecs of one input (q/k/v, gate/up) in one parallel region
 //!   (`matvec_many`).
 //! - `pool.rs`: a forward pass moved onto one pool thread so its products enter the pool without
-//!   a hand-off (`on_pool`, carrying the caller's numerics).
+//!   a hand-off (`on_pool`, carrying the caller's numerics); the kernels' parallel loops
+//!   (`for_each_task`, `for_each_chunk_mut`).
 //! - `gelu.rs`: GeGLU with the tanh GELU vectorized (`x / (1 + exp(-2y))`,
 //!   position-independent).
 //! - `ops.rs`: RMSNorm, RoPE (angles once per position), GELU, softmax.
 
 pub mod attn;
+mod attn_decode;
 mod device;
 mod fused;
 pub mod gelu;
@@ -45,7 +50,7 @@ pub mod pool;
 pub mod small_batch;
 
 pub use device::Cpu;
-pub use fused::{matvec_many, matvec_many_at};
+pub use fused::{matvec_each, matvec_each_at, matvec_many, matvec_many_at};
 pub use numerics::{with_numerics, Numerics};
 pub use pool::on_pool;
 
@@ -164,9 +169,7 @@ pub fn matvec_at(level: SimdLevel, w: &Matrix, x: &[f32], y: &mut [f32]) {
     if per >= w.rows {
         run(0, y);
     } else {
-        y.par_chunks_mut(per)
-            .enumerate()
-            .for_each(|(i, ys)| run(i * per, ys));
+        pool::for_each_chunk_mut(y, per, |i, ys| run(i * per, ys));
     }
 }
 

@@ -6,8 +6,47 @@
 //! there and stolen by the other threads, with no hand-off of the caller. What runs where
 //! changes; what is computed does not (products split by output rows, each output the same
 //! dot), so results are bit-identical with or without it.
+//!
+//! [`for_each_task`] and [`for_each_chunk_mut`] are the parallel loops the kernels split their
+//! work with (on the current rayon pool). A team of spinning pool threads per pass, claiming
+//! tasks by compare-and-swap, was tried for issue 31 and measured on the device host (16 Xeon
+//! cores under gVisor): decode fell to 0.38-0.54× llama.cpp from 4 threads up (BENCHMARKS.md,
+//! issue 31), so the loops stay on rayon.
+
+use rayon::prelude::*;
 
 use super::numerics::Carried;
+
+/// Runs `f(i)` for every `i in 0..n` over the current rayon pool (in place when `n` is 1).
+/// Each `f(i)` must not depend on which thread runs it. A panic in `f` propagates.
+pub fn for_each_task(n: usize, f: impl Fn(usize) + Sync) {
+    if n <= 1 {
+        (0..n).for_each(f);
+        return;
+    }
+    (0..n).into_par_iter().for_each(&f);
+}
+
+/// Raw pointer to the elements of a slice that tasks split into disjoint chunks.
+struct SlicePtr<T>(*mut T);
+// SAFETY: tasks touch disjoint chunks (see `for_each_chunk_mut`), and the slice outlives them.
+unsafe impl<T: Send> Sync for SlicePtr<T> {}
+
+/// Runs `f(i, chunk)` for the chunks of `per` elements of `y` (the last one shorter), as
+/// [`for_each_task`] runs tasks.
+pub fn for_each_chunk_mut<T: Send>(y: &mut [T], per: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    let (len, per) = (y.len(), per.max(1));
+    let p = SlicePtr(y.as_mut_ptr());
+    let p = &p;
+    for_each_task(len.div_ceil(per), |i| {
+        let start = i * per;
+        let n = per.min(len - start);
+        // SAFETY: chunk `i` covers `start .. start + n` inside `y`, disjoint from every other
+        // task's chunk, and `y` is borrowed mutably until all tasks are done.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(p.0.add(start), n) };
+        f(i, chunk)
+    });
+}
 
 /// Runs `f` on a thread of the current rayon pool (the global one outside any pool) and
 /// returns its result; runs it right here when the caller already is a pool thread. The
@@ -48,5 +87,31 @@ mod tests {
             on_pool(rayon::current_thread_index) == i
         });
         assert!(same);
+    }
+
+    /// Every task runs exactly once whatever the pool's size; chunks cover the slice.
+    #[test]
+    fn every_task_runs_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                for n in [0usize, 1, 2, 7, 1000] {
+                    let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                    for_each_task(n, |i| {
+                        hits[i].fetch_add(1, Ordering::Relaxed);
+                    });
+                    assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n {n}");
+                }
+                let mut y = vec![0usize; 103];
+                for_each_chunk_mut(&mut y, 10, |i, c| {
+                    c.iter_mut().enumerate().for_each(|(j, v)| *v = i * 10 + j)
+                });
+                assert_eq!(y, (0..103).collect::<Vec<_>>());
+            });
+        }
     }
 }

@@ -9,8 +9,6 @@
 //! tiled path's per-panel decoding into scratch costs more than it saves. Split over threads
 //! by ranges of rows.
 
-use rayon::prelude::*;
-
 use super::{check_shapes, rows_per_task, Matrix, OutPtr};
 use crate::quant::{self, SimdLevel};
 
@@ -56,8 +54,8 @@ pub fn matmul_small(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [
     if per >= rows {
         run(0, rows);
     } else {
-        (0..rows.div_ceil(per))
-            .into_par_iter()
-            .for_each(|i| run(i * per, per.min(rows - i * per)));
+        super::pool::for_each_task(rows.div_ceil(per), |i| {
+            run(i * per, per.min(rows - i * per))
+        });
     }
 }

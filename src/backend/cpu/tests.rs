@@ -219,6 +219,26 @@ fn matvec_many_equals_dot_row_per_matrix_at_any_thread_count() {
             }
         }
     }
+    // each matrix with its own input (`matvec_each`), inside a pass and outside one
+    let xs: Vec<Vec<f32>> = ws
+        .iter()
+        .map(|_| (0..cols).map(|_| rng.unit()).collect())
+        .collect();
+    let xr: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
+    for in_pass in [false, true] {
+        let mut ys: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; w.rows]).collect();
+        let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+        match in_pass {
+            true => on_pool(|| matvec_each(&wr, &xr, &mut outs)),
+            false => matvec_each(&wr, &xr, &mut outs),
+        }
+        for ((w, y), x) in ws.iter().zip(&ys).zip(&xs) {
+            for (r, v) in y.iter().enumerate() {
+                let want = quant::dot_row(w.ty, w.row(r), x);
+                assert_eq!(v.to_bits(), want.to_bits(), "{} each r{r}", w.ty);
+            }
+        }
+    }
     // under q8 numerics it is the per-matrix q8 matvec
     let mut ys: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; w.rows]).collect();
     with_numerics(Numerics::Q8, || {

@@ -20,7 +20,7 @@ use super::batch::{rows_of, rows_of_mut, Seqs};
 use super::rope::RopeStyle;
 
 use crate::backend::cpu::ops::{rms_norm_inplace, rope_angles, rope_interleaved_sc, rope_neox_sc};
-use crate::backend::cpu::{matmul, matmul_t, matvec, matvec_many};
+use crate::backend::cpu::{matmul, matmul_t, matvec, matvec_each, matvec_many};
 use crate::quant::dequantize_row;
 
 /// Gemma's logit soft-capping `cap · tanh(x / cap)` and the RoPE inverse frequencies, for the
@@ -62,6 +62,13 @@ pub fn mm_many(ws: &[&Matrix], x: &[f32], n: usize, ys: &mut [&mut [f32]]) {
             matmul(w, x, n, y)
         }
     }
+}
+
+/// One row through each of several matrices, each with its own input: `ys[i] = ws[i] xs[i]`
+/// in one parallel region (`kernels::matvec_each`: a decode step's expert down projections);
+/// the values are those of separate [`mm`] calls with one row.
+pub fn mm_each(ws: &[&Matrix], xs: &[&[f32]], ys: &mut [&mut [f32]]) {
+    matvec_each(ws, xs, ys)
 }
 
 /// Gemma-style post-norm residual: each `d`-wide row of `o` is RMS-normed with `w` (in place)
