@@ -8,7 +8,8 @@
 //! elsewhere; CI has none): every GQA fixture family's logits on the GPU within 1e-3
 //! relative of the CPU's (max |gpu − cpu| / max |cpu| over a whole prompt's logits, the
 //! worst printed), greedy continuations equal, a batch of sequences equal to each alone
-//! bit for bit, and experts streamed from disk equal to experts resident, bit for bit.
+//! bit for bit (passes of at most 8 rows), and experts streamed from disk equal to experts
+//! resident, bit for bit in decode steps.
 
 mod common;
 
@@ -241,7 +242,10 @@ fn gpu_streamed_experts_equal_resident_experts() {
         assert!(ss.experts().is_some(), "{}", sm.placement().summary);
         let (ra, rids, rsteps) = prompt_and_greedy(rm.as_ref(), &mut rs);
         let (sa, sids, ssteps) = prompt_and_greedy(sm.as_ref(), &mut ss);
-        assert!(bits(&ra) == bits(&sa), "{rel}: prompt logits");
+        // the prompt's head may be streamed in chunks: cuBLAS may order a chunk's sums
+        // otherwise than the whole head's; every layer (and so the cache) is the same
+        let prompt = rel_diff(&sa, &ra);
+        assert!(prompt < 1e-5, "{rel}: prompt logits {prompt}");
         assert!(bits(&rsteps) == bits(&ssteps), "{rel}: decode logits");
         assert_eq!(rids, sids, "{rel}");
         eprintln!("{rel}: streamed == resident on the GPU");

@@ -31,7 +31,6 @@ use anyhow::Result;
 pub use super::mtp_layer::{ChunkedMatrix, MtpLayer};
 
 use super::batch::{rows_of, SeqPass, SeqRows, Seqs};
-use super::decoder_dev::ScratchOn;
 use super::device::{open_cuda, Device};
 use super::embed_head::{Embedding, Head};
 use super::layers::add_into;
@@ -56,6 +55,14 @@ pub struct Scratch {
     /// Residual-stream checkpoints a family banks during one pass (Kimi K3's attention
     /// residuals: one `n × hidden` copy per block); empty at the start of every pass.
     pub bank: Vec<Vec<f32>>,
+}
+
+/// What a layer's spine leaves on the device ([`Blocks::spine_on`]) for the rest of the layer, reused across
+/// layers: the post-attention normed rows (the routed experts' input) and, in a MoE layer,
+/// the router logits brought to the host (`n × n_experts`, bias added) for routing.
+pub struct ScratchOn<D: Device> {
+    pub xn: D::Buf,
+    pub router: Vec<f32>,
 }
 
 /// A MoE layer's router as a family describes it (the skeleton adds the spine unit).

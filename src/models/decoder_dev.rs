@@ -11,21 +11,13 @@
 use anyhow::Result;
 
 use super::batch::{SeqPass, SeqRows, Seqs};
-use super::decoder::{Blocks, Decoder};
+use super::decoder::{Blocks, Decoder, ScratchOn};
 use super::device::Device;
 use super::layers::generic::norm_on;
 use super::moe::{keep_first, next_experts, route_rows};
 use super::moe_dev::ExpertStepOn;
 use super::Logits;
 use crate::store::{NextReads, WeightStore};
-
-/// What a layer's spine leaves on the device for the rest of the layer, reused across
-/// layers: the post-attention normed rows (the routed experts' input) and, in a MoE layer,
-/// the router logits brought to the host (`n × n_experts`, bias added) for routing.
-pub struct ScratchOn<D: Device> {
-    pub xn: D::Buf,
-    pub router: Vec<f32>,
-}
 
 impl<B: Blocks> Decoder<B> {
     /// The layer loop on `dev` for the sequences of `batch` whose tokens, concatenated in

@@ -30,8 +30,7 @@ use anyhow::Result;
 pub use self::config::Config;
 
 use super::budget::{place, HeadTensors, Notes, OnDemand, WeightUnits};
-use super::decoder::{Blocks, Decoder, Dims, RouterParts};
-use super::decoder_dev::ScratchOn;
+use super::decoder::{Blocks, Decoder, Dims, RouterParts, ScratchOn};
 use super::device::Device;
 use super::layers::generic::{gqa_attention_on, glu_mlp_on, mm_on, norm_on, GqaOn, W};
 use super::layers::{AttnShape, GqaRope};
