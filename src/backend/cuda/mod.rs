@@ -20,9 +20,14 @@
 //! `matvec.cu`, `ops.cu`, `attention.cu`), `tests.rs` (each op against the CPU's, on a GPU
 //! when one is found).
 //!
+//! Weights the models hand over as host bytes ([`Backend::matmul_host`]): a resident unit's
+//! matrix is copied at its first use and kept, found by its host address
+//! ([`Cuda::resident_matrix`]); any other (a streamed unit, a routed expert) is copied for
+//! the one product ([`Cuda::weight_bytes`] counts both).
+//!
 //! Not yet here (ARCHITECTURE.md, "Adding a compute device"): multi-head latent attention and
-//! the KDA scan (their ops return an error), pinned staging buffers and a copy stream, and the
-//! models' use of this backend.
+//! the KDA scan (their ops return an error), pinned staging buffers, a copy stream, a VRAM
+//! expert cache.
 
 mod kernels;
 mod matmul;
