@@ -20,6 +20,10 @@
 //! - families whose [`Blocks::plan_whole_pass`] is true (dense models streamed layer by layer,
 //!   Gemma 3) announce every unit of the pass at its start instead.
 //!
+//! The families whose blocks run through the backend ([`Blocks::device_path`]: the GQA
+//! families) take the same loop on a device, the CPU included (`decoder_dev.rs`, with
+//! [`Blocks::spine_on`] and [`Blocks::experts_on`]); the others run the host loop here.
+//!
 //! MoE output is `x += (Σ routed + shared)`: the routed experts' weighted sum, then the shared
 //! experts' output when the spine wrote one, then the residual, in that order, as transformers
 //! adds them.
@@ -57,9 +61,10 @@ pub struct Scratch {
     pub bank: Vec<Vec<f32>>,
 }
 
-/// What a layer's spine leaves on the device ([`Blocks::spine_on`]) for the rest of the layer, reused across
-/// layers: the post-attention normed rows (the routed experts' input) and, in a MoE layer,
-/// the router logits brought to the host (`n × n_experts`, bias added) for routing.
+/// What a layer's spine leaves on the device ([`Blocks::spine_on`]) for the rest of the
+/// layer, reused across layers: the post-attention normed rows (the routed experts' input)
+/// and, in a MoE layer, the router logits brought to the host (`n × n_experts`, bias added)
+/// for routing.
 pub struct ScratchOn<D: Device> {
     pub xn: D::Buf,
     pub router: Vec<f32>,
@@ -521,12 +526,13 @@ impl<B: Blocks> Model for Decoder<B> {
     }
 
     /// The device `kind` names ([`open_cuda`]; `auto` takes a GPU only for a family with a
-    /// device path), said at the end of the placement summary (`; device cuda:0 (…)`).
+    /// device path), said at the end of the placement summary (`; device cpu`, `; device
+    /// cuda:0 (NVIDIA H200, 140 GiB)`).
     fn set_device(&mut self, kind: DeviceKind) -> Result<()> {
         self.cuda = open_cuda(kind, self.blocks.device_path(), self.cpu.numerics)?;
         let name = match &self.cuda {
             Some(c) => c.name(),
-            None => self.cpu.name(),
+            None => "cpu".to_string(),
         };
         self.placement.summary = format!("{}; device {name}", self.placement.summary);
         Ok(())
