@@ -76,6 +76,7 @@ const ENGINE: &[&str] = &[
     "--threads",
     "--no-direct-io",
     "--numerics",
+    "--device",
     "--cache",
     "--heat-file",
     "--io-engine",

@@ -153,6 +153,8 @@ fn bench_reports_streamed_dense_weights_and_its_output_forms() {
         "3",
         "--prompt-tokens",
         "4",
+        "--device",
+        "cpu",
         "--scenarios",
         "cold-decode,prefill",
         "--keep-page-cache",
@@ -182,8 +184,9 @@ fn bench_reports_streamed_dense_weights_and_its_output_forms() {
     assert_eq!(stats, ["min", "median", "max", "min", "median", "max"]);
     assert!(lines[1].starts_with("cold-decode,min,"), "{csv}");
     assert!(
-        lines[1]
-            .ends_with(",\"dense: 15/18 layers resident, LM head streamed (tied to embeddings)\""),
+        lines[1].ends_with(
+            ",\"dense: 15/18 layers resident, LM head streamed (tied to embeddings); device cpu\""
+        ),
         "{csv}"
     );
     let err = String::from_utf8_lossy(&o.stderr);

@@ -45,6 +45,7 @@ fn opts(budget: Option<u64>, cache: CachePolicy, engine: EngineChoice, req: usiz
         },
         mtp: false,
         numerics: Default::default(),
+        device: Default::default(),
     }
 }
 

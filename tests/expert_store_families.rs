@@ -94,6 +94,7 @@ fn opts(budget: Option<u64>, cache: CachePolicy, n_batch: usize) -> LoadOptions 
         },
         mtp: false,
         numerics: Default::default(),
+        device: Default::default(),
     }
 }
 

@@ -409,7 +409,7 @@ fn multi_token_prediction_layers_are_ignored_and_reported() {
     let (m, st) = deltafin::models::load_hf(d.path(), &opts).unwrap();
     assert_eq!(
         m.placement().summary,
-        "3/3 layers and 16/16 experts resident, LM head resident, 1 multi-token-prediction layer(s) ignored"
+        "3/3 layers and 16/16 experts resident, LM head resident, 1 multi-token-prediction layer(s) ignored; device cpu"
     );
     let mut s = deltafin::engine::Session::new(m, st, 128, 128);
     assert!(s.prefill(&ids, Logits::Last).unwrap() == want);

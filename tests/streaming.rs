@@ -35,7 +35,7 @@ fn logits_are_bit_identical_for_every_budget_and_batching() {
     let (resident, toks, p0, b0) = run(None, 16);
     assert_eq!(
         p0,
-        "18/18 layers resident, LM head resident (tied to embeddings)"
+        "18/18 layers resident, LM head resident (tied to embeddings); device cpu"
     );
     // " Paris," is 9079, 236764 and the greedy continuation goes on with " France".
     assert_eq!(toks, vec![9079, 236764, 7001]);
@@ -46,7 +46,7 @@ fn logits_are_bit_identical_for_every_budget_and_batching() {
     let (streamed, _, p1, b1) = run(Some(12 << 20), 16);
     assert_eq!(
         p1,
-        "0/18 layers resident, LM head streamed (tied to embeddings)"
+        "0/18 layers resident, LM head streamed (tied to embeddings); device cpu"
     );
     // 1 prompt pass + 3 decode passes, each reading every weight (~235 MiB)
     assert!(b1 > (4 * 230) << 20, "streamed only {b1} bytes");
@@ -56,7 +56,7 @@ fn logits_are_bit_identical_for_every_budget_and_batching() {
     let (partial, _, p2, _) = run(Some(64 << 20), 16);
     assert_eq!(
         p2,
-        "15/18 layers resident, LM head streamed (tied to embeddings)"
+        "15/18 layers resident, LM head streamed (tied to embeddings); device cpu"
     );
 
     // prompt fed one token per forward pass

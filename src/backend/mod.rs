@@ -8,8 +8,8 @@
 //! - `cuda/`: the CUDA backend ([`cuda::Cuda`]): the driver, NVRTC and cuBLAS loaded at run
 //!   time (no CUDA needed to build or to run without a GPU), kernels from committed `.cu`
 //!   sources compiled at first use; products over the stored encodings, norms, RoPE, the
-//!   GLUs, GQA attention. The models do not use it yet (ARCHITECTURE.md, "Adding a compute
-//!   device").
+//!   GLUs, GQA attention. The GQA families run on it with `--device cuda`
+//!   (ARCHITECTURE.md, "Adding a compute device", says what is done and what is not).
 //!
 //! The model code above (`models/layers/`, the decoder skeleton) owns the wiring of a layer
 //! (which projection feeds which op); a backend owns the buffers and the ops. Routing stays
@@ -84,6 +84,44 @@ pub trait Backend: Send + Sync {
         x: &Self::Buf,
         rows: usize,
         y: &mut Self::Buf,
+    ) -> Result<()>;
+    /// [`Backend::matmul`] over a weight matrix given by its host bytes `w` (a view into a
+    /// unit of the weight store). `keep`: the bytes stay at this address, unchanged, as long
+    /// as the backend lives (a resident unit), so a device may copy them once and reuse that
+    /// copy at every later call; otherwise (a streamed unit, a routed expert) they are valid
+    /// for this call only and a device copies them for it. The CPU reads them in place.
+    fn matmul_host(
+        &self,
+        w: &cpu::Matrix<'_>,
+        keep: bool,
+        x: &Self::Buf,
+        rows: usize,
+        y: &mut Self::Buf,
+    ) -> Result<()>;
+    /// [`Backend::matmul_host`] of several matrices (`(view, keep)`) over the same `rows`
+    /// rows of `x`: `ys[i] = x ws[i]ᵀ`, the values of separate calls. The CPU takes one
+    /// parallel region for all of them in a one-row pass (a decode step).
+    fn matmul_host_many(
+        &self,
+        ws: &[(&cpu::Matrix<'_>, bool)],
+        x: &Self::Buf,
+        rows: usize,
+        ys: &mut [&mut Self::Buf],
+    ) -> Result<()> {
+        for (&(w, keep), y) in ws.iter().zip(ys.iter_mut()) {
+            self.matmul_host(w, keep, x, rows, y)?;
+        }
+        Ok(())
+    }
+    /// `len` floats of `src` from float `src_at` copied into `dst` from float `dst_at` (a
+    /// sequence's rows out of a batch, new keys and values into a cache slot).
+    fn copy(
+        &self,
+        src: &Self::Buf,
+        src_at: usize,
+        dst: &mut Self::Buf,
+        dst_at: usize,
+        len: usize,
     ) -> Result<()>;
     /// Rows `ids` of an embedding table (`vocab × hidden`) decoded into `out`
     /// (`ids.len() × hidden`).
@@ -169,8 +207,9 @@ pub trait Backend: Send + Sync {
 }
 
 /// The devices `--device` names: the CPU, a CUDA GPU by ordinal, or the best found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DeviceKind {
+    #[default]
     Cpu,
     Cuda(usize),
     Auto,

@@ -74,6 +74,10 @@ pub struct BenchArgs {
     /// Arithmetic of the matrix products (as for `run`: `exact` or the lossy `q8`).
     #[arg(long, default_value = "exact")]
     pub numerics: crate::models::Numerics,
+    /// Compute device, as for `run`: cpu, cuda, cuda:N, or auto (the first CUDA GPU when the
+    /// model runs on one, else the CPU).
+    #[arg(long, default_value = "auto")]
+    pub device: crate::backend::DeviceKind,
     #[command(flatten)]
     pub store: StoreArgs,
     /// Speculative decoding in the decode scenarios (greedy, as without it).
@@ -180,6 +184,7 @@ fn scenario(
         experts: a.store.options(Some(&a.model)),
         mtp: a.spec.mtp(),
         numerics: a.numerics,
+        device: a.device,
     };
     let loaded = opened
         .load(&Options {

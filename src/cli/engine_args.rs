@@ -94,6 +94,9 @@ pub struct MemoryArgs {
     /// Matrix products: exact, or q8 (lossy, faster prompts)
     #[arg(value_name = "MODE", help_heading = MEMORY, long, default_value = "exact")]
     pub numerics: crate::models::Numerics,
+    /// Compute device: cpu, cuda, cuda:N, or auto (the first CUDA GPU when the model runs on one, else the CPU)
+    #[arg(value_name = "DEVICE", help_heading = MEMORY, long, default_value = "auto")]
+    pub device: crate::backend::DeviceKind,
 }
 
 /// Statistics flags (`run`; `chat` per answer).
@@ -250,6 +253,7 @@ impl EngineArgs {
             experts: self.store.options(path),
             mtp: self.spec.mtp(),
             numerics: m.numerics,
+            device: m.device,
         };
         progress.phase("loading: weights");
         let mut loaded = opened.load_weights(&opts);

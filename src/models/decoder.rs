@@ -20,6 +20,10 @@
 //! - families whose [`Blocks::plan_whole_pass`] is true (dense models streamed layer by layer,
 //!   Gemma 3) announce every unit of the pass at its start instead.
 //!
+//! The families whose blocks run through the backend ([`Blocks::device_path`]: the GQA
+//! families) take the same loop on a device, the CPU included (`decoder_dev.rs`, with
+//! [`Blocks::spine_on`] and [`Blocks::experts_on`]); the others run the host loop here.
+//!
 //! MoE output is `x += (Σ routed + shared)`: the routed experts' weighted sum, then the shared
 //! experts' output when the spine wrote one, then the residual, in that order, as transformers
 //! adds them.
@@ -31,12 +35,15 @@ use anyhow::Result;
 pub use super::mtp_layer::{ChunkedMatrix, MtpLayer};
 
 use super::batch::{rows_of, SeqPass, SeqRows, Seqs};
+use super::device::{open_cuda, Device};
 use super::embed_head::{Embedding, Head};
 use super::layers::add_into;
 use super::moe::{keep_first, next_experts, route_rows, ExpertStep, RouterRef, Routers};
+use super::moe_dev::ExpertStepOn;
 use super::{run_batch, KvCache, Logits, Model, Placement};
 use crate::backend::cpu::Cpu;
-use crate::backend::Backend;
+use crate::backend::cuda::Cuda;
+use crate::backend::{Backend, DeviceKind};
 use crate::store::{NextReads, UnitBytes, WeightStore};
 
 /// Activations a layer's spine writes for the rest of the layer, reused across layers.
@@ -52,6 +59,15 @@ pub struct Scratch {
     /// Residual-stream checkpoints a family banks during one pass (Kimi K3's attention
     /// residuals: one `n × hidden` copy per block); empty at the start of every pass.
     pub bank: Vec<Vec<f32>>,
+}
+
+/// What a layer's spine leaves on the device ([`Blocks::spine_on`]) for the rest of the
+/// layer, reused across layers: the post-attention normed rows (the routed experts' input)
+/// and, in a MoE layer, the router logits brought to the host (`n × n_experts`, bias added)
+/// for routing.
+pub struct ScratchOn<D: Device> {
+    pub xn: D::Buf,
+    pub router: Vec<f32>,
 }
 
 /// A MoE layer's router as a family describes it (the skeleton adds the spine unit).
@@ -136,15 +152,59 @@ pub trait Blocks: Send + Sync {
     /// `s.router` and, with shared experts, their output into `s.shared`. Row-wise steps run
     /// over all rows at once; only the steps that read positions run per sequence
     /// ([`Seqs::each`]).
+    ///
+    /// Called only for a family without a device path ([`Blocks::device_path`]); the
+    /// default (for the others) panics.
     fn spine(
         &self,
         l: usize,
-        w: &Self::Layer,
-        u: &UnitBytes,
-        seqs: &mut Seqs<'_>,
-        x: &mut [f32],
-        s: &mut Scratch,
-    );
+        _w: &Self::Layer,
+        _u: &UnitBytes,
+        _seqs: &mut Seqs<'_>,
+        _x: &mut [f32],
+        _s: &mut Scratch,
+    ) {
+        unreachable!("layer {l}: this family's layers run through Blocks::spine_on")
+    }
+    /// Whether this family's layers run on any [`Device`] through [`Blocks::spine_on`] and
+    /// [`Blocks::experts_on`] (the CPU included: the decoder then runs `decoder_dev.rs`'s
+    /// loop and `--device cuda` is allowed), or, as the error, the family's name and what
+    /// its layers need that the backend seam does not offer yet (the refusal of `--device
+    /// cuda` names it). Default: none of this family's layers run on devices.
+    fn device_path(&self) -> Result<(), (&'static str, &'static str)> {
+        Err((
+            "this family",
+            "its layers call the CPU's kernels directly (no device path)",
+        ))
+    }
+    /// [`Blocks::spine`] on the device `dev`: layer `l` over its unit's bytes `u` (`keep`:
+    /// the unit is resident) for the rows `x` (`rows × hidden`, on the device) of `seqs`,
+    /// with each sequence's keys and values in its device slots; a MoE layer leaves the
+    /// post-attention normed rows in `s.xn` and brings the router logits to the host in
+    /// `s.router`. Called only when [`Blocks::device_path`] is `Ok`.
+    ///
+    /// Errors: the device's.
+    #[allow(clippy::too_many_arguments)]
+    fn spine_on<D: Device>(
+        &self,
+        _dev: &D,
+        l: usize,
+        _w: &Self::Layer,
+        _u: &UnitBytes,
+        _keep: bool,
+        _seqs: &mut Seqs<'_>,
+        _x: &mut D::Buf,
+        _s: &mut ScratchOn<D>,
+    ) -> Result<()> {
+        anyhow::bail!("layer {l}: this family has no device path")
+    }
+    /// [`Blocks::experts`] on the device `dev` ([`ExpertStepOn`]). Called only when
+    /// [`Blocks::device_path`] is `Ok`.
+    ///
+    /// Errors: an expert could not be read; the device's.
+    fn experts_on<D: Device>(&self, _dev: &D, step: ExpertStepOn<'_, D>) -> Result<()> {
+        anyhow::bail!("layer {}: this family has no device path", step.layer)
+    }
     /// Layer `l`'s router (`None` for a dense layer), as the prefetcher applies it.
     fn router<'a>(&'a self, l: usize, w: &'a Self::Layer) -> Option<RouterParts<'a>>;
     /// Routed experts per MoE layer (columns of the router logits).
@@ -154,8 +214,15 @@ pub trait Blocks: Send + Sync {
     fn route(&self, l: usize, logits: &[f32]) -> Vec<(usize, f32)>;
     /// Runs the routed experts of one MoE layer ([`ExpertStep`]).
     ///
-    /// Errors: an expert could not be read (the message names the file and expert).
-    fn experts(&self, step: ExpertStep<'_>) -> io::Result<()>;
+    /// Errors: an expert could not be read (the message names the file and expert). The
+    /// default (for a family without routed experts, or whose experts run through
+    /// [`Blocks::experts_on`]) refuses.
+    fn experts(&self, step: ExpertStep<'_>) -> io::Result<()> {
+        Err(io::Error::other(format!(
+            "layer {}: no host expert step",
+            step.layer
+        )))
+    }
     /// Adjusts the final logits in place (Gemma: soft-capping). Default: nothing.
     fn finish_logits(&self, _logits: &mut [f32]) {}
     /// Floats of recurrent state layer `l` keeps in the cache ([`KvCache::with_state`]);
@@ -194,17 +261,20 @@ pub struct Decoder<B: Blocks> {
     pub blocks: B,
     pub(super) dims: Dims,
     /// Per layer: the spine unit id and the layer's weights.
-    layers: Vec<(usize, B::Layer)>,
+    pub(super) layers: Vec<(usize, B::Layer)>,
     pub(super) embedding: Embedding,
     pub(super) head: Head,
     /// Final RMSNorm weights (`hidden`).
-    final_norm: Vec<f32>,
+    pub(super) final_norm: Vec<f32>,
     placement: Placement,
     /// The multi-token-prediction layer, when loaded ([`Decoder::with_mtp`]).
     pub(super) mtp: Option<MtpLayer<B::Layer>>,
     /// The backend every forward pass computes on, with its numerics (the arithmetic of
     /// every matrix product).
     cpu: Cpu,
+    /// The GPU every forward pass computes on instead, when `--device` picked one
+    /// ([`Model::set_device`]; only for families with a device path).
+    cuda: Option<Box<Cuda>>,
 }
 
 impl<B: Blocks> Decoder<B> {
@@ -229,6 +299,7 @@ impl<B: Blocks> Decoder<B> {
             placement,
             mtp: None,
             cpu: Cpu::default(),
+            cuda: None,
         }
     }
 
@@ -254,7 +325,7 @@ impl<B: Blocks> Decoder<B> {
     }
 
     /// Queues what comes after layer `l`: the next spine unit, or the LM head chunks.
-    fn plan_after(&self, store: &mut WeightStore, l: usize) {
+    pub(super) fn plan_after(&self, store: &mut WeightStore, l: usize) {
         match self.layers.get(l + 1) {
             Some((u, _)) => store.plan([*u]),
             None => self.head.plan(store),
@@ -416,6 +487,7 @@ impl<B: Blocks> Model for Decoder<B> {
     fn new_cache(&self, n_ctx: usize) -> KvCache {
         let (l, n) = (self.dims.num_layers, n_ctx.min(self.dims.context_length));
         let cache = match self.dims.cache {
+            CacheShape::Kv { kv_dim } if self.cuda.is_some() => KvCache::on_device(l, n, kv_dim),
             CacheShape::Kv { kv_dim } => KvCache::new(l, n, kv_dim),
             CacheShape::Latent { width } => KvCache::new_latent(l, n, width),
         };
@@ -442,8 +514,27 @@ impl<B: Blocks> Model for Decoder<B> {
 
     /// Every numerics applies to every family: the kernels choose per matrix type.
     fn set_numerics(&mut self, n: crate::backend::cpu::Numerics) -> Result<()> {
+        if let (Some(c), crate::backend::cpu::Numerics::Q8) = (&self.cuda, n) {
+            anyhow::bail!(
+                "--numerics {n} is CPU arithmetic; {} computes in f32",
+                c.name()
+            );
+        }
         self.cpu = Cpu::new(n);
         self.placement.numerics = n;
+        Ok(())
+    }
+
+    /// The device `kind` names ([`open_cuda`]; `auto` takes a GPU only for a family with a
+    /// device path), said at the end of the placement summary (`; device cpu`, `; device
+    /// cuda:0 (NVIDIA H200, 140 GiB)`).
+    fn set_device(&mut self, kind: DeviceKind) -> Result<()> {
+        self.cuda = open_cuda(kind, self.blocks.device_path(), self.cpu.numerics)?;
+        let name = match &self.cuda {
+            Some(c) => c.name(),
+            None => "cpu".to_string(),
+        };
+        self.placement.summary = format!("{}; device {name}", self.placement.summary);
         Ok(())
     }
 
@@ -466,10 +557,23 @@ impl<B: Blocks> Model for Decoder<B> {
                 s.plan([self.layers[0].0]);
             }
         };
-        self.cpu.run_pass(|| {
-            run_batch(store, batch, self.dims.vocab_size, plan, |s, b| {
-                self.forward_planned(s, b, &tokens)
-            })
-        })
+        let vocab = self.dims.vocab_size;
+        match (&self.cuda, self.blocks.device_path().is_ok()) {
+            (Some(c), _) => c.run_pass(|| {
+                run_batch(store, batch, vocab, plan, |s, b| {
+                    self.forward_on(c.as_ref(), s, b, &tokens)
+                })
+            }),
+            (None, true) => self.cpu.run_pass(|| {
+                run_batch(store, batch, vocab, plan, |s, b| {
+                    self.forward_on(&self.cpu, s, b, &tokens)
+                })
+            }),
+            (None, false) => self.cpu.run_pass(|| {
+                run_batch(store, batch, vocab, plan, |s, b| {
+                    self.forward_planned(s, b, &tokens)
+                })
+            }),
+        }
     }
 }

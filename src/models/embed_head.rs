@@ -73,6 +73,15 @@ impl Head {
         store.plan(self.units());
     }
 
+    /// The head's matrices with their units and first rows: one for a resident head, one per
+    /// chunk for a streamed one.
+    pub fn parts(&self) -> Vec<(usize, usize, MatRef)> {
+        match self {
+            Head::Resident { unit, mat } => vec![(*unit, 0, *mat)],
+            Head::Chunks(ch) => ch.clone(),
+        }
+    }
+
     /// The units a pass reads the head from when it is streamed (its chunks, in order); none
     /// when it is resident.
     pub fn units(&self) -> Vec<usize> {

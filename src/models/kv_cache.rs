@@ -23,6 +23,10 @@ pub struct KvCache {
     /// The final hidden states (before the final norm) of the cached positions, kept only
     /// when [`HiddenRows::on`]: what a multi-token-prediction drafter reads after each pass.
     pub hidden: HiddenRows,
+    /// The keys and values in a device's memory when the model computes on one (its
+    /// `models::device::Device::kv_slots`, allocated at the first pass); [`KvCache::k`] and
+    /// [`KvCache::v`] are then empty. `None` on the CPU.
+    pub dev: Option<Box<dyn std::any::Any + Send>>,
 }
 
 /// The final hidden state (the residual stream after the last layer, before the final
@@ -101,6 +105,7 @@ impl KvCache {
             len: 0,
             state: (0..n_layers).map(|_| Vec::new()).collect(),
             hidden: HiddenRows::default(),
+            dev: None,
         }
     }
 
@@ -117,7 +122,17 @@ impl KvCache {
             len: 0,
             state: (0..n_layers).map(|_| Vec::new()).collect(),
             hidden: HiddenRows::default(),
+            dev: None,
         }
+    }
+
+    /// A cache of `n_ctx` positions of `kv_dim` floats whose keys and values live in a
+    /// device's memory ([`KvCache::dev`], allocated by the device at the first pass): the
+    /// host vectors stay empty.
+    pub fn on_device(n_layers: usize, n_ctx: usize, kv_dim: usize) -> Self {
+        let mut c = Self::new(n_layers, 0, kv_dim);
+        c.n_ctx = n_ctx;
+        c
     }
 
     /// This cache with a recurrent state of `floats[l]` floats (zeros) for each layer `l`

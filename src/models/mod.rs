@@ -8,7 +8,9 @@
 //! - `registry.rs`: the registry's entry type, `Family`; the table, [`FAMILIES`], is built in
 //!   this file by `families!`.
 //! - `decoder.rs`: the shared decoder skeleton, which implements `Model` once over a family's
-//!   `Blocks`.
+//!   `Blocks`; `decoder_dev.rs`: its layer loop on any device (`device.rs`: `Device`, a
+//!   backend that holds KV slots, and `--device`'s choice) for the families whose blocks run
+//!   through the backend; `moe_dev.rs`: the routed-experts step there.
 //! - `mtp_layer.rs`: the multi-token-prediction layer's weights (`MtpLayer`, `ChunkedMatrix`;
 //!   DeepSeek V3 builds it); `mtp_decoder.rs`: its forward pass (`Decoder` as `models::Mtp`,
 //!   `Model::mtp`, loaded with `LoadOptions::mtp`; the family's spine and experts as layer
@@ -25,7 +27,8 @@
 //!     SiTU, SiTU experts, latent MoE and the attention-residual mix in `ffn.rs`.
 //!
 //!   No family imports another: what two families share lives beside them.
-//! - Shared blocks: `layers/` (`mod.rs`: grouped-query attention, norms; `mla.rs`:
+//! - Shared blocks: `layers/` (`mod.rs`: grouped-query attention, norms; `generic.rs`: the
+//!   same over any backend (`Device`); `mla.rs`:
 //!   multi-head latent attention over a latent cache, DeepSeek V3, Kimi Linear, Kimi K3;
 //!   `kda.rs`: the Kimi Delta Attention rule; `mixers.rs`: the KDA and no-RoPE MLA token
 //!   mixers of Kimi Linear and K3; `hybrid.rs`: their per-layer KDA/MLA layout from
@@ -41,12 +44,15 @@ pub mod batch;
 mod budget;
 pub mod config;
 pub mod decoder;
+mod decoder_dev;
+pub mod device;
 pub mod embed_head;
 pub mod kv_cache;
 pub mod layers;
 pub mod loading;
 mod model;
 pub mod moe;
+mod moe_dev;
 mod mtp_decoder;
 pub mod mtp_layer;
 mod needs;
@@ -120,9 +126,10 @@ pub fn load_hf(folder: &std::path::Path, opts: &LoadOptions) -> anyhow::Result<M
     load_hf_model(&hf, opts)
 }
 
-/// A loaded model set to `opts.numerics`.
+/// A loaded model set to `opts.numerics` on `opts.device`.
 fn with_numerics((mut m, s): ModelAndStore, opts: &LoadOptions) -> anyhow::Result<ModelAndStore> {
     m.set_numerics(opts.numerics)?;
+    m.set_device(opts.device)?;
     Ok((m, s))
 }
 

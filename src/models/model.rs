@@ -2,6 +2,7 @@
 //! loading one ([`LoadOptions`], [`Placement`]).
 
 use crate::backend::cpu::Numerics;
+use crate::backend::DeviceKind;
 use crate::store::{ExpertStoreOptions, WeightStore};
 
 use super::batch::SeqPass;
@@ -28,6 +29,9 @@ pub struct LoadOptions {
     /// The arithmetic of the model's matrix products ([`Numerics::Exact`] unless asked;
     /// `Numerics::Q8` is lossy).
     pub numerics: Numerics,
+    /// The device the forward passes compute on ([`Model::set_device`]; the CPU unless
+    /// asked).
+    pub device: DeviceKind,
 }
 
 impl Default for LoadOptions {
@@ -42,6 +46,7 @@ impl Default for LoadOptions {
             experts: ExpertStoreOptions::default(),
             mtp: false,
             numerics: Numerics::Exact,
+            device: DeviceKind::Cpu,
         }
     }
 }
@@ -266,6 +271,18 @@ pub trait Model: Send {
     /// The arithmetic of the model's matrix products (default: exact).
     fn numerics(&self) -> Numerics {
         Numerics::Exact
+    }
+    /// Sets the device every later forward pass computes on (`cpu`, `cuda:N`, or `auto`:
+    /// the first CUDA GPU when the model runs on one, else the CPU), named at the end of
+    /// [`Placement::summary`].
+    ///
+    /// Errors: a device the model cannot run on (the default runs on the CPU only), a GPU
+    /// that does not open (the message says what is missing).
+    fn set_device(&mut self, kind: DeviceKind) -> anyhow::Result<()> {
+        match kind {
+            DeviceKind::Cpu | DeviceKind::Auto => Ok(()),
+            DeviceKind::Cuda(n) => anyhow::bail!("this model does not run on cuda:{n}"),
+        }
     }
     /// Sets the arithmetic of the model's matrix products for every later forward pass.
     ///

@@ -59,6 +59,7 @@ pub fn opts(budget: Option<u64>, verify: bool) -> LoadOptions {
         },
         mtp: false,
         numerics: Default::default(),
+        device: Default::default(),
     }
 }
 

@@ -9,7 +9,9 @@ use super::attn::{attention_with_sinks, AttnShape};
 use super::kda::{delta_rule, sigmoid, DeltaInputs};
 use super::mla::{mla_attention, MlaShape, MlaWeights};
 use super::ops::{rms_norm_rows, rope_angles, rope_interleaved_sc, rope_neox_sc, silu, softcap};
-use super::{gelu::geglu_rows, matmul, matvec, on_pool, with_numerics, Matrix, Numerics};
+use super::{
+    gelu::geglu_rows, matmul, matvec, matvec_many, on_pool, with_numerics, Matrix, Numerics,
+};
 use crate::backend::{Backend, Glu, MlaProj};
 use crate::quant::{dequantize_row, SimdLevel};
 
@@ -62,6 +64,49 @@ impl Backend for Cpu {
             1 => matvec(&w, x, y),
             _ => matmul(&w, x, rows, y),
         }
+        Ok(())
+    }
+
+    fn matmul_host(
+        &self,
+        w: &Matrix<'_>,
+        _keep: bool,
+        x: &Vec<f32>,
+        rows: usize,
+        y: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.matmul(*w, x, rows, y)
+    }
+
+    fn matmul_host_many(
+        &self,
+        ws: &[(&Matrix<'_>, bool)],
+        x: &Vec<f32>,
+        rows: usize,
+        ys: &mut [&mut Vec<f32>],
+    ) -> Result<()> {
+        let ms: Vec<&Matrix> = ws.iter().map(|w| w.0).collect();
+        let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+        match rows {
+            1 => matvec_many(&ms, x, &mut outs),
+            _ => {
+                for (w, y) in ms.iter().zip(outs.iter_mut()) {
+                    matmul(w, x, rows, y)
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn copy(
+        &self,
+        src: &Vec<f32>,
+        src_at: usize,
+        dst: &mut Vec<f32>,
+        dst_at: usize,
+        len: usize,
+    ) -> Result<()> {
+        dst[dst_at..dst_at + len].copy_from_slice(&src[src_at..src_at + len]);
         Ok(())
     }
 

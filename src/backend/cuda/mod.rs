@@ -20,9 +20,14 @@
 //! `matvec.cu`, `ops.cu`, `attention.cu`), `tests.rs` (each op against the CPU's, on a GPU
 //! when one is found).
 //!
+//! Weights the models hand over as host bytes ([`Backend::matmul_host`]): a resident unit's
+//! matrix is copied at its first use and kept, found by its host address
+//! ([`Cuda::resident_matrix`]); any other (a streamed unit, a routed expert) is copied for
+//! the one product ([`Cuda::weight_bytes`] counts both).
+//!
 //! Not yet here (ARCHITECTURE.md, "Adding a compute device"): multi-head latent attention and
-//! the KDA scan (their ops return an error), pinned staging buffers and a copy stream, and the
-//! models' use of this backend.
+//! the KDA scan (their ops return an error), pinned staging buffers, a copy stream, a VRAM
+//! expert cache.
 
 mod kernels;
 mod matmul;
@@ -30,6 +35,8 @@ mod ops;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -52,6 +59,13 @@ pub struct Cuda {
     blas: Option<CudaBlas>,
     /// The f32 panel of dequantized weight rows the cuBLAS path multiplies (grown on demand).
     panel: Mutex<Option<CudaSlice<f32>>>,
+    /// Resident weights copied to the device ([`Backend::matmul_host`] with `keep`), by the
+    /// address and length of their host bytes: each uploaded at its first use, kept for the
+    /// device's life.
+    resident: Mutex<HashMap<(usize, usize), Arc<CudaMatrix>>>,
+    /// Bytes of weights copied for one call only (streamed units, routed experts), since
+    /// the device was opened.
+    transient_bytes: AtomicU64,
 }
 
 impl std::fmt::Debug for Cuda {
@@ -190,6 +204,8 @@ impl Cuda {
             kernels: OnceLock::new(),
             blas,
             panel: Mutex::new(None),
+            resident: Mutex::new(HashMap::new()),
+            transient_bytes: AtomicU64::new(0),
         })
     }
 
@@ -250,6 +266,40 @@ impl Cuda {
             row_bytes: 4 * m.cols,
             data: self.put(&bytes)?,
         })
+    }
+
+    /// The device copy of the resident matrix `m` (host bytes that never move nor change
+    /// while the device lives), uploaded at the first call ([`Cuda::upload_matrix`]) and
+    /// reused after. Errors: an allocation or copy failing.
+    pub fn resident_matrix(&self, m: &Matrix) -> Result<Arc<CudaMatrix>> {
+        let key = (m.data.as_ptr() as usize, m.data.len());
+        let mut map = self.resident.lock().expect("resident weights lock");
+        if let Some(w) = map.get(&key) {
+            if (w.rows, w.cols) == (m.rows, m.cols) {
+                return Ok(w.clone());
+            }
+        }
+        let w = Arc::new(self.upload_matrix(m)?);
+        map.insert(key, w.clone());
+        Ok(w)
+    }
+
+    /// Bytes of resident weights on the device ([`Cuda::resident_matrix`]) and bytes of
+    /// weights copied for one product only since the device was opened.
+    pub fn weight_bytes(&self) -> (usize, u64) {
+        let map = self.resident.lock().expect("resident weights lock");
+        (
+            map.values().map(|w| w.bytes()).sum(),
+            self.transient_bytes.load(Ordering::Relaxed),
+        )
+    }
+
+    /// `m` copied for one product (a streamed unit, a routed expert), counted in
+    /// [`Cuda::weight_bytes`]; freed in stream order when dropped.
+    pub(super) fn transient_matrix(&self, m: &Matrix) -> Result<CudaMatrix> {
+        self.transient_bytes
+            .fetch_add(m.data.len() as u64, Ordering::Relaxed);
+        self.upload_matrix(m)
     }
 
     /// `host` copied to a new device allocation (one element at least, so an empty slice

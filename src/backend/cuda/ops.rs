@@ -8,6 +8,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::kernels::{type_name, ATT_MAX_DIM, ATT_WARPS};
 use super::{Cuda, CudaBuf, CudaMatrix};
+use crate::backend::cpu::Matrix;
 use crate::backend::{AttnShape, Backend, Glu, MlaProj, MlaShape};
 
 /// Threads per block of the element-wise kernels.
@@ -72,6 +73,43 @@ impl Backend for Cuda {
 
     fn matmul(&self, w: &CudaMatrix, x: &CudaBuf, rows: usize, y: &mut CudaBuf) -> Result<()> {
         self.matmul_dev(w, x, rows, y)
+    }
+
+    fn matmul_host(
+        &self,
+        w: &Matrix<'_>,
+        keep: bool,
+        x: &CudaBuf,
+        rows: usize,
+        y: &mut CudaBuf,
+    ) -> Result<()> {
+        match keep {
+            true => self.matmul_dev(&*self.resident_matrix(w)?, x, rows, y),
+            false => self.matmul_dev(&self.transient_matrix(w)?, x, rows, y),
+        }
+    }
+
+    fn copy(
+        &self,
+        src: &CudaBuf,
+        src_at: usize,
+        dst: &mut CudaBuf,
+        dst_at: usize,
+        len: usize,
+    ) -> Result<()> {
+        if src_at + len > src.len || dst_at + len > dst.len {
+            bail!(
+                "copy: {len} floats from {src_at} of {} to {dst_at} of {}",
+                src.len,
+                dst.len
+            );
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let from = src.data.slice(src_at..src_at + len);
+        let mut to = dst.data.slice_mut(dst_at..dst_at + len);
+        self.stream.memcpy_dtod(&from, &mut to).context("CUDA copy")
     }
 
     fn embed_rows(&self, table: &CudaMatrix, ids: &[u32], out: &mut CudaBuf) -> Result<()> {

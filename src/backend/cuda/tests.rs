@@ -402,3 +402,39 @@ fn shape_mismatches_are_errors_and_missing_kernels_say_so() {
         )
     );
 }
+
+/// `copy` moves exactly the floats asked for; `matmul_host` uploads a kept matrix once
+/// (the same device copy at the second call, its bytes counted as resident) and a
+/// transient one per call (counted as such), both giving the product of `matmul`.
+#[test]
+fn copies_and_host_weights() {
+    let dev = device_or_skip!();
+    let src = dev.upload(&[1.0, 2.0, 3.0, 4.0, 5.0]).unwrap();
+    let mut dst = dev.zeros(6).unwrap();
+    dev.copy(&src, 1, &mut dst, 2, 3).unwrap();
+    assert_eq!(download(dev, &dst), [0.0, 0.0, 2.0, 3.0, 4.0, 0.0]);
+    let e = dev.copy(&src, 3, &mut dst, 0, 3).unwrap_err();
+    assert_eq!(e.to_string(), "copy: 3 floats from 3 of 5 to 0 of 6");
+
+    let mut rng = Rng::new(7);
+    let (rows, cols) = (24, 256);
+    let bytes = random_matrix(GgmlType::Q4_K, rows, cols, &mut rng);
+    let m = Matrix::new(GgmlType::Q4_K, rows, cols, &bytes).unwrap();
+    let x = random_x(cols * 2, &mut rng);
+    let xd = dev.upload(&x).unwrap();
+    let want = {
+        let w = dev.upload_matrix(&m).unwrap();
+        let mut y = dev.zeros(2 * rows).unwrap();
+        dev.matmul(&w, &xd, 2, &mut y).unwrap();
+        download(dev, &y)
+    };
+    let (res0, tr0) = dev.weight_bytes();
+    for keep in [true, true, false, false] {
+        let mut y = dev.zeros(2 * rows).unwrap();
+        dev.matmul_host(&m, keep, &xd, 2, &mut y).unwrap();
+        assert_eq!(download(dev, &y), want, "keep {keep}");
+    }
+    let (res1, tr1) = dev.weight_bytes();
+    assert_eq!(res1 - res0, bytes.len(), "one resident copy");
+    assert_eq!(tr1 - tr0, 2 * bytes.len() as u64, "two transient copies");
+}

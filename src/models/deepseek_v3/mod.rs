@@ -328,6 +328,14 @@ impl DeepseekV3 {
 impl Blocks for DeepseekV3Blocks {
     type Layer = Layer;
 
+    /// No device path: `--device cuda` is refused naming what is missing.
+    fn device_path(&self) -> std::result::Result<(), (&'static str, &'static str)> {
+        Err((
+            "deepseek_v3",
+            "multi-head latent attention has no device path yet (Backend::mla_attention has no CUDA kernel; latent KV slots)",
+        ))
+    }
+
     fn is_moe(&self, w: &Layer) -> bool {
         matches!(w.ffn, Ffn::Moe { .. })
     }

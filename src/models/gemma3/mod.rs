@@ -16,14 +16,13 @@ use anyhow::Result;
 use super::budget::streamed_payload;
 use super::needs::Reserved;
 use super::embed_head::{head_chunks, Embedding, Head};
-use super::layers::{
-    add_post_normed, geglu_rows, gqa_attention, mm, mm_many, rms_norm_rows, rope_inv_freq,
-    softcap, AttnShape, Gqa, GqaRope,
-};
-use super::rope::RopeStyle;
+use super::decoder::{Blocks, Decoder, Dims, RouterParts, ScratchOn};
+use super::device::Device;
+use super::layers::generic::{add_post_normed_on, glu_mlp_on, gqa_attention_on, norm_on, GqaOn, W};
+use super::layers::{rope_inv_freq, softcap, AttnShape, GqaRope};
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
-use super::moe::ExpertStep;
-use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
+use super::rope::RopeStyle;
+use crate::backend::Glu;
 use super::batch::Seqs;
 use super::{LoadOptions, Placement};
 
@@ -307,20 +306,27 @@ impl Blocks for Gemma3Blocks {
         false
     }
 
+    /// Every layer runs on any device.
+    fn device_path(&self) -> Result<(), (&'static str, &'static str)> {
+        Ok(())
+    }
+
     /// One decoder layer over the rows of `seqs` (each sequence at its positions), updating
     /// `x` in place.
-    fn spine(
+    fn spine_on<D: Device>(
         &self,
+        dev: &D,
         l: usize,
         w: &LayerMats,
         u: &UnitBytes,
+        keep: bool,
         seqs: &mut Seqs<'_>,
-        x: &mut [f32],
-        s: &mut Scratch,
-    ) {
+        x: &mut D::Buf,
+        _s: &mut ScratchOn<D>,
+    ) -> Result<()> {
         let c = &self.config;
-        let (d, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
-        let n = x.len() / d;
+        let (d, hd) = (c.hidden_size, c.head_dim);
+        let n = seqs.rows();
         let nrm = &self.norms[l];
         let eps = c.rms_norm_eps;
         let sliding = c.sliding_layers[l];
@@ -329,9 +335,9 @@ impl Blocks for Gemma3Blocks {
         } else {
             &self.inv_freq_global
         };
+        let v = |m: &MatRef| W { m: m.view(u), keep };
 
-        let xn = &mut s.xn;
-        rms_norm_rows(x, &nrm.attn, eps, xn);
+        let xn = norm_on(dev, x, n * d, &nrm.attn, eps)?;
         let shape = AttnShape {
             n_heads: c.num_attention_heads,
             n_kv_heads: c.num_key_value_heads,
@@ -339,12 +345,11 @@ impl Blocks for Gemma3Blocks {
             window: sliding.then_some(c.sliding_window),
             softcap: c.attn_logit_softcapping,
         };
-        let gqa = Gqa {
-            q: w.q.view(u),
-            k: w.k.view(u),
-            v: w.v.view(u),
-            o: w.o.view(u),
-            biases: None,
+        let gqa = GqaOn {
+            q: v(&w.q),
+            k: v(&w.k),
+            v: v(&w.v),
+            o: v(&w.o),
             qk_norm: Some([&nrm.q, &nrm.k]),
             sinks: None,
         };
@@ -355,20 +360,14 @@ impl Blocks for Gemma3Blocks {
             k_scale: 1.0,
             eps,
         };
-        let mut o = vec![0f32; n * d];
-        gqa_attention(&shape, &gqa, &rope, xn, seqs, l, &mut o);
-        add_post_normed(x, &mut o, &nrm.post_attn, eps);
+        let o = gqa_attention_on(dev, &shape, &gqa, &rope, &xn, seqs, l)?;
+        add_post_normed_on(dev, x, &o, n * d, &nrm.post_attn, eps)?;
 
         // feed-forward (GeGLU)
-        rms_norm_rows(x, &nrm.ffn, eps, xn);
-        let mut g = vec![0f32; n * ff];
-        let mut up = vec![0f32; n * ff];
-        let (gate, upm) = (w.gate.view(u), w.up.view(u));
-        mm_many(&[&gate, &upm], xn, n, &mut [&mut g, &mut up]);
-        // element-wise, so split over threads for a prompt (same values per element)
-        geglu_rows(&mut g, &up);
-        mm(&w.down.view(u), &g, n, &mut o);
-        add_post_normed(x, &mut o, &nrm.post_ffw, eps);
+        let xn = norm_on(dev, x, n * d, &nrm.ffn, eps)?;
+        let mlp = [&v(&w.gate), &v(&w.up), &v(&w.down)];
+        let o = glu_mlp_on(dev, Glu::GegluTanh, mlp, &xn, n)?;
+        add_post_normed_on(dev, x, &o, n * d, &nrm.post_ffw, eps)
     }
 
     /// Gemma 3 has no routed experts.
@@ -382,11 +381,6 @@ impl Blocks for Gemma3Blocks {
 
     fn route(&self, _l: usize, _logits: &[f32]) -> Vec<(usize, f32)> {
         Vec::new()
-    }
-
-    /// Never called: no layer is a MoE layer.
-    fn experts(&self, _step: ExpertStep<'_>) -> std::io::Result<()> {
-        Ok(())
     }
 
     /// `final_logit_softcapping`, when the model has it.

@@ -400,6 +400,14 @@ impl GptOss {
 impl Blocks for GptOssBlocks {
     type Layer = LayerMats;
 
+    /// No device path: `--device cuda` is refused naming what is missing.
+    fn device_path(&self) -> std::result::Result<(), (&'static str, &'static str)> {
+        Err((
+            "gpt_oss",
+            "attention biases and the fused MXFP4 experts are not wired to the backend yet",
+        ))
+    }
+
     /// Every GPT-OSS layer is a MoE layer.
     fn is_moe(&self, _w: &LayerMats) -> bool {
         true

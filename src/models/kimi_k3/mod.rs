@@ -393,6 +393,14 @@ impl KimiK3Blocks {
 impl Blocks for KimiK3Blocks {
     type Layer = Layer;
 
+    /// No device path: `--device cuda` is refused naming what is missing.
+    fn device_path(&self) -> std::result::Result<(), (&'static str, &'static str)> {
+        Err((
+            "kimi_k3",
+            "the KDA scan, multi-head latent attention and the latent MoE have no device path yet (Backend::kda_scan and Backend::mla_attention have no CUDA kernel)",
+        ))
+    }
+
     fn is_moe(&self, w: &Layer) -> bool {
         matches!(w.ffn, Ffn::Moe { .. })
     }

@@ -285,6 +285,14 @@ impl KimiLinearBlocks {
 impl Blocks for KimiLinearBlocks {
     type Layer = Layer;
 
+    /// No device path: `--device cuda` is refused naming what is missing.
+    fn device_path(&self) -> std::result::Result<(), (&'static str, &'static str)> {
+        Err((
+            "kimi_linear",
+            "the KDA scan and multi-head latent attention have no device path yet (Backend::kda_scan and Backend::mla_attention have no CUDA kernel)",
+        ))
+    }
+
     fn is_moe(&self, w: &Layer) -> bool {
         matches!(w.ffn, Ffn::Moe(_))
     }

@@ -2,6 +2,7 @@
 //! grouped-query attention over the KV cache. Every output element is computed the same way
 //! whatever the batch size and thread count, so prefill equals token-by-token decode.
 
+pub mod generic;
 pub mod hybrid;
 pub mod mixers;
 

@@ -30,14 +30,15 @@ use anyhow::Result;
 pub use self::config::Config;
 
 use super::budget::{place, HeadTensors, Notes, OnDemand, WeightUnits};
-use super::layers::{
-    add_into, gqa_attention, mm, rms_norm_rows, swiglu_mlp, AttnShape, Gqa, GqaRope,
-};
+use super::decoder::{Blocks, Decoder, Dims, RouterParts, ScratchOn};
+use super::device::Device;
+use super::layers::generic::{gqa_attention_on, glu_mlp_on, mm_on, norm_on, GqaOn, W};
+use super::layers::{AttnShape, GqaRope};
 use super::loading::{gate_up_down, mat, unit_of, CheckpointFiles, MatRef, Tensors};
-use super::moe::{route_softmax_topk, store_swiglu_experts, ExpertMats, UnitExperts};
+use super::moe::{route_softmax_topk, ExpertMats, UnitExperts};
+use super::moe_dev::{store_swiglu_experts_on, ExpertStepOn};
 use super::rope::RopeStyle;
-use super::moe::ExpertStep;
-use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
+use crate::backend::Glu;
 use super::batch::Seqs;
 use super::LoadOptions;
 use crate::source::hf::HfModel;
@@ -344,24 +345,31 @@ impl Blocks for LlamaBlocks {
         matches!(w.ffn, Ffn::Moe { .. })
     }
 
+    /// Every layer runs on any device.
+    fn device_path(&self) -> Result<(), (&'static str, &'static str)> {
+        Ok(())
+    }
+
     /// Attention (with its residual) and the start of the feed-forward block of layer `l`:
     /// the dense SwiGLU MLP added to `x`, or the router logits (`n × n_experts`).
-    fn spine(
+    fn spine_on<D: Device>(
         &self,
+        dev: &D,
         l: usize,
         w: &LayerMats,
         u: &UnitBytes,
+        keep: bool,
         seqs: &mut Seqs<'_>,
-        x: &mut [f32],
-        s: &mut Scratch,
-    ) {
-        let (xn, router) = (&mut s.xn, &mut s.router);
+        x: &mut D::Buf,
+        s: &mut ScratchOn<D>,
+    ) -> Result<()> {
         let c = &self.config;
         let (d, hd) = (c.hidden_size, c.head_dim());
-        let n = x.len() / d;
+        let n = seqs.rows();
         let nrm = &self.norms[l];
         let eps = c.rms_norm_eps as f32;
-        rms_norm_rows(x, &nrm.input, eps, xn);
+        let v = |m: &MatRef| W { m: m.view(u), keep };
+        s.xn = norm_on(dev, x, n * d, &nrm.input, eps)?;
         let shape = AttnShape {
             n_heads: c.num_attention_heads,
             n_kv_heads: c.n_kv_heads(),
@@ -369,12 +377,11 @@ impl Blocks for LlamaBlocks {
             window: c.attn_window(),
             softcap: None,
         };
-        let gqa = Gqa {
-            q: w.q.view(u),
-            k: w.k.view(u),
-            v: w.v.view(u),
-            o: w.o.view(u),
-            biases: None,
+        let gqa = GqaOn {
+            q: v(&w.q),
+            k: v(&w.k),
+            v: v(&w.v),
+            o: v(&w.o),
             qk_norm: nrm.q.as_deref().zip(nrm.k.as_deref()).map(|(q, k)| [q, k]),
             sinks: None,
         };
@@ -385,18 +392,18 @@ impl Blocks for LlamaBlocks {
             k_scale: 1.0,
             eps,
         };
-        let mut o = vec![0f32; n * d];
-        gqa_attention(&shape, &gqa, &rope, xn, seqs, l, &mut o);
-        add_into(x, &o);
-        rms_norm_rows(x, &nrm.post_attn, eps, xn);
+        let o = gqa_attention_on(dev, &shape, &gqa, &rope, &s.xn, seqs, l)?;
+        dev.add(x, &o)?;
+        s.xn = norm_on(dev, x, n * d, &nrm.post_attn, eps)?;
         match &w.ffn {
             Ffn::Dense { gate, up, down } => {
-                swiglu_mlp(&gate.view(u), &up.view(u), &down.view(u), xn, n, &mut o);
-                add_into(x, &o);
+                let o = glu_mlp_on(dev, Glu::Swiglu, [&v(gate), &v(up), &v(down)], &s.xn, n)?;
+                dev.add(x, &o)
             }
             Ffn::Moe { router: r } => {
-                router.resize(n * r.rows, 0.0);
-                mm(&r.view(u), xn, n, router);
+                let logits = mm_on(dev, &v(r), &s.xn, n)?;
+                s.router.resize(n * r.rows, 0.0);
+                dev.download(&logits, &mut s.router)
             }
         }
     }
@@ -423,9 +430,9 @@ impl Blocks for LlamaBlocks {
         route_softmax_topk(logits, c.num_experts_per_tok.unwrap_or(1), c.renorm_topk())
     }
 
-    /// SwiGLU experts from the store (`moe::store_swiglu_experts`).
-    fn experts(&self, step: ExpertStep<'_>) -> std::io::Result<()> {
-        store_swiglu_experts(&self.experts, self.config.hidden_size, step)
+    /// SwiGLU experts from the store, on the device (`moe_dev::store_swiglu_experts_on`).
+    fn experts_on<D: Device>(&self, dev: &D, step: ExpertStepOn<'_, D>) -> Result<()> {
+        store_swiglu_experts_on(dev, &self.experts, self.config.hidden_size, step)
     }
 }
 

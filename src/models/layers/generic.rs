@@ -1,0 +1,211 @@
+//! The shared blocks written against any [`Device`] (the CPU or a GPU): grouped-query
+//! attention over the device's KV slots, the gated feed-forward, norms and residuals. A
+//! family whose layer is made of these runs its whole pass on the device its decoder holds
+//! (`models::decoder::Blocks::spine_on`).
+//!
+//! On the CPU every block computes exactly what its host-slice twin in `layers/mod.rs`
+//! computes (the same kernels in the same order: `tests/device_pass.rs` holds them bit for
+//! bit on every GQA fixture); on a GPU the same wiring calls the device's kernels.
+//!
+//! Weights are host views of their stored bytes ([`W`]) with whether their unit is resident:
+//! a GPU keeps a resident matrix's copy after its first use and copies any other for the one
+//! product that needs it ([`crate::backend::Backend::matmul_host`]).
+
+use anyhow::Result;
+
+use super::GqaRope;
+use crate::backend::cpu::Matrix;
+use crate::backend::{AttnShape, Glu};
+use crate::models::batch::Seqs;
+use crate::models::device::Device;
+use crate::models::rope::RopeStyle;
+
+/// A weight matrix as the blocks take it: its host view and whether its unit is resident
+/// (its bytes stay put for the model's life).
+#[derive(Clone, Copy, Debug)]
+pub struct W<'a> {
+    pub m: Matrix<'a>,
+    pub keep: bool,
+}
+
+/// `y = x Wᵀ` for `n` rows of `x` (`n × w.cols`): a new `n × w.rows` buffer.
+///
+/// Errors: the device's.
+pub fn mm_on<D: Device>(dev: &D, w: &W, x: &D::Buf, n: usize) -> Result<D::Buf> {
+    let mut y = dev.zeros(n * w.m.rows)?;
+    dev.matmul_host(&w.m, w.keep, x, n, &mut y)?;
+    Ok(y)
+}
+
+/// [`mm_on`] of several matrices over the same `n` rows (one parallel region on the CPU in a
+/// decode step): one new buffer per matrix.
+///
+/// Errors: the device's.
+pub fn mm_many_on<D: Device>(dev: &D, ws: &[&W], x: &D::Buf, n: usize) -> Result<Vec<D::Buf>> {
+    let mut ys = ws
+        .iter()
+        .map(|w| dev.zeros(n * w.m.rows))
+        .collect::<Result<Vec<_>>>()?;
+    let views: Vec<(&Matrix, bool)> = ws.iter().map(|w| (&w.m, w.keep)).collect();
+    let mut refs: Vec<&mut D::Buf> = ys.iter_mut().collect();
+    dev.matmul_host_many(&views, x, n, &mut refs)?;
+    Ok(ys)
+}
+
+/// RMSNorm of every `w.len()`-wide row of `x` (`len` floats): a new buffer.
+///
+/// Errors: the device's.
+pub fn norm_on<D: Device>(dev: &D, x: &D::Buf, len: usize, w: &[f32], eps: f32) -> Result<D::Buf> {
+    let mut out = dev.zeros(len)?;
+    dev.rms_norm_rows(x, w, eps, &mut out)?;
+    Ok(out)
+}
+
+/// Gemma-style post-norm residual: the rows of `o` (`len` floats) RMS-normed with `w`, added
+/// to `x`.
+///
+/// Errors: the device's.
+pub fn add_post_normed_on<D: Device>(
+    dev: &D,
+    x: &mut D::Buf,
+    o: &D::Buf,
+    len: usize,
+    w: &[f32],
+    eps: f32,
+) -> Result<()> {
+    let t = norm_on(dev, o, len, w, eps)?;
+    dev.add(x, &t)
+}
+
+/// The gated feed-forward `down(act(gate(x)) · up(x))` for `n` rows of `x` into a new
+/// `n × down.rows` buffer (SwiGLU: Llama, Qwen; GeGLU: Gemma 3).
+///
+/// Errors: the device's.
+pub fn glu_mlp_on<D: Device>(
+    dev: &D,
+    act: Glu,
+    [gate, up, down]: [&W; 3],
+    x: &D::Buf,
+    n: usize,
+) -> Result<D::Buf> {
+    let mut gu = mm_many_on(dev, &[gate, up], x, n)?;
+    let u = gu.pop().expect("two products");
+    let mut g = gu.pop().expect("two products");
+    dev.glu(act, &mut g, &u)?;
+    mm_on(dev, down, &g, n)
+}
+
+/// Per-head RMSNorm (weight `w`, `head_dim` wide; skipped when `None`), then RoPE of `style`
+/// at positions `pos0 ..` and a multiplication by `scale`, over every `head_dim` slice of the
+/// `rows` rows of `x` (`len` floats): [`super::norm_rope_heads`] on the device.
+///
+/// Errors: the device's.
+#[allow(clippy::too_many_arguments)]
+fn norm_rope_on<D: Device>(
+    dev: &D,
+    x: &mut D::Buf,
+    len: usize,
+    rows: usize,
+    w: Option<&[f32]>,
+    r: &GqaRope,
+    pos0: usize,
+    scale: f32,
+    head_dim: usize,
+) -> Result<()> {
+    if let Some(w) = w {
+        *x = norm_on(dev, x, len, w, r.eps)?;
+    }
+    let inter = r.style == RopeStyle::Interleaved;
+    dev.rope(x, rows, head_dim, pos0, r.inv_freq, inter, scale)
+}
+
+/// One grouped-query attention layer's weights for [`gqa_attention_on`]: projections `q`
+/// (`q_dim × hidden`), `k`, `v` (`kv_dim × hidden`), `o` (`hidden × q_dim`), the per-head
+/// q/k RMSNorm weights (Qwen3, Gemma 3) and the sinks (one logit per query head).
+pub struct GqaOn<'a> {
+    pub q: W<'a>,
+    pub k: W<'a>,
+    pub v: W<'a>,
+    pub o: W<'a>,
+    pub qk_norm: Option<[&'a [f32]; 2]>,
+    pub sinks: Option<&'a [f32]>,
+}
+
+/// `width`-wide rows `r0 .. r0 + m` of `x`: `x` itself when they are all of it (`whole`),
+/// else a copy.
+fn rows_on<D: Device>(
+    dev: &D,
+    x: &mut Option<D::Buf>,
+    whole: bool,
+    width: usize,
+    r0: usize,
+    m: usize,
+) -> Result<D::Buf> {
+    if whole {
+        return Ok(x.take().expect("one sequence takes the rows once"));
+    }
+    let mut out = dev.zeros(m * width)?;
+    dev.copy(
+        x.as_ref().expect("rows"),
+        r0 * width,
+        &mut out,
+        0,
+        m * width,
+    )?;
+    Ok(out)
+}
+
+/// Grouped-query attention of the normed rows `xn` (`rows × hidden`) of the sequences `seqs`
+/// in layer `l` on `dev` into a new `rows × hidden` buffer (the residual not added): q, k, v
+/// projections over every row; per sequence its rows' q/k norms, RoPE and scaling at its
+/// positions, its new keys and values written to its layer-`l` slots
+/// ([`Device::kv_slots`]), its causal attention; the output projection over every row.
+/// [`super::gqa_attention`] without biases, on the device.
+///
+/// Errors: the device's.
+pub fn gqa_attention_on<D: Device>(
+    dev: &D,
+    s: &AttnShape,
+    w: &GqaOn,
+    r: &GqaRope,
+    xn: &D::Buf,
+    seqs: &mut Seqs<'_>,
+    l: usize,
+) -> Result<D::Buf> {
+    let hd = s.head_dim;
+    let n = seqs.rows();
+    let (qd, kvd) = (s.n_heads * hd, s.n_kv_heads * hd);
+    let mut qkv = mm_many_on(dev, &[&w.q, &w.k, &w.v], xn, n)?;
+    let (mut v, mut k, mut q) = (qkv.pop(), qkv.pop(), qkv.pop());
+    let (qn, kn) = match w.qk_norm {
+        Some([a, b]) => (Some(a), Some(b)),
+        None => (None, None),
+    };
+    let whole = seqs.len() == 1;
+    let mut att = match whole {
+        true => None,
+        false => Some(dev.zeros(n * qd)?),
+    };
+    for (r0, sq) in seqs.each() {
+        let (pos0, m) = (sq.pos0, sq.n);
+        let mut qs = rows_on(dev, &mut q, whole, qd, r0, m)?;
+        let mut ks = rows_on(dev, &mut k, whole, kvd, r0, m)?;
+        let vs = rows_on(dev, &mut v, whole, kvd, r0, m)?;
+        norm_rope_on(dev, &mut qs, m * qd, m, qn, r, pos0, r.q_scale, hd)?;
+        norm_rope_on(dev, &mut ks, m * kvd, m, kn, r, pos0, r.k_scale, hd)?;
+        let (kc, vc) = dev.kv_slots(sq.cache, l)?;
+        dev.copy(&ks, 0, kc, pos0 * kvd, m * kvd)?;
+        dev.copy(&vs, 0, vc, pos0 * kvd, m * kvd)?;
+        let mut a = dev.zeros(m * qd)?;
+        dev.attention(s, &qs, kc, vc, pos0, w.sinks, &mut a)?;
+        match whole {
+            true => att = Some(a),
+            false => {
+                let all = att.as_mut().expect("allocated for several sequences");
+                dev.copy(&a, 0, all, r0 * qd, m * qd)?
+            }
+        }
+    }
+    let att = att.expect("at least one sequence");
+    mm_on(dev, &w.o, &att, n)
+}
