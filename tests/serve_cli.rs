@@ -186,12 +186,14 @@ fn chat_stats_json_writes_one_line_per_answer() {
     );
 }
 
-/// `deltafin serve` logs each request in one line on standard error (method, path, status,
-/// prompt and completion tokens, milliseconds), at info level with no flag: a completion, a
-/// streamed one, and a request for an unknown path.
-#[test]
-fn serve_logs_each_request_in_one_line() {
-    use std::io::{BufRead, BufReader, Read};
+/// `deltafin serve` on the fixture at a free loopback port, greedy: the child, its standard
+/// error past the first line, and the address that line names.
+fn start_server() -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStderr>,
+    String,
+) {
+    use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_deltafin"))
         .args(["serve", "-m", MODEL, "--port", "0", "--temp", "0"])
         .stdin(Stdio::null())
@@ -199,7 +201,7 @@ fn serve_logs_each_request_in_one_line() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut first = String::new();
     err.read_line(&mut first).unwrap();
     let addr = first
@@ -208,6 +210,16 @@ fn serve_logs_each_request_in_one_line() {
         .and_then(|r| r.strip_suffix(" (OpenAI API under /v1)"))
         .unwrap_or_else(|| panic!("{first}"))
         .to_string();
+    (child, err, addr)
+}
+
+/// `deltafin serve` logs each request in one line on standard error (method, path, status,
+/// prompt and completion tokens, milliseconds), at info level with no flag: a completion, a
+/// streamed one, and a request for an unknown path.
+#[test]
+fn serve_logs_each_request_in_one_line() {
+    use std::io::Read;
+    let (mut child, mut err, addr) = start_server();
     let request = |method: &str, path: &str, body: &str| -> String {
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
         write!(
@@ -272,22 +284,7 @@ fn serve_logs_each_request_in_one_line() {
 #[test]
 fn serve_survives_clients_that_hang_up_mid_stream() {
     use std::io::{BufRead, BufReader, Read};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_deltafin"))
-        .args(["serve", "-m", MODEL, "--port", "0", "--temp", "0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut first = String::new();
-    err.read_line(&mut first).unwrap();
-    let addr = first
-        .trim()
-        .strip_prefix("serving qwen3_moe on http://")
-        .and_then(|r| r.strip_suffix(" (OpenAI API under /v1)"))
-        .unwrap_or_else(|| panic!("{first}"))
-        .to_string();
+    let (mut child, mut err, addr) = start_server();
     // SigIgn: the ignored signals as a hex mask, bit (n - 1) for signal n
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
     let ignored = status
