@@ -113,6 +113,22 @@ pub trait Backend: Send + Sync {
         }
         Ok(())
     }
+    /// [`Backend::matmul_host`] of several matrices (`(view, keep)`), each over its own
+    /// input: `ys[i] = xs[i] ws[i]ᵀ` for `rows` rows of every `xs[i]`, the values of separate
+    /// calls. The CPU takes one parallel region for all of them in a one-row pass (a decode
+    /// step's expert down projections).
+    fn matmul_host_each(
+        &self,
+        ws: &[(&cpu::Matrix<'_>, bool)],
+        xs: &[&Self::Buf],
+        rows: usize,
+        ys: &mut [&mut Self::Buf],
+    ) -> Result<()> {
+        for ((&(w, keep), x), y) in ws.iter().zip(xs).zip(ys.iter_mut()) {
+            self.matmul_host(w, keep, x, rows, y)?;
+        }
+        Ok(())
+    }
     /// `len` floats of `src` from float `src_at` copied into `dst` from float `dst_at` (a
     /// sequence's rows out of a batch, new keys and values into a cache slot).
     fn copy(

@@ -58,9 +58,14 @@ pub fn store_swiglu_experts_on<D: Device>(
             groups.entry(e).or_default().push((t, w));
         }
     }
+    let units = &table.units[layer];
+    if let [route] = routes {
+        if resident_token_on(dev, table, d, store, layer, route, xn, out, &next)? {
+            return Ok(());
+        }
+    }
     let ids: Vec<usize> = groups.keys().copied().collect();
     let first_rows: Vec<usize> = groups.values().map(|g| g[0].0).collect();
-    let units = &table.units[layer];
     // resident units without an expert store keep their bytes where they are
     let keep =
         |s: &WeightStore, e: usize| s.experts().is_none() && s.resident(units[e].0).is_some();
@@ -101,4 +106,81 @@ pub fn store_swiglu_experts_on<D: Device>(
         dev.scatter_add_rows(y, d, &rows, &weights, out)?;
     }
     Ok(())
+}
+
+/// One token's routed experts when every one of them is resident and no expert store is
+/// attached (a decode step with the weights in memory): the gate and up projections of all of
+/// them in one call ([`crate::backend::Backend::matmul_host_many`]), their down projections
+/// in a second ([`crate::backend::Backend::matmul_host_each`]), so the CPU enters its pool
+/// twice per layer instead of twice per expert. The reads after them are planned as
+/// `moe::plan_in_store` plans them (resident units need no read). Each expert's output and the
+/// reduction in ascending id order are those of the general path above, bit for bit. `false`
+/// (nothing done) when the step is not such a step.
+///
+/// Errors: the device's.
+#[allow(clippy::too_many_arguments)]
+fn resident_token_on<D: Device>(
+    dev: &D,
+    table: &UnitExperts,
+    d: usize,
+    store: &mut WeightStore,
+    layer: usize,
+    route: &[(usize, f32)],
+    xn: &D::Buf,
+    out: &mut D::Buf,
+    next: &NextReads,
+) -> Result<bool> {
+    let units = &table.units[layer];
+    if store.experts().is_some()
+        || route.is_empty()
+        || !route.windows(2).all(|p| p[0].0 < p[1].0)
+        || !route
+            .iter()
+            .all(|&(e, _)| store.resident(units[e].0).is_some())
+    {
+        return Ok(false);
+    }
+    store.plan_next(next);
+    let store: &WeightStore = store;
+    let mats: Vec<[crate::backend::cpu::Matrix; 3]> = route
+        .iter()
+        .map(|&(e, _)| {
+            let (unit, m) = &units[e];
+            let u = store.resident(*unit).expect("resident");
+            [m.gate.view(u), m.up.view(u), m.down.view(u)]
+        })
+        .collect();
+    let gate_up: Vec<(&crate::backend::cpu::Matrix, bool)> = mats
+        .iter()
+        .flat_map(|[g, u, _]| [(g, true), (u, true)])
+        .collect();
+    let mut gu = gate_up
+        .iter()
+        .map(|(w, _)| dev.zeros(w.rows))
+        .collect::<Result<Vec<_>>>()?;
+    {
+        let mut refs: Vec<&mut D::Buf> = gu.iter_mut().collect();
+        dev.matmul_host_many(&gate_up, xn, 1, &mut refs)?;
+    }
+    let mut acts = Vec::with_capacity(mats.len());
+    let mut it = gu.into_iter();
+    while let (Some(mut g), Some(u)) = (it.next(), it.next()) {
+        dev.glu(Glu::Swiglu, &mut g, &u)?;
+        acts.push(g);
+    }
+    let downs: Vec<(&crate::backend::cpu::Matrix, bool)> =
+        mats.iter().map(|[_, _, dn]| (dn, true)).collect();
+    let mut ys = (0..mats.len())
+        .map(|_| dev.zeros(d))
+        .collect::<Result<Vec<_>>>()?;
+    {
+        let xs: Vec<&D::Buf> = acts.iter().collect();
+        let mut refs: Vec<&mut D::Buf> = ys.iter_mut().collect();
+        dev.matmul_host_each(&downs, &xs, 1, &mut refs)?;
+    }
+    // the reduction of the general path: ascending expert id, each output times its weight
+    for (&(_, wt), y) in route.iter().zip(&ys) {
+        dev.scatter_add_rows(y, d, &[0], &[wt], out)?;
+    }
+    Ok(true)
 }

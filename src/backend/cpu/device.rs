@@ -10,7 +10,8 @@ use super::kda::{delta_rule, sigmoid, DeltaInputs};
 use super::mla::{mla_attention, MlaShape, MlaWeights};
 use super::ops::{rms_norm_rows, rope_angles, rope_interleaved_sc, rope_neox_sc, silu, softcap};
 use super::{
-    gelu::geglu_rows, matmul, matvec, matvec_many, on_pool, with_numerics, Matrix, Numerics,
+    gelu::geglu_rows, matmul, matvec, matvec_each, matvec_many, on_pool, with_numerics, Matrix,
+    Numerics,
 };
 use crate::backend::{Backend, Glu, MlaProj};
 use crate::quant::{dequantize_row, SimdLevel};
@@ -91,6 +92,29 @@ impl Backend for Cpu {
             1 => matvec_many(&ms, x, &mut outs),
             _ => {
                 for (w, y) in ms.iter().zip(outs.iter_mut()) {
+                    matmul(w, x, rows, y)
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn matmul_host_each(
+        &self,
+        ws: &[(&Matrix<'_>, bool)],
+        xs: &[&Vec<f32>],
+        rows: usize,
+        ys: &mut [&mut Vec<f32>],
+    ) -> Result<()> {
+        let ms: Vec<&Matrix> = ws.iter().map(|w| w.0).collect();
+        let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+        match rows {
+            1 => {
+                let ins: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
+                matvec_each(&ms, &ins, &mut outs)
+            }
+            _ => {
+                for ((w, x), y) in ms.iter().zip(xs).zip(outs.iter_mut()) {
                     matmul(w, x, rows, y)
                 }
             }
