@@ -175,7 +175,10 @@ mod tests {
         }
         let ptx = ptx_for("compute_90").unwrap_or_else(|e| panic!("{e:#}"));
         for k in kernel_names() {
-            assert!(ptx.contains(&format!(".entry {k}(")), "kernel {k} not in the PTX");
+            assert!(
+                ptx.contains(&format!(".entry {k}(")),
+                "kernel {k} not in the PTX"
+            );
         }
     }
 }
