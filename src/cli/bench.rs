@@ -396,6 +396,12 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
                     sp.fallbacks
                 );
             }
+            if !is_prefill(name) {
+                line += &format!(
+                    "{name}: parallel loops {}\n",
+                    crate::engine::report::pool_note(&st)
+                );
+            }
             if let (true, Some(e)) = (is_prefill(name), &st.experts) {
                 let (j, l) = prefill_summary(name, e, a.store.drive_bandwidth);
                 v["prefill_summary"] = j;

@@ -17,6 +17,7 @@ use super::session::{peak_rss_bytes, Finish, GenStats, GenerateOptions, Session}
 use super::spec_types::check_rollback;
 use super::speculative::Speculator;
 use super::stop::StopMatcher;
+use crate::backend::cpu::pool::PoolStats;
 use crate::models::Logits;
 use crate::store::telemetry::{ExpertRunStats, Snapshot, TokenIo};
 
@@ -229,6 +230,7 @@ impl Session {
         let es0 = snap(self);
         let mut per_token = Vec::new();
         let t0 = Instant::now();
+        let pool0 = PoolStats::now();
         let mut stats = GenStats {
             prompt_tokens: prompt.len(),
             ..Default::default()
@@ -244,6 +246,7 @@ impl Session {
         let mut h = Handout::new(prompt, opts.stop, opts.max_tokens);
         let mut ended = None;
         let mut first = None;
+        let mut pool_first = PoolStats::now();
         // the tokens of the last step and their logits (with `want_rows`); `at` of them handed out
         let mut step: Vec<u32> = Vec::new();
         let mut rows: Vec<f32> = Vec::new();
@@ -265,6 +268,7 @@ impl Session {
                     };
                     step.push(sampler.sample(&mut logits, &h.history));
                     first = Some((Instant::now(), self.store.stats().snapshot()));
+                    pool_first = PoolStats::now();
                 } else {
                     // one decode step after `history`, whose last token is not yet in the cache
                     let left = opts.max_tokens - h.tokens.len();
@@ -306,6 +310,7 @@ impl Session {
         let finish = h.end(ended, out);
         let tokens = std::mem::take(&mut h.tokens);
         let t_end = Instant::now();
+        let pool_end = PoolStats::now();
         let io_end = self.store.stats().snapshot();
         let (t_first, io_first) = first.unwrap_or((t_end, io_end));
         let unused = step[at..].to_vec();
@@ -322,6 +327,9 @@ impl Session {
         stats.io_wait_s = (io_end.3 - io0.3) as f64 / 1e9;
         stats.decode_read_busy_s = (io_end.2 - io_first.2) as f64 / 1e9;
         stats.peak_rss = peak_rss_bytes();
+        stats.pool_prefill = pool_first.since(&pool0);
+        stats.pool_decode = pool_end.since(&pool_first);
+        stats.threads = crate::backend::cpu::pool::threads();
         if let (Some(es), Some(a), Some(f), Some(e)) =
             (self.store.experts(), &es0, &es_first, &es_prev)
         {

@@ -45,6 +45,7 @@ pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64, load
          numerics             {}\n\
          resident weights     {}, not resident {} (read from disk when a pass uses it), stream buffers {}, KV cache {}, activations {}\n\
          peak RSS             {}\n\
+         parallel loops       {}\n\
          seed                 {seed}\n",
         s.prompt_tokens,
         s.generated_tokens,
@@ -64,6 +65,31 @@ pub fn stats_table(s: &GenStats, p: &Placement, finish: &Finish, seed: u64, load
         mib(p.kv_bytes as f64),
         mib(p.scratch_bytes as f64),
         mib(s.peak_rss as f64),
+        pool_note(s),
+    )
+}
+
+/// How a decode used the CPU pool ([`PoolStats`] of `s.pool_decode`): parallel regions per
+/// token, their mean length and tasks, the share of the pool's thread time inside them that
+/// tasks ran, and the share of decode time outside them (one thread: routing, norms,
+/// sampling, waiting for reads).
+///
+/// [`PoolStats`]: crate::backend::cpu::pool::PoolStats
+pub fn pool_note(s: &GenStats) -> String {
+    let p = &s.pool_decode;
+    let n = s.generated_tokens.saturating_sub(1);
+    if n == 0 || p.regions == 0 || s.decode_s <= 0.0 {
+        return "none in decode".into();
+    }
+    let outside = 100.0 * (1.0 - p.wall_ns as f64 / 1e9 / s.decode_s).max(0.0);
+    format!(
+        "decode: {:.1} regions / token, {:.0} µs and {:.0} tasks each; tasks ran {:.0}% of the \
+         {} threads' time inside them; {outside:.0}% of decode time outside them",
+        p.regions as f64 / n as f64,
+        p.wall_ns as f64 / 1e3 / p.regions as f64,
+        p.tasks as f64 / p.regions as f64,
+        p.busy_pct(s.threads),
+        s.threads,
     )
 }
 
@@ -344,12 +370,49 @@ fn stats_json_base(
         "kv_bytes": p.kv_bytes,
         "scratch_bytes": p.scratch_bytes,
         "seed": seed,
+        "threads": s.threads,
+        "pool": {
+            "prefill": pool_json(&s.pool_prefill),
+            "decode": pool_json(&s.pool_decode),
+        },
+    })
+}
+
+/// A [`crate::backend::cpu::pool::PoolStats`] as JSON (times in seconds).
+fn pool_json(p: &crate::backend::cpu::pool::PoolStats) -> serde_json::Value {
+    serde_json::json!({
+        "regions": p.regions,
+        "tasks": p.tasks,
+        "wall_s": p.wall_ns as f64 / 1e9,
+        "busy_s": p.busy_ns as f64 / 1e9,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pool_note_gives_regions_per_token_busy_share_and_time_outside() {
+        let mut s = GenStats {
+            generated_tokens: 11,
+            decode_s: 1.0,
+            threads: 4,
+            ..Default::default()
+        };
+        assert_eq!(pool_note(&s), "none in decode");
+        s.pool_decode = crate::backend::cpu::pool::PoolStats {
+            regions: 500,
+            tasks: 8000,
+            wall_ns: 800_000_000,
+            busy_ns: 1_600_000_000,
+        };
+        assert_eq!(
+            pool_note(&s),
+            "decode: 50.0 regions / token, 1600 µs and 16 tasks each; tasks ran 50% of the \
+             4 threads' time inside them; 20% of decode time outside them"
+        );
+    }
 
     /// 5 tokens (4 decoded after the first) reading 400 MB in 2 s of decode: 200 MB/s
     /// delivered, R = 100 MB per token, 2 tok/s.

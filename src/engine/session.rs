@@ -5,6 +5,7 @@
 use anyhow::Result;
 
 use super::spec_types::SpecStats;
+use crate::backend::cpu::pool::PoolStats;
 use crate::models::KvCache;
 use crate::models::{Logits, Model};
 use crate::store::telemetry::ExpertRunStats;
@@ -85,6 +86,12 @@ pub struct GenStats {
     pub experts: Option<ExpertRunStats>,
     /// Speculative decoding's counters, when it ran.
     pub speculative: Option<SpecStats>,
+    /// The CPU pool's parallel loops during prefill (to the first token) and during decode
+    /// (after it), every thread of the process counted.
+    pub pool_prefill: PoolStats,
+    pub pool_decode: PoolStats,
+    /// Threads of the CPU pool.
+    pub threads: usize,
 }
 
 impl GenStats {

@@ -48,8 +48,17 @@ dfb() {
     || { tail -5 df.out >&2; return 1; }
   python3 - <<'EOF'
 import json
+import sys
 for s in json.load(open("df.json"))["scenarios"]:
     print(s["scenario"], round(s["summary"]["tok_s"], 2), s["prompt_tokens"])
+    d, n = s.get("pool", {}).get("decode"), s["generated_tokens"] - 1
+    if d and d["regions"] and n > 0 and "decode" in s["scenario"]:
+        # how the decode used the pool: regions per token, their mean length, the share of
+        # the threads' time inside them that tasks ran, decode time outside them
+        busy = 100 * d["busy_s"] / (d["wall_s"] * s["threads"])
+        print(f"pool {s['threads']}t {s['scenario']} after {s['prompt_tokens']}: "
+              f"{d['regions'] / n:.1f} regions/token, {1e6 * d['wall_s'] / d['regions']:.0f} us each, "
+              f"busy {busy:.0f}%, outside {100 * (1 - d['wall_s'] / s['decode_s']):.0f}%", file=sys.stderr)
 EOF
 }
 # llama.cpp: threads, prompt; prints "decode_tok_s prefill_tok_s prompt_tokens"

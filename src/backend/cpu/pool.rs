@@ -13,18 +13,85 @@
 //! cores under gVisor): decode fell to 0.38-0.54× llama.cpp from 4 threads up (BENCHMARKS.md,
 //! issue 31), so the loops stay on rayon.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
 use rayon::prelude::*;
 
 use super::numerics::Carried;
 
+/// What the parallel loops ([`for_each_task`]) did since the process started: their count,
+/// their tasks, their wall time on the calling thread and the time their tasks ran on any
+/// thread. Between two snapshots ([`PoolStats::since`]) it tells how well a pass used the
+/// pool: `busy_ns / (threads × wall_ns)` is the share of the pool's thread time inside the
+/// regions that tasks used (the rest went to waking threads, stealing, waiting for the last
+/// task), and a pass's time outside `wall_ns` ran on one thread (`--stats`, `bench`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Parallel regions (loops of two tasks or more).
+    pub regions: u64,
+    /// Tasks of those regions.
+    pub tasks: u64,
+    /// Nanoseconds from each region's start to its end, on the thread that entered it.
+    pub wall_ns: u64,
+    /// Nanoseconds the regions' tasks ran, summed over threads.
+    pub busy_ns: u64,
+}
+
+static REGIONS: AtomicU64 = AtomicU64::new(0);
+static TASKS: AtomicU64 = AtomicU64::new(0);
+static WALL_NS: AtomicU64 = AtomicU64::new(0);
+static BUSY_NS: AtomicU64 = AtomicU64::new(0);
+
+impl PoolStats {
+    /// The counters now (every thread's loops, of every pass in the process).
+    pub fn now() -> Self {
+        Self {
+            regions: REGIONS.load(Ordering::Relaxed),
+            tasks: TASKS.load(Ordering::Relaxed),
+            wall_ns: WALL_NS.load(Ordering::Relaxed),
+            busy_ns: BUSY_NS.load(Ordering::Relaxed),
+        }
+    }
+
+    /// What happened between the snapshot `earlier` and this one.
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            regions: self.regions.saturating_sub(earlier.regions),
+            tasks: self.tasks.saturating_sub(earlier.tasks),
+            wall_ns: self.wall_ns.saturating_sub(earlier.wall_ns),
+            busy_ns: self.busy_ns.saturating_sub(earlier.busy_ns),
+        }
+    }
+
+    /// `busy_ns / (threads × wall_ns)` in percent (0 without regions).
+    pub fn busy_pct(&self, threads: usize) -> f64 {
+        let t = self.wall_ns as f64 * threads.max(1) as f64;
+        if t > 0.0 {
+            100.0 * self.busy_ns as f64 / t
+        } else {
+            0.0
+        }
+    }
+}
+
 /// Runs `f(i)` for every `i in 0..n` over the current rayon pool (in place when `n` is 1).
-/// Each `f(i)` must not depend on which thread runs it. A panic in `f` propagates.
+/// Each `f(i)` must not depend on which thread runs it. A panic in `f` propagates. A loop of
+/// two tasks or more counts in [`PoolStats`] (two clock reads per task).
 pub fn for_each_task(n: usize, f: impl Fn(usize) + Sync) {
     if n <= 1 {
         (0..n).for_each(f);
         return;
     }
-    (0..n).into_par_iter().for_each(&f);
+    let t0 = Instant::now();
+    (0..n).into_par_iter().for_each(|i| {
+        let t = Instant::now();
+        f(i);
+        BUSY_NS.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    });
+    WALL_NS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    TASKS.fetch_add(n as u64, Ordering::Relaxed);
+    REGIONS.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Raw pointer to the elements of a slice that tasks split into disjoint chunks.
@@ -70,6 +137,31 @@ pub fn threads() -> usize {
 mod tests {
     use super::*;
     use crate::backend::cpu::{numerics, with_numerics, Numerics};
+
+    #[test]
+    fn loops_count_their_regions_tasks_and_times() {
+        let a = PoolStats::now();
+        for_each_task(1, |_| {});
+        let one = PoolStats::now().since(&a);
+        for_each_task(7, |_| {
+            std::thread::sleep(std::time::Duration::from_millis(2))
+        });
+        let b = PoolStats::now().since(&a);
+        // other tests' loops may count too, so: at least what these did
+        assert!(b.regions >= one.regions + 1, "{one:?} then {b:?}");
+        assert!(b.tasks >= one.tasks + 7, "{one:?} then {b:?}");
+        assert!(b.busy_ns >= 14_000_000, "7 tasks of 2 ms: {b:?}");
+        assert!(b.wall_ns >= 2_000_000, "{b:?}");
+        let s = PoolStats {
+            regions: 1,
+            tasks: 4,
+            wall_ns: 100,
+            busy_ns: 150,
+        };
+        assert_eq!(s.busy_pct(2), 75.0);
+        assert_eq!(PoolStats::default().busy_pct(16), 0.0);
+        assert_eq!(s.since(&s), PoolStats::default());
+    }
 
     #[test]
     fn runs_on_a_pool_thread_with_the_callers_numerics() {
