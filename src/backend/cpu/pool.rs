@@ -148,7 +148,7 @@ mod tests {
         });
         let b = PoolStats::now().since(&a);
         // other tests' loops may count too, so: at least what these did
-        assert!(b.regions >= one.regions + 1, "{one:?} then {b:?}");
+        assert!(b.regions > one.regions, "{one:?} then {b:?}");
         assert!(b.tasks >= one.tasks + 7, "{one:?} then {b:?}");
         assert!(b.busy_ns >= 14_000_000, "7 tasks of 2 ms: {b:?}");
         assert!(b.wall_ns >= 2_000_000, "{b:?}");
