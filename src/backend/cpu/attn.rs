@@ -44,9 +44,9 @@ impl Drop for KeysT {
     }
 }
 
-/// The SIMD path the CPU has.
+/// The SIMD path the CPU has (attention's kernels, here and in `attn_decode.rs`).
 #[derive(Clone, Copy, PartialEq)]
-enum Simd {
+pub(super) enum Simd {
     None,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx2,
@@ -54,7 +54,7 @@ enum Simd {
     Avx512,
 }
 
-fn detect() -> Simd {
+pub(super) fn detect() -> Simd {
     #[cfg(target_arch = "x86_64")]
     match SimdLevel::detect() {
         SimdLevel::Avx512 => return Simd::Avx512,

@@ -18,10 +18,9 @@
 
 use std::cell::Cell;
 
+use super::attn::{detect, Simd};
 use super::ops::softcap;
 use super::pool::for_each_task;
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
-use crate::quant::SimdLevel;
 
 /// Query lanes per key head scored together (one AVX2 vector).
 pub const LANES: usize = 8;
@@ -218,26 +217,6 @@ fn softmax_with_sink(x: &mut [f32], sink: Option<f32>) {
     for v in x.iter_mut() {
         *v *= inv;
     }
-}
-
-/// The SIMD path the CPU has.
-#[derive(Clone, Copy, PartialEq)]
-enum Simd {
-    None,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx2,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx512,
-}
-
-fn detect() -> Simd {
-    #[cfg(target_arch = "x86_64")]
-    match SimdLevel::detect() {
-        SimdLevel::Avx512 => return Simd::Avx512,
-        SimdLevel::Avx2 => return Simd::Avx2,
-        _ => {}
-    }
-    Simd::None
 }
 
 /// `acc[h][i] = Σ_j ws[h][j] · v[j * stride + i]` for each head `h` of `ws` (≤ `LANES`, all
