@@ -120,20 +120,24 @@ fn norm_rope_on<D: Device>(
 }
 
 /// One grouped-query attention layer's weights for [`gqa_attention_on`]: projections `q`
-/// (`q_dim × hidden`), `k`, `v` (`kv_dim × hidden`), `o` (`hidden × q_dim`), the per-head
-/// q/k RMSNorm weights (Qwen3, Gemma 3) and the sinks (one logit per query head).
+/// (`q_dim × hidden`), `k`, `v` (`kv_dim × hidden`), `o` (`hidden × q_dim`), the biases of
+/// q, k, v and o (GPT-OSS: `q_dim`, `kv_dim`, `kv_dim`, `hidden`), the per-head q/k RMSNorm
+/// weights (Qwen3, Gemma 3) and the sinks (one logit per query head, GPT-OSS).
 pub struct GqaOn<'a> {
     pub q: W<'a>,
     pub k: W<'a>,
     pub v: W<'a>,
     pub o: W<'a>,
+    pub biases: Option<[&'a [f32]; 4]>,
     pub qk_norm: Option<[&'a [f32]; 2]>,
     pub sinks: Option<&'a [f32]>,
 }
 
 /// `width`-wide rows `r0 .. r0 + m` of `x`: `x` itself when they are all of it (`whole`),
 /// else a copy.
-fn rows_on<D: Device>(
+///
+/// Errors: the device's.
+pub fn rows_on<D: Device>(
     dev: &D,
     x: &mut Option<D::Buf>,
     whole: bool,
@@ -176,6 +180,11 @@ pub fn gqa_attention_on<D: Device>(
     let n = seqs.rows();
     let (qd, kvd) = (s.n_heads * hd, s.n_kv_heads * hd);
     let mut qkv = mm_many_on(dev, &[&w.q, &w.k, &w.v], xn, n)?;
+    if let Some([bq, bk, bv, _]) = w.biases {
+        for (y, b) in qkv.iter_mut().zip([bq, bk, bv]) {
+            dev.add_rows(y, b)?;
+        }
+    }
     let (mut v, mut k, mut q) = (qkv.pop(), qkv.pop(), qkv.pop());
     let (qn, kn) = match w.qk_norm {
         Some([a, b]) => (Some(a), Some(b)),
@@ -207,5 +216,33 @@ pub fn gqa_attention_on<D: Device>(
         }
     }
     let att = att.expect("at least one sequence");
-    mm_on(dev, &w.o, &att, n)
+    let mut o = mm_on(dev, &w.o, &att, n)?;
+    if let Some([_, _, _, bo]) = w.biases {
+        dev.add_rows(&mut o, bo)?;
+    }
+    Ok(o)
+}
+
+/// Collects one sequence's output rows `a` (`m × width`, rows `r0 .. r0 + m` of the pass)
+/// into the pass's buffer `all` (`rows × width`): `a` itself when the pass has one sequence
+/// (`whole`), else copied into `all` (allocated at the first sequence).
+///
+/// Errors: the device's.
+pub fn put_rows_on<D: Device>(
+    dev: &D,
+    all: &mut Option<D::Buf>,
+    a: D::Buf,
+    whole: bool,
+    (rows, width): (usize, usize),
+    (r0, m): (usize, usize),
+) -> Result<()> {
+    if whole {
+        *all = Some(a);
+        return Ok(());
+    }
+    if all.is_none() {
+        *all = Some(dev.zeros(rows * width)?);
+    }
+    let out = all.as_mut().expect("allocated above");
+    dev.copy(&a, 0, out, r0 * width, m * width)
 }
