@@ -32,7 +32,7 @@ pub enum Glu {
     /// `gelu_tanh(g) · u` (Gemma 3, `gelu_pytorch_tanh`).
     GegluTanh,
     /// Kimi K3's SiTU: `β·tanh(g/β)·sigmoid(g) · λ·tanh(u/λ)` (`u` as is when `λ ≤ 0`;
-    /// `models/kimi_k3/ffn.rs`).
+    /// llama.cpp `kimi-k3.cpp`, `kimi_k3_situ`).
     Situ { beta: f32, linear_beta: f32 },
 }
 

@@ -186,13 +186,13 @@ pub trait Blocks: Send + Sync {
     }
     /// Width of the routed experts' rows when they run in a space other than the residual
     /// stream (Kimi K3's latent MoE): the spine then leaves `n × width` rows in `s.xn`, the
-    /// experts write `n × width`, and [`Blocks::tail`] maps that back to `n × hidden`.
+    /// experts write `n × width`, and [`Blocks::tail_on`] maps that back to `n × hidden`.
     /// `None` (the default): experts read and write `hidden`-wide rows.
     fn routed_width(&self) -> Option<usize> {
         None
     }
     /// The unit (id in the store) holding what layer `w` applies to its routed experts'
-    /// output ([`Blocks::tail`]); planned right after the experts, before the next layer's
+    /// output ([`Blocks::tail_on`]); planned right after the experts, before the next layer's
     /// spine. `None` (the default): no tail. A family with tails must keep
     /// [`Blocks::plan_whole_pass`] false (the whole-pass plan does not list them).
     fn tail_unit(&self, _w: &Self::Layer) -> Option<usize> {

@@ -71,8 +71,8 @@ pub fn store_glu_experts_on<D: Device>(
 /// and computed as its bytes land (`expert(bytes, keep, e, rows, m)`: `m × d` rows in,
 /// a new `m × d` buffer out; `keep`: the unit is resident and no expert store is attached,
 /// so a device may keep its copy); outputs added to `step.out` in ascending expert id order,
-/// each row of a group weighted by its routing weight ([`super::moe::moe_forward_with`]'s
-/// order, so the CPU's values are its values bit for bit).
+/// each row of a group weighted by its routing weight (the order of the host MoE step this
+/// replaced, so the CPU's values are its values bit for bit).
 ///
 /// Errors: an expert could not be read (the message names the file and expert); the device's.
 pub fn experts_on_with<D: Device>(

@@ -119,3 +119,61 @@ pub fn gated_head_norm(o: &mut [f32], gate: &[f32], w: &[f32], eps: f32) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{cpu::Cpu, Backend, Glu};
+
+    #[test]
+    fn situ_matches_its_formula_and_skips_the_linear_part_when_off() {
+        let cpu = Cpu::default();
+        let situ = Glu::Situ {
+            beta: 2.0,
+            linear_beta: 3.0,
+        };
+        let mut g = vec![1.0f32, -4.0];
+        cpu.glu(situ, &mut g, &vec![6.0, 0.5]).unwrap();
+        let want0 = 2.0 * 0.5f32.tanh() * sigmoid(1.0) * 3.0 * 2f32.tanh();
+        assert!((g[0] - want0).abs() < 1e-6, "{g:?}");
+        let off = Glu::Situ {
+            beta: 2.0,
+            linear_beta: 0.0,
+        };
+        let mut g = vec![1.0f32];
+        cpu.glu(off, &mut g, &vec![6.0]).unwrap();
+        assert!(
+            (g[0] - 2.0 * 0.5f32.tanh() * sigmoid(1.0) * 6.0).abs() < 1e-5,
+            "{g:?}"
+        );
+    }
+
+    #[test]
+    fn res_mix_weights_raw_rows_by_a_softmax_of_normed_scores() {
+        // d = 2, one token: rmsnorm([2, 0]) = [√2, 0] scores √2, rmsnorm([0, 3]) scores 0
+        let w = [1.0f32, 0.0];
+        let bank = [2.0f32, 0.0];
+        let cur = [0.0f32, 3.0];
+        let mut out = [0f32; 2];
+        res_mix(&[&bank], &cur, &w, 0.0, &mut out);
+        let s0 = 2f32.sqrt();
+        let p0 = s0.exp() / (s0.exp() + 1.0);
+        assert!(
+            (out[0] - 2.0 * p0).abs() < 1e-6 && (out[1] - 3.0 * (1.0 - p0)).abs() < 1e-6,
+            "{out:?}"
+        );
+        res_mix(&[], &cur, &w, 0.0, &mut out);
+        assert_eq!(out, cur);
+    }
+
+    #[test]
+    fn swiglu_oai_clamps_and_reads_pairs_or_two_inputs() {
+        // g = 10 clamps to 7, u = -9 clamps to -7: (−7 + 1) · 7 · σ(1.702 · 7)
+        let want = -6.0 * 7.0 / (1.0 + (-(7.0f32 * 1.702)).exp());
+        let mut out = [0f32; 1];
+        swiglu_oai(&[10.0, -9.0], None, 1.702, 7.0, &mut out);
+        assert!((out[0] - want).abs() < 1e-5, "{out:?}");
+        swiglu_oai(&[10.0], Some(&[-9.0]), 1.702, 7.0, &mut out);
+        assert!((out[0] - want).abs() < 1e-5, "{out:?}");
+    }
+}

@@ -5,18 +5,18 @@
 //! - a full-rank KDA output gate (`ssm_g`, [`KdaWeights::g_a`] `None`) and the decay lower
 //!   bound (`kda.gate_lower_bound`);
 //! - a sigmoid output gate on MLA's attention output before `o_proj` ([`MlaLayer::gate`]);
-//! - SiTU instead of SwiGLU in every feed-forward block ([`ffn::Situ`]);
+//! - SiTU instead of SwiGLU in every feed-forward block ([`Glu::Situ`]);
 //! - latent MoE: the router and the shared experts read the `ffn_norm`ed rows, the routed
 //!   experts their down-projection (`ffn_routed_down`, `latent` wide); the routed sum is
 //!   RMSNormed (`ffn_routed_norm`) and projected back (`ffn_routed_up`) in the layer's tail
-//!   unit ([`Blocks::tail`]), then the shared experts are added;
+//!   unit ([`Blocks::tail_on`]), then the shared experts are added;
 //! - cross-layer attention residuals (`attn_res.block_size` = `B`): before its mixer and
 //!   before its feed-forward block a layer reads not the residual stream `h` but
-//!   [`ffn::res_mix`] of the checkpoints banked so far and `h`; layer `l` with `l % B == 0`
+//!   the residual mix (`Backend::res_mix`, `backend::cpu::blocks::res_mix`) of the checkpoints banked so far and `h`; layer `l` with `l % B == 0`
 //!   banks its input `h` and restarts the stream from its mixer's output alone
 //!   (`h ← mixer(...)`, not `h + mixer(...)`); the last hidden state is mixed once more
 //!   (`output_res_score`) before the final norm. The checkpoints live in the pass's
-//!   [`Scratch::bank`]; they are per token, so a pass needs none of an earlier pass's.
+//!   `ScratchOn::bank`; they are per token, so a pass needs none of an earlier pass's.
 //!
 //! Sigmoid routing with `exp_probs_b` ([`route_sigmoid_grouped`]), renormalized when
 //! `expert_weights_norm`, times `expert_weights_scale`.
@@ -30,7 +30,6 @@
 //! writes them); packs of K3 hold one record per expert as for the other families.
 
 pub mod config;
-pub mod ffn;
 mod gguf;
 mod hf;
 mod mxfp4;
@@ -49,7 +48,7 @@ use super::layers::generic::{glu_mlp_on, mm_on, norm_on, W};
 use super::moe_dev::{store_glu_experts_on, ExpertStepOn};
 use crate::backend::{Glu, Op};
 use super::layers::hybrid::{a_log_of_neg_exp, Mixer};
-use super::layers::mixers::{kda_mixer, mla_mixer, KdaShape, KdaWeights, MlaLayer};
+use super::layers::mixers::{kda_mixer, mla_mixer, KdaShape, KdaWeights, MlaLayer, KDA_MLA_OPS};
 use super::layers::mla::MlaShape;
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef};
 use super::moe::{route_sigmoid_grouped, ExpertMats, UnitExperts};
@@ -348,7 +347,7 @@ impl KimiK3Blocks {
         }
     }
 
-    /// SiTU as the backend's gated activation ([`Glu::Situ`], `ffn::Situ`'s values).
+    /// SiTU as the backend's gated activation ([`Glu::Situ`]: `kimi-k3.cpp`'s `kimi_k3_situ`).
     fn situ(&self) -> Glu {
         Glu::Situ { beta: self.config.situ_beta, linear_beta: self.config.situ_linear_beta }
     }
@@ -569,7 +568,7 @@ impl Blocks for KimiK3Blocks {
 
 /// The ops beyond the core set a K3 layer needs: Kimi Linear's, the attention-residual mix.
 const K3_OPS: [Op; 9] = {
-    let k = crate::models::kimi_linear::KDA_MLA_OPS;
+    let k = KDA_MLA_OPS;
     [k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], Op::ResMix]
 };
 

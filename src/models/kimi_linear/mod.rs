@@ -1,8 +1,8 @@
 //! Kimi Linear (`model_type: kimi_linear`, e.g. Kimi-Linear-48B-A3B) from Hugging Face
 //! checkpoints, as transformers 5.24 defines it (`models/kimi_linear/modeling_kimi_linear.py`):
 //! RMSNorm before the token mixer and before the feed-forward block; the mixer of each layer is
-//! either Kimi Delta Attention ([`crate::models::layers::kda`], [`crate::models::layers::mixers::kda_mixer`]: a recurrent state
-//! per layer) or no-RoPE multi-head latent attention ([`crate::models::layers::mixers::mla_mixer`]: DeepSeek's
+//! either Kimi Delta Attention ([`crate::models::layers::kda`], [`kda_mixer`]: a recurrent state
+//! per layer) or no-RoPE multi-head latent attention ([`mla_mixer`]: DeepSeek's
 //! latent cache), as `linear_attn_config.full_attn_layers` / `layer_types` say
 //! ([`Config::mixers`]); a dense SwiGLU MLP in the first `first_k_dense_replace` layers and
 //! the MoE block after (sigmoid routing with `e_score_correction_bias`,
@@ -34,7 +34,7 @@ pub use super::layers::hybrid::Mixer;
 use super::layers::hybrid::a_log_of_neg_exp;
 use super::layers::kda;
 use super::layers::generic::{glu_mlp_on, mm_on, norm_on, W};
-use super::layers::mixers::{kda_mixer, mla_mixer, KdaShape, KdaWeights, MlaLayer};
+use super::layers::mixers::{kda_mixer, mla_mixer, KdaShape, KdaWeights, MlaLayer, KDA_MLA_OPS};
 use self::tensors::{hf_checkpoint, Checkpoint, FfnTensors, KvB, MixTensors};
 use super::budget::{place, HeadTensors, Notes, OnDemand, WeightUnits};
 use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, ScratchOn};
@@ -422,19 +422,6 @@ impl Blocks for KimiLinearBlocks {
         }
     }
 }
-
-/// The ops beyond the core set that a hybrid KDA + no-RoPE MLA stack needs (Kimi Linear,
-/// Kimi K3 adds its own).
-pub(crate) const KDA_MLA_OPS: [Op; 8] = [
-    Op::KdaConv,
-    Op::L2Norm,
-    Op::KdaDecay,
-    Op::Sigmoid,
-    Op::KdaScan,
-    Op::GatedNorm,
-    Op::MlaAttention,
-    Op::NormHead,
-];
 
 /// The expert naming of Kimi Linear: Hugging Face `block_sparse_moe.experts.E.{w1,w3,w2}`
 /// (gate, up, down) and GGUF `ffn_{gate,up,down}_exps`, as the SwiGLU families.

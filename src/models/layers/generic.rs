@@ -1,11 +1,10 @@
 //! The shared blocks written against any [`Device`] (the CPU or a GPU): grouped-query
-//! attention over the device's KV slots, the gated feed-forward, norms and residuals. A
-//! family whose layer is made of these runs its whole pass on the device its decoder holds
-//! (`models::decoder::Blocks::spine_on`).
+//! attention over the device's KV slots, the gated feed-forward, norms and residuals, and
+//! the row helpers of per-sequence steps. Every family's layers are made of these and of
+//! `mixers.rs` (`models::decoder::Blocks::spine_on`).
 //!
-//! On the CPU every block computes exactly what its host-slice twin in `layers/mod.rs`
-//! computes (the same kernels in the same order: `tests/device_pass.rs` holds them bit for
-//! bit on every GQA fixture); on a GPU the same wiring calls the device's kernels.
+//! On the CPU every block computes exactly what the host blocks they replaced computed (the
+//! same kernels in the same order); on a GPU the same wiring calls the device's kernels.
 //!
 //! Weights are host views of their stored bytes ([`W`]) with whether their unit is resident:
 //! a GPU keeps a resident matrix's copy after its first use and copies any other for the one
@@ -164,7 +163,7 @@ pub fn rows_on<D: Device>(
 /// projections over every row; per sequence its rows' q/k norms, RoPE and scaling at its
 /// positions, its new keys and values written to its layer-`l` slots
 /// ([`Device::kv_slots`]), its causal attention; the output projection over every row.
-/// [`super::gqa_attention`] without biases, on the device.
+/// With `biases`, each added right after its projection (GPT-OSS).
 ///
 /// Errors: the device's.
 pub fn gqa_attention_on<D: Device>(

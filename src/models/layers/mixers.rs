@@ -13,9 +13,22 @@ use anyhow::Result;
 
 use super::generic::{mm_many_on, mm_on, norm_on, put_rows_on, rows_on, W};
 use crate::backend::cpu::Matrix;
-use crate::backend::{MlaProj, MlaShape};
+use crate::backend::{MlaProj, MlaShape, Op};
 use crate::models::batch::Seqs;
 use crate::models::device::Device;
+
+/// The ops beyond the core set ([`Op`]) that [`kda_mixer`] and a no-RoPE [`mla_mixer`] call:
+/// what a hybrid KDA + MLA stack needs (Kimi Linear; Kimi K3 adds its own).
+pub const KDA_MLA_OPS: [Op; 8] = [
+    Op::KdaConv,
+    Op::L2Norm,
+    Op::KdaDecay,
+    Op::Sigmoid,
+    Op::KdaScan,
+    Op::GatedNorm,
+    Op::MlaAttention,
+    Op::NormHead,
+];
 
 /// Sizes of a KDA layer.
 #[derive(Clone, Copy, Debug)]
