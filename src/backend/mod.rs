@@ -175,6 +175,7 @@ pub trait Backend: Send + Sync {
     /// (`latent`: `rank + rope` floats per position `0 .. pos0 + rows`, more may follow) into
     /// `out`, the up-projections `proj` given by their host bytes (`keep`: resident, as
     /// [`Backend::matmul_host`]) ([`Op::MlaAttention`]).
+    #[allow(clippy::too_many_arguments)]
     fn mla_attention(
         &self,
         s: &MlaShape,
