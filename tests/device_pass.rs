@@ -1,8 +1,9 @@
 //! The models on a device (`--device`, `LoadOptions::device`).
 //!
-//! Anywhere: a family without a device path is refused on `cuda:N` with a message naming
-//! what it lacks, before any GPU is looked for; without a GPU, `cuda` says why and `auto`
-//! falls back to the CPU, saying so in the placement line.
+//! Anywhere: a family whose layers need ops CUDA lacks (`backend::cuda::MISSING`) is refused
+//! on `cuda:N` with a message naming them, before any GPU is looked for, and `auto` runs it
+//! on the CPU; without a GPU, `cuda` says why and `auto` falls back to the CPU, saying so in
+//! the placement line.
 //!
 //! On a machine with a CUDA GPU (each test prints `CUDA model tests skipped: …` and passes
 //! elsewhere; CI has none): every GQA fixture family's logits on the GPU within 1e-3
@@ -106,21 +107,34 @@ fn prompt_and_greedy(m: &dyn Model, s: &mut WeightStore) -> (Vec<f32>, Vec<u32>,
 }
 
 #[test]
-fn families_without_a_device_path_are_refused_on_cuda_by_what_they_lack() {
-    for (rel, want) in [
+fn families_needing_ops_cuda_lacks_are_refused_on_cuda_by_name_and_auto_is_the_cpu() {
+    let kda = "kda_conv, l2norm_heads, kda_decay, sigmoid, kda_scan, gated_head_norm, mla_attention, rms_norm_head";
+    for (rel, family, lacks) in [
         (
             "hf/deepseek_v3",
-            "deepseek_v3 on cuda:0: multi-head latent attention",
+            "deepseek_v3",
+            "mla_attention, rms_norm_head, rope_tail".to_string(),
         ),
-        ("hf/kimi_linear", "kimi_linear on cuda:0: the KDA scan"),
-        ("hf/gpt_oss", "gpt_oss on cuda:0: attention biases"),
+        ("hf/kimi_linear", "kimi_linear", kda.to_string()),
+        ("hf/kimi_k3", "kimi_k3", format!("{kda}, res_mix")),
+        (
+            "hf/gpt_oss",
+            "gpt_oss",
+            "add_rows, matmul_host_t, swiglu_oai".to_string(),
+        ),
     ] {
         let e = load_path(&fixture(rel), &opts(DeviceKind::Cuda(0), None))
             .err()
             .expect("refused");
-        let e = format!("{e:#}");
-        assert!(e.starts_with(want), "{rel}: {e}");
-        assert!(e.ends_with("; run it with --device cpu"), "{e}");
+        assert_eq!(
+            format!("{e:#}"),
+            format!("{family} on cuda:0: cuda lacks {lacks} (not implemented on cuda yet); run it with --device cpu"),
+            "{rel}"
+        );
+        // auto takes the CPU for them, GPU or not
+        let (m, _) = load(rel, DeviceKind::Auto);
+        let summary = &m.placement().summary;
+        assert!(summary.ends_with("; device cpu"), "{rel}: {summary}");
     }
 }
 

@@ -32,12 +32,12 @@ pub enum Glu {
     /// `gelu_tanh(g) · u` (Gemma 3, `gelu_pytorch_tanh`).
     GegluTanh,
     /// Kimi K3's SiTU: `β·tanh(g/β)·sigmoid(g) · λ·tanh(u/λ)` (`u` as is when `λ ≤ 0`;
-    /// `models/kimi_k3/ffn.rs`).
+    /// llama.cpp `kimi-k3.cpp`, `kimi_k3_situ`).
     Situ { beta: f32, linear_beta: f32 },
 }
 
-/// The key and value up-projections of multi-head latent attention as a backend holds them:
-/// llama.cpp's split `attn_k_b` / `attn_v_b`, or Hugging Face's joint `kv_b_proj` (`v` `None`).
+/// The key and value up-projections of multi-head latent attention: llama.cpp's split
+/// `attn_k_b` / `attn_v_b`, or Hugging Face's joint `kv_b_proj` (`v` `None`).
 pub struct MlaProj<W> {
     pub k: W,
     pub v: Option<W>,
@@ -172,19 +172,24 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Buf,
     ) -> Result<()>;
     /// Multi-head latent attention of one sequence's `q` rows over its latent rows
-    /// (`latent`: `rank + rope` floats per position `0 .. pos0 + rows`) into `out`.
+    /// (`latent`: `rank + rope` floats per position `0 .. pos0 + rows`, more may follow) into
+    /// `out`, the up-projections `proj` given by their host bytes (`keep`: resident, as
+    /// [`Backend::matmul_host`]) ([`Op::MlaAttention`]).
+    #[allow(clippy::too_many_arguments)]
     fn mla_attention(
         &self,
         s: &MlaShape,
         q: &Self::Buf,
-        proj: MlaProj<Self::Weights<'_>>,
+        proj: MlaProj<&cpu::Matrix<'_>>,
+        keep: bool,
         latent: &Self::Buf,
         pos0: usize,
         out: &mut Self::Buf,
     ) -> Result<()>;
     /// The KDA delta rule of one sequence's rows, token by token, over its recurrent state
-    /// (`heads × dk × dv`, updated): `q`, `k`, `g` are `rows × heads × dk`, `v` and `out`
-    /// `rows × heads × dv`, `beta` `rows × heads`.
+    /// (`heads × dk × dv` floats of `state` from float `state_at`, updated): `q`, `k`, `g` are
+    /// `rows × heads × dk`, `v` and `out` `rows × heads × dv`, `beta` `rows × heads`
+    /// ([`Op::KdaScan`]).
     #[allow(clippy::too_many_arguments)]
     fn kda_scan(
         &self,
@@ -194,6 +199,100 @@ pub trait Backend: Send + Sync {
         qkvg: [&Self::Buf; 4],
         beta: &Self::Buf,
         state: &mut Self::Buf,
+        state_at: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+    /// KDA's short causal convolutions then SiLU over one sequence's `q`, `k`, `v` rows (each
+    /// `rows × dim`, in place), as one `3·dim`-channel convolution over `[q | k | v]` rows:
+    /// `taps` holds each channel's `conv` taps (`3·dim × conv`), the first
+    /// `(conv − 1) × 3·dim` floats of `state` the inputs before these rows, updated
+    /// (`cpu::kda::short_conv_silu`; [`Op::KdaConv`]).
+    fn kda_conv(
+        &self,
+        qkv: [&mut Self::Buf; 3],
+        rows: usize,
+        taps: &[f32],
+        conv: usize,
+        state: &mut Self::Buf,
+    ) -> Result<()>;
+    /// Each `head_dim`-wide slice of `x` divided by `√(Σx² + eps)`, then times `scale` (KDA's
+    /// q/k L2 norms; [`Op::L2Norm`]).
+    fn l2norm_heads(&self, x: &mut Self::Buf, head_dim: usize, eps: f32, scale: f32) -> Result<()>;
+    /// KDA's log decay of every `dt_bias.len()`-wide row of `g` in place
+    /// (`cpu::kda::decay`: `−exp(A_log_h) · softplus(g + dt_bias)`, or
+    /// `lower_bound · sigmoid(exp(A_log_h) · (g + dt_bias))`; [`Op::KdaDecay`]).
+    fn kda_decay(
+        &self,
+        g: &mut Self::Buf,
+        a_log: &[f32],
+        dt_bias: &[f32],
+        lower_bound: Option<f32>,
+    ) -> Result<()>;
+    /// `x ← σ(x)`, element-wise ([`Op::Sigmoid`]).
+    fn sigmoid(&self, x: &mut Self::Buf) -> Result<()>;
+    /// `x ← x · σ(g)`, element-wise (an output gate; [`Op::Sigmoid`]).
+    fn mul_sigmoid(&self, x: &mut Self::Buf, g: &Self::Buf) -> Result<()>;
+    /// KDA's gated output norm: each `w.len()`-wide head of `o` RMS-normed with `w`, times
+    /// `σ` of the same elements of `gate` ([`Op::GatedNorm`]).
+    fn gated_head_norm(
+        &self,
+        o: &mut Self::Buf,
+        gate: &Self::Buf,
+        w: &[f32],
+        eps: f32,
+    ) -> Result<()>;
+    /// RMSNorm in place of the first `w.len()` floats of every `width`-wide row of `x` (MLA's
+    /// latent, ahead of its rotary key; [`Op::NormHead`]).
+    fn rms_norm_head(&self, x: &mut Self::Buf, width: usize, w: &[f32], eps: f32) -> Result<()>;
+    /// RoPE at positions `pos0 ..` of the last `inv_freq.len() · 2` floats of every
+    /// `width`-wide slice of the `rows` rows of `x` (MLA's rotary parts: the NeoX halves, or
+    /// interleaved pairs first regrouped into halves as DeepSeek's `rope_interleave`), then ×
+    /// `scale` (`cpu::mla::rope_slice`; [`Op::RopeTail`]).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_tail(
+        &self,
+        x: &mut Self::Buf,
+        rows: usize,
+        width: usize,
+        pos0: usize,
+        inv_freq: &[f32],
+        interleaved: bool,
+        scale: f32,
+    ) -> Result<()>;
+    /// Kimi K3's attention-residual mix of the rows of `cur` with the checkpoints `bank`
+    /// (each as `cur`) into `out`, row by row with the score weights `w` (`cpu::blocks::res_mix`;
+    /// [`Op::ResMix`]).
+    fn res_mix(
+        &self,
+        bank: &[&Self::Buf],
+        cur: &Self::Buf,
+        w: &[f32],
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+    /// `x ← x + b` for every `b.len()`-wide row of `x` (a bias; [`Op::Bias`]).
+    fn add_rows(&self, x: &mut Self::Buf, b: &[f32]) -> Result<()>;
+    /// `y = x W` for `rows` rows of `x` (`rows × w.rows`) into `y` (`rows × w.cols`): a weight
+    /// stored input-major (GPT-OSS's Hugging Face experts), given by its host bytes as
+    /// [`Backend::matmul_host`] ([`Op::MatmulT`]).
+    fn matmul_host_t(
+        &self,
+        w: &cpu::Matrix<'_>,
+        keep: bool,
+        x: &Self::Buf,
+        rows: usize,
+        y: &mut Self::Buf,
+    ) -> Result<()>;
+    /// GPT-OSS's clamped SwiGLU into `out`: with `up` `None`, of the interleaved (gate, up)
+    /// pairs of `gate_up` (`out` half as long), else of `gate_up` (the gates) and `up`
+    /// element-wise: `(clamp(u, ±limit) + 1) · g' · σ(α g')` with `g' = min(g, limit)`
+    /// ([`Op::SwigluOai`]).
+    fn swiglu_oai(
+        &self,
+        gate_up: &Self::Buf,
+        up: Option<&Self::Buf>,
+        alpha: f32,
+        limit: f32,
         out: &mut Self::Buf,
     ) -> Result<()>;
     /// `gate ← act(gate) · up`, element-wise ([`Glu`]).
@@ -220,6 +319,62 @@ pub trait Backend: Send + Sync {
         weights: &[f32],
         out: &mut Self::Buf,
     ) -> Result<()>;
+}
+
+/// The ops beyond the core set every backend has (products, norms, RoPE, GQA attention,
+/// the GLUs, residuals, row gathers): what a family's layers need besides it
+/// (`models::decoder::Blocks::needs`) and what a backend may lack ([`cuda::MISSING`]). A
+/// family needing an op its device lacks is refused on that device by name, in one place
+/// (`models::device::open_cuda`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// [`Backend::mla_attention`] over latent cache slots.
+    MlaAttention,
+    /// [`Backend::rope_tail`].
+    RopeTail,
+    /// [`Backend::rms_norm_head`].
+    NormHead,
+    /// [`Backend::kda_scan`] over recurrent state slots.
+    KdaScan,
+    /// [`Backend::kda_conv`].
+    KdaConv,
+    /// [`Backend::l2norm_heads`].
+    L2Norm,
+    /// [`Backend::kda_decay`].
+    KdaDecay,
+    /// [`Backend::sigmoid`], [`Backend::mul_sigmoid`].
+    Sigmoid,
+    /// [`Backend::gated_head_norm`].
+    GatedNorm,
+    /// [`Backend::res_mix`].
+    ResMix,
+    /// [`Backend::add_rows`].
+    Bias,
+    /// [`Backend::matmul_host_t`].
+    MatmulT,
+    /// [`Backend::swiglu_oai`].
+    SwigluOai,
+}
+
+impl Op {
+    /// The op's name in messages: its [`Backend`] method.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::MlaAttention => "mla_attention",
+            Op::RopeTail => "rope_tail",
+            Op::NormHead => "rms_norm_head",
+            Op::KdaScan => "kda_scan",
+            Op::KdaConv => "kda_conv",
+            Op::L2Norm => "l2norm_heads",
+            Op::KdaDecay => "kda_decay",
+            Op::Sigmoid => "sigmoid",
+            Op::GatedNorm => "gated_head_norm",
+            Op::ResMix => "res_mix",
+            Op::Bias => "add_rows",
+            Op::MatmulT => "matmul_host_t",
+            Op::SwigluOai => "swiglu_oai",
+        }
+    }
 }
 
 /// The devices `--device` names: the CPU, a CUDA GPU by ordinal, or the best found.

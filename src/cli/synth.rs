@@ -19,7 +19,7 @@ Architectures, presets and encodings (--preset list describes each preset):
   kimi_linear  tiny, kimi-linear-48b-a3b    hf: bf16
   kimi_k3      tiny, kimi-k3                hf: mxfp4 (default; compressed-tensors MXFP4 routed
                experts), gguf: mxfp4 (llama.cpp's kimi-k3 layout); BF16 elsewhere;
-               --experts cuts the experts per layer
+               --experts cuts the experts per layer (of deepseek_v3 and kimi_linear too)
 Matrices whose rows are not whole 256-element super-blocks fall back as llama.cpp's
 quantizer does: q4_k to q5_0, q5_k to q5_1, q2_k/q3_k/tq1_0/tq2_0 to q4_0, iq* to iq4_nl.")]
 pub struct SynthArgs {
@@ -40,7 +40,7 @@ pub struct SynthArgs {
     /// overriding the preset's.
     #[arg(long)]
     pub dense_layers: Option<usize>,
-    /// kimi_k3: routed experts per MoE layer, overriding the preset's (each expert keeps its
+    /// kimi_k3, deepseek_v3, kimi_linear: routed experts per MoE layer, overriding the preset's (each expert keeps its
     /// size and each token its top-k, so a decode step reads the same bytes).
     #[arg(long)]
     pub experts: Option<usize>,

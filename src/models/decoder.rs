@@ -20,54 +20,46 @@
 //! - families whose [`Blocks::plan_whole_pass`] is true (dense models streamed layer by layer,
 //!   Gemma 3) announce every unit of the pass at its start instead.
 //!
-//! The families whose blocks run through the backend ([`Blocks::device_path`]: the GQA
-//! families) take the same loop on a device, the CPU included (`decoder_dev.rs`, with
-//! [`Blocks::spine_on`] and [`Blocks::experts_on`]); the others run the host loop here.
+//! Every family's blocks run through the backend: the layer loop is `decoder_dev.rs`'s, on
+//! the CPU or a GPU alike, calling [`Blocks::spine_on`], [`Blocks::experts_on`] and the
+//! optional [`Blocks::tail_on`] and [`Blocks::finish_hidden_on`]. A family names the ops its
+//! layers need beyond the core set ([`Blocks::needs`]); a device lacking one is refused for
+//! it (`device::open_cuda`).
 //!
 //! MoE output is `x += (Σ routed + shared)`: the routed experts' weighted sum, then the shared
 //! experts' output when the spine wrote one, then the residual, in that order, as transformers
 //! adds them.
 
-use std::io;
-
 use anyhow::Result;
 
 pub use super::mtp_layer::{ChunkedMatrix, MtpLayer};
 
-use super::batch::{rows_of, SeqPass, SeqRows, Seqs};
+use super::batch::{SeqPass, Seqs};
 use super::device::{open_cuda, Device};
 use super::embed_head::{Embedding, Head};
-use super::layers::add_into;
-use super::moe::{keep_first, next_experts, route_rows, ExpertStep, RouterRef, Routers};
+use super::moe::{RouterRef, Routers};
 use super::moe_dev::ExpertStepOn;
-use super::{run_batch, KvCache, Logits, Model, Placement};
+use super::{run_batch, KvCache, Model, Placement};
 use crate::backend::cpu::Cpu;
 use crate::backend::cuda::Cuda;
-use crate::backend::{Backend, DeviceKind};
-use crate::store::{NextReads, UnitBytes, WeightStore};
-
-/// Activations a layer's spine writes for the rest of the layer, reused across layers.
-#[derive(Default)]
-pub struct Scratch {
-    /// The post-attention normed rows (`n × hidden`), the routed experts' input.
-    pub xn: Vec<f32>,
-    /// Router logits (`n × n_experts`, bias added) of a MoE layer.
-    pub router: Vec<f32>,
-    /// Shared experts' output (`n × hidden`) of a MoE layer, when the family has shared
-    /// experts; left empty otherwise.
-    pub shared: Vec<f32>,
-    /// Residual-stream checkpoints a family banks during one pass (Kimi K3's attention
-    /// residuals: one `n × hidden` copy per block); empty at the start of every pass.
-    pub bank: Vec<Vec<f32>>,
-}
+use crate::backend::{Backend, DeviceKind, Op};
+use crate::store::{UnitBytes, WeightStore};
 
 /// What a layer's spine leaves on the device ([`Blocks::spine_on`]) for the rest of the
-/// layer, reused across layers: the post-attention normed rows (the routed experts' input)
-/// and, in a MoE layer, the router logits brought to the host (`n × n_experts`, bias added)
-/// for routing.
+/// layer, reused across layers.
 pub struct ScratchOn<D: Device> {
+    /// The post-attention normed rows (`n × hidden`), the routed experts' input (`n ×
+    /// routed_width` for a latent MoE: [`Blocks::routed_width`]).
     pub xn: D::Buf,
+    /// A MoE layer's router logits brought to the host (`n × n_experts`, bias added) for
+    /// routing.
     pub router: Vec<f32>,
+    /// A MoE layer's shared experts' output (`n × hidden`), when the family has shared
+    /// experts (the skeleton takes it after the routed experts).
+    pub shared: Option<D::Buf>,
+    /// Residual-stream checkpoints a family banks during one pass (Kimi K3's attention
+    /// residuals: one `n × hidden` copy per block); empty at the start of every pass.
+    pub bank: Vec<D::Buf>,
 }
 
 /// A MoE layer's router as a family describes it (the skeleton adds the spine unit).
@@ -145,65 +137,38 @@ pub trait Blocks: Send + Sync {
     fn scale_embeddings(&self, _x: &mut [f32]) {}
     /// Whether layer `w` ends in routed experts (its spine writes router logits).
     fn is_moe(&self, w: &Self::Layer) -> bool;
-    /// Layer `l`'s spine over its unit's bytes `u`, for the rows of `x` (`rows × hidden`) of
-    /// the sequences `seqs` (each at its own positions, with its own cache): attention with
-    /// its residual (writing each sequence's cache), then either the dense feed-forward added
-    /// to `x`, or (MoE) the post-attention normed rows into `s.xn`, the router logits into
-    /// `s.router` and, with shared experts, their output into `s.shared`. Row-wise steps run
-    /// over all rows at once; only the steps that read positions run per sequence
+    /// The family's name and the ops its layers call beyond the core set every backend has
+    /// ([`Op`]): a device lacking one of them is refused for the family, by name
+    /// (`device::open_cuda`).
+    fn needs(&self) -> (&'static str, &'static [Op]);
+    /// Layer `l`'s spine on the device `dev` over its unit's bytes `u` (`keep`: the unit is
+    /// resident, so a device may keep its copy), for the rows `x` (`rows × hidden`, on the
+    /// device) of the sequences `seqs` (each at its own positions, with its own cache slots
+    /// on the device): attention with its residual, then either the dense feed-forward added
+    /// to `x`, or (MoE) the routed experts' input in `s.xn`, the router logits on the host in
+    /// `s.router` and, with shared experts, their output in `s.shared`. Row-wise steps run
+    /// over all rows at once; only the steps that read positions or state run per sequence
     /// ([`Seqs::each`]).
-    ///
-    /// Called only for a family without a device path ([`Blocks::device_path`]); the
-    /// default (for the others) panics.
-    fn spine(
-        &self,
-        l: usize,
-        _w: &Self::Layer,
-        _u: &UnitBytes,
-        _seqs: &mut Seqs<'_>,
-        _x: &mut [f32],
-        _s: &mut Scratch,
-    ) {
-        unreachable!("layer {l}: this family's layers run through Blocks::spine_on")
-    }
-    /// Whether this family's layers run on any [`Device`] through [`Blocks::spine_on`] and
-    /// [`Blocks::experts_on`] (the CPU included: the decoder then runs `decoder_dev.rs`'s
-    /// loop and `--device cuda` is allowed), or, as the error, the family's name and what
-    /// its layers need that the backend seam does not offer yet (the refusal of `--device
-    /// cuda` names it). Default: none of this family's layers run on devices.
-    fn device_path(&self) -> Result<(), (&'static str, &'static str)> {
-        Err((
-            "this family",
-            "its layers call the CPU's kernels directly (no device path)",
-        ))
-    }
-    /// [`Blocks::spine`] on the device `dev`: layer `l` over its unit's bytes `u` (`keep`:
-    /// the unit is resident) for the rows `x` (`rows × hidden`, on the device) of `seqs`,
-    /// with each sequence's keys and values in its device slots; a MoE layer leaves the
-    /// post-attention normed rows in `s.xn` and brings the router logits to the host in
-    /// `s.router`. Called only when [`Blocks::device_path`] is `Ok`.
     ///
     /// Errors: the device's.
     #[allow(clippy::too_many_arguments)]
     fn spine_on<D: Device>(
         &self,
-        _dev: &D,
+        dev: &D,
         l: usize,
-        _w: &Self::Layer,
-        _u: &UnitBytes,
-        _keep: bool,
-        _seqs: &mut Seqs<'_>,
-        _x: &mut D::Buf,
-        _s: &mut ScratchOn<D>,
-    ) -> Result<()> {
-        anyhow::bail!("layer {l}: this family has no device path")
-    }
-    /// [`Blocks::experts`] on the device `dev` ([`ExpertStepOn`]). Called only when
-    /// [`Blocks::device_path`] is `Ok`.
+        w: &Self::Layer,
+        u: &UnitBytes,
+        keep: bool,
+        seqs: &mut Seqs<'_>,
+        x: &mut D::Buf,
+        s: &mut ScratchOn<D>,
+    ) -> Result<()>;
+    /// Runs the routed experts of one MoE layer on `dev` ([`ExpertStepOn`]).
     ///
-    /// Errors: an expert could not be read; the device's.
+    /// Errors: an expert could not be read (the message names the file and expert); the
+    /// device's. The default (a family without routed experts) refuses.
     fn experts_on<D: Device>(&self, _dev: &D, step: ExpertStepOn<'_, D>) -> Result<()> {
-        anyhow::bail!("layer {}: this family has no device path", step.layer)
+        anyhow::bail!("layer {}: this family has no routed experts", step.layer)
     }
     /// Layer `l`'s router (`None` for a dense layer), as the prefetcher applies it.
     fn router<'a>(&'a self, l: usize, w: &'a Self::Layer) -> Option<RouterParts<'a>>;
@@ -212,17 +177,6 @@ pub trait Blocks: Send + Sync {
     /// One token's routing in MoE layer `l` from its router logits (`n_experts`, bias
     /// added): the chosen (expert id, weight) pairs in ascending id order.
     fn route(&self, l: usize, logits: &[f32]) -> Vec<(usize, f32)>;
-    /// Runs the routed experts of one MoE layer ([`ExpertStep`]).
-    ///
-    /// Errors: an expert could not be read (the message names the file and expert). The
-    /// default (for a family without routed experts, or whose experts run through
-    /// [`Blocks::experts_on`]) refuses.
-    fn experts(&self, step: ExpertStep<'_>) -> io::Result<()> {
-        Err(io::Error::other(format!(
-            "layer {}: no host expert step",
-            step.layer
-        )))
-    }
     /// Adjusts the final logits in place (Gemma: soft-capping). Default: nothing.
     fn finish_logits(&self, _logits: &mut [f32]) {}
     /// Floats of recurrent state layer `l` keeps in the cache ([`KvCache::with_state`]);
@@ -232,26 +186,49 @@ pub trait Blocks: Send + Sync {
     }
     /// Width of the routed experts' rows when they run in a space other than the residual
     /// stream (Kimi K3's latent MoE): the spine then leaves `n × width` rows in `s.xn`, the
-    /// experts write `n × width`, and [`Blocks::tail`] maps that back to `n × hidden`.
+    /// experts write `n × width`, and [`Blocks::tail_on`] maps that back to `n × hidden`.
     /// `None` (the default): experts read and write `hidden`-wide rows.
     fn routed_width(&self) -> Option<usize> {
         None
     }
     /// The unit (id in the store) holding what layer `w` applies to its routed experts'
-    /// output ([`Blocks::tail`]); planned right after the experts, before the next layer's
+    /// output ([`Blocks::tail_on`]); planned right after the experts, before the next layer's
     /// spine. `None` (the default): no tail. A family with tails must keep
     /// [`Blocks::plan_whole_pass`] false (the whole-pass plan does not list them).
     fn tail_unit(&self, _w: &Self::Layer) -> Option<usize> {
         None
     }
-    /// Layer `l`'s tail over its unit's bytes `u`: the routed experts' summed output `routed`
-    /// (`n × routed_width`) into `out` (`n × hidden`). Called only when
-    /// [`Blocks::tail_unit`] is `Some`; the default does nothing.
-    fn tail(&self, _l: usize, _w: &Self::Layer, _u: &UnitBytes, _routed: &[f32], _out: &mut [f32]) {
+    /// Layer `l`'s tail on `dev` over its unit's bytes `u` (`keep`: resident): the routed
+    /// experts' summed output `routed` (`n × routed_width`) mapped to a new `n × hidden`
+    /// buffer. Called only when [`Blocks::tail_unit`] is `Some`; the default refuses.
+    ///
+    /// Errors: the device's.
+    #[allow(clippy::too_many_arguments)]
+    fn tail_on<D: Device>(
+        &self,
+        _dev: &D,
+        l: usize,
+        _w: &Self::Layer,
+        _u: &UnitBytes,
+        _keep: bool,
+        _routed: &D::Buf,
+        _n: usize,
+    ) -> Result<D::Buf> {
+        anyhow::bail!("layer {l}: this family has no routed tail")
     }
-    /// Adjusts the residual stream `x` (`n × hidden`) after the last layer, before the final
-    /// norm (Kimi K3's last attention-residual mix over `s.bank`). Default: nothing.
-    fn finish_hidden(&self, _x: &mut [f32], _s: &mut Scratch) {}
+    /// Adjusts the residual stream `x` (`n × hidden`, on `dev`) after the last layer, before
+    /// the final norm (Kimi K3's last attention-residual mix over `s.bank`). Default: nothing.
+    ///
+    /// Errors: the device's.
+    fn finish_hidden_on<D: Device>(
+        &self,
+        _dev: &D,
+        _x: &mut D::Buf,
+        _n: usize,
+        _s: &mut ScratchOn<D>,
+    ) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A loaded decoder of any family: its [`Blocks`], the spine units of its layers, the
@@ -271,9 +248,9 @@ pub struct Decoder<B: Blocks> {
     pub(super) mtp: Option<MtpLayer<B::Layer>>,
     /// The backend every forward pass computes on, with its numerics (the arithmetic of
     /// every matrix product).
-    cpu: Cpu,
+    pub(super) cpu: Cpu,
     /// The GPU every forward pass computes on instead, when `--device` picked one
-    /// ([`Model::set_device`]; only for families with a device path).
+    /// ([`Model::set_device`]; only for families whose ops it has).
     cuda: Option<Box<Cuda>>,
 }
 
@@ -330,126 +307,6 @@ impl<B: Blocks> Decoder<B> {
             Some((u, _)) => store.plan([*u]),
             None => self.head.plan(store),
         }
-    }
-
-    /// The layer loop over planned reads (see the module header), for the sequences of
-    /// `batch` whose tokens, concatenated in order, are `tokens`: one logits vector per
-    /// sequence.
-    fn forward_planned(
-        &self,
-        store: &mut WeightStore,
-        batch: &mut [SeqPass<'_>],
-        tokens: &[u32],
-    ) -> Result<Vec<Vec<f32>>> {
-        let b = &self.blocks;
-        let (n, d) = (tokens.len(), self.dims.hidden_size);
-        let modes: Vec<(Logits, usize)> =
-            batch.iter().map(|p| (p.logits, p.tokens.len())).collect();
-        let mut seqs = Seqs::new(
-            batch
-                .iter_mut()
-                .map(|p| SeqRows {
-                    pos0: p.cache.len,
-                    n: p.tokens.len(),
-                    cache: &mut *p.cache,
-                })
-                .collect(),
-        );
-        let whole = b.plan_whole_pass();
-        let mut x = vec![0f32; n * d];
-        self.embedding.rows(store, tokens, d, &mut x)?;
-        b.scale_embeddings(&mut x);
-        let mut s = Scratch {
-            xn: vec![0f32; n * d],
-            ..Scratch::default()
-        };
-        // the first MoE layer's routes of the pass's last token (the next pass's guesses)
-        let mut first_routes: Option<Vec<(usize, f32)>> = None;
-        for (l, (unit, w)) in self.layers.iter().enumerate() {
-            let moe = b.is_moe(w);
-            if !moe && !whole {
-                self.plan_after(store, l);
-            }
-            let t = std::time::Instant::now();
-            store.with_unit(*unit, |u| b.spine(l, w, u, &mut seqs, &mut x, &mut s))?;
-            if let Some(es) = store.experts_mut() {
-                es.add_spine_ns(l, t.elapsed().as_nanos() as u64);
-            }
-            if moe {
-                let routes = route_rows(self, l, &s.router, b.n_experts());
-                let first = keep_first(&mut first_routes, &routes);
-                let tail = b.tail_unit(w);
-                let mut out = vec![0f32; n * b.routed_width().unwrap_or(d)];
-                // what the pass reads after the experts, queued by the store right after them
-                let mut next = NextReads::default();
-                next.units.extend(tail);
-                if !whole {
-                    match self.layers.get(l + 1) {
-                        Some((u, _)) => next.units.push(*u),
-                        None => next.units.extend(self.head.units()),
-                    }
-                }
-                next.experts = next_experts(self, store, l, &x, first);
-                b.experts(ExpertStep {
-                    store,
-                    layer: l,
-                    routes: &routes,
-                    xn: &s.xn,
-                    out: &mut out,
-                    next,
-                })?;
-                if let Some(t) = tail {
-                    let mut full = vec![0f32; n * d];
-                    store.with_unit(t, |u| b.tail(l, w, u, &out, &mut full))?;
-                    out = full;
-                }
-                if !s.shared.is_empty() {
-                    add_into(&mut out, &s.shared);
-                }
-                add_into(&mut x, &out);
-            }
-        }
-        b.finish_hidden(&mut x, &mut s);
-        for (r0, sq) in seqs.each() {
-            sq.cache.hidden.record(sq.pos0, rows_of(&x, d, r0, sq.n), d);
-        }
-        let (norm, eps, vocab) = (
-            &self.final_norm,
-            self.dims.final_norm_eps,
-            self.dims.vocab_size,
-        );
-        let mut outs = match modes[..] {
-            [(which, _)] => vec![self.head.final_logits(store, &x, norm, eps, which, vocab)?],
-            _ => {
-                // every sequence's rows that return logits, through the head at once
-                let mut picked = Vec::new();
-                let mut r0 = 0;
-                for &(which, m) in &modes {
-                    let rows = match which {
-                        Logits::Last => r0 + m - 1..r0 + m,
-                        Logits::All => r0..r0 + m,
-                    };
-                    picked.extend_from_slice(&x[rows.start * d..rows.end * d]);
-                    r0 += m;
-                }
-                let all = self
-                    .head
-                    .final_logits(store, &picked, norm, eps, Logits::All, vocab)?;
-                let mut at = 0;
-                modes
-                    .iter()
-                    .map(|&(which, m)| {
-                        let k = if which == Logits::Last { 1 } else { m };
-                        at += k * vocab;
-                        all[at - k * vocab..at].to_vec()
-                    })
-                    .collect()
-            }
-        };
-        for o in &mut outs {
-            b.finish_logits(o);
-        }
-        Ok(outs)
     }
 }
 
@@ -525,11 +382,12 @@ impl<B: Blocks> Model for Decoder<B> {
         Ok(())
     }
 
-    /// The device `kind` names ([`open_cuda`]; `auto` takes a GPU only for a family with a
-    /// device path), said at the end of the placement summary (`; device cpu`, `; device
+    /// The device `kind` names ([`open_cuda`]; `auto` takes a GPU only for a family whose
+    /// ops it has), said at the end of the placement summary (`; device cpu`, `; device
     /// cuda:0 (NVIDIA H200, 140 GiB)`).
     fn set_device(&mut self, kind: DeviceKind) -> Result<()> {
-        self.cuda = open_cuda(kind, self.blocks.device_path(), self.cpu.numerics)?;
+        let (family, needs) = self.blocks.needs();
+        self.cuda = open_cuda(kind, family, needs, self.cpu.numerics)?;
         let name = match &self.cuda {
             Some(c) => c.name(),
             None => "cpu".to_string(),
@@ -558,20 +416,15 @@ impl<B: Blocks> Model for Decoder<B> {
             }
         };
         let vocab = self.dims.vocab_size;
-        match (&self.cuda, self.blocks.device_path().is_ok()) {
-            (Some(c), _) => c.run_pass(|| {
+        match &self.cuda {
+            Some(c) => c.run_pass(|| {
                 run_batch(store, batch, vocab, plan, |s, b| {
                     self.forward_on(c.as_ref(), s, b, &tokens)
                 })
             }),
-            (None, true) => self.cpu.run_pass(|| {
+            None => self.cpu.run_pass(|| {
                 run_batch(store, batch, vocab, plan, |s, b| {
                     self.forward_on(&self.cpu, s, b, &tokens)
-                })
-            }),
-            (None, false) => self.cpu.run_pass(|| {
-                run_batch(store, batch, vocab, plan, |s, b| {
-                    self.forward_planned(s, b, &tokens)
                 })
             }),
         }

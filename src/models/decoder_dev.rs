@@ -1,12 +1,12 @@
-//! The decoder's layer loop on any [`Device`], for the families whose layers run through
-//! [`Blocks::spine_on`] and [`Blocks::experts_on`] (`Blocks::device_path` is `Ok`): the
-//! residual stream, the normed rows and the KV slots live on the device; routing, the expert
-//! store and sampling stay on the host (the router logits come back each MoE layer, and the
-//! residual stream when the expert store guesses the next layer's experts from it).
+//! The decoder's one layer loop, on any [`Device`] (the CPU or a GPU), through
+//! [`Blocks::spine_on`], [`Blocks::experts_on`], [`Blocks::tail_on`] and
+//! [`Blocks::finish_hidden_on`]: the residual stream, the normed rows and the cache slots live
+//! on the device; routing, the expert store and sampling stay on the host (the router logits
+//! come back each MoE layer, and the residual stream when the expert store guesses the next
+//! layer's experts from it).
 //!
-//! The reads are planned exactly as in the host loop (`decoder.rs`, module header), and on
-//! the CPU every value is the host loop's (the blocks are the same kernels in the same order).
-//! The embedding rows are decoded on the host and uploaded (`n × hidden` floats per pass).
+//! The reads are planned as `decoder.rs`'s module header says. The embedding rows are decoded
+//! on the host and uploaded (`n × hidden` floats per pass).
 
 use anyhow::Result;
 
@@ -54,6 +54,8 @@ impl<B: Blocks> Decoder<B> {
         let mut s = ScratchOn {
             xn: dev.zeros(n * d)?,
             router: Vec::new(),
+            shared: None,
+            bank: Vec::new(),
         };
         let mut first_routes: Option<Vec<(usize, f32)>> = None;
         for (l, (unit, w)) in self.layers.iter().enumerate() {
@@ -72,8 +74,11 @@ impl<B: Blocks> Decoder<B> {
             if moe {
                 let routes = route_rows(self, l, &s.router, b.n_experts());
                 let first = keep_first(&mut first_routes, &routes);
-                let mut out = dev.zeros(n * d)?;
+                let tail = b.tail_unit(w);
+                let mut out = dev.zeros(n * b.routed_width().unwrap_or(d))?;
+                // what the pass reads after the experts, queued by the store right after them
                 let mut next = NextReads::default();
+                next.units.extend(tail);
                 if !whole {
                     match self.layers.get(l + 1) {
                         Some((u, _)) => next.units.push(*u),
@@ -95,9 +100,18 @@ impl<B: Blocks> Decoder<B> {
                         next,
                     },
                 )?;
+                if let Some(t) = tail {
+                    let keep = store.resident(t).is_some();
+                    out = store.with_unit(t, |u| b.tail_on(dev, l, w, u, keep, &out, n))??;
+                }
+                // Σ routed + shared, then the residual (the module header of decoder.rs)
+                if let Some(sh) = s.shared.take() {
+                    dev.add(&mut out, &sh)?;
+                }
                 dev.add(&mut x, &out)?;
             }
         }
+        b.finish_hidden_on(dev, &mut x, n, &mut s)?;
         if seqs.each().any(|(_, sq)| sq.cache.hidden.on) {
             dev.download(&x, &mut xh)?;
             for (r0, sq) in seqs.each() {

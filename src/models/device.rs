@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Result};
 use super::KvCache;
 use crate::backend::cpu::{Cpu, Numerics};
 use crate::backend::cuda::{Cuda, CudaBuf};
-use crate::backend::{Backend, DeviceKind};
+use crate::backend::{Backend, DeviceKind, Op};
 
 /// A backend a decoder's pass runs on: its ops plus the KV cache slots of a sequence.
 pub trait Device: Backend {
@@ -25,6 +25,16 @@ pub trait Device: Backend {
         cache: &'c mut KvCache,
         l: usize,
     ) -> Result<(&'c mut Self::Buf, &'c mut Self::Buf)>;
+    /// Layer `l`'s latent slot of a latent `cache` (multi-head latent attention:
+    /// `n_ctx × width` floats, position-major; [`KvCache::new_latent`]) in this device's memory.
+    ///
+    /// Errors: a device without latent slots yet (CUDA), a layer the cache has none for.
+    fn latent_slot<'c>(&self, cache: &'c mut KvCache, l: usize) -> Result<&'c mut Self::Buf>;
+    /// Layer `l`'s recurrent state slot of `cache` ([`KvCache::with_state`]) in this device's
+    /// memory.
+    ///
+    /// Errors: a device without state slots yet (CUDA), a layer the cache keeps no state for.
+    fn state_slot<'c>(&self, cache: &'c mut KvCache, l: usize) -> Result<&'c mut Self::Buf>;
 }
 
 impl Device for Cpu {
@@ -42,6 +52,24 @@ impl Device for Cpu {
             v.resize(need, 0.0);
         }
         Ok((k, v))
+    }
+
+    fn latent_slot<'c>(&self, cache: &'c mut KvCache, l: usize) -> Result<&'c mut Vec<f32>> {
+        let need = cache.n_ctx * cache.kv_dim;
+        let k = cache
+            .k
+            .get_mut(l)
+            .filter(|k| k.len() >= need)
+            .ok_or_else(|| anyhow!("no latent rows of layer {l} in the cache"))?;
+        Ok(k)
+    }
+
+    fn state_slot<'c>(&self, cache: &'c mut KvCache, l: usize) -> Result<&'c mut Vec<f32>> {
+        cache
+            .state
+            .get_mut(l)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| anyhow!("no recurrent state of layer {l} in the cache"))
     }
 }
 
@@ -72,25 +100,51 @@ impl Device for Cuda {
             .ok_or_else(|| anyhow!("no layer {l} in the KV cache"))?;
         Ok((k, v))
     }
+
+    fn latent_slot<'c>(&self, _: &'c mut KvCache, _: usize) -> Result<&'c mut CudaBuf> {
+        bail!(
+            "{}: latent cache slots are not implemented on cuda",
+            self.name()
+        )
+    }
+
+    fn state_slot<'c>(&self, _: &'c mut KvCache, _: usize) -> Result<&'c mut CudaBuf> {
+        bail!(
+            "{}: recurrent state slots are not implemented on cuda",
+            self.name()
+        )
+    }
 }
 
-/// The CUDA device `kind` names, or `None` for the CPU, for a model that runs on devices
-/// when `device_path` is `Ok` (else its error is the family and what it lacks) and computes in
-/// `numerics` on the CPU. `auto`: the first CUDA device that opens when the family runs on
-/// devices in exact numerics, else the CPU.
+/// The CUDA device `kind` names, or `None` for the CPU, for the family `family` whose
+/// layers need the ops `needs` beyond the core set ([`crate::backend::Op`]) and which
+/// computes in `numerics` on the CPU. The one place a family is refused on a device that
+/// lacks an op it needs ([`crate::backend::cuda::MISSING`]). `auto`: the first CUDA device
+/// that opens when the family needs no missing op and computes in exact numerics, else the
+/// CPU.
 ///
-/// Errors: `cuda:N` for a family without a device path (`FAMILY on cuda:N: …`), a CUDA
-/// device that does not open ([`Cuda::open`]'s message), `--numerics q8` on a GPU.
+/// Errors: `cuda:N` for a family needing ops CUDA lacks (`FAMILY on cuda:N: cuda lacks OPS;
+/// run it with --device cpu`), a CUDA device that does not open ([`Cuda::open`]'s message),
+/// `--numerics q8` on a GPU.
 pub fn open_cuda(
     kind: DeviceKind,
-    device_path: std::result::Result<(), (&str, &str)>,
+    family: &str,
+    needs: &[Op],
     numerics: Numerics,
 ) -> Result<Option<Box<Cuda>>> {
+    let lacking: Vec<&str> = needs
+        .iter()
+        .filter(|o| crate::backend::cuda::MISSING.contains(o))
+        .map(|o| o.name())
+        .collect();
     match kind {
         DeviceKind::Cpu => Ok(None),
         DeviceKind::Cuda(n) => {
-            if let Err((family, why)) = device_path {
-                bail!("{family} on cuda:{n}: {why}; run it with --device cpu");
+            if !lacking.is_empty() {
+                bail!(
+                    "{family} on cuda:{n}: cuda lacks {} (not implemented on cuda yet); run it with --device cpu",
+                    lacking.join(", ")
+                );
             }
             if numerics != Numerics::Exact {
                 bail!("--numerics {numerics} is CPU arithmetic; cuda:{n} computes in f32");
@@ -99,7 +153,7 @@ pub fn open_cuda(
         }
         DeviceKind::Auto => {
             let gpu =
-                device_path.is_ok() && numerics == Numerics::Exact && !Cuda::devices().is_empty();
+                lacking.is_empty() && numerics == Numerics::Exact && !Cuda::devices().is_empty();
             match gpu.then(|| Cuda::open(0)) {
                 Some(Ok(c)) => Ok(Some(Box::new(c))),
                 _ => Ok(None),

@@ -8,9 +8,9 @@
 //! - `registry.rs`: the registry's entry type, `Family`; the table, [`FAMILIES`], is built in
 //!   this file by `families!`.
 //! - `decoder.rs`: the shared decoder skeleton, which implements `Model` once over a family's
-//!   `Blocks`; `decoder_dev.rs`: its layer loop on any device (`device.rs`: `Device`, a
-//!   backend that holds KV slots, and `--device`'s choice) for the families whose blocks run
-//!   through the backend; `moe_dev.rs`: the routed-experts step there.
+//!   `Blocks`; `decoder_dev.rs`: its one layer loop, on any device (`device.rs`: `Device`, a
+//!   backend that holds cache slots, and `--device`'s choice, refusing a device that lacks an
+//!   op the family needs); `moe_dev.rs`: the routed-experts step there.
 //! - `mtp_layer.rs`: the multi-token-prediction layer's weights (`MtpLayer`, `ChunkedMatrix`;
 //!   DeepSeek V3 builds it); `mtp_decoder.rs`: its forward pass (`Decoder` as `models::Mtp`,
 //!   `Model::mtp`, loaded with `LoadOptions::mtp`; the family's spine and experts as layer
@@ -23,16 +23,15 @@
 //!   - `kimi_linear/`: Kimi Linear (`config.rs`, `tensors.rs`, `gguf.rs`);
 //!   - `kimi_k3/`: Kimi K3. `config.rs` (GGUF metadata and `config.json`); tensors from GGUF
 //!     in `gguf.rs` and from Hugging Face folders in `hf.rs`, both into one `Checkpoint`;
-//!     compressed-tensors MXFP4 experts repacked to GGML MXFP4 as they land in `mxfp4.rs`;
-//!     SiTU, SiTU experts, latent MoE and the attention-residual mix in `ffn.rs`.
+//!     compressed-tensors MXFP4 experts repacked to GGML MXFP4 as they land in `mxfp4.rs`.
 //!
 //!   No family imports another: what two families share lives beside them.
-//! - Shared blocks: `layers/` (`mod.rs`: grouped-query attention, norms; `generic.rs`: the
-//!   same over any backend (`Device`); `mla.rs`:
-//!   multi-head latent attention over a latent cache, DeepSeek V3, Kimi Linear, Kimi K3;
-//!   `kda.rs`: the Kimi Delta Attention rule; `mixers.rs`: the KDA and no-RoPE MLA token
-//!   mixers of Kimi Linear and K3; `hybrid.rs`: their per-layer KDA/MLA layout from
-//!   `config.json` or GGUF), `moe.rs` (routing and the MoE
+//! - Shared blocks, over any backend (`Device`): `layers/` (`generic.rs`: grouped-query
+//!   attention, the gated feed-forward, norms; `mixers.rs`: multi-head latent attention over
+//!   a latent slot (DeepSeek V3 with RoPE, Kimi Linear and K3 without) and the KDA token
+//!   mixer; `hybrid.rs`: the Kimi families' per-layer KDA/MLA layout from `config.json` or
+//!   GGUF; `mod.rs`: host helpers; the kernels `mla` and `kda` re-exported from
+//!   `backend/cpu/`), `moe.rs` (routing, expert tables, the store's side of the MoE
 //!   block), `rope.rs` (RoPE scaling), `embed_head.rs` (embeddings, LM head), `loading.rs`
 //!   (tensor resolution and units), `budget.rs` (placement under the RAM budget), `needs.rs` (each family's memory
 //!   needs besides its weights, turned into reserved bytes), `config.rs`

@@ -1,6 +1,7 @@
-//! The routed-experts step on any [`Device`]: [`super::moe::moe_forward`]'s grouping, plan,
-//! arrival-order compute and ascending-id reduction, with each expert's rows gathered, its
-//! SwiGLU computed and its weighted output scattered back by the device's ops.
+//! The routed-experts step on any [`Device`]: the grouping, plan, arrival-order compute and
+//! ascending-id reduction of the MoE block ([`experts_on_with`]), with each expert's rows
+//! gathered, its feed-forward computed (a gated GLU: [`store_glu_experts_on`]; GPT-OSS's own
+//! in its family) and its weighted output scattered back by the device's ops.
 //!
 //! An expert's matrices come from the store as host bytes (its unit, or the expert store's
 //! buffer it landed in) and a GPU copies them for the products of this pass (the simplest
@@ -16,7 +17,7 @@ use super::device::Device;
 use super::layers::generic::{glu_mlp_on, W};
 use super::moe::{landed_in_store, plan_in_store, UnitExperts};
 use crate::backend::Glu;
-use crate::store::{NextReads, WeightStore};
+use crate::store::{NextReads, UnitBytes, WeightStore};
 
 /// One MoE layer's routed-experts step on a device, as the decoder skeleton hands it to
 /// `Blocks::experts_on`: add the routed experts of layer `layer` to `out` (`n × width`) for
@@ -31,18 +32,55 @@ pub struct ExpertStepOn<'a, D: Device> {
     pub next: NextReads,
 }
 
-/// The routed SwiGLU experts of one layer (`table`, units of the store), rows `d` wide, on
-/// `dev`: each expert of the batch's union read once, computing its token group as its bytes
-/// land; outputs added to `step.out` in ascending expert id order, each row of a group
-/// weighted by its routing weight ([`super::moe::moe_forward_with`]'s order, so the CPU's
-/// values are its values bit for bit).
+/// The routed gated experts of one layer (`table`, units of the store; activation `act`),
+/// rows `d` wide, on `dev`: [`experts_on_with`] with each expert's `down(act(gate·x) ·
+/// up·x)` ([`glu_mlp_on`]); a decode token whose experts are all resident takes
+/// `resident_token_on` (the same values).
 ///
 /// Errors: an expert could not be read (the message names the file and expert); the device's.
-pub fn store_swiglu_experts_on<D: Device>(
+pub fn store_glu_experts_on<D: Device>(
     dev: &D,
     table: &UnitExperts,
+    act: Glu,
     d: usize,
     step: ExpertStepOn<'_, D>,
+) -> Result<()> {
+    let units = &table.units[step.layer];
+    if let [route] = step.routes {
+        let (store, layer, xn, next) = (&mut *step.store, step.layer, step.xn, &step.next);
+        if resident_token_on(dev, table, act, d, store, layer, route, xn, step.out, next)? {
+            return Ok(());
+        }
+    }
+    experts_on_with(
+        dev,
+        d,
+        step,
+        |e| units[e].0,
+        |u, keep, e, xg, m| {
+            let mats = &units[e].1;
+            let w = |r: &super::loading::MatRef| W { m: r.view(u), keep };
+            let (g, up, down) = (w(&mats.gate), w(&mats.up), w(&mats.down));
+            glu_mlp_on(dev, act, [&g, &up, &down], xg, m)
+        },
+    )
+}
+
+/// The routed experts of one MoE layer on `dev`, each computed by `expert`, rows `d` wide:
+/// each expert of the batch's union (its unit `unit(e)`) read once, its token group gathered
+/// and computed as its bytes land (`expert(bytes, keep, e, rows, m)`: `m × d` rows in,
+/// a new `m × d` buffer out; `keep`: the unit is resident and no expert store is attached,
+/// so a device may keep its copy); outputs added to `step.out` in ascending expert id order,
+/// each row of a group weighted by its routing weight (the order of the host MoE step this
+/// replaced, so the CPU's values are its values bit for bit).
+///
+/// Errors: an expert could not be read (the message names the file and expert); the device's.
+pub fn experts_on_with<D: Device>(
+    dev: &D,
+    d: usize,
+    step: ExpertStepOn<'_, D>,
+    unit: impl Fn(usize) -> usize,
+    mut expert: impl FnMut(&UnitBytes, bool, usize, &D::Buf, usize) -> Result<D::Buf>,
 ) -> Result<()> {
     let ExpertStepOn {
         store,
@@ -58,34 +96,23 @@ pub fn store_swiglu_experts_on<D: Device>(
             groups.entry(e).or_default().push((t, w));
         }
     }
-    let units = &table.units[layer];
-    if let [route] = routes {
-        if resident_token_on(dev, table, d, store, layer, route, xn, out, &next)? {
-            return Ok(());
-        }
-    }
     let ids: Vec<usize> = groups.keys().copied().collect();
     let first_rows: Vec<usize> = groups.values().map(|g| g[0].0).collect();
     // resident units without an expert store keep their bytes where they are
-    let keep =
-        |s: &WeightStore, e: usize| s.experts().is_none() && s.resident(units[e].0).is_some();
+    let keep = |s: &WeightStore, e: usize| s.experts().is_none() && s.resident(unit(e)).is_some();
     let kept: BTreeMap<usize, bool> = ids.iter().map(|&e| (e, keep(store, e))).collect();
-    plan_in_store(store, layer, &ids, &first_rows, &next, |e| units[e].0);
+    plan_in_store(store, layer, &ids, &first_rows, &next, &unit);
     let mut outs: BTreeMap<usize, D::Buf> = BTreeMap::new();
     let mut failed: Option<anyhow::Error> = None;
-    landed_in_store(store, layer, &ids, |e| units[e].0, &mut |e, u| {
+    landed_in_store(store, layer, &ids, &unit, &mut |e, u| {
         if failed.is_some() {
             return;
         }
         let rows: Vec<usize> = groups[&e].iter().map(|g| g.0).collect();
         let m = rows.len();
-        let mats = &units[e].1;
-        let keep = kept[&e];
-        let w = |r: &super::loading::MatRef| W { m: r.view(u), keep };
         let r = dev.zeros(m * d).and_then(|mut xg| {
             dev.gather_rows(xn, d, &rows, &mut xg)?;
-            let (g, up, down) = (w(&mats.gate), w(&mats.up), w(&mats.down));
-            glu_mlp_on(dev, Glu::Swiglu, [&g, &up, &down], &xg, m)
+            expert(u, kept[&e], e, &xg, m)
         });
         match r {
             Ok(y) => {
@@ -122,6 +149,7 @@ pub fn store_swiglu_experts_on<D: Device>(
 fn resident_token_on<D: Device>(
     dev: &D,
     table: &UnitExperts,
+    act: Glu,
     d: usize,
     store: &mut WeightStore,
     layer: usize,
@@ -165,7 +193,7 @@ fn resident_token_on<D: Device>(
     let mut acts = Vec::with_capacity(mats.len());
     let mut it = gu.into_iter();
     while let (Some(mut g), Some(u)) = (it.next(), it.next()) {
-        dev.glu(Glu::Swiglu, &mut g, &u)?;
+        dev.glu(act, &mut g, &u)?;
         acts.push(g);
     }
     let downs: Vec<(&crate::backend::cpu::Matrix, bool)> =

@@ -3,9 +3,11 @@
 //! [`crate::models::Mtp`] by the [`Decoder`] that owns it: the embedding of the next token
 //! and the hidden state of the current position, each RMS-normed, concatenated (embedding
 //! first) and projected by `eh_proj` (`hidden × 2·hidden`), then one full decoder block of
-//! the family (its [`Blocks::spine`] as layer `index`, and its routed experts through the same
-//! expert store as the target's, addressed as layer `index`), then `shared_head.norm` and the
-//! LM head: the layer's own `shared_head.head` when the checkpoint has one, else the model's.
+//! the family (its [`Blocks::spine_on`] as layer `index`, and its routed experts through the
+//! same expert store as the target's, addressed as layer `index`, by [`Blocks::experts_on`]),
+//! then `shared_head.norm` and the LM head: the layer's own `shared_head.head` when the
+//! checkpoint has one, else the model's. The block runs on the decoder's CPU backend (the
+//! families with such a layer need ops CUDA lacks).
 //!
 //! The block's KV cache is a cache of `index + 1` layers of which only layer `index` holds
 //! rows ([`crate::models::Mtp::new_mtp_cache`]), so the family's spine runs unchanged.
@@ -13,10 +15,12 @@
 use anyhow::{bail, Context, Result};
 
 use super::batch::Seqs;
-use super::decoder::{Blocks, CacheShape, Decoder, Scratch};
+use super::decoder::{Blocks, CacheShape, Decoder, ScratchOn};
+use super::moe_dev::ExpertStepOn;
 use super::mtp_layer::MtpLayer;
+use crate::backend::Backend;
 use crate::models::layers::{add_into, mm, rms_norm_rows};
-use crate::models::moe::{route_rows, ExpertStep};
+use crate::models::moe::route_rows;
 use crate::models::{run_pass, KvCache, Logits, Mtp, MtpOut};
 use crate::store::{NextExperts, NextReads, WeightStore};
 
@@ -95,9 +99,12 @@ impl<B: Blocks> Mtp for Decoder<B> {
                 None => self.embedding.rows(store, tokens, d, &mut e)?,
             }
             let mut x = vec![0f32; n * d];
-            let mut s = Scratch {
+            let dev = &self.cpu;
+            let mut s = ScratchOn {
                 xn: vec![0f32; n * d],
-                ..Scratch::default()
+                router: Vec::new(),
+                shared: None,
+                bank: Vec::new(),
             };
             store.with_unit(m.unit, |u| {
                 // [enorm(e_i); hnorm(h_i)] per row, then eh_proj
@@ -109,31 +116,29 @@ impl<B: Blocks> Mtp for Decoder<B> {
                     rms_norm_rows(&hidden[r * d..(r + 1) * d], &m.hnorm, m.eps, ch);
                 }
                 mm(&m.eh_proj.view(u), &cat, n, &mut x);
-                b.spine(
-                    m.index,
-                    &m.layer,
-                    u,
-                    &mut Seqs::one(cache, pos0, n),
-                    &mut x,
-                    &mut s,
-                );
-            })?;
+                let keep = false;
+                let mut seqs = Seqs::one(cache, pos0, n);
+                b.spine_on(dev, m.index, &m.layer, u, keep, &mut seqs, &mut x, &mut s)
+            })??;
             if moe {
                 let routes = route_rows(self, m.index, &s.router, b.n_experts());
                 let mut out = vec![0f32; n * d];
-                b.experts(ExpertStep {
-                    store,
-                    layer: m.index,
-                    routes: &routes,
-                    xn: &s.xn,
-                    out: &mut out,
-                    next: NextReads {
-                        units: m.head.as_ref().unwrap_or(&self.head).units(),
-                        experts: NextExperts::None,
+                b.experts_on(
+                    dev,
+                    ExpertStepOn {
+                        store,
+                        layer: m.index,
+                        routes: &routes,
+                        xn: &s.xn,
+                        out: &mut out,
+                        next: NextReads {
+                            units: m.head.as_ref().unwrap_or(&self.head).units(),
+                            experts: NextExperts::None,
+                        },
                     },
-                })?;
-                if !s.shared.is_empty() {
-                    add_into(&mut out, &s.shared);
+                )?;
+                if let Some(sh) = &s.shared {
+                    dev.add(&mut out, sh)?;
                 }
                 add_into(&mut x, &out);
             }

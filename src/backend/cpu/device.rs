@@ -6,12 +6,15 @@
 use anyhow::Result;
 
 use super::attn::{attention_with_sinks, AttnShape};
-use super::kda::{delta_rule, sigmoid, DeltaInputs};
-use super::mla::{mla_attention, MlaShape, MlaWeights};
-use super::ops::{rms_norm_rows, rope_angles, rope_interleaved_sc, rope_neox_sc, silu, softcap};
+use super::blocks::{gated_head_norm, kda_conv_split, res_mix, swiglu_oai};
+use super::kda::{decay, delta_rule, l2norm_eps, sigmoid, DeltaInputs};
+use super::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
+use super::ops::{
+    rms_norm, rms_norm_rows, rope_angles, rope_interleaved_sc, rope_neox_sc, silu, softcap,
+};
 use super::{
-    gelu::geglu_rows, matmul, matvec, matvec_each, matvec_many, on_pool, with_numerics, Matrix,
-    Numerics,
+    gelu::geglu_rows, matmul, matmul_t, matvec, matvec_each, matvec_many, on_pool, with_numerics,
+    Matrix, Numerics,
 };
 use crate::backend::{Backend, Glu, MlaProj};
 use crate::quant::{dequantize_row, SimdLevel};
@@ -191,14 +194,15 @@ impl Backend for Cpu {
         &self,
         s: &MlaShape,
         q: &Vec<f32>,
-        proj: MlaProj<Matrix<'_>>,
+        proj: MlaProj<&Matrix<'_>>,
+        _keep: bool,
         latent: &Vec<f32>,
         pos0: usize,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let w = match &proj.v {
-            Some(v) => MlaWeights::Split { k: &proj.k, v },
-            None => MlaWeights::Joint(&proj.k),
+        let w = match proj.v {
+            Some(v) => MlaWeights::Split { k: proj.k, v },
+            None => MlaWeights::Joint(proj.k),
         };
         mla_attention(s, q, w, latent, pos0, out);
         Ok(())
@@ -212,10 +216,147 @@ impl Backend for Cpu {
         [q, k, v, g]: [&Vec<f32>; 4],
         beta: &Vec<f32>,
         state: &mut Vec<f32>,
+        state_at: usize,
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let x = DeltaInputs { q, k, v, g, beta };
-        delta_rule(&x, heads, dk, dv, state, out);
+        delta_rule(&x, heads, dk, dv, &mut state[state_at..], out);
+        Ok(())
+    }
+
+    fn kda_conv(
+        &self,
+        [q, k, v]: [&mut Vec<f32>; 3],
+        rows: usize,
+        taps: &[f32],
+        conv: usize,
+        state: &mut Vec<f32>,
+    ) -> Result<()> {
+        kda_conv_split([q, k, v], rows, taps, conv, state);
+        Ok(())
+    }
+
+    fn l2norm_heads(&self, x: &mut Vec<f32>, head_dim: usize, eps: f32, scale: f32) -> Result<()> {
+        for h in x.chunks_exact_mut(head_dim) {
+            l2norm_eps(h, eps);
+            if scale != 1.0 {
+                h.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+        Ok(())
+    }
+
+    fn kda_decay(
+        &self,
+        g: &mut Vec<f32>,
+        a_log: &[f32],
+        dt_bias: &[f32],
+        lower_bound: Option<f32>,
+    ) -> Result<()> {
+        for r in g.chunks_exact_mut(dt_bias.len()) {
+            decay(r, a_log, dt_bias, lower_bound);
+        }
+        Ok(())
+    }
+
+    fn sigmoid(&self, x: &mut Vec<f32>) -> Result<()> {
+        x.iter_mut().for_each(|b| *b = sigmoid(*b));
+        Ok(())
+    }
+
+    fn mul_sigmoid(&self, x: &mut Vec<f32>, g: &Vec<f32>) -> Result<()> {
+        x.iter_mut().zip(g).for_each(|(a, &z)| *a *= sigmoid(z));
+        Ok(())
+    }
+
+    fn gated_head_norm(
+        &self,
+        o: &mut Vec<f32>,
+        gate: &Vec<f32>,
+        w: &[f32],
+        eps: f32,
+    ) -> Result<()> {
+        gated_head_norm(o, gate, w, eps);
+        Ok(())
+    }
+
+    fn rms_norm_head(&self, x: &mut Vec<f32>, width: usize, w: &[f32], eps: f32) -> Result<()> {
+        let mut normed = vec![0f32; w.len()];
+        for row in x.chunks_exact_mut(width) {
+            let head = &mut row[..w.len()];
+            rms_norm(head, w, eps, &mut normed);
+            head.copy_from_slice(&normed);
+        }
+        Ok(())
+    }
+
+    fn rope_tail(
+        &self,
+        x: &mut Vec<f32>,
+        rows: usize,
+        width: usize,
+        pos0: usize,
+        inv_freq: &[f32],
+        interleaved: bool,
+        scale: f32,
+    ) -> Result<()> {
+        let tail = 2 * inv_freq.len();
+        let row = x.len() / rows.max(1);
+        for (t, r) in x.chunks_exact_mut(row).enumerate() {
+            for h in r.chunks_exact_mut(width) {
+                rope_slice(
+                    &mut h[width - tail..],
+                    pos0 + t,
+                    inv_freq,
+                    interleaved,
+                    scale,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn res_mix(
+        &self,
+        bank: &[&Vec<f32>],
+        cur: &Vec<f32>,
+        w: &[f32],
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let bank: Vec<&[f32]> = bank.iter().map(|b| b.as_slice()).collect();
+        res_mix(&bank, cur, w, eps, out);
+        Ok(())
+    }
+
+    fn add_rows(&self, x: &mut Vec<f32>, b: &[f32]) -> Result<()> {
+        for r in x.chunks_exact_mut(b.len()) {
+            r.iter_mut().zip(b).for_each(|(a, v)| *a += v);
+        }
+        Ok(())
+    }
+
+    fn matmul_host_t(
+        &self,
+        w: &Matrix<'_>,
+        _keep: bool,
+        x: &Vec<f32>,
+        rows: usize,
+        y: &mut Vec<f32>,
+    ) -> Result<()> {
+        matmul_t(w, x, rows, y);
+        Ok(())
+    }
+
+    fn swiglu_oai(
+        &self,
+        gate_up: &Vec<f32>,
+        up: Option<&Vec<f32>>,
+        alpha: f32,
+        limit: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        swiglu_oai(gate_up, up.map(|u| u.as_slice()), alpha, limit, out);
         Ok(())
     }
 

@@ -33,9 +33,13 @@
 //! - `gelu.rs`: GeGLU with the tanh GELU vectorized (`x / (1 + exp(-2y))`,
 //!   position-independent).
 //! - `ops.rs`: RMSNorm, RoPE (angles once per position), GELU, softmax.
+//! - `blocks.rs`: the kernels of the ops only some families need (`backend::Op`) that are not
+//!   one call of another module (Kimi K3's residual mix, GPT-OSS's clamped SwiGLU, KDA's
+//!   convolution over split q/k/v and its gated norm).
 
 pub mod attn;
 mod attn_decode;
+pub mod blocks;
 mod device;
 mod fused;
 pub mod gelu;

@@ -25,13 +25,36 @@
 //! ([`Cuda::resident_matrix`]); any other (a streamed unit, a routed expert) is copied for
 //! the one product ([`Cuda::weight_bytes`] counts both).
 //!
-//! Not yet here (ARCHITECTURE.md, "Adding a compute device"): multi-head latent attention and
-//! the KDA scan (their ops return an error), pinned staging buffers, a copy stream, a VRAM
-//! expert cache.
+//! Not yet here (ARCHITECTURE.md, "Adding a compute device"): the ops of [`MISSING`] (each
+//! returns `cuda:N: OP is not implemented on cuda`; a family needing one is refused on CUDA
+//! before it loads), pinned staging buffers, a copy stream, a VRAM expert cache.
 
 mod kernels;
 mod matmul;
 mod ops;
+
+/// The [`crate::backend::Op`]s this backend has no kernel for yet: every one of them (MLA,
+/// the KDA ops, Kimi K3's residual mix, GPT-OSS's biases, transposed products and clamped
+/// SwiGLU). The families whose layers need one run on the CPU
+/// (`models::device::open_cuda`).
+pub const MISSING: &[crate::backend::Op] = {
+    use crate::backend::Op::*;
+    &[
+        MlaAttention,
+        RopeTail,
+        NormHead,
+        KdaScan,
+        KdaConv,
+        L2Norm,
+        KdaDecay,
+        Sigmoid,
+        GatedNorm,
+        ResMix,
+        Bias,
+        MatmulT,
+        SwigluOai,
+    ]
+};
 #[cfg(test)]
 mod tests;
 

@@ -9,7 +9,19 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use super::kernels::{type_name, ATT_MAX_DIM, ATT_WARPS};
 use super::{Cuda, CudaBuf, CudaMatrix};
 use crate::backend::cpu::Matrix;
-use crate::backend::{AttnShape, Backend, Glu, MlaProj, MlaShape};
+use crate::backend::{AttnShape, Backend, Glu, MlaProj, MlaShape, Op};
+
+impl Cuda {
+    /// The error of an op this backend has no kernel for ([`super::MISSING`]):
+    /// `cuda:N: OP is not implemented on cuda`.
+    fn missing(&self, op: Op) -> Result<()> {
+        bail!(
+            "cuda:{}: {} is not implemented on cuda",
+            self.ordinal,
+            op.name()
+        )
+    }
+}
 
 /// Threads per block of the element-wise kernels.
 const THREADS: u32 = 256;
@@ -306,15 +318,13 @@ impl Backend for Cuda {
         &self,
         _: &MlaShape,
         _: &CudaBuf,
-        _: MlaProj<&CudaMatrix>,
+        _: MlaProj<&Matrix<'_>>,
+        _: bool,
         _: &CudaBuf,
         _: usize,
         _: &mut CudaBuf,
     ) -> Result<()> {
-        bail!(
-            "cuda:{}: multi-head latent attention has no CUDA kernel yet",
-            self.ordinal
-        )
+        self.missing(Op::MlaAttention)
     }
 
     fn kda_scan(
@@ -325,9 +335,95 @@ impl Backend for Cuda {
         _: [&CudaBuf; 4],
         _: &CudaBuf,
         _: &mut CudaBuf,
+        _: usize,
         _: &mut CudaBuf,
     ) -> Result<()> {
-        bail!("cuda:{}: the KDA scan has no CUDA kernel yet", self.ordinal)
+        self.missing(Op::KdaScan)
+    }
+
+    fn kda_conv(
+        &self,
+        _: [&mut CudaBuf; 3],
+        _: usize,
+        _: &[f32],
+        _: usize,
+        _: &mut CudaBuf,
+    ) -> Result<()> {
+        self.missing(Op::KdaConv)
+    }
+
+    fn l2norm_heads(&self, _: &mut CudaBuf, _: usize, _: f32, _: f32) -> Result<()> {
+        self.missing(Op::L2Norm)
+    }
+
+    fn kda_decay(&self, _: &mut CudaBuf, _: &[f32], _: &[f32], _: Option<f32>) -> Result<()> {
+        self.missing(Op::KdaDecay)
+    }
+
+    fn sigmoid(&self, _: &mut CudaBuf) -> Result<()> {
+        self.missing(Op::Sigmoid)
+    }
+
+    fn mul_sigmoid(&self, _: &mut CudaBuf, _: &CudaBuf) -> Result<()> {
+        self.missing(Op::Sigmoid)
+    }
+
+    fn gated_head_norm(&self, _: &mut CudaBuf, _: &CudaBuf, _: &[f32], _: f32) -> Result<()> {
+        self.missing(Op::GatedNorm)
+    }
+
+    fn rms_norm_head(&self, _: &mut CudaBuf, _: usize, _: &[f32], _: f32) -> Result<()> {
+        self.missing(Op::NormHead)
+    }
+
+    fn rope_tail(
+        &self,
+        _: &mut CudaBuf,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: &[f32],
+        _: bool,
+        _: f32,
+    ) -> Result<()> {
+        self.missing(Op::RopeTail)
+    }
+
+    fn res_mix(
+        &self,
+        _: &[&CudaBuf],
+        _: &CudaBuf,
+        _: &[f32],
+        _: f32,
+        _: &mut CudaBuf,
+    ) -> Result<()> {
+        self.missing(Op::ResMix)
+    }
+
+    fn add_rows(&self, _: &mut CudaBuf, _: &[f32]) -> Result<()> {
+        self.missing(Op::Bias)
+    }
+
+    fn matmul_host_t(
+        &self,
+        _: &Matrix<'_>,
+        _: bool,
+        _: &CudaBuf,
+        _: usize,
+        _: &mut CudaBuf,
+    ) -> Result<()> {
+        self.missing(Op::MatmulT)
+    }
+
+    fn swiglu_oai(
+        &self,
+        _: &CudaBuf,
+        _: Option<&CudaBuf>,
+        _: f32,
+        _: f32,
+        _: &mut CudaBuf,
+    ) -> Result<()> {
+        self.missing(Op::SwigluOai)
     }
 
     fn glu(&self, act: Glu, gate: &mut CudaBuf, up: &CudaBuf) -> Result<()> {

@@ -391,13 +391,13 @@ fn shape_mismatches_are_errors_and_missing_kernels_say_so() {
     let err = dev.add(&mut a, &x).unwrap_err().to_string();
     assert_eq!(err, "add: 3 and 63 floats");
     let err = dev
-        .kda_scan(1, 1, 1, [&x, &x, &x, &x], &x, &mut a, &mut y)
+        .kda_scan(1, 1, 1, [&x, &x, &x, &x], &x, &mut a, 0, &mut y)
         .unwrap_err()
         .to_string();
     assert_eq!(
         err,
         format!(
-            "cuda:{}: the KDA scan has no CUDA kernel yet",
+            "cuda:{}: kda_scan is not implemented on cuda",
             dev.ordinal()
         )
     );

@@ -41,14 +41,16 @@ pub use self::config::Config;
 
 use super::budget::{place, HeadTensors, Notes, OnDemand, WeightUnits};
 use self::tensors::{hf_checkpoint, unit_of_lins, Checkpoint, FfnTensors, KvB, Lin};
-use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
+use super::layers::generic::{glu_mlp_on, mm_on, norm_on, W};
+use super::layers::mixers::{mla_mixer, MlaLayer, MlaRope};
 use super::loading::{CheckpointFiles, MatRef};
-use super::layers::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
-use super::moe::{route_sigmoid_grouped, store_swiglu_experts, ExpertMats, UnitExperts};
-use super::moe::ExpertStep;
-use super::decoder::{Blocks, CacheShape, ChunkedMatrix, Decoder, Dims, MtpLayer, RouterParts, Scratch};
+use super::moe::{route_sigmoid_grouped, ExpertMats, UnitExperts};
+use super::moe_dev::{store_glu_experts_on, ExpertStepOn};
+use super::decoder::{Blocks, CacheShape, ChunkedMatrix, Decoder, Dims, MtpLayer, RouterParts, ScratchOn};
+use super::device::Device;
 use super::embed_head::{head_chunks, Head};
-use super::batch::{rows_of_mut, Seqs};
+use super::batch::Seqs;
+use crate::backend::{Glu, MlaShape, Op};
 use super::LoadOptions;
 use crate::source::hf::HfModel;
 use crate::source::tensor::TensorInfo;
@@ -328,12 +330,9 @@ impl DeepseekV3 {
 impl Blocks for DeepseekV3Blocks {
     type Layer = Layer;
 
-    /// No device path: `--device cuda` is refused naming what is missing.
-    fn device_path(&self) -> std::result::Result<(), (&'static str, &'static str)> {
-        Err((
-            "deepseek_v3",
-            "multi-head latent attention has no device path yet (Backend::mla_attention has no CUDA kernel; latent KV slots)",
-        ))
+    /// Multi-head latent attention with RoPE on its rotary parts.
+    fn needs(&self) -> (&'static str, &'static [Op]) {
+        ("deepseek_v3", &[Op::MlaAttention, Op::NormHead, Op::RopeTail])
     }
 
     fn is_moe(&self, w: &Layer) -> bool {
@@ -341,103 +340,67 @@ impl Blocks for DeepseekV3Blocks {
     }
 
     /// Attention of layer `l` (with its residual) over the spine unit's bytes `u`, then the
-    /// post-attention norm into `xn` and either the dense MLP added to `x`, or the router
-    /// logits (`n × n_routed_experts`) into `router` and the shared experts' output into
-    /// `shared` (`n × hidden`).
-    fn spine(
+    /// post-attention norm into `s.xn` and either the dense MLP added to `x`, or the router
+    /// logits (`n × n_routed_experts`) into `s.router` and the shared experts' output into
+    /// `s.shared` (`n × hidden`).
+    fn spine_on<D: Device>(
         &self,
+        dev: &D,
         l: usize,
         w: &Layer,
         u: &UnitBytes,
+        keep: bool,
         seqs: &mut Seqs<'_>,
-        x: &mut [f32],
-        s: &mut Scratch,
-    ) {
+        x: &mut D::Buf,
+        s: &mut ScratchOn<D>,
+    ) -> Result<()> {
         let (a, f) = (&w.attn, &w.ffn);
-        let (xn, router, shared) = (&mut s.xn, &mut s.router, &mut s.shared);
         let c = &self.config;
-        let (d, nh, qh) = (c.hidden_size, c.num_attention_heads, c.qk_head_dim());
-        let (nope, rope, vd, rank) = (
-            c.qk_nope_head_dim,
-            c.qk_rope_head_dim,
-            c.v_head_dim,
-            c.kv_lora_rank,
-        );
-        let width = c.latent_dim();
-        let n = x.len() / d;
+        let d = c.hidden_size;
+        let n = seqs.rows();
         let nrm = &self.norms[l];
         let eps = c.rms_norm_eps as f32;
-        rms_norm_rows(x, &nrm.input, eps, xn);
-        // queries
-        let mut q = vec![0f32; n * nh * qh];
-        match (&a.q_a, &nrm.q_a) {
-            (Some(qa), Some(w)) => {
-                let mut t = vec![0f32; n * qa.rows];
-                mm(&qa.view(u), xn, n, &mut t);
-                let mut tn = vec![0f32; t.len()];
-                rms_norm_rows(&t, w, self.lora_norm_eps, &mut tn);
-                mm(&a.q_b.view(u), &tn, n, &mut q);
-            }
-            _ => mm(&a.q_b.view(u), xn, n, &mut q),
-        }
-        // the compressed KV of the new tokens
-        let mut kv = vec![0f32; n * width];
-        mm(&a.kv_a.view(u), xn, n, &mut kv);
+        let v = |m: &MatRef| W { m: m.view(u), keep };
+        s.xn = norm_on(dev, x, n * d, &nrm.input, eps)?;
         let shape = MlaShape {
-            n_heads: nh,
-            nope,
-            rope,
-            v: vd,
-            rank,
+            n_heads: c.num_attention_heads,
+            nope: c.qk_nope_head_dim,
+            rope: c.qk_rope_head_dim,
+            v: c.v_head_dim,
+            rank: c.kv_lora_rank,
             scale: c.softmax_scale(),
         };
-        let mut att = vec![0f32; n * nh * vd];
-        let (kv_joint, k_b, v_b);
-        let w = match &a.kv_b {
-            KvBRef::Joint(m) => {
-                kv_joint = m.view(u);
-                MlaWeights::Joint(&kv_joint)
-            }
-            KvBRef::Split { k, v } => {
-                (k_b, v_b) = (k.view(u), v.view(u));
-                MlaWeights::Split { k: &k_b, v: &v_b }
-            }
+        let (kv_b, v_b) = match &a.kv_b {
+            KvBRef::Joint(m) => (m.view(u), None),
+            KvBRef::Split { k, v } => (k.view(u), Some(v.view(u))),
         };
-        // per sequence: RoPE at its positions, its latent rows into its cache, its attention
-        let rot = |x: &mut [f32], p: usize| {
-            rope_slice(x, p, &self.inv_freq, c.rope_interleave, self.rope_att)
+        let ml = MlaLayer {
+            q_a: match (&a.q_a, &nrm.q_a) {
+                (Some(qa), Some(w)) => Some((v(qa), w.as_slice())),
+                _ => None,
+            },
+            q: v(&a.q_b),
+            kv_a: v(&a.kv_a),
+            kv_a_norm: &nrm.kv_a,
+            kv_b,
+            v_b,
+            keep,
+            gate: None,
+            o: v(&a.o),
         };
-        for (r0, sq) in seqs.each() {
-            let (pos0, m) = (sq.pos0, sq.n);
-            let qs = rows_of_mut(&mut q, nh * qh, r0, m);
-            for t in 0..m {
-                for h in 0..nh {
-                    let o = (t * nh + h) * qh;
-                    rot(&mut qs[o + nope..o + qh], pos0 + t);
-                }
-            }
-            let kvs = rows_of_mut(&mut kv, width, r0, m);
-            for t in 0..m {
-                let row = &mut kvs[t * width..(t + 1) * width];
-                let (lat, kr) = row.split_at_mut(rank);
-                let mut normed = vec![0f32; rank];
-                rms_norm_rows(lat, &nrm.kv_a, self.lora_norm_eps, &mut normed);
-                lat.copy_from_slice(&normed);
-                rot(kr, pos0 + t);
-            }
-            let cache = &mut sq.cache.k[l];
-            cache[pos0 * width..(pos0 + m) * width].copy_from_slice(kvs);
-            let att_s = rows_of_mut(&mut att, nh * vd, r0, m);
-            mla_attention(&shape, qs, w, &cache[..(pos0 + m) * width], pos0, att_s);
-        }
-        let mut o = vec![0f32; n * d];
-        mm(&a.o.view(u), &att, n, &mut o);
-        add_into(x, &o);
-        rms_norm_rows(x, &nrm.post_attn, eps, xn);
+        let rope = MlaRope {
+            inv_freq: &self.inv_freq,
+            interleaved: c.rope_interleave,
+            scale: self.rope_att,
+        };
+        let lora = self.lora_norm_eps;
+        let o = mla_mixer(dev, &shape, &ml, Some(&rope), lora, &s.xn, seqs, l)?;
+        dev.add(x, &o)?;
+        s.xn = norm_on(dev, x, n * d, &nrm.post_attn, eps)?;
         match f {
             Ffn::Dense { gate, up, down } => {
-                swiglu_mlp(&gate.view(u), &up.view(u), &down.view(u), xn, n, &mut o);
-                add_into(x, &o);
+                let o = glu_mlp_on(dev, Glu::Swiglu, [&v(gate), &v(up), &v(down)], &s.xn, n)?;
+                dev.add(x, &o)
             }
             Ffn::Moe {
                 router: r,
@@ -445,10 +408,12 @@ impl Blocks for DeepseekV3Blocks {
                 up,
                 down,
             } => {
-                router.resize(n * r.rows, 0.0);
-                mm(&r.view(u), xn, n, router);
-                shared.resize(n * d, 0.0);
-                swiglu_mlp(&gate.view(u), &up.view(u), &down.view(u), xn, n, shared);
+                let logits = mm_on(dev, &v(r), &s.xn, n)?;
+                s.router.resize(n * r.rows, 0.0);
+                dev.download(&logits, &mut s.router)?;
+                let sh = glu_mlp_on(dev, Glu::Swiglu, [&v(gate), &v(up), &v(down)], &s.xn, n)?;
+                s.shared = Some(sh);
+                Ok(())
             }
         }
     }
@@ -485,9 +450,10 @@ impl Blocks for DeepseekV3Blocks {
         )
     }
 
-    /// SwiGLU experts from the store (`moe::store_swiglu_experts`).
-    fn experts(&self, step: ExpertStep<'_>) -> std::io::Result<()> {
-        store_swiglu_experts(&self.experts, self.config.hidden_size, step)
+    /// SwiGLU experts from the store (`moe_dev::store_glu_experts_on`).
+    fn experts_on<D: Device>(&self, dev: &D, step: ExpertStepOn<'_, D>) -> Result<()> {
+        let d = self.config.hidden_size;
+        store_glu_experts_on(dev, &self.experts, Glu::Swiglu, d, step)
     }
 }
 

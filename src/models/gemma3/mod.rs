@@ -306,9 +306,9 @@ impl Blocks for Gemma3Blocks {
         false
     }
 
-    /// Every layer runs on any device.
-    fn device_path(&self) -> Result<(), (&'static str, &'static str)> {
-        Ok(())
+    /// The core ops only: every backend runs it.
+    fn needs(&self) -> (&'static str, &'static [crate::backend::Op]) {
+        ("gemma3", &[])
     }
 
     /// One decoder layer over the rows of `seqs` (each sequence at its positions), updating
@@ -350,6 +350,7 @@ impl Blocks for Gemma3Blocks {
             k: v(&w.k),
             v: v(&w.v),
             o: v(&w.o),
+            biases: None,
             qk_norm: Some([&nrm.q, &nrm.k]),
             sinks: None,
         };

@@ -3,19 +3,21 @@
 //! [`super::gpt_oss`]).
 //!
 //! Three layouts: Hugging Face float experts (input-major `gate_up` with gate in the even and
-//! up in the odd outputs, computed in place with [`mm_t`]); Hugging Face MXFP4 experts
+//! up in the odd outputs, computed in place with `Backend::matmul_host_t`); Hugging Face MXFP4 experts
 //! (`*_blocks` + `*_scales`, repacked into GGML `MXFP4` rows); and GGUF experts as llama.cpp's
 //! converter writes them (`convert_hf_to_gguf.py`, `conversion/gpt_oss.py`): separate
 //! output-major `gate` and `up` matrices (the even and odd rows of Hugging Face's `gate_up`)
 //! and `down`, in any GGML type (MXFP4 as stored), with separate `gate`/`up`/`down` biases.
 
+use anyhow::Result;
+
 use crate::models::budget::recycling_transform;
-use crate::models::layers::{add_bias, mm, mm_t, row_f32, Matrix};
+use crate::models::device::Device;
+use crate::models::layers::{row_f32, Matrix};
 use crate::models::loading::MatRef;
-use crate::models::moe::{landed_in_store, plan_in_store, ExpertSource};
 use crate::quant::mxfp4::repack_hf_mxfp4;
 use crate::quant::GgmlType;
-use crate::store::{AlignedBuf, ExpertTransform, NextReads, UnitBytes, WeightStore};
+use crate::store::{AlignedBuf, ExpertTransform, UnitBytes};
 
 /// Where one expert's tensors lie in its unit as read.
 #[derive(Clone, Copy, Debug)]
@@ -93,13 +95,6 @@ pub(super) struct ExpertTable {
     pub ff: usize,
 }
 
-/// An [`ExpertSource`] over the expert table and the store holding the experts (resident, or
-/// read on demand through its expert store); MXFP4 experts reach compute repacked either way.
-pub(super) struct OssExperts<'a> {
-    pub table: &'a ExpertTable,
-    pub store: &'a mut WeightStore,
-}
-
 /// The view of a repacked MXFP4 expert in `b`.
 fn packed_view<'a>(b: &'a [u8], p: &Packed, h: usize, ff: usize) -> OssExpertView<'a> {
     let (a, rest) = b.split_at(p.gate_up);
@@ -169,7 +164,7 @@ pub(super) fn mxfp4_transform(table: &ExpertTable) -> Option<(ExpertTransform, u
 
 impl ExpertTable {
     /// The view of expert `r` in `u`, its unit's bytes (repacked for MXFP4 experts).
-    fn view<'a>(&self, r: &ExpertRef, u: &'a UnitBytes) -> OssExpertView<'a> {
+    pub fn view<'a>(&self, r: &ExpertRef, u: &'a UnitBytes) -> OssExpertView<'a> {
         match r {
             ExpertRef::Float {
                 gate_up,
@@ -207,84 +202,50 @@ impl ExpertTable {
     }
 }
 
-impl ExpertSource for OssExperts<'_> {
-    type View<'a> = OssExpertView<'a>;
-
-    fn plan_experts(&mut self, layer: usize, ids: &[usize], first_rows: &[usize], next: &NextReads) {
-        let l = &self.table.units[layer];
-        plan_in_store(self.store, layer, ids, first_rows, next, |e| l[e].0);
-    }
-
-    fn for_each_landed(
-        &mut self,
-        layer: usize,
-        ids: &[usize],
-        f: &mut impl FnMut(usize, &OssExpertView),
-    ) -> std::io::Result<()> {
-        let t = self.table;
-        let l = &t.units[layer];
-        landed_in_store(self.store, layer, ids, |e| l[e].0, &mut |id, u| {
-            f(id, &t.view(&l[id].1, u))
-        })
-    }
-
-    fn with_expert<R>(
-        &mut self,
-        layer: usize,
-        id: usize,
-        f: impl FnOnce(&OssExpertView<'_>) -> R,
-    ) -> std::io::Result<R> {
-        let (unit, r) = self.table.units[layer][id];
-        let t = self.table;
-        self.store.with_unit(unit, |u| f(&t.view(&r, u)))
-    }
-}
-
-/// The clamped SwiGLU of GPT-OSS on one gate and up value: `gate = min(gate, limit)`,
-/// `up = clamp(up, −limit, limit)`, `(up + 1) · gate · σ(α · gate)`.
-fn swiglu_oai(g: f32, u: f32, alpha: f32, limit: f32) -> f32 {
-    let g = g.min(limit);
-    let u = u.clamp(-limit, limit);
-    (u + 1.0) * (g / (1.0 + (-(g * alpha)).exp()))
-}
-
-/// One GPT-OSS expert over `m` gathered rows `x` (`m × H`) into `y` (`m × H`).
-pub(super) fn expert_ffn(
+/// One GPT-OSS expert `w` on `dev` over `m` gathered rows `x` (`m × H`) into a new `m × H`
+/// buffer: `gate_up = x W_gu + b_gu` (or the separate gate and up projections of a GGUF
+/// file), the clamped SwiGLU (`Backend::swiglu_oai`, `alpha`, `limit`), then
+/// `h W_d + b_d`; input-major weights through `Backend::matmul_host_t`. `keep`: the
+/// expert's unit is resident.
+///
+/// Errors: the device's.
+pub(super) fn expert_ffn_on<D: Device>(
+    dev: &D,
     w: &OssExpertView,
+    keep: bool,
     alpha: f32,
     limit: f32,
-    x: &[f32],
+    x: &D::Buf,
     m: usize,
-    y: &mut [f32],
-) {
-    let proj = |mat: &Matrix, x: &[f32], out: &mut [f32]| {
-        if w.transposed {
-            mm_t(mat, x, m, out)
-        } else {
-            mm(mat, x, m, out)
+) -> Result<D::Buf> {
+    let proj = |mat: &Matrix, x: &D::Buf, outs: usize| -> Result<D::Buf> {
+        let mut y = dev.zeros(m * outs)?;
+        match w.transposed {
+            true => dev.matmul_host_t(mat, keep, x, m, &mut y)?,
+            false => dev.matmul_host(mat, keep, x, m, &mut y)?,
         }
+        Ok(y)
     };
-    let bias = row_f32;
-    let (gu_b, d_b) = (bias(&w.gate_up_bias), bias(&w.down_bias));
-    let (ff2, h) = (gu_b.len(), d_b.len());
-    let mut gu = vec![0f32; m * ff2];
-    proj(&w.gate_up, x, &mut gu);
-    add_bias(&mut gu, &gu_b);
-    let act: Vec<f32> = match &w.up {
-        None => gu
-            .chunks_exact(2)
-            .map(|p| swiglu_oai(p[0], p[1], alpha, limit))
-            .collect(),
+    let outs = |mat: &Matrix| if w.transposed { mat.cols } else { mat.rows };
+    let (gu_b, d_b) = (row_f32(&w.gate_up_bias), row_f32(&w.down_bias));
+    let ff2 = gu_b.len();
+    let mut gu = proj(&w.gate_up, x, outs(&w.gate_up))?;
+    dev.add_rows(&mut gu, &gu_b)?;
+    let act = match &w.up {
+        None => {
+            let mut a = dev.zeros(m * ff2 / 2)?;
+            dev.swiglu_oai(&gu, None, alpha, limit, &mut a)?;
+            a
+        }
         Some((up, up_b)) => {
-            let mut uv = vec![0f32; m * ff2];
-            proj(up, x, &mut uv);
-            add_bias(&mut uv, &bias(up_b));
-            gu.iter()
-                .zip(&uv)
-                .map(|(&g, &u)| swiglu_oai(g, u, alpha, limit))
-                .collect()
+            let mut uv = proj(up, x, outs(up))?;
+            dev.add_rows(&mut uv, &row_f32(up_b))?;
+            let mut a = dev.zeros(m * ff2)?;
+            dev.swiglu_oai(&gu, Some(&uv), alpha, limit, &mut a)?;
+            a
         }
     };
-    proj(&w.down, &act, &mut y[..m * h]);
-    add_bias(y, &d_b);
+    let mut y = proj(&w.down, &act, outs(&w.down))?;
+    dev.add_rows(&mut y, &d_b)?;
+    Ok(y)
 }

@@ -41,17 +41,17 @@ pub use self::config::Config;
 
 use super::budget::{place, HeadTensors, Notes, OnDemand, WeightUnits};
 use self::experts::{
-    expert_ffn, mxfp4_transform, repack_expert, ExpertRef, ExpertTable, OssExperts,
-    Packed,
+    expert_ffn_on, mxfp4_transform, repack_expert, ExpertRef, ExpertTable, Packed,
 };
-use super::layers::{
-    add_bias, add_into, gqa_attention, mm, rms_norm_rows, AttnShape, Gqa, GqaRope,
-};
+use super::layers::generic::{gqa_attention_on, mm_on, norm_on, GqaOn, W};
+use super::layers::{AttnShape, GqaRope};
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef, Tensors};
-use super::moe::{moe_forward_with, route_topk_softmax};
+use super::moe::route_topk_softmax;
+use super::moe_dev::{experts_on_with, ExpertStepOn};
 use super::rope::RopeStyle;
-use super::moe::ExpertStep;
-use super::decoder::{Blocks, Decoder, Dims, RouterParts, Scratch};
+use super::decoder::{Blocks, Decoder, Dims, RouterParts, ScratchOn};
+use super::device::Device;
+use crate::backend::Op;
 use super::batch::Seqs;
 use super::LoadOptions;
 use crate::quant::GgmlType;
@@ -400,12 +400,10 @@ impl GptOss {
 impl Blocks for GptOssBlocks {
     type Layer = LayerMats;
 
-    /// No device path: `--device cuda` is refused naming what is missing.
-    fn device_path(&self) -> std::result::Result<(), (&'static str, &'static str)> {
-        Err((
-            "gpt_oss",
-            "attention biases and the fused MXFP4 experts are not wired to the backend yet",
-        ))
+    /// Attention biases and the fused clamped-SwiGLU experts (stored input-major in Hugging
+    /// Face BF16 checkpoints).
+    fn needs(&self) -> (&'static str, &'static [Op]) {
+        ("gpt_oss", &[Op::Bias, Op::MatmulT, Op::SwigluOai])
     }
 
     /// Every GPT-OSS layer is a MoE layer.
@@ -414,24 +412,26 @@ impl Blocks for GptOssBlocks {
     }
 
     /// Attention (with its residual) and the router of layer `l` over the spine unit's bytes
-    /// `u`: writes the post-attention normed rows to `xn` and the router logits
-    /// (`n × n_experts`, bias added) to `router`.
-    fn spine(
+    /// `u`: the post-attention normed rows in `s.xn` and the router logits (`n × n_experts`,
+    /// bias added) in `s.router`.
+    fn spine_on<D: Device>(
         &self,
+        dev: &D,
         l: usize,
         w: &LayerMats,
         u: &UnitBytes,
+        keep: bool,
         seqs: &mut Seqs<'_>,
-        x: &mut [f32],
-        s: &mut Scratch,
-    ) {
-        let (xn, router) = (&mut s.xn, &mut s.router);
+        x: &mut D::Buf,
+        s: &mut ScratchOn<D>,
+    ) -> Result<()> {
         let c = &self.config;
         let (d, hd) = (c.hidden_size, c.head_dim());
-        let n = x.len() / d;
+        let n = seqs.rows();
         let v_ = &self.vecs[l];
         let eps = c.rms_norm_eps as f32;
-        rms_norm_rows(x, &v_.input_norm, eps, xn);
+        let v = |m: &MatRef| W { m: m.view(u), keep };
+        s.xn = norm_on(dev, x, n * d, &v_.input_norm, eps)?;
         let shape = AttnShape {
             n_heads: c.num_attention_heads,
             n_kv_heads: c.num_key_value_heads,
@@ -439,11 +439,11 @@ impl Blocks for GptOssBlocks {
             window: c.window(l),
             softcap: None,
         };
-        let gqa = Gqa {
-            q: w.q.view(u),
-            k: w.k.view(u),
-            v: w.v.view(u),
-            o: w.o.view(u),
+        let gqa = GqaOn {
+            q: v(&w.q),
+            k: v(&w.k),
+            v: v(&w.v),
+            o: v(&w.o),
             biases: Some([&v_.q_bias, &v_.k_bias, &v_.v_bias, &v_.o_bias]),
             qk_norm: None,
             sinks: Some(&v_.sinks),
@@ -457,13 +457,13 @@ impl Blocks for GptOssBlocks {
             k_scale: af,
             eps,
         };
-        let mut o = vec![0f32; n * d];
-        gqa_attention(&shape, &gqa, &rope, xn, seqs, l, &mut o);
-        add_into(x, &o);
-        rms_norm_rows(x, &v_.post_norm, eps, xn);
-        router.resize(n * w.router.rows, 0.0);
-        mm(&w.router.view(u), xn, n, router);
-        add_bias(router, &v_.router_bias);
+        let o = gqa_attention_on(dev, &shape, &gqa, &rope, &s.xn, seqs, l)?;
+        dev.add(x, &o)?;
+        s.xn = norm_on(dev, x, n * d, &v_.post_norm, eps)?;
+        let mut logits = mm_on(dev, &v(&w.router), &s.xn, n)?;
+        dev.add_rows(&mut logits, &v_.router_bias)?;
+        s.router.resize(n * w.router.rows, 0.0);
+        dev.download(&logits, &mut s.router)
     }
 
     /// Every layer's router, with its bias.
@@ -486,24 +486,16 @@ impl Blocks for GptOssBlocks {
         route_topk_softmax(logits, self.config.num_experts_per_tok)
     }
 
-    /// GPT-OSS experts in their stored layout (`experts::expert_ffn` over `experts::OssExperts`).
-    fn experts(&self, step: ExpertStep<'_>) -> std::io::Result<()> {
+    /// GPT-OSS experts in their stored layout (`experts::expert_ffn_on`), through
+    /// `moe_dev::experts_on_with`.
+    fn experts_on<D: Device>(&self, dev: &D, step: ExpertStepOn<'_, D>) -> Result<()> {
         let c = &self.config;
         let (alpha, limit) = (c.swiglu_alpha as f32, c.swiglu_limit as f32);
-        let mut src = OssExperts {
-            table: &self.experts,
-            store: step.store,
-        };
-        moe_forward_with(
-            &mut src,
-            step.layer,
-            step.routes,
-            step.xn,
-            c.hidden_size,
-            step.out,
-            &step.next,
-            |w, xg, m, y| expert_ffn(w, alpha, limit, xg, m, y),
-        )
+        let t = &self.experts;
+        let units = &t.units[step.layer];
+        experts_on_with(dev, c.hidden_size, step, |e| units[e].0, |u, keep, e, xg, m| {
+            expert_ffn_on(dev, &t.view(&units[e].1, u), keep, alpha, limit, xg, m)
+        })
     }
 }
 

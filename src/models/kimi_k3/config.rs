@@ -59,7 +59,7 @@ pub struct Config {
     /// `expert_latent_length`: the routed experts' width (`routed_expert_hidden_size`); `None`
     /// when absent or 0 (experts at `hidden_size`).
     pub latent: Option<usize>,
-    /// `activation.situ_beta` and `activation.situ_linear_beta` (`ffn.rs`, SiTU).
+    /// `activation.situ_beta` and `activation.situ_linear_beta` (SiTU, `backend::Glu::Situ`).
     pub situ_beta: f32,
     pub situ_linear_beta: f32,
     /// `attn_res.block_size`: layers per attention-residual block (0: none).

@@ -5,18 +5,18 @@
 //! - a full-rank KDA output gate (`ssm_g`, [`KdaWeights::g_a`] `None`) and the decay lower
 //!   bound (`kda.gate_lower_bound`);
 //! - a sigmoid output gate on MLA's attention output before `o_proj` ([`MlaLayer::gate`]);
-//! - SiTU instead of SwiGLU in every feed-forward block ([`ffn::Situ`]);
+//! - SiTU instead of SwiGLU in every feed-forward block ([`Glu::Situ`]);
 //! - latent MoE: the router and the shared experts read the `ffn_norm`ed rows, the routed
 //!   experts their down-projection (`ffn_routed_down`, `latent` wide); the routed sum is
 //!   RMSNormed (`ffn_routed_norm`) and projected back (`ffn_routed_up`) in the layer's tail
-//!   unit ([`Blocks::tail`]), then the shared experts are added;
+//!   unit ([`Blocks::tail_on`]), then the shared experts are added;
 //! - cross-layer attention residuals (`attn_res.block_size` = `B`): before its mixer and
 //!   before its feed-forward block a layer reads not the residual stream `h` but
-//!   [`ffn::res_mix`] of the checkpoints banked so far and `h`; layer `l` with `l % B == 0`
+//!   the residual mix (`Backend::res_mix`, `backend::cpu::blocks::res_mix`) of the checkpoints banked so far and `h`; layer `l` with `l % B == 0`
 //!   banks its input `h` and restarts the stream from its mixer's output alone
 //!   (`h ← mixer(...)`, not `h + mixer(...)`); the last hidden state is mixed once more
 //!   (`output_res_score`) before the final norm. The checkpoints live in the pass's
-//!   [`Scratch::bank`]; they are per token, so a pass needs none of an earlier pass's.
+//!   `ScratchOn::bank`; they are per token, so a pass needs none of an earlier pass's.
 //!
 //! Sigmoid routing with `exp_probs_b` ([`route_sigmoid_grouped`]), renormalized when
 //! `expert_weights_norm`, times `expert_weights_scale`.
@@ -30,7 +30,6 @@
 //! writes them); packs of K3 hold one record per expert as for the other families.
 
 pub mod config;
-pub mod ffn;
 mod gguf;
 mod hf;
 mod mxfp4;
@@ -40,17 +39,19 @@ use anyhow::Result;
 pub use self::config::Config;
 pub use self::hf::MXFP4_FORMAT;
 
-use self::ffn::{res_mix, situ_experts, Situ};
 use self::gguf::{Checkpoint, FfnTensors, MixTensors, Score};
 use self::mxfp4::{ExpertRepack, Mxfp4Experts};
 use super::budget::{place, HeadTensors, Notes, OnDemand, WeightUnits};
-use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
+use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, ScratchOn};
+use super::device::Device;
+use super::layers::generic::{glu_mlp_on, mm_on, norm_on, W};
+use super::moe_dev::{store_glu_experts_on, ExpertStepOn};
+use crate::backend::{Glu, Op};
 use super::layers::hybrid::{a_log_of_neg_exp, Mixer};
-use super::layers::mixers::{kda_mixer, mla_mixer, KdaShape, KdaWeights, MlaLayer};
+use super::layers::mixers::{kda_mixer, mla_mixer, KdaShape, KdaWeights, MlaLayer, KDA_MLA_OPS};
 use super::layers::mla::MlaShape;
-use super::layers::{add_into, mm, rms_norm_rows};
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef};
-use super::moe::{route_sigmoid_grouped, ExpertMats, ExpertStep, UnitExperts};
+use super::moe::{route_sigmoid_grouped, ExpertMats, UnitExperts};
 use super::batch::Seqs;
 use super::LoadOptions;
 use crate::source::gguf::GgufModel;
@@ -346,16 +347,31 @@ impl KimiK3Blocks {
         }
     }
 
-    fn situ(&self) -> Situ {
-        Situ { beta: self.config.situ_beta, linear_beta: self.config.situ_linear_beta }
+    /// SiTU as the backend's gated activation ([`Glu::Situ`]: `kimi-k3.cpp`'s `kimi_k3_situ`).
+    fn situ(&self) -> Glu {
+        Glu::Situ { beta: self.config.situ_beta, linear_beta: self.config.situ_linear_beta }
     }
 
-    /// The mixer of layer `l` over the normed rows `xn` of `seqs` into `o` (`rows × hidden`).
-    fn mixer(&self, l: usize, mix: &Mix, u: &UnitBytes, seqs: &mut Seqs<'_>, xn: &[f32], o: &mut [f32]) {
+    /// The mixer of layer `l` on `dev` over the normed rows `xn` of `seqs` into a new
+    /// `rows × hidden` buffer.
+    ///
+    /// Errors: the device's.
+    #[allow(clippy::too_many_arguments)]
+    fn mixer_on<D: Device>(
+        &self,
+        dev: &D,
+        l: usize,
+        mix: &Mix,
+        u: &UnitBytes,
+        keep: bool,
+        seqs: &mut Seqs<'_>,
+        xn: &D::Buf,
+    ) -> Result<D::Buf> {
         let v = &self.vecs[l];
+        let wv = |m: &MatRef| W { m: m.view(u), keep };
         match mix {
             Mix::Kda(m) => {
-                let [q, k, vv, f_a, f_b, b, g, om] = m.map(|r| r.view(u));
+                let [q, k, vv, f_a, f_b, b, g, om] = m.map(|r| wv(&r));
                 let kw = KdaWeights {
                     q,
                     k,
@@ -371,20 +387,22 @@ impl KimiK3Blocks {
                     dt_bias: &v.dt_bias,
                     o_norm: &v.o_norm,
                 };
-                kda_mixer(&self.kda_shape(), &kw, xn, seqs, l, o);
+                kda_mixer(dev, &self.kda_shape(), &kw, xn, seqs, l)
             }
             Mix::Mla { q_a, q, kv_a, kv_b, v_b, gate, o: om } => {
                 let ml = MlaLayer {
-                    q_a: q_a.as_ref().map(|m| (m.view(u), v.a_log.as_slice())),
-                    q: q.view(u),
-                    kv_a: kv_a.view(u),
+                    q_a: q_a.as_ref().map(|m| (wv(m), v.a_log.as_slice())),
+                    q: wv(q),
+                    kv_a: wv(kv_a),
                     kv_a_norm: &v.o_norm,
                     kv_b: kv_b.view(u),
                     v_b: v_b.as_ref().map(|m| m.view(u)),
-                    gate: gate.as_ref().map(|m| m.view(u)),
-                    o: om.view(u),
+                    keep,
+                    gate: gate.as_ref().map(wv),
+                    o: wv(om),
                 };
-                mla_mixer(&self.mla_shape(), &ml, self.config.rms_norm_eps, xn, seqs, l, o);
+                let eps = self.config.rms_norm_eps;
+                mla_mixer(dev, &self.mla_shape(), &ml, None, eps, xn, seqs, l)
             }
         }
     }
@@ -393,12 +411,9 @@ impl KimiK3Blocks {
 impl Blocks for KimiK3Blocks {
     type Layer = Layer;
 
-    /// No device path: `--device cuda` is refused naming what is missing.
-    fn device_path(&self) -> std::result::Result<(), (&'static str, &'static str)> {
-        Err((
-            "kimi_k3",
-            "the KDA scan, multi-head latent attention and the latent MoE have no device path yet (Backend::kda_scan and Backend::mla_attention have no CUDA kernel)",
-        ))
+    /// Kimi Linear's KDA and MLA ops, MLA's output gate and the attention-residual mix.
+    fn needs(&self) -> (&'static str, &'static [Op]) {
+        ("kimi_k3", &K3_OPS)
     }
 
     fn is_moe(&self, w: &Layer) -> bool {
@@ -409,52 +424,62 @@ impl Blocks for KimiK3Blocks {
     /// mix, banking and the mixer; the feed-forward mix and norm; then the dense SiTU MLP added
     /// to `x`, or the router logits (from the normed rows), the shared experts' output and the
     /// routed experts' input (`ffn_routed_down` of the normed rows, `latent` wide) in `s.xn`.
-    fn spine(&self, l: usize, w: &Layer, u: &UnitBytes, seqs: &mut Seqs<'_>, x: &mut [f32], s: &mut Scratch) {
+    fn spine_on<D: Device>(
+        &self,
+        dev: &D,
+        l: usize,
+        w: &Layer,
+        u: &UnitBytes,
+        keep: bool,
+        seqs: &mut Seqs<'_>,
+        x: &mut D::Buf,
+        s: &mut ScratchOn<D>,
+    ) -> Result<()> {
         let c = &self.config;
         let (d, eps) = (c.hidden_size, c.rms_norm_eps);
-        let n = x.len() / d;
+        let n = seqs.rows();
         let v = &self.vecs[l];
         let bs = c.attn_res_block_size;
-        let mut cur = vec![0f32; n * d];
-        let mut xn = vec![0f32; n * d];
-        res_mix(&s.bank, x, &v.attn_res, eps, &mut cur);
+        let wv = |m: &MatRef| W { m: m.view(u), keep };
+        let mut cur = dev.zeros(n * d)?;
+        dev.res_mix(&s.bank.iter().collect::<Vec<_>>(), x, &v.attn_res, eps, &mut cur)?;
         let banked = bs > 0 && l.is_multiple_of(bs);
         if banked {
-            s.bank.push(x.to_vec());
+            let mut h = dev.zeros(n * d)?;
+            dev.copy(x, 0, &mut h, 0, n * d)?;
+            s.bank.push(h);
         }
-        rms_norm_rows(&cur, &v.attn_norm, eps, &mut xn);
-        let mut o = vec![0f32; n * d];
-        self.mixer(l, &w.mix, u, seqs, &xn, &mut o);
+        let xn = norm_on(dev, &cur, n * d, &v.attn_norm, eps)?;
+        let o = self.mixer_on(dev, l, &w.mix, u, keep, seqs, &xn)?;
         match banked {
-            true => x.copy_from_slice(&o),
-            false => add_into(x, &o),
+            true => *x = o,
+            false => dev.add(x, &o)?,
         }
         if bs > 0 {
-            res_mix(&s.bank, x, &v.ffn_res, eps, &mut cur);
+            dev.res_mix(&s.bank.iter().collect::<Vec<_>>(), x, &v.ffn_res, eps, &mut cur)?;
         } else {
-            cur.copy_from_slice(x);
+            dev.copy(x, 0, &mut cur, 0, n * d)?;
         }
-        rms_norm_rows(&cur, &v.ffn_norm, eps, &mut xn);
+        let xn = norm_on(dev, &cur, n * d, &v.ffn_norm, eps)?;
+        let act = self.situ();
         match &w.ffn {
             Ffn::Dense([g, up, dn]) => {
-                self.situ().mlp(&g.view(u), &up.view(u), &dn.view(u), &xn, n, &mut o);
-                add_into(x, &o);
+                let o = glu_mlp_on(dev, act, [&wv(g), &wv(up), &wv(dn)], &xn, n)?;
+                dev.add(x, &o)
             }
             Ffn::Moe { router, shared, routed_down, .. } => {
+                let logits = mm_on(dev, &wv(router), &xn, n)?;
                 s.router.resize(n * router.rows, 0.0);
-                mm(&router.view(u), &xn, n, &mut s.router);
-                s.shared.clear();
-                if let Some([g, up, dn]) = shared {
-                    s.shared.resize(n * d, 0.0);
-                    self.situ().mlp(&g.view(u), &up.view(u), &dn.view(u), &xn, n, &mut s.shared);
-                }
-                match routed_down {
-                    Some(rd) => {
-                        s.xn.resize(n * rd.rows, 0.0);
-                        mm(&rd.view(u), &xn, n, &mut s.xn);
-                    }
-                    None => s.xn = xn,
-                }
+                dev.download(&logits, &mut s.router)?;
+                s.shared = match shared {
+                    Some([g, up, dn]) => Some(glu_mlp_on(dev, act, [&wv(g), &wv(up), &wv(dn)], &xn, n)?),
+                    None => None,
+                };
+                s.xn = match routed_down {
+                    Some(rd) => mm_on(dev, &wv(rd), &xn, n)?,
+                    None => xn,
+                };
+                Ok(())
             }
         }
     }
@@ -477,8 +502,10 @@ impl Blocks for KimiK3Blocks {
         route_sigmoid_grouped(logits, &self.vecs[l].bias, m.used, m.groups, m.groups_used, c.norm_topk_prob, m.scale)
     }
 
-    fn experts(&self, step: ExpertStep<'_>) -> std::io::Result<()> {
-        situ_experts(&self.experts, self.config.routed_width(), self.situ(), step)
+    /// SiTU experts from the store, `routed_width` wide (`moe_dev::store_glu_experts_on`).
+    fn experts_on<D: Device>(&self, dev: &D, step: ExpertStepOn<'_, D>) -> Result<()> {
+        let width = self.config.routed_width();
+        store_glu_experts_on(dev, &self.experts, self.situ(), width, step)
     }
 
     fn recurrent_state(&self, l: usize) -> usize {
@@ -500,34 +527,50 @@ impl Blocks for KimiK3Blocks {
     }
 
     /// `ffn_routed_up(rmsnorm(routed))` (the norm only when `ffn_routed_norm` is present).
-    fn tail(&self, l: usize, w: &Layer, u: &UnitBytes, routed: &[f32], out: &mut [f32]) {
+    fn tail_on<D: Device>(
+        &self,
+        dev: &D,
+        l: usize,
+        w: &Layer,
+        u: &UnitBytes,
+        keep: bool,
+        routed: &D::Buf,
+        n: usize,
+    ) -> Result<D::Buf> {
         let Ffn::Moe { tail: Some((_, up)), .. } = &w.ffn else {
-            return;
+            anyhow::bail!("layer {l} has no routed tail");
         };
-        let n = out.len() / self.config.hidden_size;
         let rn = &self.vecs[l].routed_norm;
-        let mut normed;
-        let x = match rn.is_empty() {
-            true => routed,
+        let up = W { m: up.view(u), keep };
+        match rn.is_empty() {
+            true => mm_on(dev, &up, routed, n),
             false => {
-                normed = vec![0f32; routed.len()];
-                rms_norm_rows(routed, rn, self.config.rms_norm_eps, &mut normed);
-                &normed
+                let width = self.config.routed_width();
+                let normed = norm_on(dev, routed, n * width, rn, self.config.rms_norm_eps)?;
+                mm_on(dev, &up, &normed, n)
             }
-        };
-        mm(&up.view(u), x, n, out);
+        }
     }
 
     /// The last attention-residual mix (`output_res_score`), when the model has them.
-    fn finish_hidden(&self, x: &mut [f32], s: &mut Scratch) {
-        if self.config.attn_res_block_size == 0 {
-            return;
+    fn finish_hidden_on<D: Device>(&self, dev: &D, x: &mut D::Buf, n: usize, s: &mut ScratchOn<D>) -> Result<()> {
+        let c = &self.config;
+        if c.attn_res_block_size == 0 {
+            return Ok(());
         }
-        let mut out = vec![0f32; x.len()];
-        res_mix(&s.bank, x, &self.output_res, self.config.rms_norm_eps, &mut out);
-        x.copy_from_slice(&out);
+        let mut out = dev.zeros(n * c.hidden_size)?;
+        let bank: Vec<&D::Buf> = s.bank.iter().collect();
+        dev.res_mix(&bank, x, &self.output_res, c.rms_norm_eps, &mut out)?;
+        *x = out;
+        Ok(())
     }
 }
+
+/// The ops beyond the core set a K3 layer needs: Kimi Linear's, the attention-residual mix.
+const K3_OPS: [Op; 9] = {
+    let k = KDA_MLA_OPS;
+    [k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], Op::ResMix]
+};
 
 /// The registry entry of Kimi K3: Hugging Face `model_type` `kimi_k3` and llama.cpp's
 /// `kimi-k3` GGUF.

@@ -1,8 +1,8 @@
 //! Kimi Linear (`model_type: kimi_linear`, e.g. Kimi-Linear-48B-A3B) from Hugging Face
 //! checkpoints, as transformers 5.24 defines it (`models/kimi_linear/modeling_kimi_linear.py`):
 //! RMSNorm before the token mixer and before the feed-forward block; the mixer of each layer is
-//! either Kimi Delta Attention ([`crate::models::layers::kda`], [`crate::models::layers::mixers::kda_mixer`]: a recurrent state
-//! per layer) or no-RoPE multi-head latent attention ([`crate::models::layers::mixers::mla_mixer`]: DeepSeek's
+//! either Kimi Delta Attention ([`crate::models::layers::kda`], [`kda_mixer`]: a recurrent state
+//! per layer) or no-RoPE multi-head latent attention ([`mla_mixer`]: DeepSeek's
 //! latent cache), as `linear_attn_config.full_attn_layers` / `layer_types` say
 //! ([`Config::mixers`]); a dense SwiGLU MLP in the first `first_k_dense_replace` layers and
 //! the MoE block after (sigmoid routing with `e_score_correction_bias`,
@@ -33,14 +33,17 @@ pub use super::layers::hybrid::Mixer;
 
 use super::layers::hybrid::a_log_of_neg_exp;
 use super::layers::kda;
-use super::layers::mixers::{kda_mixer, mla_mixer, KdaShape, KdaWeights, MlaLayer};
+use super::layers::generic::{glu_mlp_on, mm_on, norm_on, W};
+use super::layers::mixers::{kda_mixer, mla_mixer, KdaShape, KdaWeights, MlaLayer, KDA_MLA_OPS};
 use self::tensors::{hf_checkpoint, Checkpoint, FfnTensors, KvB, MixTensors};
 use super::budget::{place, HeadTensors, Notes, OnDemand, WeightUnits};
-use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, Scratch};
+use super::decoder::{Blocks, CacheShape, Decoder, Dims, RouterParts, ScratchOn};
+use super::device::Device;
 use super::layers::mla::MlaShape;
-use super::layers::{add_into, mm, rms_norm_rows, swiglu_mlp};
 use super::loading::{mat, unit_of, CheckpointFiles, MatRef};
-use super::moe::{route_sigmoid_grouped, store_swiglu_experts, ExpertMats, ExpertStep, UnitExperts};
+use super::moe::{route_sigmoid_grouped, ExpertMats, UnitExperts};
+use super::moe_dev::{store_glu_experts_on, ExpertStepOn};
+use crate::backend::{Glu, Op};
 use super::batch::Seqs;
 use super::LoadOptions;
 use crate::source::hf::HfModel;
@@ -285,12 +288,9 @@ impl KimiLinearBlocks {
 impl Blocks for KimiLinearBlocks {
     type Layer = Layer;
 
-    /// No device path: `--device cuda` is refused naming what is missing.
-    fn device_path(&self) -> std::result::Result<(), (&'static str, &'static str)> {
-        Err((
-            "kimi_linear",
-            "the KDA scan and multi-head latent attention have no device path yet (Backend::kda_scan and Backend::mla_attention have no CUDA kernel)",
-        ))
+    /// KDA (convolution, L2 norms, decay, the scan, the gated norm) and no-RoPE MLA.
+    fn needs(&self) -> (&'static str, &'static [Op]) {
+        ("kimi_linear", &KDA_MLA_OPS)
     }
 
     fn is_moe(&self, w: &Layer) -> bool {
@@ -298,27 +298,29 @@ impl Blocks for KimiLinearBlocks {
     }
 
     /// The mixer of layer `l` (KDA with its state, or MLA with its latent rows) and its
-    /// residual, then the post-attention norm into `xn` and the dense MLP added to `x`, or
+    /// residual, then the post-attention norm into `s.xn` and the dense MLP added to `x`, or
     /// the router logits and the shared experts' output.
-    fn spine(
+    fn spine_on<D: Device>(
         &self,
+        dev: &D,
         l: usize,
         w: &Layer,
         u: &UnitBytes,
+        keep: bool,
         seqs: &mut Seqs<'_>,
-        x: &mut [f32],
-        s: &mut Scratch,
-    ) {
+        x: &mut D::Buf,
+        s: &mut ScratchOn<D>,
+    ) -> Result<()> {
         let c = &self.config;
         let d = c.hidden_size;
-        let n = x.len() / d;
+        let n = seqs.rows();
         let v = &self.vecs[l];
         let eps = c.rms_norm_eps as f32;
-        rms_norm_rows(x, &v.input, eps, &mut s.xn);
-        let mut o = vec![0f32; n * d];
-        match &w.mix {
+        let wv = |m: &MatRef| W { m: m.view(u), keep };
+        s.xn = norm_on(dev, x, n * d, &v.input, eps)?;
+        let o = match &w.mix {
             Mix::Kda(m) => {
-                let [q, k, vv, f_a, f_b, b, g_a, g_b, om] = m.map(|r| r.view(u));
+                let [q, k, vv, f_a, f_b, b, g_a, g_b, om] = m.map(|r| wv(&r));
                 let kw = KdaWeights {
                     q,
                     k,
@@ -334,7 +336,7 @@ impl Blocks for KimiLinearBlocks {
                     dt_bias: &v.dt_bias,
                     o_norm: &v.o_norm,
                 };
-                kda_mixer(&self.kda_shape(), &kw, &s.xn, seqs, l, &mut o);
+                kda_mixer(dev, &self.kda_shape(), &kw, &s.xn, seqs, l)?
             }
             Mix::Mla {
                 q_a,
@@ -345,30 +347,34 @@ impl Blocks for KimiLinearBlocks {
                 o: om,
             } => {
                 let ml = MlaLayer {
-                    q_a: q_a.as_ref().map(|m| (m.view(u), v.a_log.as_slice())),
-                    q: q.view(u),
-                    kv_a: kv_a.view(u),
+                    q_a: q_a.as_ref().map(|m| (wv(m), v.a_log.as_slice())),
+                    q: wv(q),
+                    kv_a: wv(kv_a),
                     kv_a_norm: &v.o_norm,
                     kv_b: kv_b.view(u),
                     v_b: v_b.as_ref().map(|m| m.view(u)),
+                    keep,
                     gate: None,
-                    o: om.view(u),
+                    o: wv(om),
                 };
-                mla_mixer(&self.mla_shape(), &ml, self.lora_eps, &s.xn, seqs, l, &mut o);
+                let sh = self.mla_shape();
+                mla_mixer(dev, &sh, &ml, None, self.lora_eps, &s.xn, seqs, l)?
             }
-        }
-        add_into(x, &o);
-        rms_norm_rows(x, &v.post_attn, eps, &mut s.xn);
+        };
+        dev.add(x, &o)?;
+        s.xn = norm_on(dev, x, n * d, &v.post_attn, eps)?;
         match &w.ffn {
             Ffn::Dense([g, up, dn]) => {
-                swiglu_mlp(&g.view(u), &up.view(u), &dn.view(u), &s.xn, n, &mut o);
-                add_into(x, &o);
+                let o = glu_mlp_on(dev, Glu::Swiglu, [&wv(g), &wv(up), &wv(dn)], &s.xn, n)?;
+                dev.add(x, &o)
             }
             Ffn::Moe([r, g, up, dn]) => {
+                let logits = mm_on(dev, &wv(r), &s.xn, n)?;
                 s.router.resize(n * r.rows, 0.0);
-                mm(&r.view(u), &s.xn, n, &mut s.router);
-                s.shared.resize(n * d, 0.0);
-                swiglu_mlp(&g.view(u), &up.view(u), &dn.view(u), &s.xn, n, &mut s.shared);
+                dev.download(&logits, &mut s.router)?;
+                let sh = glu_mlp_on(dev, Glu::Swiglu, [&wv(g), &wv(up), &wv(dn)], &s.xn, n)?;
+                s.shared = Some(sh);
+                Ok(())
             }
         }
     }
@@ -403,8 +409,10 @@ impl Blocks for KimiLinearBlocks {
         )
     }
 
-    fn experts(&self, step: ExpertStep<'_>) -> std::io::Result<()> {
-        store_swiglu_experts(&self.experts, self.config.hidden_size, step)
+    /// SwiGLU experts from the store (`moe_dev::store_glu_experts_on`).
+    fn experts_on<D: Device>(&self, dev: &D, step: ExpertStepOn<'_, D>) -> Result<()> {
+        let d = self.config.hidden_size;
+        store_glu_experts_on(dev, &self.experts, Glu::Swiglu, d, step)
     }
 
     fn recurrent_state(&self, l: usize) -> usize {

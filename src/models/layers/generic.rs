@@ -1,11 +1,10 @@
 //! The shared blocks written against any [`Device`] (the CPU or a GPU): grouped-query
-//! attention over the device's KV slots, the gated feed-forward, norms and residuals. A
-//! family whose layer is made of these runs its whole pass on the device its decoder holds
-//! (`models::decoder::Blocks::spine_on`).
+//! attention over the device's KV slots, the gated feed-forward, norms and residuals, and
+//! the row helpers of per-sequence steps. Every family's layers are made of these and of
+//! `mixers.rs` (`models::decoder::Blocks::spine_on`).
 //!
-//! On the CPU every block computes exactly what its host-slice twin in `layers/mod.rs`
-//! computes (the same kernels in the same order: `tests/device_pass.rs` holds them bit for
-//! bit on every GQA fixture); on a GPU the same wiring calls the device's kernels.
+//! On the CPU every block computes exactly what the host blocks they replaced computed (the
+//! same kernels in the same order); on a GPU the same wiring calls the device's kernels.
 //!
 //! Weights are host views of their stored bytes ([`W`]) with whether their unit is resident:
 //! a GPU keeps a resident matrix's copy after its first use and copies any other for the one
@@ -120,20 +119,24 @@ fn norm_rope_on<D: Device>(
 }
 
 /// One grouped-query attention layer's weights for [`gqa_attention_on`]: projections `q`
-/// (`q_dim × hidden`), `k`, `v` (`kv_dim × hidden`), `o` (`hidden × q_dim`), the per-head
-/// q/k RMSNorm weights (Qwen3, Gemma 3) and the sinks (one logit per query head).
+/// (`q_dim × hidden`), `k`, `v` (`kv_dim × hidden`), `o` (`hidden × q_dim`), the biases of
+/// q, k, v and o (GPT-OSS: `q_dim`, `kv_dim`, `kv_dim`, `hidden`), the per-head q/k RMSNorm
+/// weights (Qwen3, Gemma 3) and the sinks (one logit per query head, GPT-OSS).
 pub struct GqaOn<'a> {
     pub q: W<'a>,
     pub k: W<'a>,
     pub v: W<'a>,
     pub o: W<'a>,
+    pub biases: Option<[&'a [f32]; 4]>,
     pub qk_norm: Option<[&'a [f32]; 2]>,
     pub sinks: Option<&'a [f32]>,
 }
 
 /// `width`-wide rows `r0 .. r0 + m` of `x`: `x` itself when they are all of it (`whole`),
 /// else a copy.
-fn rows_on<D: Device>(
+///
+/// Errors: the device's.
+pub fn rows_on<D: Device>(
     dev: &D,
     x: &mut Option<D::Buf>,
     whole: bool,
@@ -160,7 +163,7 @@ fn rows_on<D: Device>(
 /// projections over every row; per sequence its rows' q/k norms, RoPE and scaling at its
 /// positions, its new keys and values written to its layer-`l` slots
 /// ([`Device::kv_slots`]), its causal attention; the output projection over every row.
-/// [`super::gqa_attention`] without biases, on the device.
+/// With `biases`, each added right after its projection (GPT-OSS).
 ///
 /// Errors: the device's.
 pub fn gqa_attention_on<D: Device>(
@@ -176,6 +179,11 @@ pub fn gqa_attention_on<D: Device>(
     let n = seqs.rows();
     let (qd, kvd) = (s.n_heads * hd, s.n_kv_heads * hd);
     let mut qkv = mm_many_on(dev, &[&w.q, &w.k, &w.v], xn, n)?;
+    if let Some([bq, bk, bv, _]) = w.biases {
+        for (y, b) in qkv.iter_mut().zip([bq, bk, bv]) {
+            dev.add_rows(y, b)?;
+        }
+    }
     let (mut v, mut k, mut q) = (qkv.pop(), qkv.pop(), qkv.pop());
     let (qn, kn) = match w.qk_norm {
         Some([a, b]) => (Some(a), Some(b)),
@@ -207,5 +215,33 @@ pub fn gqa_attention_on<D: Device>(
         }
     }
     let att = att.expect("at least one sequence");
-    mm_on(dev, &w.o, &att, n)
+    let mut o = mm_on(dev, &w.o, &att, n)?;
+    if let Some([_, _, _, bo]) = w.biases {
+        dev.add_rows(&mut o, bo)?;
+    }
+    Ok(o)
+}
+
+/// Collects one sequence's output rows `a` (`m × width`, rows `r0 .. r0 + m` of the pass)
+/// into the pass's buffer `all` (`rows × width`): `a` itself when the pass has one sequence
+/// (`whole`), else copied into `all` (allocated at the first sequence).
+///
+/// Errors: the device's.
+pub fn put_rows_on<D: Device>(
+    dev: &D,
+    all: &mut Option<D::Buf>,
+    a: D::Buf,
+    whole: bool,
+    (rows, width): (usize, usize),
+    (r0, m): (usize, usize),
+) -> Result<()> {
+    if whole {
+        *all = Some(a);
+        return Ok(());
+    }
+    if all.is_none() {
+        *all = Some(dev.zeros(rows * width)?);
+    }
+    let out = all.as_mut().expect("allocated above");
+    dev.copy(&a, 0, out, r0 * width, m * width)
 }

@@ -36,7 +36,7 @@ use super::layers::generic::{gqa_attention_on, glu_mlp_on, mm_on, norm_on, GqaOn
 use super::layers::{AttnShape, GqaRope};
 use super::loading::{gate_up_down, mat, unit_of, CheckpointFiles, MatRef, Tensors};
 use super::moe::{route_softmax_topk, ExpertMats, UnitExperts};
-use super::moe_dev::{store_swiglu_experts_on, ExpertStepOn};
+use super::moe_dev::{store_glu_experts_on, ExpertStepOn};
 use super::rope::RopeStyle;
 use crate::backend::Glu;
 use super::batch::Seqs;
@@ -345,9 +345,9 @@ impl Blocks for LlamaBlocks {
         matches!(w.ffn, Ffn::Moe { .. })
     }
 
-    /// Every layer runs on any device.
-    fn device_path(&self) -> Result<(), (&'static str, &'static str)> {
-        Ok(())
+    /// The core ops only: every backend runs it.
+    fn needs(&self) -> (&'static str, &'static [crate::backend::Op]) {
+        ("llama", &[])
     }
 
     /// Attention (with its residual) and the start of the feed-forward block of layer `l`:
@@ -382,6 +382,7 @@ impl Blocks for LlamaBlocks {
             k: v(&w.k),
             v: v(&w.v),
             o: v(&w.o),
+            biases: None,
             qk_norm: nrm.q.as_deref().zip(nrm.k.as_deref()).map(|(q, k)| [q, k]),
             sinks: None,
         };
@@ -430,9 +431,10 @@ impl Blocks for LlamaBlocks {
         route_softmax_topk(logits, c.num_experts_per_tok.unwrap_or(1), c.renorm_topk())
     }
 
-    /// SwiGLU experts from the store, on the device (`moe_dev::store_swiglu_experts_on`).
+    /// SwiGLU experts from the store, on the device (`moe_dev::store_glu_experts_on`).
     fn experts_on<D: Device>(&self, dev: &D, step: ExpertStepOn<'_, D>) -> Result<()> {
-        store_swiglu_experts_on(dev, &self.experts, self.config.hidden_size, step)
+        let d = self.config.hidden_size;
+        store_glu_experts_on(dev, &self.experts, Glu::Swiglu, d, step)
     }
 }
 

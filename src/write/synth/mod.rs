@@ -234,25 +234,40 @@ impl Shape {
         Ok(())
     }
 
-    /// Overrides the number of routed experts per MoE layer (`kimi_k3` only: the expert
-    /// shape, top-k and so the bytes a decode step reads stay those of the preset, the file
-    /// shrinks).
+    /// Overrides the number of routed experts per MoE layer (`kimi_k3`, `deepseek_v3`,
+    /// `kimi_linear`: the expert shape, top-k and so the bytes a decode step reads stay those
+    /// of the preset, the file shrinks). DeepSeek V3's experts stay in `n_group` groups of
+    /// which `topk_group` are kept, so the count must split into the groups with enough
+    /// experts in the kept ones for the top-k.
     ///
-    /// Errors: another architecture; fewer experts than the top-k.
+    /// Errors: another architecture; fewer experts than the top-k; (DeepSeek V3) a count
+    /// that does not split into the groups so.
     pub fn set_experts(&mut self, experts: Option<usize>) -> Result<()> {
         let Some(n) = experts else {
             return Ok(());
         };
-        let Shape::KimiK3(s) = self else {
-            bail!("--experts applies to kimi_k3 only");
+        let (slot, top) = match self {
+            Shape::KimiK3(s) => (&mut s.n_routed_experts, s.num_experts_per_tok),
+            Shape::KimiLinear(s) => (&mut s.n_routed_experts, s.num_experts_per_tok),
+            Shape::DeepseekV3(s) => {
+                if !n.is_multiple_of(s.n_group)
+                    || n / s.n_group * s.topk_group < s.num_experts_per_tok
+                {
+                    bail!(
+                        "--experts {n}: deepseek_v3 needs a multiple of its {} expert groups with at least {} experts in the {} groups kept",
+                        s.n_group,
+                        s.num_experts_per_tok,
+                        s.topk_group
+                    );
+                }
+                (&mut s.n_routed_experts, s.num_experts_per_tok)
+            }
+            _ => bail!("--experts applies to kimi_k3, deepseek_v3 and kimi_linear only"),
         };
-        if n < s.num_experts_per_tok {
-            bail!(
-                "--experts {n}: fewer than the {} experts each token uses",
-                s.num_experts_per_tok
-            );
+        if n < top {
+            bail!("--experts {n}: fewer than the {top} experts each token uses");
         }
-        s.n_routed_experts = n;
+        *slot = n;
         Ok(())
     }
 }
@@ -605,7 +620,7 @@ mod tests {
         let mut q = catalog()[0].shape.clone();
         assert_eq!(
             q.set_experts(Some(64)).unwrap_err().to_string(),
-            "--experts applies to kimi_k3 only"
+            "--experts applies to kimi_k3, deepseek_v3 and kimi_linear only"
         );
     }
 
