@@ -15,22 +15,24 @@
 //! in call order; [`Backend::download`] waits for it.
 //!
 //! Files: `ops.rs` (the [`Backend`] ops), `matmul.rs` (the matrix products: the `mv_*`
-//! kernels for 1 to 8 rows, dequantized panels through cuBLAS for more), `kernels.rs` (the
-//! NVRTC program), `kernels/` (the CUDA sources: `decode.cuh` the block decoders,
-//! `matvec.cu`, `ops.cu`, `attention.cu`), `tests.rs` (each op against the CPU's, on a GPU
-//! when one is found).
+//! kernels for 1 to 8 rows, dequantized panels through cuBLAS for more), `mla_kda.rs`
+//! (multi-head latent attention and the KDA scan), `kernels.rs` (the NVRTC program),
+//! `kernels/` (the CUDA sources: `decode.cuh` the block decoders, `matvec.cu`, `ops.cu`,
+//! `attention.cu`, `mla_kda.cu`), `tests.rs` (each op against the CPU's, on a GPU when one
+//! is found).
 //!
 //! Weights the models hand over as host bytes ([`Backend::matmul_host`]): a resident unit's
 //! matrix is copied at its first use and kept, found by its host address
 //! ([`Cuda::resident_matrix`]); any other (a streamed unit, a routed expert) is copied for
 //! the one product ([`Cuda::weight_bytes`] counts both).
 //!
-//! Not yet here (ARCHITECTURE.md, "Adding a compute device"): multi-head latent attention and
-//! the KDA scan (their ops return an error), pinned staging buffers, a copy stream, a VRAM
-//! expert cache.
+//! Not yet here (ARCHITECTURE.md, "Adding a compute device"): pinned staging buffers, a copy
+//! stream, a VRAM expert cache. Multi-head latent attention and the KDA scan have kernels
+//! (`mla_kda.rs`) whose tests have not yet run on a GPU.
 
 mod kernels;
 mod matmul;
+mod mla_kda;
 mod ops;
 #[cfg(test)]
 mod tests;

@@ -304,30 +304,27 @@ impl Backend for Cuda {
 
     fn mla_attention(
         &self,
-        _: &MlaShape,
-        _: &CudaBuf,
-        _: MlaProj<&CudaMatrix>,
-        _: &CudaBuf,
-        _: usize,
-        _: &mut CudaBuf,
+        s: &MlaShape,
+        q: &CudaBuf,
+        proj: MlaProj<&CudaMatrix>,
+        latent: &CudaBuf,
+        pos0: usize,
+        out: &mut CudaBuf,
     ) -> Result<()> {
-        bail!(
-            "cuda:{}: multi-head latent attention has no CUDA kernel yet",
-            self.ordinal
-        )
+        self.mla_attention_dev(s, q, proj, latent, pos0, out)
     }
 
     fn kda_scan(
         &self,
-        _: usize,
-        _: usize,
-        _: usize,
-        _: [&CudaBuf; 4],
-        _: &CudaBuf,
-        _: &mut CudaBuf,
-        _: &mut CudaBuf,
+        heads: usize,
+        dk: usize,
+        dv: usize,
+        qkvg: [&CudaBuf; 4],
+        beta: &CudaBuf,
+        state: &mut CudaBuf,
+        out: &mut CudaBuf,
     ) -> Result<()> {
-        bail!("cuda:{}: the KDA scan has no CUDA kernel yet", self.ordinal)
+        self.kda_scan_dev(heads, dk, dv, qkvg, beta, state, 0, out)
     }
 
     fn glu(&self, act: Glu, gate: &mut CudaBuf, up: &CudaBuf) -> Result<()> {
