@@ -7,8 +7,10 @@
 //! Bounds: a product's error is measured per output against `Σ|w·x|` (the magnitude a
 //! dot's rounding scales with) and must stay ≤ 1e-5; both sides accumulate in f32, in
 //! different orders. The decoders and the gather, scatter and add ops must match the CPU bit
-//! for bit; the other element-wise ops and attention, which call CUDA's `expf`, `tanhf`,
-//! `sin`, `cos`, within 1e-5 of the output's largest magnitude.
+//! for bit; the other element-wise ops, attention, latent attention and the KDA scan, which
+//! call CUDA's `expf`, `tanhf`, `sin`, `cos`, within 1e-5 of the output's largest magnitude.
+//! Ops whose rows are independent (latent attention, the KDA scan's tokens) must also give
+//! a prompt's rows bit for bit as one-row calls do.
 
 use std::sync::OnceLock;
 
