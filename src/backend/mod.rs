@@ -8,7 +8,7 @@
 //! - `cuda/`: the CUDA backend ([`cuda::Cuda`]): the driver, NVRTC and cuBLAS loaded at run
 //!   time (no CUDA needed to build or to run without a GPU), kernels from committed `.cu`
 //!   sources compiled at first use; products over the stored encodings, norms, RoPE, the
-//!   GLUs, GQA attention. The GQA families run on it with `--device cuda`
+//!   GLUs, GQA and latent attention, the KDA scan. The GQA families run on it with `--device cuda`
 //!   (ARCHITECTURE.md, "Adding a compute device", says what is done and what is not).
 //!
 //! The model code above (`models/layers/`, the decoder skeleton) owns the wiring of a layer

@@ -13,11 +13,12 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 use crate::quant::GgmlType;
 
 /// The program's sources, in order (each file may use the ones before it).
-const SOURCES: [(&str, &str); 4] = [
+const SOURCES: [(&str, &str); 5] = [
     ("decode.cuh", include_str!("kernels/decode.cuh")),
     ("matvec.cu", include_str!("kernels/matvec.cu")),
     ("ops.cu", include_str!("kernels/ops.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
+    ("mla_kda.cu", include_str!("kernels/mla_kda.cu")),
 ];
 
 /// Activation rows of one `mv_*` launch: the kernels exist for these counts.
@@ -28,6 +29,16 @@ pub(super) const MV_WARPS: u32 = 8;
 pub(super) const ATT_WARPS: u32 = 8;
 /// The largest head dimension the attention kernel takes (`ATT_MAX_DIM`).
 pub(super) const ATT_MAX_DIM: usize = 512;
+/// Warps per block of the latent attention kernel (`MLA_WARPS` in `mla_kda.cu`).
+pub(super) const MLA_WARPS: u32 = 8;
+/// The largest latent width (`kv_lora_rank`) the latent attention kernel takes.
+pub(super) const MLA_MAX_RANK: usize = 1024;
+/// The largest rotary width (`qk_rope_head_dim`) the latent attention kernel takes.
+pub(super) const MLA_MAX_ROPE: usize = 256;
+/// State columns (threads) per block of the KDA scan (`KDA_COLS`).
+pub(super) const KDA_COLS: u32 = 32;
+/// The largest key width of a KDA head the scan takes (`KDA_MAX_DK`).
+pub(super) const KDA_MAX_DK: usize = 256;
 
 /// The kernels' name for each weight type they read in its stored encoding; `None` for the
 /// types the backend dequantizes to F32 on upload.
@@ -62,7 +73,7 @@ pub const DEVICE_TYPES: [GgmlType; 10] = [
 ];
 
 /// The element-wise and row kernels (besides the per-type `mv_*` and `deq_*`).
-const OP_KERNELS: [&str; 9] = [
+const OP_KERNELS: [&str; 13] = [
     "rms_norm",
     "rope",
     "glu",
@@ -71,6 +82,10 @@ const OP_KERNELS: [&str; 9] = [
     "gather_rows",
     "scatter_add_rows",
     "attention",
+    "mla_absorb_joint",
+    "mla_head_dot",
+    "mla_attention",
+    "kda_scan",
     // listed so a missing one fails at load, not at its first call
     "deq_f32",
 ];
@@ -161,6 +176,11 @@ mod tests {
         assert!(all.contains(&format!("#define MV_WARPS {MV_WARPS}\n")));
         assert!(all.contains(&format!("#define ATT_WARPS {ATT_WARPS}\n")));
         assert!(all.contains(&format!("#define ATT_MAX_DIM {ATT_MAX_DIM}\n")));
+        assert!(all.contains(&format!("#define MLA_WARPS {MLA_WARPS}\n")));
+        assert!(all.contains(&format!("#define MLA_MAX_RANK {MLA_MAX_RANK}\n")));
+        assert!(all.contains(&format!("#define MLA_MAX_ROPE {MLA_MAX_ROPE}\n")));
+        assert!(all.contains(&format!("#define KDA_COLS {KDA_COLS}\n")));
+        assert!(all.contains(&format!("#define KDA_MAX_DK {KDA_MAX_DK}\n")));
     }
 
     /// NVRTC compiles without a GPU or a driver: where its library is found (the CUDA

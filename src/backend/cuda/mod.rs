@@ -15,10 +15,11 @@
 //! in call order; [`Backend::download`] waits for it.
 //!
 //! Files: `ops.rs` (the [`Backend`] ops), `matmul.rs` (the matrix products: the `mv_*`
-//! kernels for 1 to 8 rows, dequantized panels through cuBLAS for more), `kernels.rs` (the
-//! NVRTC program), `kernels/` (the CUDA sources: `decode.cuh` the block decoders,
-//! `matvec.cu`, `ops.cu`, `attention.cu`), `tests.rs` (each op against the CPU's, on a GPU
-//! when one is found).
+//! kernels for 1 to 8 rows, dequantized panels through cuBLAS for more), `mla_kda.rs`
+//! (multi-head latent attention and the KDA scan), `kernels.rs` (the NVRTC program),
+//! `kernels/` (the CUDA sources: `decode.cuh` the block decoders, `matvec.cu`, `ops.cu`,
+//! `attention.cu`, `mla_kda.cu`), `tests.rs` (each op against the CPU's, on a GPU when one
+//! is found).
 //!
 //! Weights the models hand over as host bytes ([`Backend::matmul_host`]): a resident unit's
 //! matrix is copied at its first use and kept, found by its host address
@@ -27,31 +28,23 @@
 //!
 //! Not yet here (ARCHITECTURE.md, "Adding a compute device"): the ops of [`MISSING`] (each
 //! returns `cuda:N: OP is not implemented on cuda`; a family needing one is refused on CUDA
-//! before it loads), pinned staging buffers, a copy stream, a VRAM expert cache.
+//! before it loads), the latent and recurrent-state cache slots, pinned staging buffers, a
+//! copy stream, a VRAM expert cache. Multi-head latent attention and the KDA scan have
+//! kernels (`mla_kda.rs`) whose tests have not yet run on a GPU.
 
 mod kernels;
 mod matmul;
+mod mla_kda;
 mod ops;
 
-/// The [`crate::backend::Op`]s this backend has no kernel for yet: every one of them (MLA,
-/// the KDA ops, Kimi K3's residual mix, GPT-OSS's biases, transposed products and clamped
-/// SwiGLU). The families whose layers need one run on the CPU
+/// The [`crate::backend::Op`]s this backend has no kernel for yet (MLA's partial norm and
+/// RoPE, the KDA ops other than the scan, Kimi K3's residual mix, GPT-OSS's biases,
+/// transposed products and clamped SwiGLU). The families whose layers need one run on the CPU
 /// (`models::device::open_cuda`).
 pub const MISSING: &[crate::backend::Op] = {
     use crate::backend::Op::*;
     &[
-        MlaAttention,
-        RopeTail,
-        NormHead,
-        KdaScan,
-        KdaConv,
-        L2Norm,
-        KdaDecay,
-        Sigmoid,
-        GatedNorm,
-        ResMix,
-        Bias,
-        MatmulT,
+        RopeTail, NormHead, KdaConv, L2Norm, KdaDecay, Sigmoid, GatedNorm, ResMix, Bias, MatmulT,
         SwigluOai,
     ]
 };

@@ -316,29 +316,50 @@ impl Backend for Cuda {
 
     fn mla_attention(
         &self,
-        _: &MlaShape,
-        _: &CudaBuf,
-        _: MlaProj<&Matrix<'_>>,
-        _: bool,
-        _: &CudaBuf,
-        _: usize,
-        _: &mut CudaBuf,
+        s: &MlaShape,
+        q: &CudaBuf,
+        proj: MlaProj<&Matrix<'_>>,
+        keep: bool,
+        latent: &CudaBuf,
+        pos0: usize,
+        out: &mut CudaBuf,
     ) -> Result<()> {
-        self.missing(Op::MlaAttention)
+        // the projections as `matmul_host` takes them: kept on the device when resident
+        let v = proj.v;
+        match keep {
+            true => {
+                let k = self.resident_matrix(proj.k)?;
+                let v = v.map(|v| self.resident_matrix(v)).transpose()?;
+                let proj = MlaProj {
+                    k: &*k,
+                    v: v.as_deref(),
+                };
+                self.mla_attention_dev(s, q, proj, latent, pos0, out)
+            }
+            false => {
+                let k = self.transient_matrix(proj.k)?;
+                let v = v.map(|v| self.transient_matrix(v)).transpose()?;
+                let proj = MlaProj {
+                    k: &k,
+                    v: v.as_ref(),
+                };
+                self.mla_attention_dev(s, q, proj, latent, pos0, out)
+            }
+        }
     }
 
     fn kda_scan(
         &self,
-        _: usize,
-        _: usize,
-        _: usize,
-        _: [&CudaBuf; 4],
-        _: &CudaBuf,
-        _: &mut CudaBuf,
-        _: usize,
-        _: &mut CudaBuf,
+        heads: usize,
+        dk: usize,
+        dv: usize,
+        qkvg: [&CudaBuf; 4],
+        beta: &CudaBuf,
+        state: &mut CudaBuf,
+        state_at: usize,
+        out: &mut CudaBuf,
     ) -> Result<()> {
-        self.missing(Op::KdaScan)
+        self.kda_scan_dev(heads, dk, dv, qkvg, beta, state, state_at, out)
     }
 
     fn kda_conv(

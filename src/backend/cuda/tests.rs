@@ -7,14 +7,16 @@
 //! Bounds: a product's error is measured per output against `Σ|w·x|` (the magnitude a
 //! dot's rounding scales with) and must stay ≤ 1e-5; both sides accumulate in f32, in
 //! different orders. The decoders and the gather, scatter and add ops must match the CPU bit
-//! for bit; the other element-wise ops and attention, which call CUDA's `expf`, `tanhf`,
-//! `sin`, `cos`, within 1e-5 of the output's largest magnitude.
+//! for bit; the other element-wise ops, attention, latent attention and the KDA scan, which
+//! call CUDA's `expf`, `tanhf`, `sin`, `cos`, within 1e-5 of the output's largest magnitude.
+//! Ops whose rows are independent (latent attention, the KDA scan's tokens) must also give
+//! a prompt's rows bit for bit as one-row calls do.
 
 use std::sync::OnceLock;
 
 use super::*;
 use crate::backend::cpu::{self, Cpu};
-use crate::backend::{AttnShape, Backend, Glu};
+use crate::backend::{AttnShape, Backend, Glu, MlaProj, MlaShape};
 use crate::quant::tests::{random_fp8_row, random_row, random_x, Rng};
 
 /// The device the tests share, or `None` (with the reason printed once) without one.
@@ -375,8 +377,251 @@ fn attention_matches_the_cpu_over_a_kv_cache() {
     eprintln!("cuda-err attention (|gpu-cpu| / max|cpu|, 6 shapes): {worst:.2e}");
 }
 
+/// A random `rows × cols` matrix of `ty` on the host and the device, and the RMS of its
+/// values.
+fn random_weights(
+    dev: &Cuda,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    rng: &mut Rng,
+) -> (Vec<u8>, CudaMatrix, f64) {
+    let bytes = random_matrix(ty, rows, cols, rng);
+    let m = Matrix::new(ty, rows, cols, &bytes).unwrap();
+    let mut row = vec![0f32; cols];
+    let mut ss = 0f64;
+    for r in 0..rows {
+        dequantize_row(ty, m.row(r), &mut row);
+        ss += row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>();
+    }
+    let dm = dev.upload_matrix(&m).unwrap();
+    (bytes, dm, (ss / (rows * cols) as f64).sqrt())
+}
+
+/// Multi-head latent attention against the CPU's (`cpu::mla::mla_attention`), both forms of
+/// the up-projections (Hugging Face's joint `kv_b_proj`, llama.cpp's split `k_b` / `v_b`),
+/// F32 weights (read in place) and stored types (decoded per call), over one sequence: a
+/// prompt of 5 rows at position 0, a decode row at 5, 3 rows at 6 and a decode row at 300,
+/// over a latent cache of 310 positions (more than each call reads). The softmax scale puts
+/// the scores a few units apart. A prompt's rows also equal the same rows one call each, bit
+/// for bit (every output depends on its own row and the cache only).
 #[test]
-fn shape_mismatches_are_errors_and_missing_kernels_say_so() {
+fn latent_attention_matches_the_cpu_in_both_kv_b_forms() {
+    let dev = device_or_skip!();
+    let cpu = Cpu::default();
+    let mut rng = Rng::new(13);
+    let mut report = Vec::new();
+    let cases = [
+        // (heads, nope, rope, v, rank, joint, key type, value type)
+        (4, 128, 64, 128, 512, true, GgmlType::BF16, GgmlType::BF16),
+        (4, 128, 64, 128, 512, false, GgmlType::Q8_0, GgmlType::Q4_K),
+        (3, 24, 8, 20, 40, true, GgmlType::F32, GgmlType::F32),
+        (3, 24, 8, 20, 40, false, GgmlType::F32, GgmlType::F16),
+        (2, 64, 32, 48, 256, true, GgmlType::Q4_K, GgmlType::Q4_K),
+    ];
+    for (nh, nope, rope, vd, rank, joint, kty, vty) in cases {
+        let (k_rows, k_cols) = match joint {
+            true => (nh * (nope + vd), rank),
+            false => (nh * rank, nope),
+        };
+        let (kb, dk, rms_k) = random_weights(dev, kty, k_rows, k_cols, &mut rng);
+        let (vb, dv) = match joint {
+            true => (Vec::new(), None),
+            false => {
+                let (b, m, _) = random_weights(dev, vty, nh * vd, rank, &mut rng);
+                (b, Some(m))
+            }
+        };
+        let k_host = Matrix::new(kty, k_rows, k_cols, &kb).unwrap();
+        let v_host = (!joint).then(|| Matrix::new(vty, nh * vd, rank, &vb).unwrap());
+        // q and the latent uniform in [-2, 2): a score's std is about
+        // 3 · rms_k · √(nope · rank) · scale
+        let s = MlaShape {
+            n_heads: nh,
+            nope,
+            rope,
+            v: vd,
+            rank,
+            scale: (1.0 / (rms_k * ((nope * rank) as f64).sqrt())) as f32,
+        };
+        let qh = nope + rope;
+        let positions = 310;
+        let latent = random_x(positions * (rank + rope), &mut rng);
+        let dlat = dev.upload(&latent).unwrap();
+        let mut worst = 0f64;
+        let mut prompt = (Vec::new(), Vec::new());
+        for (pos0, n) in [(0, 5), (5, 1), (6, 3), (300, 1)] {
+            let q = random_x(n * nh * qh, &mut rng);
+            let mut want = vec![0f32; n * nh * vd];
+            let proj = MlaProj {
+                k: &k_host,
+                v: v_host.as_ref(),
+            };
+            cpu.mla_attention(&s, &q, proj, true, &latent, pos0, &mut want)
+                .unwrap();
+            let dq = dev.upload(&q).unwrap();
+            let mut out = dev.zeros(n * nh * vd).unwrap();
+            let proj = MlaProj {
+                k: &dk,
+                v: dv.as_ref(),
+            };
+            dev.mla_attention_dev(&s, &dq, proj, &dlat, pos0, &mut out)
+                .unwrap();
+            let got = download(dev, &out);
+            let e = worst_rel(&got, &want);
+            assert!(
+                e <= 1e-5,
+                "mla {nh}x{nope}+{rope}, v {vd}, rank {rank}, joint {joint}, {kty}/{vty}, \
+                 {n} rows at {pos0}: {e:e}"
+            );
+            worst = worst.max(e);
+            if pos0 == 0 {
+                prompt = (q, got);
+            }
+        }
+        // the prompt's rows one call each
+        let (q, got) = &prompt;
+        for t in 0..5 {
+            let dq = dev.upload(&q[t * nh * qh..(t + 1) * nh * qh]).unwrap();
+            let mut out = dev.zeros(nh * vd).unwrap();
+            let proj = MlaProj {
+                k: &dk,
+                v: dv.as_ref(),
+            };
+            dev.mla_attention_dev(&s, &dq, proj, &dlat, t, &mut out)
+                .unwrap();
+            assert_eq!(
+                download(dev, &out),
+                got[t * nh * vd..(t + 1) * nh * vd],
+                "row {t} alone (joint {joint}, {kty})"
+            );
+        }
+        report.push(format!(
+            "{}/{kty}{} {worst:.2e}",
+            if joint { "joint" } else { "split" },
+            if joint {
+                String::new()
+            } else {
+                format!("+{vty}")
+            }
+        ));
+    }
+    eprintln!(
+        "cuda-err mla_attention (|gpu-cpu| / max|cpu|, 4 calls per case): {}",
+        report.join(", ")
+    );
+}
+
+/// L2-normalises each `d`-wide slice of `x` (the CPU's `l2norm`), then times `scale`.
+fn l2_rows(x: &mut [f32], d: usize, scale: f32) {
+    for r in x.chunks_mut(d) {
+        cpu::kda::l2norm(r);
+        r.iter_mut().for_each(|v| *v *= scale);
+    }
+}
+
+/// The KDA delta rule against the CPU's (`cpu::kda::delta_rule`) from a non-zero state: a
+/// prompt of several tokens then a decode token, outputs and the updated state, with key and
+/// value widths that leave partial blocks of state columns. The state lives in the second
+/// of two slots of one buffer (the first stays untouched); a prompt in one call equals its
+/// tokens one call each on the GPU bit for bit.
+#[test]
+fn kda_scan_matches_the_cpu_from_a_nonzero_state() {
+    let dev = device_or_skip!();
+    let cpu = Cpu::default();
+    let mut rng = Rng::new(17);
+    let mut worst = 0f64;
+    // (heads, dk, dv, prompt tokens)
+    for (heads, dk, dv, n0) in [(4, 128, 128, 7), (3, 40, 72, 5), (2, 256, 64, 3)] {
+        let per = heads * dk * dv;
+        let s0: Vec<f32> = random_x(per, &mut rng).iter().map(|v| v * 0.5).collect();
+        let mut slots = random_x(per, &mut rng);
+        slots.extend_from_slice(&s0);
+        let mut dstate = dev.upload(&slots).unwrap();
+        let mut dstate1 = dev.upload(&slots).unwrap();
+        let mut cstate = s0.clone();
+        let mut prompt_out = Vec::new();
+        for (step, n) in [n0, 1].into_iter().enumerate() {
+            let mut q = random_x(n * heads * dk, &mut rng);
+            let mut k = random_x(n * heads * dk, &mut rng);
+            l2_rows(&mut q, dk, 1.0 / (dk as f32).sqrt());
+            l2_rows(&mut k, dk, 1.0);
+            let v = random_x(n * heads * dv, &mut rng);
+            // log decays in [-0.6, 0]; betas in (0.12, 0.88)
+            let g: Vec<f32> = random_x(n * heads * dk, &mut rng)
+                .iter()
+                .map(|x| -0.15 * (x + 2.0))
+                .collect();
+            let beta: Vec<f32> = random_x(n * heads, &mut rng)
+                .iter()
+                .map(|&x| cpu::kda::sigmoid(x))
+                .collect();
+            let mut want = vec![0f32; n * heads * dv];
+            cpu.kda_scan(
+                heads,
+                dk,
+                dv,
+                [&q, &k, &v, &g],
+                &beta,
+                &mut cstate,
+                0,
+                &mut want,
+            )
+            .unwrap();
+            let up = |x: &[f32]| dev.upload(x).unwrap();
+            let (dq, dk_, dv_, dg, db) = (up(&q), up(&k), up(&v), up(&g), up(&beta));
+            let mut out = dev.zeros(n * heads * dv).unwrap();
+            dev.kda_scan_dev(
+                heads,
+                dk,
+                dv,
+                [&dq, &dk_, &dv_, &dg],
+                &db,
+                &mut dstate,
+                per,
+                &mut out,
+            )
+            .unwrap();
+            let got = download(dev, &out);
+            let e = worst_rel(&got, &want);
+            let st = download(dev, &dstate);
+            assert_eq!(st[..per], slots[..per], "the other slot");
+            let es = worst_rel(&st[per..], &cstate);
+            assert!(
+                e <= 1e-5 && es <= 1e-5,
+                "kda {heads}x{dk}x{dv}, step {step} ({n} tokens): output {e:e}, state {es:e}"
+            );
+            worst = worst.max(e).max(es);
+            if step == 0 {
+                // the same tokens one call each, on a copy of the starting state
+                for t in 0..n {
+                    let a = |x: &[f32], w: usize| up(&x[t * heads * w..(t + 1) * heads * w]);
+                    let mut o1 = dev.zeros(heads * dv).unwrap();
+                    dev.kda_scan_dev(
+                        heads,
+                        dk,
+                        dv,
+                        [&a(&q, dk), &a(&k, dk), &a(&v, dv), &a(&g, dk)],
+                        &a(&beta, 1),
+                        &mut dstate1,
+                        per,
+                        &mut o1,
+                    )
+                    .unwrap();
+                    prompt_out.extend(download(dev, &o1));
+                }
+                assert_eq!(prompt_out, got, "a prompt in one call and token by token");
+                assert_eq!(download(dev, &dstate1), st, "the state either way");
+            }
+        }
+    }
+    eprintln!(
+        "cuda-err kda_scan (|gpu-cpu| / max|cpu|, outputs and states, 3 shapes): {worst:.2e}"
+    );
+}
+
+#[test]
+fn shape_mismatches_are_errors() {
     let dev = device_or_skip!();
     let bytes = vec![0u8; 4 * 64 * 4];
     let w = Matrix::new(GgmlType::F32, 4, 64, &bytes).unwrap();
@@ -394,12 +639,47 @@ fn shape_mismatches_are_errors_and_missing_kernels_say_so() {
         .kda_scan(1, 1, 1, [&x, &x, &x, &x], &x, &mut a, 0, &mut y)
         .unwrap_err()
         .to_string();
+    assert_eq!(err, "kda_scan output: 4 floats, 63 expected");
+    let mut y63 = dev.zeros(63).unwrap();
+    let err = dev
+        .kda_scan(1, 1, 1, [&x, &x, &x, &x], &x, &mut a, 0, &mut y63)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "kda_scan: state of 3 floats, 1 needed from 0");
+    // MLA: 2 heads of 2 + 1 (rope), values 2, rank 4; 7 query floats are not whole rows
+    let s = MlaShape {
+        n_heads: 2,
+        nope: 2,
+        rope: 1,
+        v: 2,
+        rank: 4,
+        scale: 1.0,
+    };
+    let kv_b = dev
+        .upload_matrix(&Matrix::new(GgmlType::F32, 8, 4, &[0u8; 8 * 4 * 4]).unwrap())
+        .unwrap();
+    let (q, lat) = (dev.zeros(6).unwrap(), dev.zeros(5).unwrap());
+    let mut o = dev.zeros(4).unwrap();
+    let err = dev
+        .mla_attention_dev(&s, &q, MlaProj { k: &dw, v: None }, &lat, 0, &mut o)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "mla_attention: kv_b 4x64 for 2 heads of 2 + 2, rank 4");
+    let err = dev
+        .mla_attention_dev(&s, &q, MlaProj { k: &kv_b, v: None }, &lat, 1, &mut o)
+        .unwrap_err()
+        .to_string();
     assert_eq!(
         err,
-        format!(
-            "cuda:{}: kda_scan is not implemented on cuda",
-            dev.ordinal()
-        )
+        "mla_attention: latent of 5 floats, 10 needed for 2 positions of 5"
+    );
+    let err = dev
+        .mla_attention_dev(&s, &x, MlaProj { k: &kv_b, v: None }, &lat, 0, &mut o)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("mla_attention: 63 query floats, 2 heads of 2 + 1"),
+        "{err}"
     );
 }
 
