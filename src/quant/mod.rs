@@ -23,7 +23,7 @@
 //! - `x86/`: the AVX2 level (`avx2.rs`; block-scale dots of Q8_0, Q4_0, Q5_0 in `avx2_q32.rs`)
 //!   and the AVX-512 level (`avx512.rs`, whose block decoders feed a `Sink`: one row's
 //!   accumulators or several rows', `rows_kernel!`, the multi-row dots `DotRowsFn` of 1 to 8
-//!   rows, bit-identical to the fused dot; `avx512_q32.rs` holds only the GFNI Q4_0 / Q5_0
+//!   rows over a range of stored rows, bit-identical to the fused dot; `avx512_q32.rs` holds only the GFNI Q4_0 / Q5_0
 //!   decoders); shared helpers in `x86/common.rs`; FP8 in `x86/fp8.rs`.
 //! - `x86/lowbit_k.rs` (Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, TQ1_0/TQ2_0) and `x86/lowbit_iq.rs` (the IQ
 //!   types): in-register block decoders for every low-bit type at both x86 levels, 8-lane
@@ -418,10 +418,16 @@ impl SimdLevel {
 
 /// Dot product of one encoded row (bytes) with f32 activations of the same length.
 pub(crate) type DotFn = fn(&[u8], &[f32]) -> f32;
-/// `(row, x, out)`: `out[t]` = the [`DotFn`] of `row` with row `t` of `x` (`out.len()` rows
-/// of equal length, 1 to the level's maximum), bit for bit; each weight block is decoded
-/// once for all the rows.
-pub(crate) type DotRowsFn = fn(&[u8], &[f32], &mut [f32]);
+/// `(w, x, n, y, ys)`: for each encoded row `i` of `w` (whole rows of `x.len() / n`
+/// elements) and each of the `n` (1 to the level's maximum) rows `t` of `x`,
+/// `y[t * ys + i]` = the [`DotFn`] of row `i` with row `t`, bit for bit; each weight block
+/// is decoded once for all the rows. Panics when `n` is out of range or `w` is not whole
+/// rows.
+///
+/// # Safety
+/// `y.add(t * ys + i)` must be valid for writes, and written by no one else meanwhile, for
+/// every `t < n` and every row `i` of `w`.
+pub(crate) type DotRowsFn = unsafe fn(&[u8], &[f32], usize, *mut f32, usize);
 /// Dequantizes one encoded row (bytes) into f32 elements.
 pub(crate) type DeqFn = fn(&[u8], &mut [f32]);
 /// Dot product of two f32 vectors in a level's accumulation order.
