@@ -56,6 +56,25 @@ fn take_aligned(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
     &mut v[off..off + len]
 }
 
+/// Runs `f` on the `n` rows of `x` laid out for the multi-row dots by
+/// `quant::interleave_rows`, from a 64-byte boundary on: in the calling thread's scratch,
+/// or (when an enclosing product on this thread holds it) in a buffer of its own.
+pub(super) fn with_interleaved_x<R>(x: &[f32], n: usize, f: impl FnOnce(&[f32]) -> R) -> R {
+    X_COPY.with(|c| match c.try_borrow_mut() {
+        Ok(mut c) => {
+            let xi = take_aligned(&mut c, x.len());
+            crate::quant::interleave_rows(x, n, xi);
+            f(xi)
+        }
+        Err(_) => {
+            let mut own = Vec::new();
+            let xi = take_aligned(&mut own, x.len());
+            crate::quant::interleave_rows(x, n, xi);
+            f(xi)
+        }
+    })
+}
+
 /// Grows `v` to at least `len` elements and returns its first `len`.
 fn take(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
     if v.len() < len {

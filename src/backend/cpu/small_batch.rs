@@ -8,9 +8,10 @@
 //! most: from 3 rows up the tiled path's decode-once wins there). At these batch sizes the
 //! tiled path's per-panel decoding into scratch costs more than it saves. Split over threads
 //! by ranges of rows; a multi-row dot walks a task's whole range in one call (the
-//! reductions of all activation rows together), on activations copied to 64-byte
-//! boundaries when they are not there (`gemm::with_aligned_x`: misaligned, each of the
-//! 16 vector loads of a block at 8 rows straddled two cache lines).
+//! reductions of all activation rows together), on a copy of the activations laid out by
+//! 32-element chunks from a 64-byte boundary on (`gemm::with_interleaved_x`: each block's
+//! loads for every row are one pointer plus constants, and none straddles two cache lines,
+//! as each of the 16 of a block at 8 rows did in a misaligned heap `Vec`).
 
 use super::{check_shapes, rows_per_task, Matrix, OutPtr};
 use crate::quant::{self, SimdLevel};
@@ -30,13 +31,13 @@ pub fn matmul_small(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [
     check_shapes(w, x, n, y);
     assert!(n <= max_rows(level, w.ty), "batch of {n} rows");
     match quant::rows_kernel(level, w.ty).filter(|k| n <= k.1) {
-        Some((k, _)) => super::gemm::with_aligned_x(x, w.cols, |x| multi(k, w, x, n, y)),
+        Some((k, _)) => super::gemm::with_interleaved_x(x, n, |xi| multi(k, w, x, xi, n, y)),
         None => per_row(level, w, x, n, y),
     }
 }
 
 /// The multi-row dot `k` over ranges of stored rows, one range per task.
-fn multi(k: quant::DotRowsFn, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+fn multi(k: quant::DotRowsFn, w: &Matrix, x: &[f32], xi: &[f32], n: usize, y: &mut [f32]) {
     let rows = w.rows;
     let rb = w.ty.row_bytes(w.cols).unwrap_or(0);
     let per = rows_per_task(rows, rb * n);
@@ -45,7 +46,7 @@ fn multi(k: quant::DotRowsFn, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
         let ws = &w.data[first * rb..(first + count) * rb];
         // SAFETY: `y` is `n × rows` (checked shapes), so `t * rows + first + i` is inside it
         // for `t < n`, `i < count`; this task alone writes rows `first .. first + count`.
-        unsafe { k(ws, x, n, out.get().add(first), rows) }
+        unsafe { k(ws, x, xi, n, out.get().add(first), rows) }
     };
     if per >= rows {
         run(0, rows);

@@ -40,19 +40,24 @@ impl Sink for Acc {
     }
 }
 
-/// The accumulators of `N` activation rows `stride` floats apart: a weight block decoded
-/// once is multiplied into all of them (a speculative verification's few rows).
+/// The accumulators of `N` activation rows laid out by 32-element chunks (chunk `c` of row
+/// `t` at `(c * N + t) * 32`, [`crate::quant::interleave_rows`]): a weight block decoded once is multiplied
+/// into all of them. `base` is the block's first chunk (of row 0); the decoders hand `take`
+/// `base + e` for the block's element `e` (a multiple of 32), found here at `base + e * N`, so
+/// every load of a block is one pointer plus a constant (no index register).
 struct Rows<const N: usize> {
     acc: [Acc; N],
-    stride: usize,
+    base: *const f32,
 }
 
 impl<const N: usize> Sink for Rows<N> {
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn take(&mut self, w0: __m512, w1: __m512, x: *const f32) {
+        let e = (x as usize - self.base as usize) / 4;
+        let c = self.base.add(e * N);
         for (t, a) in self.acc.iter_mut().enumerate() {
-            a.take(w0, w1, x.add(t * self.stride));
+            a.take(w0, w1, c.add(32 * t));
         }
     }
 }
@@ -395,7 +400,7 @@ unsafe fn finish_rows<const N: usize>(acc: &[Acc; N]) -> [f32; N] {
     std::array::from_fn(|t| o[4 * (t % 4) + t / 4])
 }
 
-/// Defines `$name(w, x, n, y, ys)`, a [`crate::quant::DotRowsFn`]: for each stored row `i`
+/// Defines `$name(w, x, xi, n, y, ys)`, a [`crate::quant::DotRowsFn`]: for each stored row `i`
 /// of `w` and each of the `n` (1 to [`MAX_ROWS`]) activation rows `t` of `x`,
 /// `y[t * ys + i]` = the fused dot (`dot_kernel!` over the same block decoder `$blk`) bit for
 /// bit. Each block is decoded once and multiplied into every activation row's accumulators
@@ -404,11 +409,12 @@ unsafe fn finish_rows<const N: usize>(acc: &[Acc; N]) -> [f32; N] {
 /// with the fused dot's prefetch running on across them.
 macro_rules! rows_kernel {
     ($feat:literal; $name:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
-        unsafe fn $name(w: &[u8], x: &[f32], n: usize, y: *mut f32, ys: usize) {
+        unsafe fn $name(w: &[u8], x: &[f32], xi: &[f32], n: usize, y: *mut f32, ys: usize) {
             #[target_feature(enable = $feat)]
             unsafe fn inner<const N: usize>(
                 w: &[u8],
                 x: &[f32],
+                xi: &[f32],
                 rb: usize,
                 y: *mut f32,
                 ys: usize,
@@ -419,11 +425,11 @@ macro_rules! rows_kernel {
                 let (bb, be) = STEP;
                 let nb = cols / be;
                 let done = nb * be;
-                let xp = x.as_ptr();
+                let xp = xi.as_ptr();
                 for (i, row) in w.chunks_exact(rb).enumerate() {
                     let mut acc = Rows::<N> {
                         acc: [[_mm512_setzero_ps(); 2]; N],
-                        stride: cols,
+                        base: xp,
                     };
                     let p = row.as_ptr();
                     for b in 0..nb {
@@ -432,12 +438,8 @@ macro_rules! rows_kernel {
                             p.wrapping_add(b * bb + super::common::PF),
                             bb,
                         );
-                        $blk::<false>(
-                            p.add(b * bb),
-                            xp.add(b * be),
-                            std::ptr::null_mut(),
-                            &mut acc,
-                        );
+                        acc.base = xp.add(b * be * N);
+                        $blk::<false>(p.add(b * bb), acc.base, std::ptr::null_mut(), &mut acc);
                     }
                     let mut tw = [0f32; ROUND];
                     if done < cols {
@@ -467,20 +469,22 @@ macro_rules! rows_kernel {
                 "{} bytes of {rb}-byte rows",
                 w.len()
             );
+            assert!(xi.len() >= n * (cols / 32) * 32, "interleaved rows");
             // SAFETY: as for the fused dots (`dot_kernel!`): the table holding this function
             // is handed out only after detection of the features; reads stay inside `w`
-            // (whole rows of the checked length) and `x` (`n` rows of the checked length);
+            // (whole rows of the checked length), `x` (`n` rows of the checked length) and
+            // `xi` (their whole chunks, checked);
             // the writes are the caller's promise (`DotRowsFn`).
             unsafe {
                 match n {
-                    1 => inner::<1>(w, x, rb, y, ys),
-                    2 => inner::<2>(w, x, rb, y, ys),
-                    3 => inner::<3>(w, x, rb, y, ys),
-                    4 => inner::<4>(w, x, rb, y, ys),
-                    5 => inner::<5>(w, x, rb, y, ys),
-                    6 => inner::<6>(w, x, rb, y, ys),
-                    7 => inner::<7>(w, x, rb, y, ys),
-                    _ => inner::<8>(w, x, rb, y, ys),
+                    1 => inner::<1>(w, x, xi, rb, y, ys),
+                    2 => inner::<2>(w, x, xi, rb, y, ys),
+                    3 => inner::<3>(w, x, xi, rb, y, ys),
+                    4 => inner::<4>(w, x, xi, rb, y, ys),
+                    5 => inner::<5>(w, x, xi, rb, y, ys),
+                    6 => inner::<6>(w, x, xi, rb, y, ys),
+                    7 => inner::<7>(w, x, xi, rb, y, ys),
+                    _ => inner::<8>(w, x, xi, rb, y, ys),
                 }
             }
         }
