@@ -79,7 +79,7 @@ pub trait Backend: Send + Sync {
     /// `buf` (`len` floats) as a host vector, consuming it: a copy on a GPU, the buffer
     /// itself on the CPU (an LM head's `rows × vocab` logits are not copied again there).
     /// Errors: as [`Backend::download`], or `len` not the buffer's length.
-    fn into_host(&self, buf: Self::Buf, len: usize) -> Result<Vec<f32>> {
+    fn download_owned(&self, buf: Self::Buf, len: usize) -> Result<Vec<f32>> {
         let mut out = vec![0f32; len];
         self.download(&buf, &mut out)?;
         Ok(out)

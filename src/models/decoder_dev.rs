@@ -178,10 +178,10 @@ impl<B: Blocks> Decoder<B> {
             store.with_unit(unit, |u| dev.matmul_host(&mr.view(u), keep, h, m, &mut y))??;
             if mr.rows == vocab {
                 // the whole head in one part: its product is the logits
-                out = dev.into_host(y, m * vocab)?;
+                out = dev.download_owned(y, m * vocab)?;
             } else {
                 out.resize(m * vocab, 0.0);
-                let tmp = dev.into_host(y, m * mr.rows)?;
+                let tmp = dev.download_owned(y, m * mr.rows)?;
                 for i in 0..m {
                     out[i * vocab + r0..i * vocab + r0 + mr.rows]
                         .copy_from_slice(&tmp[i * mr.rows..(i + 1) * mr.rows]);

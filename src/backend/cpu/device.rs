@@ -63,9 +63,9 @@ impl Backend for Cpu {
         Ok(())
     }
 
-    fn into_host(&self, buf: Vec<f32>, len: usize) -> Result<Vec<f32>> {
+    fn download_owned(&self, buf: Vec<f32>, len: usize) -> Result<Vec<f32>> {
         if buf.len() != len {
-            bail!("into_host: {} floats, {len} expected", buf.len());
+            bail!("download_owned: {} floats, {len} expected", buf.len());
         }
         Ok(buf)
     }
