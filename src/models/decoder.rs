@@ -346,6 +346,9 @@ impl<B: Blocks> Model for Decoder<B> {
         let cache = match self.dims.cache {
             CacheShape::Kv { kv_dim } if self.cuda.is_some() => KvCache::on_device(l, n, kv_dim),
             CacheShape::Kv { kv_dim } => KvCache::new(l, n, kv_dim),
+            CacheShape::Latent { width } if self.cuda.is_some() => {
+                KvCache::latent_on_device(l, n, width)
+            }
             CacheShape::Latent { width } => KvCache::new_latent(l, n, width),
         };
         let state: Vec<usize> = (0..l).map(|i| self.blocks.recurrent_state(i)).collect();
@@ -387,11 +390,8 @@ impl<B: Blocks> Model for Decoder<B> {
     /// cuda:0 (NVIDIA H200, 140 GiB)`).
     fn set_device(&mut self, kind: DeviceKind) -> Result<()> {
         let (family, needs) = self.blocks.needs();
-        self.cuda = open_cuda(kind, family, needs, self.cpu.numerics)?;
-        let name = match &self.cuda {
-            Some(c) => c.name(),
-            None => "cpu".to_string(),
-        };
+        let (cuda, name) = open_cuda(kind, family, needs, self.cpu.numerics)?;
+        self.cuda = cuda;
         self.placement.summary = format!("{}; device {name}", self.placement.summary);
         Ok(())
     }

@@ -135,6 +135,15 @@ impl KvCache {
         c
     }
 
+    /// A latent cache ([`KvCache::new_latent`]) whose rows live in a device's memory
+    /// ([`KvCache::dev`], allocated by the device at the first pass): the host vectors stay
+    /// empty.
+    pub fn latent_on_device(n_layers: usize, n_ctx: usize, width: usize) -> Self {
+        let mut c = Self::new_latent(n_layers, 0, width);
+        c.n_ctx = n_ctx;
+        c
+    }
+
     /// This cache with a recurrent state of `floats[l]` floats (zeros) for each layer `l`
     /// with a non-zero count; those layers keep no per-position rows (their [`KvCache::k`] and
     /// [`KvCache::v`] become empty). Hybrid models (Kimi Linear, Kimi K3) mix such layers with
@@ -160,11 +169,16 @@ impl KvCache {
         n_layers * n_ctx * kv_dim * 2 * 4
     }
 
-    /// Forgets every position and zeroes every recurrent state (keeps the allocation).
+    /// Forgets every position and zeroes every recurrent state (keeps the allocation; a
+    /// cache with a recurrent state on a device drops its device slots, which the next pass
+    /// makes again from the zeroed host state).
     pub fn clear(&mut self) {
         self.len = 0;
         self.hidden.truncate(0);
         self.state.iter_mut().for_each(|s| s.fill(0.0));
+        if self.state.iter().any(|s| !s.is_empty()) {
+            self.dev = None;
+        }
     }
 
     /// Keeps the first `n` positions and forgets the rest (no-op when `n >= len`) and returns
