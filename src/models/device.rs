@@ -104,9 +104,9 @@ impl Cuda {
     /// first call. Errors: a cache whose slots belong to another device, no layer `l`.
     fn slot<'c>(&self, cache: &'c mut KvCache, l: usize) -> Result<&'c mut Slot> {
         let layers = cache.k.len();
-        let slots = cache.dev.get_or_insert_with(|| {
-            Box::new(CudaSlots((0..layers).map(|_| Slot::Empty).collect()))
-        });
+        let slots = cache
+            .dev
+            .get_or_insert_with(|| Box::new(CudaSlots((0..layers).map(|_| Slot::Empty).collect())));
         let slots = slots
             .downcast_mut::<CudaSlots>()
             .ok_or_else(|| anyhow!("a KV cache of another device used on {}", self.name()))?;
@@ -130,7 +130,10 @@ impl Device for Cuda {
         }
         match slot {
             Slot::Kv(k, v) => Ok((k, v)),
-            s => bail!("layer {l} of the cache holds {}, not keys and values", s.what()),
+            s => bail!(
+                "layer {l} of the cache holds {}, not keys and values",
+                s.what()
+            ),
         }
     }
 
@@ -162,7 +165,10 @@ impl Device for Cuda {
         let slot = self.slot(cache, l)?;
         match slot {
             Slot::State(s) => Ok(s),
-            s => bail!("layer {l} of the cache holds {}, not a recurrent state", s.what()),
+            s => bail!(
+                "layer {l} of the cache holds {}, not a recurrent state",
+                s.what()
+            ),
         }
     }
 }
@@ -339,8 +345,14 @@ mod tests {
     fn cuda_runs_unverified_kernels_with_a_warning_naming_them() {
         let gpt_oss = [Op::Bias, Op::MatmulT, Op::SwigluOai];
         assert_eq!(
-            choose_device(DeviceKind::Cuda(1), "gpt_oss", &gpt_oss, Numerics::Exact, false)
-                .unwrap(),
+            choose_device(
+                DeviceKind::Cuda(1),
+                "gpt_oss",
+                &gpt_oss,
+                Numerics::Exact,
+                false
+            )
+            .unwrap(),
             DeviceChoice::Cuda {
                 ordinal: 1,
                 warning: Some(

@@ -567,8 +567,6 @@ impl Cuda {
 
     /// `y` set to zeros (a product over no input).
     fn memset_zero(&self, y: &mut CudaBuf) -> Result<()> {
-        self.stream
-            .memset_zeros(&mut y.data)
-            .context("CUDA memset")
+        self.stream.memset_zeros(&mut y.data).context("CUDA memset")
     }
 }

@@ -397,13 +397,7 @@ impl Backend for Cuda {
         self.sigmoid_dev(x, Some(g))
     }
 
-    fn gated_head_norm(
-        &self,
-        o: &mut CudaBuf,
-        gate: &CudaBuf,
-        w: &[f32],
-        eps: f32,
-    ) -> Result<()> {
+    fn gated_head_norm(&self, o: &mut CudaBuf, gate: &CudaBuf, w: &[f32], eps: f32) -> Result<()> {
         self.gated_head_norm_dev(o, gate, w, eps)
     }
 
