@@ -1,9 +1,11 @@
 //! The device a decoder computes on (`--device`): the model-side half of the backend seam.
 //!
-//! [`Device`] is a [`Backend`] that can also hold a sequence's KV cache slots: the CPU's are
-//! the cache's own vectors ([`KvCache::k`], [`KvCache::v`]); a GPU's are device allocations
-//! kept in [`KvCache::dev`], made at the first pass that needs them. A decoder holds the CPU
-//! (with its numerics) and, when `--device` picked one, an open CUDA device ([`open_cuda`]).
+//! [`Device`] is a [`Backend`] that can also hold a sequence's cache slots (keys and values,
+//! latent rows, recurrent states): the CPU's are the cache's own vectors ([`KvCache::k`],
+//! [`KvCache::v`], [`KvCache::state`]); a GPU's are device allocations kept per layer in
+//! [`KvCache::dev`], each made at its layer's first use. A decoder holds the CPU (with its
+//! numerics) and, when `--device` picked one, an open CUDA device ([`open_cuda`], deciding
+//! with [`choose_device`]).
 
 use anyhow::{anyhow, bail, Result};
 
@@ -28,12 +30,13 @@ pub trait Device: Backend {
     /// Layer `l`'s latent slot of a latent `cache` (multi-head latent attention:
     /// `n_ctx × width` floats, position-major; [`KvCache::new_latent`]) in this device's memory.
     ///
-    /// Errors: a device without latent slots yet (CUDA), a layer the cache has none for.
+    /// Errors: an allocation failing; a layer the cache has none for (a recurrent layer, or
+    /// on a GPU a layer whose slot already holds keys and values).
     fn latent_slot<'c>(&self, cache: &'c mut KvCache, l: usize) -> Result<&'c mut Self::Buf>;
     /// Layer `l`'s recurrent state slot of `cache` ([`KvCache::with_state`]) in this device's
     /// memory.
     ///
-    /// Errors: a device without state slots yet (CUDA), a layer the cache keeps no state for.
+    /// Errors: an allocation or upload failing; a layer the cache keeps no state for.
     fn state_slot<'c>(&self, cache: &'c mut KvCache, l: usize) -> Result<&'c mut Self::Buf>;
 }
 

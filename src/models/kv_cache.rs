@@ -23,9 +23,11 @@ pub struct KvCache {
     /// The final hidden states (before the final norm) of the cached positions, kept only
     /// when [`HiddenRows::on`]: what a multi-token-prediction drafter reads after each pass.
     pub hidden: HiddenRows,
-    /// The keys and values in a device's memory when the model computes on one (its
-    /// `models::device::Device::kv_slots`, allocated at the first pass); [`KvCache::k`] and
-    /// [`KvCache::v`] are then empty. `None` on the CPU.
+    /// The keys and values, latent rows or recurrent states in a device's memory when the
+    /// model computes on one (its `models::device::Device` slots, each allocated at its
+    /// layer's first use); [`KvCache::k`] and [`KvCache::v`] are then empty, and
+    /// [`KvCache::state`] holds the zeroed state the device's copy starts from. `None` on the
+    /// CPU.
     pub dev: Option<Box<dyn std::any::Any + Send>>,
 }
 
