@@ -379,6 +379,52 @@ mod tests {
         );
     }
 
+    /// On a GPU (skipped without one): a latent cache's slots on the device, the state
+    /// slot starting from the host's state and starting over after `KvCache::clear`, and a
+    /// layer's slot asked for as something else refused.
+    #[test]
+    fn latent_and_state_slots_on_a_gpu() {
+        let dev = match Cuda::open(0) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("CUDA slot test skipped: {e:#}");
+                return;
+            }
+        };
+        // layer 0 latent (4 positions of 3 floats), layer 1 recurrent (5 floats)
+        let mut c = KvCache::latent_on_device(2, 4, 3).with_state(&[0, 5]);
+        assert!(c.k[0].is_empty(), "no host latent rows");
+        let down = |b: &CudaBuf| {
+            let mut v = vec![f32::NAN; b.len()];
+            dev.download(b, &mut v).unwrap();
+            v
+        };
+        let lat = dev.latent_slot(&mut c, 0).unwrap();
+        assert_eq!(down(lat), vec![0.0; 12]);
+        let st = dev.state_slot(&mut c, 1).unwrap();
+        assert_eq!(down(st), vec![0.0; 5]);
+        *st = dev.upload(&[1.0, 2.0, 3.0, 4.0, 5.0]).unwrap();
+        assert_eq!(down(dev.state_slot(&mut c, 1).unwrap())[4], 5.0, "kept");
+        let e = dev.latent_slot(&mut c, 1).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "no latent rows of layer 1 in the cache (a recurrent layer)"
+        );
+        let e = dev.kv_slots(&mut c, 0).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "layer 0 of the cache holds latent rows, not keys and values"
+        );
+        c.clear();
+        assert!(
+            c.dev.is_none(),
+            "clear drops the device slots of a recurrent cache"
+        );
+        assert_eq!(down(dev.state_slot(&mut c, 1).unwrap()), vec![0.0; 5]);
+        let e = dev.state_slot(&mut c, 0).unwrap_err().to_string();
+        assert_eq!(e, "no recurrent state of layer 0 in the cache");
+    }
+
     #[test]
     fn every_op_of_the_families_has_a_kernel_and_the_new_ones_are_unverified() {
         use crate::backend::cuda::{MISSING, UNVERIFIED};
