@@ -336,6 +336,10 @@ impl Cuda {
         if cur.len == 0 {
             return Ok(());
         }
+        if bank.is_empty() {
+            // the CPU's copy (the kernel would turn a −0 into +0)
+            return crate::backend::Backend::copy(self, cur, 0, out, 0, cur.len);
+        }
         let f = self.k()?.get("res_mix");
         // the checkpoints' device addresses, for the kernel to read them by index
         let (ptrs, _guards): (Vec<u64>, Vec<_>) = bank

@@ -258,7 +258,7 @@ fn res_mix_matches_the_cpu_for_any_bank() {
         let e = worst_rel(&got, &want);
         assert!(e <= 1e-5, "res_mix {nb} checkpoints: {e:e}");
         if nb == 0 {
-            assert_eq!(got, cur, "an empty bank gives cur");
+            assert!(bits(&got) == bits(&cur), "an empty bank gives cur");
         }
         report.push(format!("{nb} {e:.2e}"));
     }
