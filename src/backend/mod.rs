@@ -78,6 +78,14 @@ pub trait Backend: Send + Sync {
     fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
     /// `buf` copied to the host into `out` (`out.len()` floats).
     fn download(&self, buf: &Self::Buf, out: &mut [f32]) -> Result<()>;
+    /// `buf` (`len` floats) as a host vector, consuming it: a copy on a GPU, the buffer
+    /// itself on the CPU (an LM head's `rows × vocab` logits are not copied again there).
+    /// Errors: as [`Backend::download`], or `len` not the buffer's length.
+    fn into_host(&self, buf: Self::Buf, len: usize) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; len];
+        self.download(&buf, &mut out)?;
+        Ok(out)
+    }
 
     /// `y = x Wᵀ` for `rows` rows of `x` (`rows × w.cols`) into `y` (`rows × w.rows`).
     fn matmul(

@@ -141,14 +141,18 @@ impl<B: Blocks> Decoder<B> {
         let h = norm_on(dev, &h, m * d, &self.final_norm, self.dims.final_norm_eps)?;
         let all = self.head_logits_on(dev, store, &h, m, vocab)?;
         let mut at = 0;
-        let mut outs: Vec<Vec<f32>> = modes
-            .iter()
-            .map(|&(which, rows)| {
-                let k = if which == Logits::Last { 1 } else { rows };
-                at += k * vocab;
-                all[at - k * vocab..at].to_vec()
-            })
-            .collect();
+        let mut outs: Vec<Vec<f32>> = match modes.len() {
+            // one sequence: its logits are all of them
+            1 => vec![all],
+            _ => modes
+                .iter()
+                .map(|&(which, rows)| {
+                    let k = if which == Logits::Last { 1 } else { rows };
+                    at += k * vocab;
+                    all[at - k * vocab..at].to_vec()
+                })
+                .collect(),
+        };
         for o in &mut outs {
             b.finish_logits(o);
         }
@@ -167,16 +171,17 @@ impl<B: Blocks> Decoder<B> {
         m: usize,
         vocab: usize,
     ) -> Result<Vec<f32>> {
-        let mut out = vec![0f32; m * vocab];
+        let mut out = Vec::new();
         for (unit, r0, mr) in self.head.parts() {
             let keep = store.resident(unit).is_some();
             let mut y = dev.zeros(m * mr.rows)?;
             store.with_unit(unit, |u| dev.matmul_host(&mr.view(u), keep, h, m, &mut y))??;
             if mr.rows == vocab {
-                dev.download(&y, &mut out)?;
+                // the whole head in one part: its product is the logits
+                out = dev.into_host(y, m * vocab)?;
             } else {
-                let mut tmp = vec![0f32; m * mr.rows];
-                dev.download(&y, &mut tmp)?;
+                out.resize(m * vocab, 0.0);
+                let tmp = dev.into_host(y, m * mr.rows)?;
                 for i in 0..m {
                     out[i * vocab + r0..i * vocab + r0 + mr.rows]
                         .copy_from_slice(&tmp[i * mr.rows..(i + 1) * mr.rows]);

@@ -23,7 +23,7 @@
 //! - `x86/`: the AVX2 level (`avx2.rs`; block-scale dots of Q8_0, Q4_0, Q5_0 in `avx2_q32.rs`)
 //!   and the AVX-512 level (`avx512.rs`, whose block decoders feed a `Sink`: one row's
 //!   accumulators or several rows', `rows_kernel!`, the multi-row dots `DotRowsFn` of 1 to 8
-//!   rows, bit-identical to the fused dot; `avx512_q32.rs` holds only the GFNI Q4_0 / Q5_0
+//!   rows over a range of stored rows, bit-identical to the fused dot; `avx512_q32.rs` holds only the GFNI Q4_0 / Q5_0
 //!   decoders); shared helpers in `x86/common.rs`; FP8 in `x86/fp8.rs`.
 //! - `x86/lowbit_k.rs` (Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, TQ1_0/TQ2_0) and `x86/lowbit_iq.rs` (the IQ
 //!   types): in-register block decoders for every low-bit type at both x86 levels, 8-lane
@@ -418,10 +418,33 @@ impl SimdLevel {
 
 /// Dot product of one encoded row (bytes) with f32 activations of the same length.
 pub(crate) type DotFn = fn(&[u8], &[f32]) -> f32;
-/// `(row, x, out)`: `out[t]` = the [`DotFn`] of `row` with row `t` of `x` (`out.len()` rows
-/// of equal length, 1 to the level's maximum), bit for bit; each weight block is decoded
-/// once for all the rows.
-pub(crate) type DotRowsFn = fn(&[u8], &[f32], &mut [f32]);
+/// `(w, x, xi, n, y, ys)`: for each encoded row `i` of `w` (whole rows of `x.len() / n`
+/// elements) and each of the `n` (1 to the level's maximum) rows `t` of `x`,
+/// `y[t * ys + i]` = the [`DotFn`] of row `i` with row `t`, bit for bit; each weight block
+/// is decoded once for all the rows. `xi` holds the same rows laid out by
+/// [`interleave_rows`] (read for the whole 32-element chunks; a float row's tail from `x`).
+/// Panics when `n` is out of range, `w` is not whole rows or `xi` is short.
+///
+/// # Safety
+/// `y.add(t * ys + i)` must be valid for writes, and written by no one else meanwhile, for
+/// every `t < n` and every row `i` of `w`.
+pub(crate) type DotRowsFn = unsafe fn(&[u8], &[f32], &[f32], usize, *mut f32, usize);
+
+/// Lays out the `n` rows of `x` (`cols` each) for the multi-row dots ([`DotRowsFn`]): chunk `c` of
+/// 32 elements of row `t` goes to `xi[(c * n + t) * 32 ..][..32]`, for the rows' whole chunks
+/// (`cols / 32` of them; a float row's last `cols % 32` elements are read from `x`). Panics
+/// when `xi` is shorter than `n * (cols / 32) * 32`.
+pub(crate) fn interleave_rows(x: &[f32], n: usize, xi: &mut [f32]) {
+    let cols = x.len() / n.max(1);
+    let nc = cols / 32;
+    let xi = &mut xi[..n * nc * 32];
+    for (t, row) in x.chunks_exact(cols.max(1)).enumerate() {
+        for (c, chunk) in row[..nc * 32].chunks_exact(32).enumerate() {
+            xi[(c * n + t) * 32..][..32].copy_from_slice(chunk);
+        }
+    }
+}
+
 /// Dequantizes one encoded row (bytes) into f32 elements.
 pub(crate) type DeqFn = fn(&[u8], &mut [f32]);
 /// Dot product of two f32 vectors in a level's accumulation order.

@@ -347,6 +347,40 @@ fn f16_conversion_is_exact_for_every_bit_pattern() {
     assert_eq!(nans, 2 * 1023);
 }
 
+/// The 32-value block types with every f16 scale bit pattern (subnormals, infinities, quiet
+/// and signaling NaNs): every level decodes them as the scalar decoder, bit for bit (the
+/// AVX-512 decoders convert the scale in the vector unit, `x86::common::f16v`).
+#[test]
+fn every_f16_scale_decodes_as_scalar_at_every_level() {
+    let mut rng = Rng::new(5);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0] {
+        let blocks = 1024;
+        let mut row = random_row(ty, blocks, &mut rng);
+        let bb = ty.block_bytes();
+        let mut want = vec![0f32; 32 * blocks];
+        let mut got = vec![0f32; 32 * blocks];
+        for chunk in 0..64u16 {
+            for b in 0..blocks {
+                let h = chunk * 1024 + b as u16;
+                row[b * bb..b * bb + 2].copy_from_slice(&h.to_le_bytes());
+            }
+            dequantize_row_at(SimdLevel::Scalar, ty, &row, &mut want);
+            for level in SimdLevel::available() {
+                dequantize_row_at(level, ty, &row, &mut got);
+                for i in 0..want.len() {
+                    assert_eq!(
+                        got[i].to_bits(),
+                        want[i].to_bits(),
+                        "{ty} {level:?} scale {:#06x} element {}",
+                        chunk * 1024 + (i / 32) as u16,
+                        i % 32
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// MXFP4 blocks with every E8M0 scale byte (subnormal, normal and 255) decode exactly as
 /// `gguf.quants.dequantize` (`tools/reference/quant_fixture.py --mxfp4`).
 #[test]

@@ -6,11 +6,10 @@
 //! AVX2 where the CPU has it, a portable loop otherwise; lanes are independent, so the width
 //! never changes a value). The transposed rows start at 64-byte boundaries.
 
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
-use crate::quant::SimdLevel;
 use std::cell::Cell;
 
 use super::attn_decode;
+use super::attn_simd::{detect, Simd};
 use super::ops::{softcap, softmax_inplace};
 use super::pool::for_each_chunk_mut;
 
@@ -42,26 +41,6 @@ impl Drop for KeysT {
         let data = std::mem::take(&mut self.data);
         SPARE.with(|s| s.set(data));
     }
-}
-
-/// The SIMD path the CPU has (attention's kernels, here and in `attn_decode.rs`).
-#[derive(Clone, Copy, PartialEq)]
-pub(super) enum Simd {
-    None,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx2,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx512,
-}
-
-pub(super) fn detect() -> Simd {
-    #[cfg(target_arch = "x86_64")]
-    match SimdLevel::detect() {
-        SimdLevel::Avx512 => return Simd::Avx512,
-        SimdLevel::Avx2 => return Simd::Avx2,
-        _ => {}
-    }
-    Simd::None
 }
 
 /// Keys (positions × row width) from which [`KeysT::new`] splits the transposition over
@@ -308,6 +287,8 @@ unsafe fn weighted_avx2(w: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
+    use crate::quant::SimdLevel;
 
     /// The paths this CPU can run.
     fn levels() -> Vec<Simd> {

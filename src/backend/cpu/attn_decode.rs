@@ -18,7 +18,7 @@
 
 use std::cell::Cell;
 
-use super::attn::{detect, Simd};
+use super::attn_simd::{detect, Simd};
 use super::ops::softcap;
 use super::pool::for_each_task;
 

@@ -3,7 +3,7 @@
 //! the matrix products ([`Numerics`]), entered with the pool for each pass
 //! ([`Backend::run_pass`]).
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use super::attn::{attention_with_sinks, AttnShape};
 use super::blocks::{gated_head_norm, kda_conv_split, res_mix, swiglu_oai};
@@ -61,6 +61,13 @@ impl Backend for Cpu {
     fn download(&self, buf: &Vec<f32>, out: &mut [f32]) -> Result<()> {
         out.copy_from_slice(buf);
         Ok(())
+    }
+
+    fn into_host(&self, buf: Vec<f32>, len: usize) -> Result<Vec<f32>> {
+        if buf.len() != len {
+            bail!("into_host: {} floats, {len} expected", buf.len());
+        }
+        Ok(buf)
     }
 
     fn matmul(&self, w: Matrix<'_>, x: &Vec<f32>, rows: usize, y: &mut Vec<f32>) -> Result<()> {

@@ -56,6 +56,25 @@ fn take_aligned(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
     &mut v[off..off + len]
 }
 
+/// Runs `f` on the `n` rows of `x` laid out for the multi-row dots by
+/// `quant::interleave_rows`, from a 64-byte boundary on: in the calling thread's scratch,
+/// or (when an enclosing product on this thread holds it) in a buffer of its own.
+pub(super) fn with_interleaved_x<R>(x: &[f32], n: usize, f: impl FnOnce(&[f32]) -> R) -> R {
+    X_COPY.with(|c| match c.try_borrow_mut() {
+        Ok(mut c) => {
+            let xi = take_aligned(&mut c, x.len());
+            crate::quant::interleave_rows(x, n, xi);
+            f(xi)
+        }
+        Err(_) => {
+            let mut own = Vec::new();
+            let xi = take_aligned(&mut own, x.len());
+            crate::quant::interleave_rows(x, n, xi);
+            f(xi)
+        }
+    })
+}
+
 /// Grows `v` to at least `len` elements and returns its first `len`.
 fn take(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
     if v.len() < len {
@@ -67,23 +86,26 @@ fn take(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
 /// `y = X Wᵀ` for `n >= 2` tokens at `level` (shapes checked by the caller): `y[t * rows + r]`
 /// equals `quant::dot_row_at(level, w.ty, w.row(r), x_t)` bit for bit.
 pub(super) fn matmul_tiled(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
-    // activation rows that start at 64-byte boundaries: a copy when `x` is misaligned and
-    // the calling thread's copy is free (not held by an enclosing matmul on this thread)
-    if x.as_ptr().align_offset(64) != 0 && w.cols.is_multiple_of(16) {
-        let done = X_COPY.with(|c| {
-            let Ok(mut c) = c.try_borrow_mut() else {
-                return false;
-            };
+    with_aligned_x(x, w.cols, |x| matmul_aligned(level, w, x, n, y))
+}
+
+/// Runs `f` on activation rows (of `cols` elements) that start at 64-byte boundaries: `x`
+/// itself when it does, else a copy in the calling thread's scratch when `cols` keeps every
+/// row aligned and the scratch is free (not held by an enclosing product on this thread),
+/// else `x` as it is. A vector load straddling two cache lines costs two, and the batched
+/// products load each activation vector once per multiply-add.
+pub(super) fn with_aligned_x<R>(x: &[f32], cols: usize, f: impl FnOnce(&[f32]) -> R) -> R {
+    if x.as_ptr().align_offset(64) == 0 || !cols.is_multiple_of(16) {
+        return f(x);
+    }
+    X_COPY.with(|c| match c.try_borrow_mut() {
+        Ok(mut c) => {
             let xa = take_aligned(&mut c, x.len());
             xa.copy_from_slice(x);
-            matmul_aligned(level, w, xa, n, y);
-            true
-        });
-        if done {
-            return;
+            f(xa)
         }
-    }
-    matmul_aligned(level, w, x, n, y)
+        Err(_) => f(x),
+    })
 }
 
 /// [`matmul_tiled`] after the activations' alignment is settled.

@@ -6,10 +6,11 @@
 //! - `gemm.rs`: the batched matmul: rows decoded once per panel into 64-byte-aligned scratch,
 //!   activations aligned likewise, token tiles sized for L1, `quant::tile` micro-tiles, split
 //!   over threads by row ranges; every output bit-identical to `quant::dot_row`.
-//! - `small_batch.rs`: batches of 2 to 8 rows (a speculative verification): each weight row read
-//!   once and, at AVX-512, each of its blocks decoded once into registers and multiplied into
-//!   every row's accumulators (`quant::rows_kernel`); elsewhere 2 rows at most, dotted by the
-//!   matvec row kernel.
+//! - `small_batch.rs`: batches of 2 to 8 rows (a speculative verification, several sequences
+//!   decoding together): each weight row read once and, at AVX-512, each of its blocks decoded
+//!   once into registers and multiplied into every row's accumulators (`quant::rows_kernel`,
+//!   one call per task's range of weight rows, activations 64-byte aligned as in `gemm.rs`);
+//!   elsewhere 2 rows at most, dotted by the matvec row kernel.
 //! - `gemm_q8.rs`: the lossy q8 product: activations quantized once per call, panels of prepared
 //!   rows, `quant::q8` tiles. `matvec_q8.rs`: its single-token product: the activation row laid
 //!   out once, `quant::q8::vec_kernel` over 16-row groups split over threads, each row's value
@@ -39,6 +40,7 @@
 
 pub mod attn;
 mod attn_decode;
+mod attn_simd;
 pub mod blocks;
 mod device;
 mod fused;

@@ -440,8 +440,8 @@ fn latent_attention_matches_the_cpu_in_both_kv_b_forms() {
         };
         let k_host = Matrix::new(kty, k_rows, k_cols, &kb).unwrap();
         let v_host = (!joint).then(|| Matrix::new(vty, nh * vd, rank, &vb).unwrap());
-        // q and the latent uniform in [-2, 2): a score's std is about
-        // 3 · rms_k · √(nope · rank) · scale
+        // q and the latent uniform in [-2, 2) (variance 4/3): a score's std is about
+        // 4/3 · rms_k · √(nope · rank) · scale, here 4/3
         let s = MlaShape {
             n_heads: nh,
             nope,

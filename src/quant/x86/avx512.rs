@@ -8,7 +8,7 @@
 
 use super::avx512_q32 as q32;
 use super::common::{
-    bit_matrix, dot_f32_as_row, dot_kernel, f16s, kernels, load16, mxfp4_values, no_tail,
+    bit_matrix, dot_f32_as_row, dot_kernel, f16v, kernels, load16, mxfp4_values, no_tail,
     q4k_factors, q6k_factors,
 };
 use super::tile_avx512 as tile;
@@ -40,19 +40,24 @@ impl Sink for Acc {
     }
 }
 
-/// The accumulators of `N` activation rows `stride` floats apart: a weight block decoded
-/// once is multiplied into all of them (a speculative verification's few rows).
+/// The accumulators of `N` activation rows laid out by 32-element chunks (chunk `c` of row
+/// `t` at `(c * N + t) * 32`, [`crate::quant::interleave_rows`]): a weight block decoded once is multiplied
+/// into all of them. `base` is the block's first chunk (of row 0); the decoders hand `take`
+/// `base + e` for the block's element `e` (a multiple of 32), found here at `base + e * N`, so
+/// every load of a block is one pointer plus a constant (no index register).
 struct Rows<const N: usize> {
     acc: [Acc; N],
-    stride: usize,
+    base: *const f32,
 }
 
 impl<const N: usize> Sink for Rows<N> {
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn take(&mut self, w0: __m512, w1: __m512, x: *const f32) {
+        let e = (x as usize - self.base as usize) / 4;
+        let c = self.base.add(e * N);
         for (t, a) in self.acc.iter_mut().enumerate() {
-            a.take(w0, w1, x.add(t * self.stride));
+            a.take(w0, w1, c.add(32 * t));
         }
     }
 }
@@ -116,7 +121,7 @@ unsafe fn blk_bf16<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn blk_q8_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut impl Sink) {
-    let d = _mm512_set1_ps(f16s(p));
+    let d = f16v(p);
     let q0 = _mm512_cvtepi8_epi32(load16(p.add(2)));
     let q1 = _mm512_cvtepi8_epi32(load16(p.add(18)));
     emit::<S>(scaled(d, q0), scaled(d, q1), x, dst, acc);
@@ -125,7 +130,7 @@ unsafe fn blk_q8_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn blk_q4_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut impl Sink) {
-    let d = _mm512_set1_ps(f16s(p));
+    let d = f16v(p);
     let qs = load16(p.add(2));
     let m = _mm_set1_epi8(15);
     let eight = _mm512_set1_epi32(8);
@@ -140,7 +145,7 @@ unsafe fn blk_q4_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, ac
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn blk_q5_0<const S: bool>(p: *const u8, x: *const f32, dst: *mut f32, acc: &mut impl Sink) {
-    let d = _mm512_set1_ps(f16s(p));
+    let d = f16v(p);
     let qh = (p.add(2) as *const u32).read_unaligned().to_le();
     let qs = load16(p.add(6));
     let m = _mm_set1_epi8(15);
@@ -163,7 +168,7 @@ unsafe fn emit_q32<const S: bool>(
     dst: *mut f32,
     acc: &mut impl Sink,
 ) {
-    let d = _mm512_set1_ps(f16s(p));
+    let d = f16v(p);
     emit::<S>(_mm512_mul_ps(d, q[0]), _mm512_mul_ps(d, q[1]), x, dst, acc);
 }
 
@@ -340,66 +345,146 @@ kernels!(avx512; dot_q4_k, deq_q4_k, blk_q4_k, 144, 256, 0, no_tail);
 kernels!(avx512; dot_q6_k, deq_q6_k, blk_q6_k, 210, 256, 0, no_tail);
 kernels!(avx512; dot_mxfp4, deq_mxfp4, blk_mxfp4, 17, 32, 0, no_tail);
 
-/// Defines `$name(row, x, out)`: `out[t] = dot(row, x[t·cols .. (t+1)·cols])` for the
-/// `out.len()` (1 to [`MAX_ROWS`]) activation rows of `x`, equal to the fused dot
-/// (`dot_kernel!` over the same block decoder `$blk`) bit for bit: each block is decoded
-/// once and multiplied into every row's accumulators ([`Rows`]), each row's accumulation,
-/// tail and reduction being the fused dot's.
+/// The reductions of `N` activation rows' accumulator pairs, each `finish_avx512`'s tree
+/// (`acc0 + acc1`, then halves 256 → 128 → 64 → 32 bits, the same additions in the same
+/// order), so each value equals the fused dot's bit for bit. From 4 rows on they run
+/// transposed: 8 rows' vectors (zeros past `N`) are halved together, two rows per register
+/// at the first level and four at the second, 16 additions and 16 shuffles for all 8 rows
+/// instead of 8 of each per row.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn finish_rows<const N: usize>(acc: &[Acc; N]) -> [f32; N] {
+    if N < 4 {
+        return std::array::from_fn(|t| super::common::finish_avx512(&acc[t]));
+    }
+    let v: [__m512; 8] = std::array::from_fn(|t| {
+        if t < N {
+            _mm512_add_ps(acc[t][0], acc[t][1])
+        } else {
+            _mm512_setzero_ps()
+        }
+    });
+    // lanes i + (i + 8): rows 2k and 2k + 1 in the low and high 256 bits
+    let half = |a: __m512, b: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+        )
+    };
+    let (w01, w23, w45, w67) = (
+        half(v[0], v[1]),
+        half(v[2], v[3]),
+        half(v[4], v[5]),
+        half(v[6], v[7]),
+    );
+    // i + (i + 4): 128-bit lane k holds row k (of rows 0..4, or 4..8)
+    let quarter = |a: __m512, b: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+        )
+    };
+    let (u0, u4) = (quarter(w01, w23), quarter(w45, w67));
+    // i + (i + 2) within each 128-bit lane k: [row k: 0, 1 | row k + 4: 0, 1]
+    let z = _mm512_add_ps(
+        _mm512_shuffle_ps::<0b01_00_01_00>(u0, u4),
+        _mm512_shuffle_ps::<0b11_10_11_10>(u0, u4),
+    );
+    // 0 + 1: lane 4k holds row k, lane 4k + 1 row k + 4
+    let r = _mm512_add_ps(
+        _mm512_shuffle_ps::<0b10_00_10_00>(z, z),
+        _mm512_shuffle_ps::<0b11_01_11_01>(z, z),
+    );
+    let mut o = [0f32; 16];
+    _mm512_storeu_ps(o.as_mut_ptr(), r);
+    std::array::from_fn(|t| o[4 * (t % 4) + t / 4])
+}
+
+/// Defines `$name(w, x, xi, n, y, ys)`, a [`crate::quant::DotRowsFn`]: for each stored row `i`
+/// of `w` and each of the `n` (1 to [`MAX_ROWS`]) activation rows `t` of `x`,
+/// `y[t * ys + i]` = the fused dot (`dot_kernel!` over the same block decoder `$blk`) bit for
+/// bit. Each block is decoded once and multiplied into every activation row's accumulators
+/// ([`Rows`]), each row's accumulation, tail and reduction being the fused dot's (the
+/// reductions of all rows together, [`finish_rows`]); the rows of `w` are walked in one loop,
+/// with the fused dot's prefetch running on across them.
 macro_rules! rows_kernel {
     ($feat:literal; $name:ident, $blk:ident, $bb:expr, $be:expr, $esz:expr, $tail:expr) => {
-        fn $name(row: &[u8], x: &[f32], out: &mut [f32]) {
+        unsafe fn $name(w: &[u8], x: &[f32], xi: &[f32], n: usize, y: *mut f32, ys: usize) {
             #[target_feature(enable = $feat)]
-            unsafe fn inner<const N: usize>(row: &[u8], x: &[f32], out: &mut [f32]) {
+            unsafe fn inner<const N: usize>(
+                w: &[u8],
+                x: &[f32],
+                xi: &[f32],
+                rb: usize,
+                y: *mut f32,
+                ys: usize,
+            ) {
                 use crate::quant::ROUND;
                 let cols = x.len() / N;
-                let mut acc = Rows::<N> {
-                    acc: [[_mm512_setzero_ps(); 2]; N],
-                    stride: cols,
-                };
                 const STEP: (usize, usize) = super::common::walk_step($bb, $be, $esz);
                 let (bb, be) = STEP;
                 let nb = cols / be;
-                let (p, xp) = (row.as_ptr(), x.as_ptr());
-                for b in 0..nb {
-                    // the fused dot's prefetch (see `dot_kernel!`)
-                    super::common::prefetch_block(p.wrapping_add(b * bb + super::common::PF), bb);
-                    $blk::<false>(
-                        p.add(b * bb),
-                        xp.add(b * be),
-                        std::ptr::null_mut(),
-                        &mut acc,
-                    );
-                }
                 let done = nb * be;
-                let mut w = [0f32; ROUND];
-                if done < cols {
-                    let t: fn(&[u8], &mut [f32]) = $tail;
-                    t(&row[done * $esz..], &mut w[..cols - done]);
-                }
-                for (t, o) in out.iter_mut().enumerate() {
-                    let mut tail = 0f32;
-                    for (k, &xv) in x[t * cols + done..(t + 1) * cols].iter().enumerate() {
-                        tail += w[k] * xv;
+                let xp = xi.as_ptr();
+                for (i, row) in w.chunks_exact(rb).enumerate() {
+                    let mut acc = Rows::<N> {
+                        acc: [[_mm512_setzero_ps(); 2]; N],
+                        base: xp,
+                    };
+                    let p = row.as_ptr();
+                    for b in 0..nb {
+                        // the fused dot's prefetch (see `dot_kernel!`)
+                        super::common::prefetch_block(
+                            p.wrapping_add(b * bb + super::common::PF),
+                            bb,
+                        );
+                        acc.base = xp.add(b * be * N);
+                        $blk::<false>(p.add(b * bb), acc.base, std::ptr::null_mut(), &mut acc);
                     }
-                    *o = super::common::finish_avx512(&acc.acc[t]) + tail;
+                    let mut tw = [0f32; ROUND];
+                    if done < cols {
+                        let t: fn(&[u8], &mut [f32]) = $tail;
+                        t(&row[done * $esz..], &mut tw[..cols - done]);
+                    }
+                    let f = finish_rows(&acc.acc);
+                    for (t, &f) in f.iter().enumerate() {
+                        let mut tail = 0f32;
+                        for (k, &xv) in x[t * cols + done..(t + 1) * cols].iter().enumerate() {
+                            tail += tw[k] * xv;
+                        }
+                        *y.add(t * ys + i) = f + tail;
+                    }
                 }
             }
-            let n = out.len();
             assert!((1..=MAX_ROWS).contains(&n) && x.len() % n == 0, "{n} rows");
-            crate::quant::check_len(row.len(), x.len() / n, $bb, $be);
+            let cols = x.len() / n;
+            let rb = if $be == 1 {
+                cols * $esz
+            } else {
+                cols / $be * $bb
+            };
+            crate::quant::check_len(rb, cols, $bb, $be);
+            assert!(
+                rb > 0 && w.len() % rb == 0,
+                "{} bytes of {rb}-byte rows",
+                w.len()
+            );
+            assert!(xi.len() >= n * (cols / 32) * 32, "interleaved rows");
             // SAFETY: as for the fused dots (`dot_kernel!`): the table holding this function
-            // is handed out only after detection of the features; reads stay inside `row`
-            // (length checked) and `x` (`n` rows of the checked length).
+            // is handed out only after detection of the features; reads stay inside `w`
+            // (whole rows of the checked length), `x` (`n` rows of the checked length) and
+            // `xi` (their whole chunks, checked);
+            // the writes are the caller's promise (`DotRowsFn`).
             unsafe {
                 match n {
-                    1 => inner::<1>(row, x, out),
-                    2 => inner::<2>(row, x, out),
-                    3 => inner::<3>(row, x, out),
-                    4 => inner::<4>(row, x, out),
-                    5 => inner::<5>(row, x, out),
-                    6 => inner::<6>(row, x, out),
-                    7 => inner::<7>(row, x, out),
-                    _ => inner::<8>(row, x, out),
+                    1 => inner::<1>(w, x, xi, rb, y, ys),
+                    2 => inner::<2>(w, x, xi, rb, y, ys),
+                    3 => inner::<3>(w, x, xi, rb, y, ys),
+                    4 => inner::<4>(w, x, xi, rb, y, ys),
+                    5 => inner::<5>(w, x, xi, rb, y, ys),
+                    6 => inner::<6>(w, x, xi, rb, y, ys),
+                    7 => inner::<7>(w, x, xi, rb, y, ys),
+                    _ => inner::<8>(w, x, xi, rb, y, ys),
                 }
             }
         }
