@@ -248,4 +248,20 @@ mod tests {
         assert_eq!(c.len, 0);
         assert_eq!(c.state[1], vec![0.0; 4]);
     }
+
+    #[test]
+    fn clear_drops_the_device_slots_of_a_recurrent_cache_only() {
+        // a device's slots stand in as any value: a recurrent cache drops them (the device
+        // makes them again from the zeroed host state), a KV or latent cache keeps them
+        let mut c = super::KvCache::latent_on_device(2, 8, 3).with_state(&[0, 4]);
+        assert!(c.k.iter().all(|k| k.is_empty()), "no host rows");
+        c.dev = Some(Box::new(7u8));
+        c.clear();
+        assert!(c.dev.is_none());
+        let mut c = super::KvCache::latent_on_device(2, 8, 3);
+        c.dev = Some(Box::new(7u8));
+        c.len = 4;
+        c.clear();
+        assert_eq!((c.len, c.dev.is_some()), (0, true));
+    }
 }
