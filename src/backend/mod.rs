@@ -8,8 +8,10 @@
 //! - `cuda/`: the CUDA backend ([`cuda::Cuda`]): the driver, NVRTC and cuBLAS loaded at run
 //!   time (no CUDA needed to build or to run without a GPU), kernels from committed `.cu`
 //!   sources compiled at first use; products over the stored encodings, norms, RoPE, the
-//!   GLUs, GQA and latent attention, the KDA scan. The GQA families run on it with `--device cuda`
-//!   (ARCHITECTURE.md, "Adding a compute device", says what is done and what is not).
+//!   GLUs, GQA and latent attention, the KDA scan and every other [`Op`]. The GQA families
+//!   run on it with `--device cuda` or `auto`; the others' kernels are not yet verified on a
+//!   GPU ([`cuda::UNVERIFIED`]: `--device cuda` only) (ARCHITECTURE.md, "Adding a compute
+//!   device", says what is done and what is not).
 //!
 //! The model code above (`models/layers/`, the decoder skeleton) owns the wiring of a layer
 //! (which projection feeds which op); a backend owns the buffers and the ops. Routing stays
@@ -331,9 +333,10 @@ pub trait Backend: Send + Sync {
 
 /// The ops beyond the core set every backend has (products, norms, RoPE, GQA attention,
 /// the GLUs, residuals, row gathers): what a family's layers need besides it
-/// (`models::decoder::Blocks::needs`) and what a backend may lack ([`cuda::MISSING`]). A
-/// family needing an op its device lacks is refused on that device by name, in one place
-/// (`models::device::open_cuda`).
+/// (`models::decoder::Blocks::needs`) and what a backend may lack ([`cuda::MISSING`]) or
+/// have unverified ([`cuda::UNVERIFIED`]). A family needing an op its device lacks is refused
+/// on that device by name, one needing an unverified op is kept off it by `--device auto`,
+/// in one place (`models::device::choose_device`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     /// [`Backend::mla_attention`] over latent cache slots.

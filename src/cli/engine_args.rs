@@ -94,7 +94,7 @@ pub struct MemoryArgs {
     /// Matrix products: exact, or q8 (lossy, faster prompts)
     #[arg(value_name = "MODE", help_heading = MEMORY, long, default_value = "exact")]
     pub numerics: crate::models::Numerics,
-    /// Compute device: cpu, cuda, cuda:N, or auto (the first CUDA GPU when the model runs on one, else the CPU)
+    /// Compute device: cpu, cuda, cuda:N, or auto (the first CUDA GPU when the model's kernels there are verified, else the CPU)
     #[arg(value_name = "DEVICE", help_heading = MEMORY, long, default_value = "auto")]
     pub device: crate::backend::DeviceKind,
 }

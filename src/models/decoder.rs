@@ -24,7 +24,8 @@
 //! the CPU or a GPU alike, calling [`Blocks::spine_on`], [`Blocks::experts_on`] and the
 //! optional [`Blocks::tail_on`] and [`Blocks::finish_hidden_on`]. A family names the ops its
 //! layers need beyond the core set ([`Blocks::needs`]); a device lacking one is refused for
-//! it (`device::open_cuda`).
+//! it, and `auto` keeps it off a device whose kernels for one are unverified
+//! (`device::choose_device`).
 //!
 //! MoE output is `x += (Σ routed + shared)`: the routed experts' weighted sum, then the shared
 //! experts' output when the spine wrote one, then the residual, in that order, as transformers
@@ -138,8 +139,8 @@ pub trait Blocks: Send + Sync {
     /// Whether layer `w` ends in routed experts (its spine writes router logits).
     fn is_moe(&self, w: &Self::Layer) -> bool;
     /// The family's name and the ops its layers call beyond the core set every backend has
-    /// ([`Op`]): a device lacking one of them is refused for the family, by name
-    /// (`device::open_cuda`).
+    /// ([`Op`]): a device lacking one of them is refused for the family, by name, and `auto`
+    /// does not pick one whose kernel for it is unverified (`device::choose_device`).
     fn needs(&self) -> (&'static str, &'static [Op]);
     /// Layer `l`'s spine on the device `dev` over its unit's bytes `u` (`keep`: the unit is
     /// resident, so a device may keep its copy), for the rows `x` (`rows × hidden`, on the
@@ -346,6 +347,9 @@ impl<B: Blocks> Model for Decoder<B> {
         let cache = match self.dims.cache {
             CacheShape::Kv { kv_dim } if self.cuda.is_some() => KvCache::on_device(l, n, kv_dim),
             CacheShape::Kv { kv_dim } => KvCache::new(l, n, kv_dim),
+            CacheShape::Latent { width } if self.cuda.is_some() => {
+                KvCache::latent_on_device(l, n, width)
+            }
             CacheShape::Latent { width } => KvCache::new_latent(l, n, width),
         };
         let state: Vec<usize> = (0..l).map(|i| self.blocks.recurrent_state(i)).collect();
@@ -383,15 +387,13 @@ impl<B: Blocks> Model for Decoder<B> {
     }
 
     /// The device `kind` names ([`open_cuda`]; `auto` takes a GPU only for a family whose
-    /// ops it has), said at the end of the placement summary (`; device cpu`, `; device
-    /// cuda:0 (NVIDIA H200, 140 GiB)`).
+    /// ops it has, all verified on a GPU), said at the end of the placement summary (`; device
+    /// cpu`, `; device cpu (cuda: OPS not yet verified on a GPU)`, `; device cuda:0 (NVIDIA
+    /// H200, 140 GiB)`).
     fn set_device(&mut self, kind: DeviceKind) -> Result<()> {
         let (family, needs) = self.blocks.needs();
-        self.cuda = open_cuda(kind, family, needs, self.cpu.numerics)?;
-        let name = match &self.cuda {
-            Some(c) => c.name(),
-            None => "cpu".to_string(),
-        };
+        let (cuda, name) = open_cuda(kind, family, needs, self.cpu.numerics)?;
+        self.cuda = cuda;
         self.placement.summary = format!("{}; device {name}", self.placement.summary);
         Ok(())
     }

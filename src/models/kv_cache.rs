@@ -23,9 +23,11 @@ pub struct KvCache {
     /// The final hidden states (before the final norm) of the cached positions, kept only
     /// when [`HiddenRows::on`]: what a multi-token-prediction drafter reads after each pass.
     pub hidden: HiddenRows,
-    /// The keys and values in a device's memory when the model computes on one (its
-    /// `models::device::Device::kv_slots`, allocated at the first pass); [`KvCache::k`] and
-    /// [`KvCache::v`] are then empty. `None` on the CPU.
+    /// The keys and values, latent rows or recurrent states in a device's memory when the
+    /// model computes on one (its `models::device::Device` slots, each allocated at its
+    /// layer's first use); [`KvCache::k`] and [`KvCache::v`] are then empty, and
+    /// [`KvCache::state`] holds the zeroed state the device's copy starts from. `None` on the
+    /// CPU.
     pub dev: Option<Box<dyn std::any::Any + Send>>,
 }
 
@@ -135,6 +137,15 @@ impl KvCache {
         c
     }
 
+    /// A latent cache ([`KvCache::new_latent`]) whose rows live in a device's memory
+    /// ([`KvCache::dev`], allocated by the device at the first pass): the host vectors stay
+    /// empty.
+    pub fn latent_on_device(n_layers: usize, n_ctx: usize, width: usize) -> Self {
+        let mut c = Self::new_latent(n_layers, 0, width);
+        c.n_ctx = n_ctx;
+        c
+    }
+
     /// This cache with a recurrent state of `floats[l]` floats (zeros) for each layer `l`
     /// with a non-zero count; those layers keep no per-position rows (their [`KvCache::k`] and
     /// [`KvCache::v`] become empty). Hybrid models (Kimi Linear, Kimi K3) mix such layers with
@@ -160,11 +171,16 @@ impl KvCache {
         n_layers * n_ctx * kv_dim * 2 * 4
     }
 
-    /// Forgets every position and zeroes every recurrent state (keeps the allocation).
+    /// Forgets every position and zeroes every recurrent state (keeps the allocation; a
+    /// cache with a recurrent state on a device drops its device slots, which the next pass
+    /// makes again from the zeroed host state).
     pub fn clear(&mut self) {
         self.len = 0;
         self.hidden.truncate(0);
         self.state.iter_mut().for_each(|s| s.fill(0.0));
+        if self.state.iter().any(|s| !s.is_empty()) {
+            self.dev = None;
+        }
     }
 
     /// Keeps the first `n` positions and forgets the rest (no-op when `n >= len`) and returns
@@ -231,5 +247,21 @@ mod tests {
         assert_eq!(c.truncate(3), 0, "a recurrent state cannot be rolled back");
         assert_eq!(c.len, 0);
         assert_eq!(c.state[1], vec![0.0; 4]);
+    }
+
+    #[test]
+    fn clear_drops_the_device_slots_of_a_recurrent_cache_only() {
+        // a device's slots stand in as any value: a recurrent cache drops them (the device
+        // makes them again from the zeroed host state), a KV or latent cache keeps them
+        let mut c = super::KvCache::latent_on_device(2, 8, 3).with_state(&[0, 4]);
+        assert!(c.k.iter().all(|k| k.is_empty()), "no host rows");
+        c.dev = Some(Box::new(7u8));
+        c.clear();
+        assert!(c.dev.is_none());
+        let mut c = super::KvCache::latent_on_device(2, 8, 3);
+        c.dev = Some(Box::new(7u8));
+        c.len = 4;
+        c.clear();
+        assert_eq!((c.len, c.dev.is_some()), (0, true));
     }
 }

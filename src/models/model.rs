@@ -273,8 +273,8 @@ pub trait Model: Send {
         Numerics::Exact
     }
     /// Sets the device every later forward pass computes on (`cpu`, `cuda:N`, or `auto`:
-    /// the first CUDA GPU when the model runs on one, else the CPU), named at the end of
-    /// [`Placement::summary`].
+    /// the first CUDA GPU when the model runs on one with kernels verified on a GPU, else the
+    /// CPU), named at the end of [`Placement::summary`].
     ///
     /// Errors: a device the model cannot run on (the default runs on the CPU only), a GPU
     /// that does not open (the message says what is missing).

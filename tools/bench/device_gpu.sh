@@ -5,7 +5,9 @@
 #   bash tools/bench/device_gpu.sh             (there, carrying .dev)
 # Needs: the NVIDIA driver, /usr/local/cuda/lib64 (NVRTC, cuBLAS), tests/fixtures of the tree.
 # Prints (and copies to $OUT/gpu.txt when $OUT is set): the GPU tests of the models
-# (tests/device_pass.rs), the CUDA op tests (backend::cuda), `run --stats`'s placement line,
+# (tests/device_pass.rs: the GQA families, and DeepSeek V3, Kimi Linear, Kimi K3 and GPT-OSS,
+# whose kernels this is the first GPU run of), the CUDA op tests (backend::cuda) and the
+# device cache slots (models::device), `run --stats`'s placement line,
 # and `deltafin bench` of synthetic Qwen3-30B-A3B-shape Q4_K GGUFs on --device cuda and cpu:
 # 4 layers (1.4 GB) and 16 layers (5.6 GB) resident, then the 16-layer one with its experts
 # streamed from the disk (--ram-budget 2G, no expert cache). About 3 minutes.
@@ -29,10 +31,10 @@ B0=$(cat "$H/BUILD_ROOT" 2>/dev/null || echo /work/main)
 if [ ! -d "$B0/tests/fixtures" ]; then
   mkdir -p "$(dirname "$B0")" && rm -rf "$B0" && ln -s "$ROOT" "$B0"
 fi
-say "=== CUDA op tests (src/backend/cuda/tests.rs)"
-run timeout 60 "$W/deltafin_lib_tests" backend::cuda --test-threads 1 --nocapture
+say "=== CUDA op tests (src/backend/cuda/tests.rs, tests_family.rs) and the device slots"
+run timeout 120 "$W/deltafin_lib_tests" backend::cuda models::device --test-threads 1 --nocapture
 say "=== model tests on the GPU (tests/device_pass.rs)"
-(cd "$ROOT" && run timeout 90 "$W/device_pass" --test-threads 1 --nocapture)
+(cd "$ROOT" && run timeout 240 "$W/device_pass" --test-threads 1 --nocapture)
 B="$W/deltafin bench --scenarios warm-decode,prefill -n 64 --repetitions 3 --output md"
 for L in 4 16; do
   say "=== bench: synthetic Qwen3-30B-A3B shape, $L layers, q4_k, every weight resident"

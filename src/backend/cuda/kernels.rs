@@ -13,12 +13,13 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 use crate::quant::GgmlType;
 
 /// The program's sources, in order (each file may use the ones before it).
-const SOURCES: [(&str, &str); 5] = [
+const SOURCES: [(&str, &str); 6] = [
     ("decode.cuh", include_str!("kernels/decode.cuh")),
     ("matvec.cu", include_str!("kernels/matvec.cu")),
     ("ops.cu", include_str!("kernels/ops.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("mla_kda.cu", include_str!("kernels/mla_kda.cu")),
+    ("family_ops.cu", include_str!("kernels/family_ops.cu")),
 ];
 
 /// Activation rows of one `mv_*` launch: the kernels exist for these counts.
@@ -39,6 +40,14 @@ pub(super) const MLA_MAX_ROPE: usize = 256;
 pub(super) const KDA_COLS: u32 = 32;
 /// The largest key width of a KDA head the scan takes (`KDA_MAX_DK`).
 pub(super) const KDA_MAX_DK: usize = 256;
+/// The largest rotary slice (floats) `rope_tail` takes (`ROPE_TAIL_MAX` in `family_ops.cu`).
+pub(super) const ROPE_TAIL_MAX: usize = 512;
+/// The largest KDA convolution (taps per channel) `kda_conv` takes (`KDA_MAX_CONV`).
+pub(super) const KDA_MAX_CONV: usize = 8;
+/// The most sources (banked checkpoints and the current rows) of one `res_mix` (`RES_MIX_MAX`).
+pub(super) const RES_MIX_MAX: usize = 64;
+/// Activation rows of one `matmul_t` launch (`MT_ROWS`).
+pub(super) const MT_ROWS: usize = 8;
 
 /// The kernels' name for each weight type they read in its stored encoding; `None` for the
 /// types the backend dequantizes to F32 on upload.
@@ -73,7 +82,7 @@ pub const DEVICE_TYPES: [GgmlType; 10] = [
 ];
 
 /// The element-wise and row kernels (besides the per-type `mv_*` and `deq_*`).
-const OP_KERNELS: [&str; 13] = [
+const OP_KERNELS: [&str; 23] = [
     "rms_norm",
     "rope",
     "glu",
@@ -86,6 +95,16 @@ const OP_KERNELS: [&str; 13] = [
     "mla_head_dot",
     "mla_attention",
     "kda_scan",
+    "rms_norm_part",
+    "rope_tail",
+    "kda_conv",
+    "l2norm_heads",
+    "kda_decay",
+    "sigmoid_mul",
+    "res_mix",
+    "add_rows",
+    "swiglu_oai",
+    "matmul_t",
     // listed so a missing one fails at load, not at its first call
     "deq_f32",
 ];
@@ -181,6 +200,10 @@ mod tests {
         assert!(all.contains(&format!("#define MLA_MAX_ROPE {MLA_MAX_ROPE}\n")));
         assert!(all.contains(&format!("#define KDA_COLS {KDA_COLS}\n")));
         assert!(all.contains(&format!("#define KDA_MAX_DK {KDA_MAX_DK}\n")));
+        assert!(all.contains(&format!("#define ROPE_TAIL_MAX {ROPE_TAIL_MAX}\n")));
+        assert!(all.contains(&format!("#define KDA_MAX_CONV {KDA_MAX_CONV}\n")));
+        assert!(all.contains(&format!("#define RES_MIX_MAX {RES_MIX_MAX}\n")));
+        assert!(all.contains(&format!("#define MT_ROWS {MT_ROWS}\n")));
     }
 
     /// NVRTC compiles without a GPU or a driver: where its library is found (the CUDA

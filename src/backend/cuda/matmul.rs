@@ -20,7 +20,7 @@ use super::{Cuda, CudaBuf, CudaMatrix};
 pub const DIRECT_MAX_ROWS: usize = 8;
 
 /// Floats of the dequantized panel of the cuBLAS path (64 MiB).
-const PANEL_FLOATS: usize = 16 << 20;
+pub(super) const PANEL_FLOATS: usize = 16 << 20;
 
 impl Cuda {
     /// `y = x Wᵀ` for `rows` rows of `x` (`rows × w.cols`) into `y` (`rows × w.rows`).

@@ -16,35 +16,59 @@
 //!
 //! Files: `ops.rs` (the [`Backend`] ops), `matmul.rs` (the matrix products: the `mv_*`
 //! kernels for 1 to 8 rows, dequantized panels through cuBLAS for more), `mla_kda.rs`
-//! (multi-head latent attention and the KDA scan), `kernels.rs` (the NVRTC program),
-//! `kernels/` (the CUDA sources: `decode.cuh` the block decoders, `matvec.cu`, `ops.cu`,
-//! `attention.cu`, `mla_kda.cu`), `tests.rs` (each op against the CPU's, on a GPU when one
-//! is found).
+//! (multi-head latent attention and the KDA scan), `family_ops.rs` (the other ops only some
+//! families need: MLA's partial norm and RoPE, the KDA convolution, L2 norms, decay,
+//! sigmoids and gated norm, Kimi K3's residual mix, GPT-OSS's biases, input-major products
+//! and clamped SwiGLU), `kernels.rs` (the NVRTC program), `kernels/` (the CUDA sources:
+//! `decode.cuh` the block decoders, `matvec.cu`, `ops.cu`, `attention.cu`, `mla_kda.cu`,
+//! `family_ops.cu`), `tests.rs` (each op against the CPU's, on a GPU when one is found).
 //!
 //! Weights the models hand over as host bytes ([`Backend::matmul_host`]): a resident unit's
 //! matrix is copied at its first use and kept, found by its host address
 //! ([`Cuda::resident_matrix`]); any other (a streamed unit, a routed expert) is copied for
 //! the one product ([`Cuda::weight_bytes`] counts both).
 //!
-//! Not yet here (ARCHITECTURE.md, "Adding a compute device"): the ops of [`MISSING`] (each
-//! returns `cuda:N: OP is not implemented on cuda`; a family needing one is refused on CUDA
-//! before it loads), the latent and recurrent-state cache slots, pinned staging buffers, a
-//! copy stream, a VRAM expert cache. Multi-head latent attention and the KDA scan have
-//! kernels (`mla_kda.rs`) whose tests have not yet run on a GPU.
+//! Every op of the trait has a kernel ([`MISSING`] is empty), but those of [`UNVERIFIED`]
+//! (MLA, the KDA ops, Kimi K3's and GPT-OSS's ops) were written without a GPU and their tests
+//! have not yet run on one: `--device auto` keeps the families needing them on the CPU.
+//! Not yet here (ARCHITECTURE.md, "Adding a compute device"): pinned staging buffers, a copy
+//! stream, a VRAM expert cache.
 
+mod family_ops;
 mod kernels;
 mod matmul;
 mod mla_kda;
 mod ops;
 
-/// The [`crate::backend::Op`]s this backend has no kernel for yet (MLA's partial norm and
-/// RoPE, the KDA ops other than the scan, Kimi K3's residual mix, GPT-OSS's biases,
-/// transposed products and clamped SwiGLU). The families whose layers need one run on the CPU
-/// (`models::device::open_cuda`).
-pub const MISSING: &[crate::backend::Op] = {
+/// The [`crate::backend::Op`]s this backend has no kernel for yet (none: every op of the
+/// trait has one). A family whose layers need one is refused on CUDA by name
+/// (`models::device::open_cuda`); an op added to the trait is listed here, with a stub
+/// returning `cuda:N: OP is not implemented on cuda`, until its kernel exists.
+pub const MISSING: &[crate::backend::Op] = &[];
+
+/// The [`crate::backend::Op`]s whose kernels have not yet run on a GPU: written and checked
+/// without one (NVRTC compiles them; `tools/cuda_emu` runs their source on the host against
+/// the CPU's formulas), their op tests (`tests.rs`) still to pass on a device. The latent
+/// cache slots belong to [`Op::MlaAttention`](crate::backend::Op::MlaAttention) and the
+/// recurrent-state slots to [`Op::KdaScan`](crate::backend::Op::KdaScan). `--device auto`
+/// keeps a family needing one of them on the CPU; `--device cuda` runs it with a warning
+/// (`models::device::open_cuda`). An op leaves this list when its GPU tests have passed on
+/// a device (docs/cuda.md records where).
+pub const UNVERIFIED: &[crate::backend::Op] = {
     use crate::backend::Op::*;
     &[
-        RopeTail, NormHead, KdaConv, L2Norm, KdaDecay, Sigmoid, GatedNorm, ResMix, Bias, MatmulT,
+        MlaAttention,
+        KdaScan,
+        RopeTail,
+        NormHead,
+        KdaConv,
+        L2Norm,
+        KdaDecay,
+        Sigmoid,
+        GatedNorm,
+        ResMix,
+        Bias,
+        MatmulT,
         SwigluOai,
     ]
 };

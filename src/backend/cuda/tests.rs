@@ -10,7 +10,8 @@
 //! for bit; the other element-wise ops, attention, latent attention and the KDA scan, which
 //! call CUDA's `expf`, `tanhf`, `sin`, `cos`, within 1e-5 of the output's largest magnitude.
 //! Ops whose rows are independent (latent attention, the KDA scan's tokens) must also give
-//! a prompt's rows bit for bit as one-row calls do.
+//! a prompt's rows bit for bit as one-row calls do. The family ops (MLA's partial norm and
+//! RoPE, the other KDA ops, Kimi K3's and GPT-OSS's) are tested in `tests_family.rs`.
 
 use std::sync::OnceLock;
 
@@ -84,6 +85,11 @@ fn worst_dot_error(w: &Matrix, x: &[f32], n: usize, got: &[f32], want: &[f32]) -
         }
     }
     worst
+}
+
+/// The bit patterns of `v` (to compare results bit for bit, NaNs included).
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
 }
 
 /// The worst `|got − want|` relative to the largest `|want|`.
@@ -718,3 +724,7 @@ fn copies_and_host_weights() {
     assert_eq!(res1 - res0, bytes.len(), "one resident copy");
     assert_eq!(tr1 - tr0, 2 * bytes.len() as u64, "two transient copies");
 }
+
+// after the helpers and the macro above, which it uses
+#[path = "tests_family.rs"]
+mod family;
