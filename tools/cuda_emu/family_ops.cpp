@@ -136,7 +136,7 @@ static void res_mix_cpu(const std::vector<V>& bank, const V& cur, const V& w, fl
     }
 }
 static float swiglu_cpu(float g, float u, float alpha, float limit) {
-    g = std::min(g, limit);
+    g = std::fmin(g, limit);  // Rust's f32::min: a NaN gate gives the limit
     u = std::clamp(u, -limit, limit);
     return (u + 1.0f) * (g / (1.0f + std::exp(-(g * alpha))));
 }
