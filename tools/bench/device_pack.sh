@@ -11,9 +11,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .dev
+T=${CARGO_TARGET_DIR:-target}
 cargo build --release
-strip -o .dev/deltafin target/release/deltafin && gzip -f .dev/deltafin
-tests=$(cargo test --release --no-run --lib --test device_pass 2>&1 | sed -n 's/.*Executable .*(\(target[^)]*\)).*/\1/p')
+strip -o .dev/deltafin "$T/release/deltafin" && gzip -f .dev/deltafin
+tests=$(cargo test --release --no-run --lib --test device_pass 2>&1 | sed -n 's/.*Executable .*(\([^)]*\)).*/\1/p')
 for t in $tests; do
   case $t in
     *deps/deltafin-*) n=deltafin_lib_tests ;;
