@@ -25,7 +25,7 @@
 //!   sequential sums bit for bit. `attn_decode.rs`: a decode step's attention (a GQA group's
 //!   query rows fit one vector): the group's heads in the lanes over the untransposed cache,
 //!   scores split by runs of positions, value sums by group and runs of outputs; the same
-//!   values bit for bit.
+//!   values bit for bit. `attn_simd.rs`: which SIMD path both take.
 //! - `fused.rs`: several matvecs of one input (q/k/v, gate/up) in one parallel region
 //!   (`matvec_many`).
 //! - `pool.rs`: a forward pass moved onto one pool thread so its products enter the pool without
