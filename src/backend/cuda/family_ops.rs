@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::kernels::{type_name, KDA_MAX_CONV, MT_ROWS, RES_MIX_MAX, ROPE_TAIL_MAX};
+use super::kernels::{KDA_MAX_CONV, MT_ROWS, RES_MIX_MAX, ROPE_TAIL_MAX};
 use super::matmul::DIRECT_MAX_ROWS;
 use super::{Cuda, CudaBuf, CudaMatrix};
 use crate::quant::GgmlType;
@@ -462,39 +462,11 @@ impl Cuda {
             return self.matmul_t_panel(&all, 0, k, m, x, rows, y);
         }
         let panel_rows = (super::matmul::PANEL_FLOATS / m).clamp(1, k);
-        if guard.as_ref().is_none_or(|p| p.len() < panel_rows * m) {
-            *guard = None; // free the old panel first
-            *guard = Some(
-                self.stream
-                    .alloc_zeros::<f32>(panel_rows * m)
-                    .context("CUDA panel")?,
-            );
-        }
-        let panel = guard.as_mut().expect("panel");
-        let deq = self
-            .k()?
-            .get(&format!("deq_{}", type_name(w.ty).expect("a device type")));
-        let units = m.div_ceil(32) as u32;
-        let null: u64 = 0;
+        let panel = self.panel_of(&mut guard, panel_rows * m)?;
         let mut i0 = 0;
         while i0 < k {
             let pk = panel_rows.min(k - i0);
-            let cfg = LaunchConfig {
-                grid_dim: (units.div_ceil(128), pk.min(65535) as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let (rb, m32, i032, pk32) = (w.row_bytes as u64, m as i32, i0 as i32, pk as i32);
-            let mut b = self.stream.launch_builder(deq);
-            b.arg(&w.data)
-                .arg(&rb)
-                .arg(&m32)
-                .arg(&null)
-                .arg(&i032)
-                .arg(&pk32)
-                .arg(&mut *panel);
-            // SAFETY: stored rows i0 .. i0 + pk of `w` exist; the panel holds pk × m floats.
-            unsafe { b.launch(cfg) }.context("CUDA dequantize kernel")?;
+            self.dequantize_rows(w, i0, pk, panel)?;
             let view = panel.slice(..pk * m);
             self.matmul_t_panel(&view, i0, pk, m, x, rows, y)?;
             i0 += pk;

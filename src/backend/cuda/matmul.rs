@@ -11,7 +11,7 @@
 
 use anyhow::{bail, Context, Result};
 use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::kernels::{type_name, MV_ROWS, MV_WARPS};
 use super::{Cuda, CudaBuf, CudaMatrix};
@@ -104,39 +104,12 @@ impl Cuda {
             unsafe { blas.gemm(cfg, &a, &x.data, &mut c) }.context("cuBLAS SGEMM")?;
             return Ok(());
         }
-        let k = self.k()?;
-        let deq = k.get(&format!("deq_{}", type_name(w.ty).expect("a device type")));
         let panel_rows = (PANEL_FLOATS / n.max(1)).clamp(1, m);
-        if guard.as_ref().is_none_or(|p| p.len() < panel_rows * n) {
-            *guard = None; // free the old panel first
-            *guard = Some(
-                self.stream
-                    .alloc_zeros::<f32>(panel_rows * n)
-                    .context("CUDA panel")?,
-            );
-        }
-        let panel = guard.as_mut().expect("panel");
-        let units = n.div_ceil(32) as u32;
-        let null: u64 = 0;
+        let panel = self.panel_of(&mut guard, panel_rows * n)?;
         let mut r0 = 0;
         while r0 < m {
             let pr = panel_rows.min(m - r0);
-            let cfg = LaunchConfig {
-                grid_dim: (units.div_ceil(128), pr.min(65535) as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let (rb, n32, r032, pr32) = (w.row_bytes as u64, n as i32, r0 as i32, pr as i32);
-            let mut b = self.stream.launch_builder(deq);
-            b.arg(&w.data)
-                .arg(&rb)
-                .arg(&n32)
-                .arg(&null)
-                .arg(&r032)
-                .arg(&pr32)
-                .arg(&mut *panel);
-            // SAFETY: rows r0 .. r0 + pr of `w` exist; the panel holds pr × n floats.
-            unsafe { b.launch(cfg) }.context("CUDA dequantize kernel")?;
+            self.dequantize_rows(w, r0, pr, panel)?;
             let a = panel.slice(..pr * n);
             let mut c = y.data.slice_mut(r0..);
             let cfg = sgemm_config(pr, rows, n, m);
@@ -145,6 +118,72 @@ impl Cuda {
             unsafe { blas.gemm(cfg, &a, &x.data, &mut c) }.context("cuBLAS SGEMM")?;
             r0 += pr;
         }
+        Ok(())
+    }
+
+    /// The panel held by `guard` (the [`Cuda`]'s panel lock), grown to at least `floats`
+    /// floats (the old one freed first). Errors: the allocation.
+    pub(super) fn panel_of<'g>(
+        &self,
+        guard: &'g mut Option<CudaSlice<f32>>,
+        floats: usize,
+    ) -> Result<&'g mut CudaSlice<f32>> {
+        if guard.as_ref().is_none_or(|p| p.len() < floats) {
+            *guard = None; // free the old panel first
+            *guard = Some(
+                self.stream
+                    .alloc_zeros::<f32>(floats)
+                    .context("CUDA panel")?,
+            );
+        }
+        Ok(guard.as_mut().expect("panel"))
+    }
+
+    /// Stored rows `first .. first + count` of `w` dequantized to f32 into the first
+    /// `count × w.cols` floats of `panel` (the `deq_<type>` kernel). Errors: a panel too
+    /// small, a launch.
+    pub(super) fn dequantize_rows(
+        &self,
+        w: &CudaMatrix,
+        first: usize,
+        count: usize,
+        panel: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let n = w.cols;
+        if first + count > w.rows || panel.len() < count * n {
+            bail!(
+                "dequantize_rows: rows {first}..{} of {} into {} floats",
+                first + count,
+                w.rows,
+                panel.len()
+            );
+        }
+        let deq = self
+            .k()?
+            .get(&format!("deq_{}", type_name(w.ty).expect("a device type")));
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (n.div_ceil(32) as u32).div_ceil(128),
+                count.min(65535) as u32,
+                1,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (rb, n32, first32, count32) =
+            (w.row_bytes as u64, n as i32, first as i32, count as i32);
+        let null: u64 = 0;
+        let mut b = self.stream.launch_builder(deq);
+        b.arg(&w.data)
+            .arg(&rb)
+            .arg(&n32)
+            .arg(&null)
+            .arg(&first32)
+            .arg(&count32)
+            .arg(panel);
+        // SAFETY: rows first .. first + count of `w` exist and the panel holds count × n
+        // floats (both checked above).
+        unsafe { b.launch(cfg) }.context("CUDA dequantize kernel")?;
         Ok(())
     }
 }

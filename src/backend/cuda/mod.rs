@@ -324,6 +324,21 @@ impl Cuda {
         Ok(w)
     }
 
+    /// `f` over the host matrix `m` on the device, as the `*_host` ops take weights: the
+    /// kept copy when `keep` (a resident unit, [`Cuda::resident_matrix`]), else a copy for
+    /// this call ([`Cuda::transient_matrix`]). Errors: the upload's, `f`'s.
+    pub(super) fn with_matrix<R>(
+        &self,
+        m: &Matrix,
+        keep: bool,
+        f: impl FnOnce(&CudaMatrix) -> Result<R>,
+    ) -> Result<R> {
+        match keep {
+            true => f(&*self.resident_matrix(m)?),
+            false => f(&self.transient_matrix(m)?),
+        }
+    }
+
     /// Bytes of resident weights on the device ([`Cuda::resident_matrix`]) and bytes of
     /// weights copied for one product only since the device was opened.
     pub fn weight_bytes(&self) -> (usize, u64) {

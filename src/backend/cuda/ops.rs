@@ -97,10 +97,7 @@ impl Backend for Cuda {
         rows: usize,
         y: &mut CudaBuf,
     ) -> Result<()> {
-        match keep {
-            true => self.matmul_dev(&*self.resident_matrix(w)?, x, rows, y),
-            false => self.matmul_dev(&self.transient_matrix(w)?, x, rows, y),
-        }
+        self.with_matrix(w, keep, |w| self.matmul_dev(w, x, rows, y))
     }
 
     fn copy(
@@ -327,27 +324,13 @@ impl Backend for Cuda {
         out: &mut CudaBuf,
     ) -> Result<()> {
         // the projections as `matmul_host` takes them: kept on the device when resident
-        let v = proj.v;
-        match keep {
-            true => {
-                let k = self.resident_matrix(proj.k)?;
-                let v = v.map(|v| self.resident_matrix(v)).transpose()?;
-                let proj = MlaProj {
-                    k: &*k,
-                    v: v.as_deref(),
-                };
+        self.with_matrix(proj.k, keep, |k| match proj.v {
+            Some(v) => self.with_matrix(v, keep, |v| {
+                let proj = MlaProj { k, v: Some(v) };
                 self.mla_attention_dev(s, q, proj, latent, pos0, out)
-            }
-            false => {
-                let k = self.transient_matrix(proj.k)?;
-                let v = v.map(|v| self.transient_matrix(v)).transpose()?;
-                let proj = MlaProj {
-                    k: &k,
-                    v: v.as_ref(),
-                };
-                self.mla_attention_dev(s, q, proj, latent, pos0, out)
-            }
-        }
+            }),
+            None => self.mla_attention_dev(s, q, MlaProj { k, v: None }, latent, pos0, out),
+        })
     }
 
     fn kda_scan(
@@ -441,10 +424,7 @@ impl Backend for Cuda {
         rows: usize,
         y: &mut CudaBuf,
     ) -> Result<()> {
-        match keep {
-            true => self.matmul_t_dev(&*self.resident_matrix(w)?, x, rows, y),
-            false => self.matmul_t_dev(&self.transient_matrix(w)?, x, rows, y),
-        }
+        self.with_matrix(w, keep, |w| self.matmul_t_dev(w, x, rows, y))
     }
 
     fn swiglu_oai(
