@@ -14,23 +14,7 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 #include <algorithm>
 #include <cstdio>
 #include <random>
-using V = std::vector<float>;
-static std::mt19937_64 rng(11);
-static V rnd(size_t n, float a) {
-    std::uniform_real_distribution<float> d(-a, a);
-    V v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
-}
-static double worst_rel(const V& got, const V& want) {
-    double sc = 0, e = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        if (!std::isfinite(got[i]) || got.size() != want.size()) return 1e30;
-        sc = std::max(sc, (double)std::fabs(want[i]));
-        e = std::max(e, (double)std::fabs(got[i] - want[i]));
-    }
-    return sc == 0 ? e : e / sc;
-}
+#include "check.h"
 static bool same_bits(const V& a, const V& b) {
     return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
@@ -142,6 +126,7 @@ static float swiglu_cpu(float g, float u, float alpha, float limit) {
 }
 
 int main() {
+    rng.seed(11);
     // RMSNorm of a row's head (MLA's latent: 512 of 576) and KDA's gated head norm
     {
         int rows = 5, width = 576, d = 512;

@@ -8,23 +8,7 @@
 #include "../../src/backend/cuda/kernels/mla_kda.cu"
 #include <cstdio>
 #include <random>
-using V = std::vector<float>;
-static std::mt19937_64 rng(5);
-static V rnd(size_t n, float a) {
-    std::uniform_real_distribution<float> d(-a, a);
-    V v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
-}
-static double worst_rel(const V& got, const V& want) {
-    double sc = 0, e = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        sc = std::max(sc, (double)std::fabs(want[i]));
-        e = std::max(e, (double)std::fabs(got[i] - want[i]));
-        if (!std::isfinite(got[i])) return 1e30;
-    }
-    return e / sc;
-}
+#include "check.h"
 // ---- the CPU's MLA (backend/cpu/mla.rs), f32, sums in order
 static void mla_cpu(int nh, int nope, int rope, int vd, int rank, float scale, const V& q, const V& K, const V* Vs,
                     const V& cache, int pos0, V& out) {
@@ -129,6 +113,7 @@ static void l2(V& x, int d, float sc) {
     }
 }
 int main() {
+    rng.seed(5);
     int bad = 0;
     struct C { int nh, nope, rope, vd, rank; bool joint; };
     std::vector<C> cs = {{3, 24, 8, 20, 40, true}, {3, 24, 8, 20, 40, false}, {2, 64, 32, 48, 256, true},
