@@ -1,7 +1,8 @@
 //! Aggregate decode speed of `Model::forward_batch` with N sequences decoding together, against
-//! one: `cargo run --release --example batch_decode -- MODEL [N,…] [STEPS] [BUDGET_MIB] [CACHE]`
-//! (defaults: the demo model, 1,2,4,8, 32 steps, every weight resident, `lfu-da`; `none` reads
-//! every expert use). Each sequence is
+//! one: `cargo run --release --example batch_decode -- MODEL [N,…] [STEPS] [BUDGET_MIB] [CACHE]
+//! [NUMERICS] [DEVICE]` (defaults: the demo model, 1,2,4,8, 32 steps, every weight resident,
+//! `lfu-da` (`none` reads every expert use), `exact` (or `q8`), `cpu` (or `cuda`, `auto`); `-`
+//! keeps a default; the CPU's threads: rayon's, `RAYON_NUM_THREADS`). Each sequence is
 //! prefilled alone with its own 8-token prompt, then every step is one pass over all N
 //! sequences (one new token each, greedy). Prints, per N, aggregate and per-sequence tok/s and
 //! the bytes read per generated token (streamed weights and routed experts: the store's I/O
@@ -9,6 +10,7 @@
 //! N values over 3 rounds and keeping each one's best.
 use std::time::Instant;
 
+use deltafin::backend::cpu::pool::PoolStats;
 use deltafin::engine::sampler::argmax;
 use deltafin::load::open_any;
 use deltafin::models::{KvCache, LoadOptions, Logits, SeqPass};
@@ -38,6 +40,10 @@ fn main() -> anyhow::Result<()> {
         Some("none") => deltafin::store::CachePolicy::None,
         _ => deltafin::store::CachePolicy::LfuDa,
     };
+    let device: deltafin::backend::DeviceKind = match args.get(6).map(String::as_str) {
+        None | Some("-") => Default::default(),
+        Some(d) => d.parse().map_err(anyhow::Error::msg)?,
+    };
     let opened = open_any(Some(&path))?;
     let n_ctx = 64;
     let opts = LoadOptions {
@@ -45,6 +51,7 @@ fn main() -> anyhow::Result<()> {
         n_ctx: n_ctx * ns.iter().max().copied().unwrap_or(1),
         n_batch: 16,
         numerics,
+        device,
         experts: deltafin::store::ExpertStoreOptions {
             cache,
             ..Default::default()
@@ -55,7 +62,7 @@ fn main() -> anyhow::Result<()> {
     println!("{}: {}", path.display(), model.placement().summary);
     let v = model.vocab_size() as u32;
     let bytes = |s: &deltafin::store::WeightStore| s.stats().snapshot().0;
-    let mut best = vec![(0f64, 0f64); ns.len()];
+    let mut best = vec![(0f64, 0f64, PoolStats::default()); ns.len()];
     for _round in 0..3 {
         for (i, &n) in ns.iter().enumerate() {
             let mut caches: Vec<KvCache> = (0..n).map(|_| model.new_cache(n_ctx)).collect();
@@ -68,6 +75,7 @@ fn main() -> anyhow::Result<()> {
                 last.push(argmax(&l) as u32);
             }
             let b0 = bytes(&store);
+            let p0 = PoolStats::now();
             let t0 = Instant::now();
             for _ in 0..steps {
                 let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
@@ -83,23 +91,31 @@ fn main() -> anyhow::Result<()> {
             let tok = (n * steps) as f64;
             let per_tok = (bytes(&store) - b0) as f64 / tok;
             if tok / s > best[i].0 {
-                best[i] = (tok / s, per_tok);
+                best[i] = (tok / s, per_tok, PoolStats::now().since(&p0));
             }
         }
     }
     println!(
-        "| sequences | aggregate tok/s | per sequence tok/s | ratio to 1 | bytes read / token |"
+        "| sequences | aggregate tok/s | per sequence tok/s | ratio to 1 | bytes read / token \
+         | ms / step | parallel regions / step | µs / region | pool busy % | % of step outside regions |"
     );
-    println!("| --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let one = best[0].0;
+    let threads = rayon::current_num_threads() as f64;
     for (i, &n) in ns.iter().enumerate() {
-        let (agg, b) = best[i];
+        let (agg, b, p) = best[i];
+        let step_ms = 1e3 * n as f64 / agg;
+        let regions = p.regions as f64 / steps as f64;
+        let region_us = p.wall_ns as f64 / 1e3 / p.regions.max(1) as f64;
+        let busy = 100.0 * p.busy_ns as f64 / (threads * p.wall_ns.max(1) as f64);
+        let outside = 100.0 - 100.0 * (p.wall_ns as f64 / 1e6 / steps as f64) / step_ms;
         println!(
-            "| {n} | {agg:.1} | {:.1} | {:.2} | {:.0} |",
+            "| {n} | {agg:.1} | {:.1} | {:.2} | {b:.0} | {step_ms:.2} | {regions:.0} | {region_us:.0} \
+             | {busy:.0} | {outside:.0} |",
             agg / n as f64,
             agg / one,
-            b
         );
     }
+    println!("({threads} threads)");
     Ok(())
 }

@@ -5,7 +5,7 @@
 #   bash tools/bench/device_pack.sh LLAMA_VENV   (here: fills .dev/)
 #   bash tools/bench/device_cpu_vs_llama.sh      (there, from the repository root, carrying .dev)
 #
-# Needs: .dev/deltafin.gz (the release binary, stripped, gzipped), .dev/llama_peer.py and
+# Needs: .dev/deltafin.xz (the release binary, device_pack.sh), .dev/llama_peer.py and
 # .dev/llama.tgz (a folder with llama_cpp/, diskcache/ and libgomp.so.1 at its top level),
 # python3 with numpy. No registry, no Rust. Writes its work under $WORK (default /tmp/h31),
 # copies the raw results to $OUT when set. Stops starting new runs past $BUDGET seconds
@@ -21,7 +21,7 @@ el() { echo $(( $(date +%s) - T0 )); }
 log() { echo "[$(el)s] $*" >&2; }
 
 # --- the engines -----------------------------------------------------------------------
-gunzip -c "$ROOT/${DEV:-.dev}/deltafin.gz" > deltafin && chmod +x deltafin
+H=$ROOT/${DEV:-.dev}; . "$ROOT/tools/bench/device_unpack.sh"; unpack deltafin "$PWD/deltafin" || exit 1
 mkdir -p llama && tar -xzf "$ROOT/${DEV:-.dev}/llama.tgz" -C llama
 LL=$(dirname "$(find "$WORK/llama" -maxdepth 3 -type d -name llama_cpp | head -1)")
 export PYTHONPATH="$LL${PYTHONPATH:+:$PYTHONPATH}"

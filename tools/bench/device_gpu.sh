@@ -23,9 +23,8 @@ say() { echo "$@" | tee -a "$LOG"; }
 run() { "$@" 2>&1 | grep -v '^synth: .* written' | tee -a "$LOG"; }
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 say "=== $(date -u) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
-for f in "$H"/deltafin.gz "$H"/deltafin_lib_tests.gz "$H"/device_pass.gz; do
-  b=$(basename "$f" .gz); gunzip -c "$f" > "$W/$b"; chmod +x "$W/$b"
-done
+. "$ROOT/tools/bench/device_unpack.sh"
+for b in deltafin deltafin_lib_tests device_pass; do unpack $b "$W/$b" || exit 1; done
 # the test binaries look for the fixtures where they were built (.dev/BUILD_ROOT)
 B0=$(cat "$H/BUILD_ROOT" 2>/dev/null || echo /work/main)
 if [ ! -d "$B0/tests/fixtures" ]; then

@@ -32,7 +32,8 @@ say() { echo "$@" | tee -a "$LOG"; }
 run() { "$@" 2>&1 | grep -v '^synth: .* written' | tee -a "$LOG"; }
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 DF=$W/deltafin
-if [ -f "$H/deltafin.gz" ]; then gunzip -c "$H/deltafin.gz" > "$DF"; else cp "${DF_BIN:-target/release/deltafin}" "$DF"; fi
+. tools/bench/device_unpack.sh
+if [ -f "$H/deltafin.xz" ]; then unpack deltafin "$DF"; else cp "${DF_BIN:-target/release/deltafin}" "$DF"; fi
 chmod +x "$DF"
 say "=== $(date -u) $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo no GPU)"
 run "$DF" synth --arch kimi_k3 --preset kimi-k3 --format gguf --layers "$LAYERS" --dense-layers 0 \

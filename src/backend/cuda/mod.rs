@@ -88,6 +88,10 @@ use crate::quant::{dequantize_row, GgmlType};
 
 pub use kernels::DEVICE_TYPES;
 
+/// What finds a resident matrix's device copy: its host bytes' address and length, its
+/// encoding, rows and columns.
+type ResidentKey = (usize, usize, GgmlType, usize, usize);
+
 /// An open CUDA device: its context, the stream every op is queued on, the kernels (compiled
 /// at first use) and cuBLAS when its library is found.
 pub struct Cuda {
@@ -99,10 +103,9 @@ pub struct Cuda {
     blas: Option<CudaBlas>,
     /// The f32 panel of dequantized weight rows the cuBLAS path multiplies (grown on demand).
     panel: Mutex<Option<CudaSlice<f32>>>,
-    /// Resident weights copied to the device ([`Backend::matmul_host`] with `keep`), by the
-    /// address and length of their host bytes: each uploaded at its first use, kept for the
-    /// device's life.
-    resident: Mutex<HashMap<(usize, usize), Arc<CudaMatrix>>>,
+    /// Resident weights copied to the device ([`Backend::matmul_host`] with `keep`), by
+    /// [`ResidentKey`]: each uploaded at its first use, kept for the device's life.
+    resident: Mutex<HashMap<ResidentKey, Arc<CudaMatrix>>>,
     /// Bytes of weights copied for one call only (streamed units, routed experts), since
     /// the device was opened.
     transient_bytes: AtomicU64,
@@ -310,14 +313,14 @@ impl Cuda {
 
     /// The device copy of the resident matrix `m` (host bytes that never move nor change
     /// while the device lives), uploaded at the first call ([`Cuda::upload_matrix`]) and
-    /// reused after. Errors: an allocation or copy failing.
+    /// reused after: found by the bytes' address and length, the encoding and the shape, so
+    /// one allocation read as two encodings (BF16 and F16 rows of the same size, say) is two
+    /// copies. Errors: an allocation or copy failing.
     pub fn resident_matrix(&self, m: &Matrix) -> Result<Arc<CudaMatrix>> {
-        let key = (m.data.as_ptr() as usize, m.data.len());
+        let key = (m.data.as_ptr() as usize, m.data.len(), m.ty, m.rows, m.cols);
         let mut map = self.resident.lock().expect("resident weights lock");
         if let Some(w) = map.get(&key) {
-            if (w.rows, w.cols) == (m.rows, m.cols) {
-                return Ok(w.clone());
-            }
+            return Ok(w.clone());
         }
         let w = Arc::new(self.upload_matrix(m)?);
         map.insert(key, w.clone());

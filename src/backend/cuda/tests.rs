@@ -45,6 +45,14 @@ macro_rules! device_or_skip {
     };
 }
 
+/// `bytes` for the life of the test process: the `*_host` ops with `keep` require host
+/// weights that never move nor change while the device lives ([`Cuda::resident_matrix`]),
+/// and the tests share one device, so an allocation freed and reused by a later test would
+/// otherwise find the earlier test's device copy.
+pub(super) fn kept(bytes: Vec<u8>) -> &'static [u8] {
+    Box::leak(bytes.into_boxed_slice())
+}
+
 /// A random matrix of `rows × cols` of `ty`, as the CPU reads it.
 fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     (0..rows)
@@ -431,15 +439,16 @@ fn latent_attention_matches_the_cpu_in_both_kv_b_forms() {
             false => (nh * rank, nope),
         };
         let (kb, dk, rms_k) = random_weights(dev, kty, k_rows, k_cols, &mut rng);
+        let kb = kept(kb);
         let (vb, dv) = match joint {
-            true => (Vec::new(), None),
+            true => (&[][..], None),
             false => {
                 let (b, m, _) = random_weights(dev, vty, nh * vd, rank, &mut rng);
-                (b, Some(m))
+                (kept(b), Some(m))
             }
         };
-        let k_host = Matrix::new(kty, k_rows, k_cols, &kb).unwrap();
-        let v_host = (!joint).then(|| Matrix::new(vty, nh * vd, rank, &vb).unwrap());
+        let k_host = Matrix::new(kty, k_rows, k_cols, kb).unwrap();
+        let v_host = (!joint).then(|| Matrix::new(vty, nh * vd, rank, vb).unwrap());
         // q and the latent uniform in [-2, 2) (variance 4/3): a score's std is about
         // 4/3 · rms_k · √(nope · rank) · scale, here 4/3
         let s = MlaShape {
@@ -648,10 +657,10 @@ fn shape_mismatches_are_errors() {
     assert_eq!(err, "kda_scan output: 4 floats, 63 expected");
     let mut y63 = dev.zeros(63).unwrap();
     let err = dev
-        .kda_scan(1, 1, 1, [&x, &x, &x, &x], &x, &mut a, 0, &mut y63)
+        .kda_scan(1, 1, 1, [&x, &x, &x, &x], &x, &mut a, 3, &mut y63)
         .unwrap_err()
         .to_string();
-    assert_eq!(err, "kda_scan: state of 3 floats, 1 needed from 0");
+    assert_eq!(err, "kda_scan: state of 3 floats, 1 needed from 3");
     // MLA: 2 heads of 2 + 1 (rope), values 2, rank 4; 7 query floats are not whole rows
     let s = MlaShape {
         n_heads: 2,
@@ -704,8 +713,8 @@ fn copies_and_host_weights() {
 
     let mut rng = Rng::new(7);
     let (rows, cols) = (24, 256);
-    let bytes = random_matrix(GgmlType::Q4_K, rows, cols, &mut rng);
-    let m = Matrix::new(GgmlType::Q4_K, rows, cols, &bytes).unwrap();
+    let bytes = kept(random_matrix(GgmlType::Q4_K, rows, cols, &mut rng));
+    let m = Matrix::new(GgmlType::Q4_K, rows, cols, bytes).unwrap();
     let x = random_x(cols * 2, &mut rng);
     let xd = dev.upload(&x).unwrap();
     let want = {
