@@ -23,6 +23,7 @@ pub mod cuda;
 use anyhow::Result;
 
 pub use cpu::attn::AttnShape;
+pub use cpu::attn_seqs::SeqSpan;
 pub use cpu::mla::MlaShape;
 
 /// The gated activations of the feed-forward blocks, applied as `gate ← act(gate) · up`
@@ -181,6 +182,83 @@ pub trait Backend: Send + Sync {
         sinks: Option<&[f32]>,
         out: &mut Self::Buf,
     ) -> Result<()>;
+    /// [`Backend::rope`] of each sequence's rows of `x` (`width` floats a row, every
+    /// sequence's rows stacked) at that sequence's positions (`spans`). The default ropes a
+    /// span covering all of `x` in place and copies any other out and back; a backend that
+    /// can address rows of a buffer overrides it.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_seqs(
+        &self,
+        x: &mut Self::Buf,
+        width: usize,
+        spans: &[SeqSpan],
+        head_dim: usize,
+        inv_freq: &[f32],
+        interleaved: bool,
+        scale: f32,
+    ) -> Result<()> {
+        if let [sp] = spans {
+            if sp.r0 == 0 {
+                return self.rope(x, sp.rows, head_dim, sp.pos0, inv_freq, interleaved, scale);
+            }
+        }
+        for sp in spans {
+            let len = sp.rows * width;
+            let mut t = self.zeros(len)?;
+            self.copy(x, sp.r0 * width, &mut t, 0, len)?;
+            self.rope(
+                &mut t,
+                sp.rows,
+                head_dim,
+                sp.pos0,
+                inv_freq,
+                interleaved,
+                scale,
+            )?;
+            self.copy(&t, 0, x, sp.r0 * width, len)?;
+        }
+        Ok(())
+    }
+    /// [`Backend::attention`] of several sequences in one call: sequence `i`'s query rows
+    /// (`spans[i]` of `q`, every sequence's rows stacked) over its keys and values `kv[i]`
+    /// into the same rows of `out`; each sequence's values as alone. The default calls
+    /// `attention` per sequence (rows copied out and back unless one span covers all); the
+    /// CPU's runs the short ones as the tasks of one parallel region
+    /// ([`cpu::attn_seqs::attention_seqs`]).
+    ///
+    /// Errors: `kv` and `spans` of different lengths; the device's.
+    fn attention_seqs(
+        &self,
+        s: &AttnShape,
+        q: &Self::Buf,
+        kv: &[(&Self::Buf, &Self::Buf)],
+        spans: &[SeqSpan],
+        sinks: Option<&[f32]>,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        if kv.len() != spans.len() {
+            anyhow::bail!(
+                "attention_seqs: {} key/value slots for {} sequences",
+                kv.len(),
+                spans.len()
+            );
+        }
+        if let ([(k, v)], [sp]) = (kv, spans) {
+            if sp.r0 == 0 {
+                return self.attention(s, q, k, v, sp.pos0, sinks, out);
+            }
+        }
+        let qd = s.n_heads * s.head_dim;
+        for (&(k, v), sp) in kv.iter().zip(spans) {
+            let len = sp.rows * qd;
+            let mut qs = self.zeros(len)?;
+            self.copy(q, sp.r0 * qd, &mut qs, 0, len)?;
+            let mut a = self.zeros(len)?;
+            self.attention(s, &qs, k, v, sp.pos0, sinks, &mut a)?;
+            self.copy(&a, 0, out, sp.r0 * qd, len)?;
+        }
+        Ok(())
+    }
     /// Multi-head latent attention of one sequence's `q` rows over its latent rows
     /// (`latent`: `rank + rope` floats per position `0 .. pos0 + rows`, more may follow) into
     /// `out`, the up-projections `proj` given by their host bytes (`keep`: resident, as

@@ -455,7 +455,7 @@ pub fn attention_with_sinks(
 }
 
 /// `s` as `attn_decode.rs` reads it.
-fn lanes_shape(s: &AttnShape) -> attn_decode::Shape {
+pub(super) fn lanes_shape(s: &AttnShape) -> attn_decode::Shape {
     attn_decode::Shape {
         n_heads: s.n_heads,
         n_kv_heads: s.n_kv_heads,

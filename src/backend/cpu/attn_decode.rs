@@ -31,7 +31,7 @@ const VCOLS: usize = 32;
 /// Value rows ahead of the one summed whose cache lines are prefetched.
 const PREFETCH_ROWS: usize = 8;
 /// Keys (positions × key heads) under which scores and softmax run on the calling thread.
-const SERIAL_KEYS: usize = 1024;
+pub const SERIAL_KEYS: usize = 1024;
 /// Fewest positions one scoring task covers.
 const MIN_RUN: usize = 64;
 
@@ -80,6 +80,35 @@ pub fn attention_lanes(
     sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
+    lanes_on(s, q, k_cache, v_cache, pos0, sinks, false, out)
+}
+
+/// [`attention_lanes`] on the calling thread alone (no parallel region): one task of a
+/// region over several sequences (`attn::attention_seqs`). The same values bit for bit.
+pub fn attention_lanes_serial(
+    s: &Shape,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos0: usize,
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    lanes_on(s, q, k_cache, v_cache, pos0, sinks, true, out)
+}
+
+/// [`attention_lanes`], its regions on the pool unless `serial`.
+#[allow(clippy::too_many_arguments)]
+fn lanes_on(
+    s: &Shape,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos0: usize,
+    sinks: Option<&[f32]>,
+    serial: bool,
+    out: &mut [f32],
+) {
     let (nh, nkv, hd) = (s.n_heads, s.n_kv_heads, s.head_dim);
     let (qd, kvd, group) = (nh * hd, nkv * hd, nh / nkv);
     let n = q.len() / qd.max(1);
@@ -109,7 +138,7 @@ pub fn attention_lanes(
     let want = (rayon::current_num_threads() * 4).div_ceil(nkv).max(1);
     let run = len.div_ceil(want).max(MIN_RUN).div_ceil(KEYS) * KEYS;
     let runs = len.div_ceil(run);
-    let par = len * nkv >= SERIAL_KEYS;
+    let par = !serial && len * nkv >= SERIAL_KEYS;
     tasks(par, nkv * runs, |i| {
         let (g, r) = (i / runs, i % runs);
         let j0 = r * run;
@@ -157,7 +186,7 @@ pub fn attention_lanes(
     let op = Shared(out.as_mut_ptr());
     let op = &op;
     let chunks = hd.div_ceil(VCOLS);
-    for_each_task(n * nkv * chunks, |i| {
+    tasks(!serial, n * nkv * chunks, |i| {
         let (t, g, c) = (i / (nkv * chunks), i / chunks % nkv, i % chunks);
         let p = pos0 + t;
         let lo = lo_of(p);

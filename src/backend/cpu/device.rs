@@ -6,6 +6,7 @@
 use anyhow::{bail, Result};
 
 use super::attn::{attention_with_sinks, AttnShape};
+use super::attn_seqs::{attention_seqs, SeqSpan};
 use super::blocks::{gated_head_norm, kda_conv_split, res_mix, swiglu_oai};
 use super::kda::{decay, delta_rule, l2norm_eps, sigmoid, DeltaInputs};
 use super::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
@@ -167,19 +168,45 @@ impl Backend for Cpu {
         scale: f32,
     ) -> Result<()> {
         let width = x.len() / rows.max(1);
-        let mut sc = Vec::with_capacity(inv_freq.len());
-        for (t, row) in x.chunks_exact_mut(width).enumerate() {
-            rope_angles(pos0 + t, inv_freq, &mut sc);
-            for h in row.chunks_exact_mut(head_dim) {
-                match interleaved {
-                    true => rope_interleaved_sc(h, &sc),
-                    false => rope_neox_sc(h, &sc),
-                }
-                if scale != 1.0 {
-                    h.iter_mut().for_each(|v| *v *= scale);
-                }
-            }
+        rope_rows(x, width, head_dim, pos0, inv_freq, interleaved, scale);
+        Ok(())
+    }
+
+    fn rope_seqs(
+        &self,
+        x: &mut Vec<f32>,
+        width: usize,
+        spans: &[SeqSpan],
+        head_dim: usize,
+        inv_freq: &[f32],
+        interleaved: bool,
+        scale: f32,
+    ) -> Result<()> {
+        for sp in spans {
+            let rows = &mut x[sp.r0 * width..(sp.r0 + sp.rows) * width];
+            rope_rows(rows, width, head_dim, sp.pos0, inv_freq, interleaved, scale);
         }
+        Ok(())
+    }
+
+    fn attention_seqs(
+        &self,
+        s: &AttnShape,
+        q: &Vec<f32>,
+        kv: &[(&Vec<f32>, &Vec<f32>)],
+        spans: &[SeqSpan],
+        sinks: Option<&[f32]>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        if kv.len() != spans.len() {
+            bail!(
+                "attention_seqs: {} key/value slots for {} sequences",
+                kv.len(),
+                spans.len()
+            );
+        }
+        let kv: Vec<(&[f32], &[f32])> = kv.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+        attention_seqs(s, q, &kv, spans, sinks, out);
         Ok(())
     }
 
@@ -426,5 +453,31 @@ impl Backend for Cpu {
             }
         }
         Ok(())
+    }
+}
+
+/// RoPE at positions `pos0 ..` over the `head_dim` slices of the `width`-wide rows of `x`,
+/// then × `scale` ([`Backend::rope`] on the CPU).
+fn rope_rows(
+    x: &mut [f32],
+    width: usize,
+    head_dim: usize,
+    pos0: usize,
+    inv_freq: &[f32],
+    interleaved: bool,
+    scale: f32,
+) {
+    let mut sc = Vec::with_capacity(inv_freq.len());
+    for (t, row) in x.chunks_exact_mut(width.max(1)).enumerate() {
+        rope_angles(pos0 + t, inv_freq, &mut sc);
+        for h in row.chunks_exact_mut(head_dim) {
+            match interleaved {
+                true => rope_interleaved_sc(h, &sc),
+                false => rope_neox_sc(h, &sc),
+            }
+            if scale != 1.0 {
+                h.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
     }
 }

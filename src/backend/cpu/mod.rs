@@ -40,6 +40,7 @@
 
 pub mod attn;
 mod attn_decode;
+pub mod attn_seqs;
 mod attn_simd;
 pub mod blocks;
 mod device;

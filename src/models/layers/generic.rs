@@ -14,7 +14,7 @@ use anyhow::Result;
 
 use super::GqaRope;
 use crate::backend::cpu::Matrix;
-use crate::backend::{AttnShape, Glu};
+use crate::backend::{AttnShape, Glu, SeqSpan};
 use crate::models::batch::Seqs;
 use crate::models::device::Device;
 use crate::models::rope::RopeStyle;
@@ -94,9 +94,9 @@ pub fn glu_mlp_on<D: Device>(
     mm_on(dev, down, &g, n)
 }
 
-/// Per-head RMSNorm (weight `w`, `head_dim` wide; skipped when `None`), then RoPE of `style`
-/// at positions `pos0 ..` and a multiplication by `scale`, over every `head_dim` slice of the
-/// `rows` rows of `x` (`len` floats): [`super::norm_rope_heads`] on the device.
+/// Per-head RMSNorm (weight `w`, `head_dim` wide; skipped when `None`) of every row of `x`
+/// (`len` floats, `width` a row), then RoPE of `style` at each sequence's positions (`spans`)
+/// and a multiplication by `scale`: [`super::norm_rope_heads`] on the device.
 ///
 /// Errors: the device's.
 #[allow(clippy::too_many_arguments)]
@@ -104,10 +104,10 @@ fn norm_rope_on<D: Device>(
     dev: &D,
     x: &mut D::Buf,
     len: usize,
-    rows: usize,
+    width: usize,
+    spans: &[SeqSpan],
     w: Option<&[f32]>,
     r: &GqaRope,
-    pos0: usize,
     scale: f32,
     head_dim: usize,
 ) -> Result<()> {
@@ -115,7 +115,7 @@ fn norm_rope_on<D: Device>(
         *x = norm_on(dev, x, len, w, r.eps)?;
     }
     let inter = r.style == RopeStyle::Interleaved;
-    dev.rope(x, rows, head_dim, pos0, r.inv_freq, inter, scale)
+    dev.rope_seqs(x, width, spans, head_dim, r.inv_freq, inter, scale)
 }
 
 /// One grouped-query attention layer's weights for [`gqa_attention_on`]: projections `q`
@@ -160,9 +160,11 @@ pub fn rows_on<D: Device>(
 
 /// Grouped-query attention of the normed rows `xn` (`rows × hidden`) of the sequences `seqs`
 /// in layer `l` on `dev` into a new `rows × hidden` buffer (the residual not added): q, k, v
-/// projections over every row; per sequence its rows' q/k norms, RoPE and scaling at its
-/// positions, its new keys and values written to its layer-`l` slots
-/// ([`Device::kv_slots`]), its causal attention; the output projection over every row.
+/// projections, q/k norms, RoPE and scaling over every row (RoPE at each sequence's
+/// positions: [`crate::backend::Backend::rope_seqs`]); each sequence's new keys and values
+/// written to its layer-`l` slots ([`Device::kv_slots`]); every sequence's causal attention
+/// in one call ([`crate::backend::Backend::attention_seqs`]); the output projection over
+/// every row.
 /// With `biases`, each added right after its projection (GPT-OSS).
 ///
 /// Errors: the device's.
@@ -184,37 +186,36 @@ pub fn gqa_attention_on<D: Device>(
             dev.add_rows(y, b)?;
         }
     }
-    let (mut v, mut k, mut q) = (qkv.pop(), qkv.pop(), qkv.pop());
+    let (v, mut k, mut q) = (
+        qkv.pop().expect("three products"),
+        qkv.pop().expect("three products"),
+        qkv.pop().expect("three products"),
+    );
     let (qn, kn) = match w.qk_norm {
         Some([a, b]) => (Some(a), Some(b)),
         None => (None, None),
     };
-    let whole = seqs.len() == 1;
-    let mut att = match whole {
-        true => None,
-        false => Some(dev.zeros(n * qd)?),
-    };
+    // every sequence's rows through each op at once; positions per sequence
+    let spans: Vec<SeqSpan> = seqs
+        .each()
+        .map(|(r0, sq)| SeqSpan {
+            r0,
+            rows: sq.n,
+            pos0: sq.pos0,
+        })
+        .collect();
+    norm_rope_on(dev, &mut q, n * qd, qd, &spans, qn, r, r.q_scale, hd)?;
+    norm_rope_on(dev, &mut k, n * kvd, kvd, &spans, kn, r, r.k_scale, hd)?;
+    let mut kv = Vec::with_capacity(spans.len());
     for (r0, sq) in seqs.each() {
         let (pos0, m) = (sq.pos0, sq.n);
-        let mut qs = rows_on(dev, &mut q, whole, qd, r0, m)?;
-        let mut ks = rows_on(dev, &mut k, whole, kvd, r0, m)?;
-        let vs = rows_on(dev, &mut v, whole, kvd, r0, m)?;
-        norm_rope_on(dev, &mut qs, m * qd, m, qn, r, pos0, r.q_scale, hd)?;
-        norm_rope_on(dev, &mut ks, m * kvd, m, kn, r, pos0, r.k_scale, hd)?;
         let (kc, vc) = dev.kv_slots(sq.cache, l)?;
-        dev.copy(&ks, 0, kc, pos0 * kvd, m * kvd)?;
-        dev.copy(&vs, 0, vc, pos0 * kvd, m * kvd)?;
-        let mut a = dev.zeros(m * qd)?;
-        dev.attention(s, &qs, kc, vc, pos0, w.sinks, &mut a)?;
-        match whole {
-            true => att = Some(a),
-            false => {
-                let all = att.as_mut().expect("allocated for several sequences");
-                dev.copy(&a, 0, all, r0 * qd, m * qd)?
-            }
-        }
+        dev.copy(&k, r0 * kvd, kc, pos0 * kvd, m * kvd)?;
+        dev.copy(&v, r0 * kvd, vc, pos0 * kvd, m * kvd)?;
+        kv.push((&*kc, &*vc));
     }
-    let att = att.expect("at least one sequence");
+    let mut att = dev.zeros(n * qd)?;
+    dev.attention_seqs(s, &q, &kv, &spans, w.sinks, &mut att)?;
     let mut o = mm_on(dev, &w.o, &att, n)?;
     if let Some([_, _, _, bo]) = w.biases {
         dev.add_rows(&mut o, bo)?;
