@@ -10,6 +10,8 @@
 //! N values over 3 rounds and keeping each one's best.
 use std::time::Instant;
 
+use rayon::prelude::*;
+
 use deltafin::backend::cpu::pool::PoolStats;
 use deltafin::engine::sampler::argmax;
 use deltafin::load::open_any;
@@ -85,7 +87,8 @@ fn main() -> anyhow::Result<()> {
                     .map(|(c, t)| SeqPass::new(c, t, Logits::Last))
                     .collect();
                 let out = model.forward_batch(&mut store, &mut batch)?;
-                last = out.iter().map(|l| argmax(l) as u32).collect();
+                // as the server samples its slots: in parallel
+                last = out.par_iter().map(|l| argmax(l) as u32).collect();
             }
             let s = t0.elapsed().as_secs_f64();
             let tok = (n * steps) as f64;
