@@ -185,7 +185,7 @@ pub trait Backend: Send + Sync {
     /// [`Backend::rope`] of each sequence's rows of `x` (`width` floats a row, every
     /// sequence's rows stacked) at that sequence's positions (`spans`). The default ropes a
     /// span covering all of `x` in place and copies any other out and back; a backend that
-    /// can address rows of a buffer overrides it.
+    /// can address rows of a buffer overrides it ([`rope_seqs_by_copies`]).
     #[allow(clippy::too_many_arguments)]
     fn rope_seqs(
         &self,
@@ -197,27 +197,16 @@ pub trait Backend: Send + Sync {
         interleaved: bool,
         scale: f32,
     ) -> Result<()> {
-        if let [sp] = spans {
-            if sp.r0 == 0 {
-                return self.rope(x, sp.rows, head_dim, sp.pos0, inv_freq, interleaved, scale);
-            }
-        }
-        for sp in spans {
-            let len = sp.rows * width;
-            let mut t = self.zeros(len)?;
-            self.copy(x, sp.r0 * width, &mut t, 0, len)?;
-            self.rope(
-                &mut t,
-                sp.rows,
-                head_dim,
-                sp.pos0,
-                inv_freq,
-                interleaved,
-                scale,
-            )?;
-            self.copy(&t, 0, x, sp.r0 * width, len)?;
-        }
-        Ok(())
+        rope_seqs_by_copies(
+            self,
+            x,
+            width,
+            spans,
+            head_dim,
+            inv_freq,
+            interleaved,
+            scale,
+        )
     }
     /// [`Backend::attention`] of several sequences in one call: sequence `i`'s query rows
     /// (`spans[i]` of `q`, every sequence's rows stacked) over its keys and values `kv[i]`
@@ -236,28 +225,7 @@ pub trait Backend: Send + Sync {
         sinks: Option<&[f32]>,
         out: &mut Self::Buf,
     ) -> Result<()> {
-        if kv.len() != spans.len() {
-            anyhow::bail!(
-                "attention_seqs: {} key/value slots for {} sequences",
-                kv.len(),
-                spans.len()
-            );
-        }
-        if let ([(k, v)], [sp]) = (kv, spans) {
-            if sp.r0 == 0 {
-                return self.attention(s, q, k, v, sp.pos0, sinks, out);
-            }
-        }
-        let qd = s.n_heads * s.head_dim;
-        for (&(k, v), sp) in kv.iter().zip(spans) {
-            let len = sp.rows * qd;
-            let mut qs = self.zeros(len)?;
-            self.copy(q, sp.r0 * qd, &mut qs, 0, len)?;
-            let mut a = self.zeros(len)?;
-            self.attention(s, &qs, k, v, sp.pos0, sinks, &mut a)?;
-            self.copy(&a, 0, out, sp.r0 * qd, len)?;
-        }
-        Ok(())
+        attention_seqs_by_copies(self, s, q, kv, spans, sinks, out)
     }
     /// Multi-head latent attention of one sequence's `q` rows over its latent rows
     /// (`latent`: `rank + rope` floats per position `0 .. pos0 + rows`, more may follow) into
@@ -492,6 +460,81 @@ impl std::str::FromStr for DeviceKind {
             },
         }
     }
+}
+
+/// [`Backend::rope_seqs`] through the one-sequence ops: a span covering all of `x` roped in
+/// place, any other copied out, roped and copied back (the trait's default).
+///
+/// Errors: the device's.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_seqs_by_copies<B: Backend + ?Sized>(
+    dev: &B,
+    x: &mut B::Buf,
+    width: usize,
+    spans: &[SeqSpan],
+    head_dim: usize,
+    inv_freq: &[f32],
+    interleaved: bool,
+    scale: f32,
+) -> Result<()> {
+    if let [sp] = spans {
+        if sp.r0 == 0 {
+            return dev.rope(x, sp.rows, head_dim, sp.pos0, inv_freq, interleaved, scale);
+        }
+    }
+    for sp in spans {
+        let len = sp.rows * width;
+        let mut t = dev.zeros(len)?;
+        dev.copy(x, sp.r0 * width, &mut t, 0, len)?;
+        dev.rope(
+            &mut t,
+            sp.rows,
+            head_dim,
+            sp.pos0,
+            inv_freq,
+            interleaved,
+            scale,
+        )?;
+        dev.copy(&t, 0, x, sp.r0 * width, len)?;
+    }
+    Ok(())
+}
+
+/// [`Backend::attention_seqs`] through [`Backend::attention`], one sequence at a time (its
+/// rows copied out and back unless one span covers all; the trait's default).
+///
+/// Errors: `kv` and `spans` of different lengths; the device's.
+pub fn attention_seqs_by_copies<B: Backend + ?Sized>(
+    dev: &B,
+    s: &AttnShape,
+    q: &B::Buf,
+    kv: &[(&B::Buf, &B::Buf)],
+    spans: &[SeqSpan],
+    sinks: Option<&[f32]>,
+    out: &mut B::Buf,
+) -> Result<()> {
+    if kv.len() != spans.len() {
+        anyhow::bail!(
+            "attention_seqs: {} key/value slots for {} sequences",
+            kv.len(),
+            spans.len()
+        );
+    }
+    if let ([(k, v)], [sp]) = (kv, spans) {
+        if sp.r0 == 0 {
+            return dev.attention(s, q, k, v, sp.pos0, sinks, out);
+        }
+    }
+    let qd = s.n_heads * s.head_dim;
+    for (&(k, v), sp) in kv.iter().zip(spans) {
+        let len = sp.rows * qd;
+        let mut qs = dev.zeros(len)?;
+        dev.copy(q, sp.r0 * qd, &mut qs, 0, len)?;
+        let mut a = dev.zeros(len)?;
+        dev.attention(s, &qs, k, v, sp.pos0, sinks, &mut a)?;
+        dev.copy(&a, 0, out, sp.r0 * qd, len)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ mod kernels;
 mod matmul;
 mod mla_kda;
 mod ops;
+mod seqs;
 
 /// The [`crate::backend::Op`]s this backend has no kernel for yet (none: every op of the
 /// trait has one). A family whose layers need one is refused on CUDA by name

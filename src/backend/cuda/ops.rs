@@ -9,7 +9,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use super::kernels::{type_name, ATT_MAX_DIM, ATT_WARPS};
 use super::{Cuda, CudaBuf, CudaMatrix};
 use crate::backend::cpu::Matrix;
-use crate::backend::{AttnShape, Backend, Glu, MlaProj, MlaShape, Op};
+use crate::backend::{AttnShape, Backend, Glu, MlaProj, MlaShape, Op, SeqSpan};
 
 impl Cuda {
     /// The error of an op this backend has no kernel for ([`super::MISSING`]):
@@ -311,6 +311,54 @@ impl Backend for Cuda {
         // sinks nh floats or a null pointer (checked above).
         unsafe { b.launch(cfg) }.context("CUDA attention kernel")?;
         Ok(())
+    }
+
+    fn rope_seqs(
+        &self,
+        x: &mut CudaBuf,
+        width: usize,
+        spans: &[SeqSpan],
+        head_dim: usize,
+        inv_freq: &[f32],
+        interleaved: bool,
+        scale: f32,
+    ) -> Result<()> {
+        match (spans, super::seqs::VIEWS_VERIFIED) {
+            ([sp], _) if sp.r0 == 0 => {
+                self.rope(x, sp.rows, head_dim, sp.pos0, inv_freq, interleaved, scale)
+            }
+            (_, true) => {
+                self.rope_seqs_dev(x, width, spans, head_dim, inv_freq, interleaved, scale)
+            }
+            (_, false) => crate::backend::rope_seqs_by_copies(
+                self,
+                x,
+                width,
+                spans,
+                head_dim,
+                inv_freq,
+                interleaved,
+                scale,
+            ),
+        }
+    }
+
+    fn attention_seqs(
+        &self,
+        s: &AttnShape,
+        q: &CudaBuf,
+        kv: &[(&CudaBuf, &CudaBuf)],
+        spans: &[SeqSpan],
+        sinks: Option<&[f32]>,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        match (kv, spans, super::seqs::VIEWS_VERIFIED) {
+            ([(k, v)], [sp], _) if sp.r0 == 0 => self.attention(s, q, k, v, sp.pos0, sinks, out),
+            (_, _, true) => self.attention_seqs_dev(s, q, kv, spans, sinks, out),
+            (_, _, false) => {
+                crate::backend::attention_seqs_by_copies(self, s, q, kv, spans, sinks, out)
+            }
+        }
     }
 
     fn mla_attention(
