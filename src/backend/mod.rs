@@ -8,10 +8,10 @@
 //! - `cuda/`: the CUDA backend ([`cuda::Cuda`]): the driver, NVRTC and cuBLAS loaded at run
 //!   time (no CUDA needed to build or to run without a GPU), kernels from committed `.cu`
 //!   sources compiled at first use; products over the stored encodings, norms, RoPE, the
-//!   GLUs, GQA and latent attention, the KDA scan and every other [`Op`]. The GQA families
-//!   run on it with `--device cuda` or `auto`; the others' kernels are not yet verified on a
-//!   GPU ([`cuda::UNVERIFIED`]: `--device cuda` only) (ARCHITECTURE.md, "Adding a compute
-//!   device", says what is done and what is not).
+//!   GLUs, GQA and latent attention, the KDA scan and every other [`Op`]. Every family but
+//!   GPT-OSS runs on it with `--device cuda` or `auto`; GPT-OSS needs an op whose GPU test
+//!   has not yet passed ([`cuda::UNVERIFIED`]: `--device cuda` only) (ARCHITECTURE.md,
+//!   "Adding a compute device", says what is done and what is not).
 //!
 //! The model code above (`models/layers/`, the decoder skeleton) owns the wiring of a layer
 //! (which projection feeds which op); a backend owns the buffers and the ops. Routing stays
