@@ -1,13 +1,15 @@
 """Concurrent streams against a running `deltafin serve` (continuous batching, `--parallel`).
 
 For each level N of --streams, N clients start together, each streaming one chat completion of a
-distinct prompt (greedy, --max-tokens tokens; --ignore-eos asks the server to run every stream to
-that length). Reported per level: aggregate generated tok/s over the level's wall time, mean
+distinct prompt (--max-tokens tokens; greedy, or sampled at --temperature T with the server's
+other sampling settings and seed; --ignore-eos asks the server to run every stream to that
+length). Reported per level: aggregate generated tok/s over the level's wall time, mean
 per-stream decode tok/s (tokens after the first / seconds after the first), p50 and p95 TTFT,
 and bytes read from disk per generated token (the server's /metrics counters before and after).
 
 Usage: python3 tools/serve_load.py PORT [--streams 1,2,4,8] [--max-tokens 64] [--rounds 1]
-                                        [--ignore-eos] [--json FILE]   (standard library only)
+                                        [--ignore-eos] [--temperature T] [--json FILE]
+(standard library only)
 """
 import argparse
 import http.client
@@ -30,19 +32,19 @@ def metric(port, name):
     return 0.0
 
 
-def stream(port, i, max_tokens, ignore_eos, out, slot):
+def stream(port, i, max_tokens, ignore_eos, temperature, out, slot):
     """Streams request `i` (its topic); stores (ttft s, tokens, seconds after the first
     token) in out[slot]."""
     try:
-        out[slot] = stream1(port, i, max_tokens, ignore_eos)
+        out[slot] = stream1(port, i, max_tokens, ignore_eos, temperature)
     except BaseException as e:  # noqa: BLE001 - reported, then the level fails
         print(f"stream {i} failed: {e!r}", flush=True)
 
 
-def stream1(port, i, max_tokens, ignore_eos):
+def stream1(port, i, max_tokens, ignore_eos, temperature):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
     body = {"messages": [{"role": "user", "content": f"Write a long story about {TOPICS[i % len(TOPICS)]}."}],
-            "max_tokens": max_tokens, "stream": True, "temperature": 0,
+            "max_tokens": max_tokens, "stream": True, "temperature": temperature,
             "stream_options": {"include_usage": True}}
     if ignore_eos:
         body["ignore_eos"] = True
@@ -71,11 +73,11 @@ def stream1(port, i, max_tokens, ignore_eos):
     return ((first or time.perf_counter()) - t0, n, (last - first) if first else 0.0)
 
 
-def level(port, n, max_tokens, ignore_eos, offset):
+def level(port, n, max_tokens, ignore_eos, temperature, offset):
     out = [None] * n
     b0 = metric(port, "deltafin_bytes_read_total")
     g0 = metric(port, "deltafin_generated_tokens_total")
-    threads = [threading.Thread(target=stream, args=(port, offset + i, max_tokens, ignore_eos, out, i))
+    threads = [threading.Thread(target=stream, args=(port, offset + i, max_tokens, ignore_eos, temperature, out, i))
                for i in range(n)]
     t0 = time.perf_counter()
     for t in threads:
@@ -106,13 +108,15 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--ignore-eos", action="store_true")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sent in every request (default 0: greedy)")
     ap.add_argument("--json")
     a = ap.parse_args()
     rows = []
     offset = 0
     for n in [int(x) for x in a.streams.split(",")]:
         for _ in range(a.rounds):
-            rows.append(level(a.port, n, a.max_tokens, a.ignore_eos, offset))
+            rows.append(level(a.port, n, a.max_tokens, a.ignore_eos, a.temperature, offset))
             offset += n
             print(json.dumps(rows[-1]), flush=True)
     base = rows[0]

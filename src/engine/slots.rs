@@ -18,6 +18,8 @@
 
 use std::time::Instant;
 
+use rayon::prelude::*;
+
 use super::conversation::{Chunk, Outcome, Params, Reply};
 use super::generate::{Handout, Output};
 use super::sampler::Sampler;
@@ -195,8 +197,8 @@ impl<'a> Slots<'a> {
     }
 
     /// One step: ends the requests whose `cancelled` says so, then runs one forward pass over
-    /// the running slots (module header) and hands out each token sampled. Returns the rows
-    /// the pass took (0: nothing ran).
+    /// the running slots (module header), samples the slots' tokens in parallel and hands
+    /// them out in slot order. Returns the rows the pass took (0: nothing ran).
     ///
     /// A pass that fails ends every request in it with the error (their slots' caches are
     /// emptied).
@@ -260,23 +262,32 @@ impl<'a> Slots<'a> {
                 return 0;
             }
         };
-        let tok = self.tok;
-        let is_eog = |t: u32| tok.is_eog(t);
-        for ((i, toks, ends), mut l) in chosen.into_iter().zip(logits) {
-            let slot = &mut self.slots[i];
-            let r = slot.run.as_mut().expect("running");
+        // Which slots hand out a token: those whose step ended their prompt or decoded one,
+        // unless their hand-out is already over (then they end unsampled: a grammar must
+        // advance only over tokens handed out).
+        let mut handed: Vec<(usize, bool, Vec<f32>)> = Vec::with_capacity(chosen.len());
+        for ((i, toks, ends), l) in chosen.into_iter().zip(logits) {
+            let r = self.slots[i].run.as_mut().expect("running");
             if r.prefilling() {
                 r.pos += toks.len();
             }
-            if !ends {
-                continue;
+            if ends {
+                handed.push((i, !r.hand.done(), l));
             }
-            if r.hand.done() {
+        }
+        let drawn = self.sample(&mut handed);
+        // the hand-out, in slot order
+        let tok = self.tok;
+        let is_eog = |t: u32| tok.is_eog(t);
+        let mut drawn = drawn.into_iter();
+        for (i, sampled, _) in handed {
+            if !sampled {
                 self.end(i, None);
                 continue;
             }
-            let row = r.reply.rows().then(|| l.clone());
-            let id = r.sampler.sample(&mut l, &r.hand.history);
+            let (id, row) = drawn.next().expect("a draw per sampled slot");
+            let slot = &mut self.slots[i];
+            let r = slot.run.as_mut().expect("running");
             r.first.get_or_insert_with(Instant::now);
             if !r.hand.push(id, row.as_deref(), &is_eog, &mut r.reply) {
                 self.end(i, None);
@@ -285,6 +296,41 @@ impl<'a> Slots<'a> {
             }
         }
         rows
+    }
+
+    /// Samples the next token of each slot of `handed` (`(slot, whether to sample, its
+    /// logits)`, in slot order) marked to be sampled, on rayon's global pool when there are
+    /// several: returns, in the same order, the token and the logprobs row (the logits as they
+    /// came from the pass, when the reply wants rows). Each slot's [`Sampler`] is its own (its
+    /// PRNG stream, its grammar) and `sample` reads nothing shared, so the tokens do not
+    /// depend on the schedule. Takes the logits out of `handed`.
+    fn sample(&mut self, handed: &mut [(usize, bool, Vec<f32>)]) -> Vec<(u32, Option<Vec<f32>>)> {
+        let mut jobs: Vec<(&mut Sampler, &[u32], bool, Vec<f32>)> = Vec::new();
+        debug_assert!(handed.windows(2).all(|w| w[0].0 < w[1].0));
+        let mut want = handed.iter_mut().filter(|h| h.1).peekable();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if let Some(h) = want.next_if(|h| h.0 == i) {
+                let r = s.run.as_mut().expect("running");
+                let rows = r.reply.rows();
+                jobs.push((
+                    &mut r.sampler,
+                    &r.hand.history,
+                    rows,
+                    std::mem::take(&mut h.2),
+                ));
+            }
+        }
+        debug_assert!(want.next().is_none(), "every slot to sample was found");
+        let one = |(s, history, rows, mut l): (&mut Sampler, &[u32], bool, Vec<f32>)| {
+            // the row is taken before the sampler's steering and penalty change the logits
+            let row = rows.then(|| l.clone());
+            (s.sample(&mut l, history), row)
+        };
+        if jobs.len() < 2 {
+            jobs.into_iter().map(one).collect()
+        } else {
+            jobs.into_par_iter().map(one).collect()
+        }
     }
 
     /// Ends the request in slot `i` (`ended`: why, unless its hand-out saw an end), reports it,
