@@ -50,7 +50,9 @@ pub struct MlaProj<W> {
 /// weights are views of their stored encoding where the device reads them
 /// ([`Backend::Weights`]: host bytes for the CPU, device memory for a GPU). Every op works on
 /// `rows` stacked rows of one pass, whatever sequences they belong to; the ops that read
-/// positions (RoPE, attention, the KDA scan) take one sequence's rows and its cache slot.
+/// positions take one sequence's rows and its cache slot (RoPE, attention, the KDA scan) or
+/// every sequence's rows with each one's positions and slots ([`Backend::rope_seqs`],
+/// [`Backend::attention_seqs`]: one call per layer for a batch).
 ///
 /// Contract (what the tests hold every backend to): a row's result does not depend on the
 /// other rows of its call nor on the device's parallelism, so a batch of sequences equals
