@@ -48,6 +48,7 @@ pub mod generate;
 pub mod logprobs;
 pub mod report;
 pub mod sampler;
+mod sampler_select;
 pub mod session;
 pub mod slots;
 pub mod spec_policy;
