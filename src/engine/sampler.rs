@@ -649,3 +649,8 @@ pub(crate) mod tests {
         );
     }
 }
+
+// the selection's equivalence proptests (they use `tests::cfg`)
+#[cfg(test)]
+#[path = "sampler_props.rs"]
+mod props;
