@@ -118,7 +118,7 @@ fn prompt_and_greedy(m: &dyn Model, s: &mut WeightStore) -> (Vec<f32>, Vec<u32>,
 }
 
 #[test]
-fn families_with_unverified_kernels_stay_on_the_cpu_under_auto_and_run_on_cuda() {
+fn auto_takes_the_gpu_unless_a_kernel_is_unverified_and_cuda_runs_every_family() {
     let gpu = !Cuda::devices().is_empty();
     // (fixture, the ops `auto` finds unverified: none since their GPU run, or GPT-OSS's)
     for (rel, unverified) in [

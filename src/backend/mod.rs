@@ -185,9 +185,10 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Buf,
     ) -> Result<()>;
     /// [`Backend::rope`] of each sequence's rows of `x` (`width` floats a row, every
-    /// sequence's rows stacked) at that sequence's positions (`spans`). The default ropes a
-    /// span covering all of `x` in place and copies any other out and back; a backend that
-    /// can address rows of a buffer overrides it ([`rope_seqs_by_copies`]).
+    /// sequence's rows stacked) at that sequence's positions (`spans`: `x`'s rows in order,
+    /// [`cpu::attn_seqs::spans_error`]; so one span is all of `x`). The default ropes a single
+    /// span in place and copies each of several out and back ([`rope_seqs_by_copies`]); a
+    /// backend that can address rows of a buffer overrides it.
     #[allow(clippy::too_many_arguments)]
     fn rope_seqs(
         &self,
@@ -211,8 +212,9 @@ pub trait Backend: Send + Sync {
         )
     }
     /// [`Backend::attention`] of several sequences in one call: sequence `i`'s query rows
-    /// (`spans[i]` of `q`, every sequence's rows stacked) over its keys and values `kv[i]`
-    /// into the same rows of `out`; each sequence's values as alone. The default calls
+    /// (`spans[i]` of `q`, every sequence's rows stacked; the spans are `q`'s rows in order,
+    /// [`cpu::attn_seqs::spans_error`]) over its keys and values `kv[i]` into the same rows
+    /// of `out`; each sequence's values as alone. The default calls
     /// `attention` per sequence (rows copied out and back unless one span covers all); the
     /// CPU's runs the short ones as the tasks of one parallel region
     /// ([`cpu::attn_seqs::attention_seqs`]).
@@ -464,8 +466,9 @@ impl std::str::FromStr for DeviceKind {
     }
 }
 
-/// [`Backend::rope_seqs`] through the one-sequence ops: a span covering all of `x` roped in
-/// place, any other copied out, roped and copied back (the trait's default).
+/// [`Backend::rope_seqs`] through the one-sequence ops: a single span (all of `x`, by the
+/// spans' contract) roped in place, each of several copied out, roped and copied back (the
+/// trait's default).
 ///
 /// Errors: the device's.
 #[allow(clippy::too_many_arguments)]
@@ -503,7 +506,8 @@ pub fn rope_seqs_by_copies<B: Backend + ?Sized>(
 }
 
 /// [`Backend::attention_seqs`] through [`Backend::attention`], one sequence at a time (its
-/// rows copied out and back unless one span covers all; the trait's default).
+/// rows copied out and back unless it is the only one, which is then all of `q` by the
+/// spans' contract; the trait's default).
 ///
 /// Errors: `kv` and `spans` of different lengths; the device's.
 pub fn attention_seqs_by_copies<B: Backend + ?Sized>(

@@ -16,6 +16,27 @@ pub struct SeqSpan {
     pub pos0: usize,
 }
 
+/// Why `spans` are not a pass's sequences over a buffer of `rows` rows, or `None`: the ops
+/// over several sequences ([`attention_seqs`], `Backend::rope_seqs`,
+/// `Backend::attention_seqs`) take spans that cover rows `0 .. rows` in order, each starting
+/// where the last ended (as `models::batch::Seqs::each` gives them). Disjoint spans are what
+/// makes [`attention_seqs`]'s parallel writes sound, and a single span then covers the whole
+/// buffer, which the one-sequence shortcuts rely on.
+pub fn spans_error(spans: &[SeqSpan], rows: usize) -> Option<String> {
+    let mut at = 0;
+    for sp in spans {
+        if sp.r0 != at {
+            return Some(format!(
+                "sequence rows {}..{} where row {at} was expected (the spans must cover the pass's rows in order)",
+                sp.r0,
+                sp.r0 + sp.rows
+            ));
+        }
+        at += sp.rows;
+    }
+    (at != rows).then(|| format!("the sequences cover {at} rows of {rows}"))
+}
+
 /// [`attention_with_sinks`] of several sequences in one call: sequence `i`'s query rows
 /// `spans[i].r0 ..` of `q` (`rows × n_heads × head_dim`, all sequences' rows stacked) over
 /// its own keys and values `kv[i]`, into the same rows of `out`. The values are each
@@ -26,7 +47,8 @@ pub struct SeqSpan {
 /// of Gemma 3 270M had 8 regions a layer); the others run one after another, each split over
 /// the pool as alone.
 ///
-/// Panics when `kv` and `spans` differ in length or a span lies outside `q` or `out`.
+/// Panics when `kv` and `spans` differ in length, or the spans are not `q`'s rows in order
+/// ([`spans_error`]).
 pub fn attention_seqs(
     s: &AttnShape,
     q: &[f32],
@@ -38,6 +60,9 @@ pub fn attention_seqs(
     assert_eq!(kv.len(), spans.len(), "one key/value slot per sequence");
     assert_eq!(q.len(), out.len(), "queries and outputs");
     let qd = s.n_heads * s.head_dim;
+    if let Some(e) = spans_error(spans, q.len() / qd.max(1)) {
+        panic!("attention_seqs: {e}");
+    }
     let rows_of = |sp: &SeqSpan| sp.r0 * qd..(sp.r0 + sp.rows) * qd;
     let lanes = lanes_shape(s);
     let small = |sp: &SeqSpan| {
@@ -57,8 +82,9 @@ pub fn attention_seqs(
         let i = few[j];
         let (k, v) = kv[i];
         let r = rows_of(&spans[i]);
-        // SAFETY: the spans' rows are disjoint (one sequence's rows each) and inside `out`
-        // (the slice below checks the range against its length); each task writes its own.
+        // SAFETY: the spans' rows are disjoint (checked above: consecutive, in order) and
+        // inside `out` (the slice below checks the range against its length); each task
+        // writes its own.
         let dst = unsafe { o.rows(r.clone()) };
         attn_decode::attention_lanes_serial(&lanes, &q[r], k, v, spans[i].pos0, sinks, dst);
     });
@@ -147,6 +173,35 @@ mod tests {
                 assert!(same, "{threads} threads, sinks {}", sk.is_some());
             }
         }
+    }
+
+    /// Spans that overlap (two tasks writing the same rows) or leave rows out are refused.
+    #[test]
+    fn spans_must_be_the_rows_in_order() {
+        let sp = |r0, rows| SeqSpan { r0, rows, pos0: 0 };
+        assert_eq!(spans_error(&[sp(0, 2), sp(2, 1)], 3), None);
+        assert_eq!(
+            spans_error(&[sp(0, 1), sp(0, 1)], 2).as_deref(),
+            Some("sequence rows 0..1 where row 1 was expected (the spans must cover the pass's rows in order)")
+        );
+        assert_eq!(
+            spans_error(&[sp(0, 1)], 4).as_deref(),
+            Some("the sequences cover 1 rows of 4")
+        );
+        let s = AttnShape {
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 4,
+            window: None,
+            softcap: None,
+        };
+        let kv = [0f32; 4];
+        let slots: [(&[f32], &[f32]); 2] = [(&kv, &kv), (&kv, &kv)];
+        let r = std::panic::catch_unwind(|| {
+            let mut out = [0f32; 4];
+            attention_seqs(&s, &[0.5; 4], &slots, &[sp(0, 1), sp(0, 1)], None, &mut out);
+        });
+        assert!(r.is_err(), "overlapping spans must panic");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use anyhow::{bail, Result};
 
 use super::attn::{attention_with_sinks, AttnShape};
-use super::attn_seqs::{attention_seqs, SeqSpan};
+use super::attn_seqs::{attention_seqs, spans_error, SeqSpan};
 use super::blocks::{gated_head_norm, kda_conv_split, res_mix, swiglu_oai};
 use super::kda::{decay, delta_rule, l2norm_eps, sigmoid, DeltaInputs};
 use super::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
@@ -182,6 +182,9 @@ impl Backend for Cpu {
         interleaved: bool,
         scale: f32,
     ) -> Result<()> {
+        if let Some(e) = spans_error(spans, x.len() / width.max(1)) {
+            bail!("rope_seqs: {e}");
+        }
         for sp in spans {
             let rows = &mut x[sp.r0 * width..(sp.r0 + sp.rows) * width];
             rope_rows(rows, width, head_dim, sp.pos0, inv_freq, interleaved, scale);
@@ -203,6 +206,17 @@ impl Backend for Cpu {
                 "attention_seqs: {} key/value slots for {} sequences",
                 kv.len(),
                 spans.len()
+            );
+        }
+        let qd = (s.n_heads * s.head_dim).max(1);
+        if let Some(e) = spans_error(spans, q.len() / qd) {
+            bail!("attention_seqs: {e}");
+        }
+        if out.len() != q.len() {
+            bail!(
+                "attention_seqs: {} output floats for {} queries",
+                out.len(),
+                q.len()
             );
         }
         let kv: Vec<(&[f32], &[f32])> = kv.iter().map(|(k, v)| (&k[..], &v[..])).collect();

@@ -323,10 +323,9 @@ impl Backend for Cuda {
         interleaved: bool,
         scale: f32,
     ) -> Result<()> {
+        super::seqs::spans_fit("rope", spans, width, x.len)?;
         match (spans, super::seqs::VIEWS_VERIFIED) {
-            ([sp], _) if sp.r0 == 0 => {
-                self.rope(x, sp.rows, head_dim, sp.pos0, inv_freq, interleaved, scale)
-            }
+            ([sp], _) => self.rope(x, sp.rows, head_dim, sp.pos0, inv_freq, interleaved, scale),
             (_, true) => {
                 self.rope_seqs_dev(x, width, spans, head_dim, inv_freq, interleaved, scale)
             }
@@ -352,8 +351,10 @@ impl Backend for Cuda {
         sinks: Option<&[f32]>,
         out: &mut CudaBuf,
     ) -> Result<()> {
+        let qd = s.n_heads * s.head_dim;
+        super::seqs::spans_fit("attention", spans, qd, q.len)?;
         match (kv, spans, super::seqs::VIEWS_VERIFIED) {
-            ([(k, v)], [sp], _) if sp.r0 == 0 => self.attention(s, q, k, v, sp.pos0, sinks, out),
+            ([(k, v)], [sp], _) => self.attention(s, q, k, v, sp.pos0, sinks, out),
             (_, _, true) => self.attention_seqs_dev(s, q, kv, spans, sinks, out),
             (_, _, false) => {
                 crate::backend::attention_seqs_by_copies(self, s, q, kv, spans, sinks, out)

@@ -14,6 +14,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::kernels::{ATT_MAX_DIM, ATT_WARPS};
 use super::{Cuda, CudaBuf};
+use crate::backend::cpu::attn_seqs::spans_error;
 use crate::backend::{AttnShape, SeqSpan};
 
 /// Whether [`Backend::rope_seqs`] and [`Backend::attention_seqs`] on the GPU take the views
@@ -27,18 +28,16 @@ pub(super) const VIEWS_VERIFIED: bool = false;
 /// Threads per block of the RoPE launch (as `ops.rs`'s element-wise launches).
 const THREADS: u32 = 256;
 
-/// Checks that every span's rows lie inside a buffer of `len` floats of `width`-wide rows.
-fn spans_fit(what: &str, spans: &[SeqSpan], width: usize, len: usize) -> Result<()> {
-    for sp in spans {
-        if (sp.r0 + sp.rows) * width > len {
-            bail!(
-                "{what}: rows {}..{} of {width} floats past a buffer of {len}",
-                sp.r0,
-                sp.r0 + sp.rows
-            );
-        }
+/// Checks that the spans are the rows of a buffer of `len` floats of `width`-wide rows, in
+/// order ([`spans_error`]).
+pub(super) fn spans_fit(what: &str, spans: &[SeqSpan], width: usize, len: usize) -> Result<()> {
+    if width == 0 || !len.is_multiple_of(width) {
+        bail!("{what}: {len} floats are not rows of {width}");
     }
-    Ok(())
+    match spans_error(spans, len / width) {
+        Some(e) => bail!("{what}: {e}"),
+        None => Ok(()),
+    }
 }
 
 impl Cuda {
