@@ -69,8 +69,13 @@ pub fn attention_seqs(
         attn_decode::fits(&lanes, sp.rows)
             && (sp.pos0 + sp.rows) * s.n_kv_heads < attn_decode::SERIAL_KEYS
     };
-    let (few, alone): (Vec<usize>, Vec<usize>) =
-        (0..spans.len()).partition(|&i| spans.len() > 1 && small(&spans[i]));
+    let (mut few, mut alone): (Vec<usize>, Vec<usize>) =
+        (0..spans.len()).partition(|&i| small(&spans[i]));
+    if few.len() < 2 {
+        // one short sequence (alone, or beside prompts): its own region, as alone
+        alone.append(&mut few);
+        alone.sort_unstable();
+    }
     for i in alone {
         let (k, v) = kv[i];
         let r = rows_of(&spans[i]);
