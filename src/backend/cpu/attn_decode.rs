@@ -83,23 +83,11 @@ pub fn attention_lanes(
     lanes_on(s, q, k_cache, v_cache, pos0, sinks, false, out)
 }
 
-/// [`attention_lanes`] on the calling thread alone (no parallel region): one task of a
-/// region over several sequences (`attn::attention_seqs`). The same values bit for bit.
-pub fn attention_lanes_serial(
-    s: &Shape,
-    q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
-    pos0: usize,
-    sinks: Option<&[f32]>,
-    out: &mut [f32],
-) {
-    lanes_on(s, q, k_cache, v_cache, pos0, sinks, true, out)
-}
-
-/// [`attention_lanes`], its regions on the pool unless `serial`.
+/// [`attention_lanes`], its regions on the pool unless `serial` (then on the calling thread
+/// alone: one task of a region over several sequences, `attn_seqs::attention_seqs`). The
+/// same values bit for bit either way.
 #[allow(clippy::too_many_arguments)]
-fn lanes_on(
+pub fn lanes_on(
     s: &Shape,
     q: &[f32],
     k_cache: &[f32],

@@ -91,7 +91,7 @@ pub fn attention_seqs(
         // inside `out` (the slice below checks the range against its length); each task
         // writes its own.
         let dst = unsafe { o.rows(r.clone()) };
-        attn_decode::attention_lanes_serial(&lanes, &q[r], k, v, spans[i].pos0, sinks, dst);
+        attn_decode::lanes_on(&lanes, &q[r], k, v, spans[i].pos0, sinks, true, dst);
     });
 }
 

@@ -18,7 +18,7 @@ use crate::backend::cpu::attn_seqs::spans_error;
 use crate::backend::{AttnShape, SeqSpan};
 
 /// Whether [`Backend::rope_seqs`] and [`Backend::attention_seqs`] on the GPU take the views
-/// of this file (else the trait's copies): false until `tests.rs`'s
+/// of this file (else the trait's copies): false until `tests_seqs.rs`'s
 /// `several_sequences_equal_each_alone` has passed on a GPU (written without one).
 ///
 /// [`Backend::rope_seqs`]: crate::backend::Backend::rope_seqs
