@@ -150,3 +150,40 @@ pub fn fuzz_chat(data: &[u8]) {
     let _ = t.render_json(&messages, None, true);
     let _ = t.render_json(&messages, None, false);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The config target's first finding (CI, session 20): a layer count of 3.3e15 made the
+    /// Kimi Linear and Kimi K3 checks allocate their per-layer lists before the range check
+    /// (an abort). Every family's check now answers it with an error; those two name the field.
+    #[test]
+    fn a_huge_layer_count_is_an_error_in_every_family() {
+        let config: serde_json::Value = serde_json::from_slice(include_bytes!(
+            "../tests/fixtures/fuzz/config-huge-layer-count.json"
+        ))
+        .unwrap();
+        fuzz_config(&serde_json::to_vec(&config).unwrap());
+        let m = HfModel {
+            dir: PathBuf::from("f"),
+            config,
+            files: Vec::new(),
+            tensors: Vec::new(),
+            pack: None,
+        };
+        let mut named = Vec::new();
+        for f in FAMILIES {
+            if let Some(check) = f.check_hf {
+                let e = check(&m).unwrap_err().to_string();
+                if e.contains("'num_hidden_layers' = 3333333333333333 is outside 1..=1048576") {
+                    named.push(f.name);
+                }
+            }
+        }
+        assert!(
+            named.contains(&"kimi_linear") && named.contains(&"kimi_k3"),
+            "{named:?}"
+        );
+    }
+}

@@ -171,6 +171,9 @@ impl Config {
                 .ok_or_else(|| anyhow!("{label}: 'linear_attn_config.{k}' = {x} is not a count"))
         };
         let n_layers = f.count(&["num_hidden_layers"], None)?;
+        // bounded before the per-layer lists are built from it (a hostile count must not
+        // allocate: the fuzzer's `num_hidden_layers: 3333333333333333`)
+        crate::models::config::check_config_dims(label, &[("num_hidden_layers", n_layers)])?;
         let heads = f.count(&["num_attention_heads"], None)?;
         if let Some(x) = la_get("num_heads") {
             match x.as_u64() {

@@ -83,6 +83,9 @@ impl Config {
             }
         };
         let n_layers = f.count(&["num_hidden_layers"], None)?;
+        // bounded before the per-layer lists are built from it (a hostile count must not
+        // allocate: the fuzzer's `num_hidden_layers: 3333333333333333`)
+        crate::models::config::check_config_dims(label, &[("num_hidden_layers", n_layers)])?;
         let n_group = f.count(&["n_group", "num_expert_group"], Some(1))?;
         let c = Config {
             vocab_size: f.count(&["vocab_size"], None)?,
