@@ -133,6 +133,7 @@ fn each_command_lists_exactly_the_flags_it_takes() {
             "--api-key-file",
             "--queue",
             "--parallel",
+            "--kv-unified",
             "--alias",
             "--allowed-hosts",
             "--cors-origin",

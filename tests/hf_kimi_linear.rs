@@ -70,9 +70,18 @@ fn prefill_equals_token_at_a_time_bit_for_bit() {
 
 #[test]
 fn the_cache_holds_latent_rows_for_mla_and_a_state_for_kda() {
-    let s = session(NAME, None);
-    // MLA layer 2 (0-based): 128 positions × (kv_lora_rank 16 + qk_rope_head_dim 8)
-    assert_eq!(s.cache.k[2].len(), 128 * 24);
+    let mut s = session(NAME, None);
+    // MLA layer 2 (0-based): kv_lora_rank 16 + qk_rope_head_dim 8 floats a position, grown
+    // with the positions written (128 at most)
+    assert!(s.cache.k[2].is_empty(), "no memory before the first pass");
+    s.prefill(&[1, 2, 3], Logits::Last).unwrap();
+    assert_eq!(s.cache.k[2].len(), 3 * 24);
+    s.prefill(&[4], Logits::Last).unwrap();
+    assert_eq!(s.cache.k[2].len(), 4 * 24);
+    s.prefill(&[5; 40], Logits::Last).unwrap();
+    assert_eq!(s.cache.k[2].len(), 44 * 24);
+    s.prefill(&[6], Logits::Last).unwrap();
+    assert_eq!(s.cache.k[2].len(), 55 * 24, "a quarter more than it held");
     // KDA layers: conv (4 − 1) × 3 × 64 + 4 heads × 16 × 16, no per-position rows
     for l in [0, 1, 3] {
         assert!(s.cache.k[l].is_empty());

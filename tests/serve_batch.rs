@@ -9,7 +9,7 @@ mod common;
 use std::cell::RefCell;
 
 use common::serve::*;
-use deltafin::engine::slots::{slot_ctx, Request, Slots};
+use deltafin::engine::slots::{slot_ctx, Request, SlotContext, Slots};
 use deltafin::engine::{
     Chunk, FinishReason, GrammarSpec, Guide, Outcome, Params, SamplerConfig, Steering,
 };
@@ -130,7 +130,7 @@ fn requests_decoded_together_get_their_text_alone() {
     let mut e = real_engine();
     let tok = Arc::clone(&e.tok);
     let got: Vec<RefCell<Got>> = (0..4).map(|_| RefCell::default()).collect();
-    let mut slots = Slots::new(&mut e.session, &tok, 4);
+    let mut slots = Slots::new(&mut e.session, &tok, 4, SlotContext::Split);
     assert_eq!(slots.n_ctx(), 256);
     for ((t, p), g) in prompts.iter().zip(&ps).zip(&got) {
         slots.admit(request(t, p, g, never()));
@@ -195,7 +195,7 @@ fn steered_and_sampled_requests_decoded_together_get_their_text_alone() {
     let mut e = real_engine();
     let tok = Arc::clone(&e.tok);
     let got: Vec<RefCell<Got>> = (0..5).map(|_| RefCell::default()).collect();
-    let mut slots = Slots::new(&mut e.session, &tok, 5);
+    let mut slots = Slots::new(&mut e.session, &tok, 5, SlotContext::Split);
     for ((t, p), g) in prompts.iter().zip(&ps).zip(&got) {
         slots.admit(request(t, p, g, never()));
     }
@@ -231,7 +231,7 @@ fn a_long_prompt_is_prefilled_in_chunks_beside_a_decoding_request() {
     e.session.n_batch = 4;
     let tok = Arc::clone(&e.tok);
     let (ga, gb) = (RefCell::default(), RefCell::default());
-    let mut slots = Slots::new(&mut e.session, &tok, 2);
+    let mut slots = Slots::new(&mut e.session, &tok, 2, SlotContext::Split);
     slots.admit(request(&short, &pa, &ga, never()));
     // the short prompt (at most 4 rows) gives its first token in one step
     assert_eq!(slots.step(&mut e.session), short.len());
@@ -262,7 +262,7 @@ fn each_slot_keeps_its_prefix_for_the_next_request() {
     let p2 = ids("Another one");
     let mut e = real_engine();
     let tok = Arc::clone(&e.tok);
-    let mut slots = Slots::new(&mut e.session, &tok, 2);
+    let mut slots = Slots::new(&mut e.session, &tok, 2, SlotContext::Split);
     let run = |slots: &mut Slots, e: &mut Engine, prompt: &[u32]| -> Outcome {
         let g = std::rc::Rc::new(RefCell::new(None));
         let g2 = std::rc::Rc::clone(&g);
@@ -302,7 +302,7 @@ fn a_cancelled_request_leaves_the_others_as_they_were() {
     let tok = Arc::clone(&e.tok);
     let (ga, gb) = (RefCell::default(), RefCell::default());
     let steps = std::cell::Cell::new(0);
-    let mut slots = Slots::new(&mut e.session, &tok, 2);
+    let mut slots = Slots::new(&mut e.session, &tok, 2, SlotContext::Split);
     slots.admit(request(&pa, &p, &ga, Box::new(|| steps.get() >= 3)));
     slots.admit(request(&pb, &p, &gb, never()));
     while slots.running() > 0 {
@@ -320,7 +320,7 @@ fn a_prompt_longer_than_a_slot_is_refused() {
     let err = RefCell::new(None);
     let mut e = real_engine();
     let tok = Arc::clone(&e.tok);
-    let mut slots = Slots::new(&mut e.session, &tok, 4);
+    let mut slots = Slots::new(&mut e.session, &tok, 4, SlotContext::Split);
     assert_eq!(slot_ctx(1024, 4), 256);
     slots.admit(Request {
         prompt: vec![1; 256],

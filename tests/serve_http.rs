@@ -143,7 +143,8 @@ fn alias_prompts_of_ids_and_llama_server_endpoints() {
         p["default_generation_settings"]["params"]["temperature"],
         0.0
     );
-    assert_eq!(p["total_slots"], 1);
+    // no --parallel: llama-server's 4 slots, each able to hold the whole context
+    assert_eq!(p["total_slots"], 4);
     assert_eq!(p["model_alias"], "tiny");
     assert_eq!(p["modalities"], json!({"vision": false, "audio": false}));
     assert!(p["chat_template"]

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
-use crate::serve::{serve, ServeOptions};
+use crate::serve::{serve, ServeOptions, SlotContext};
 use crate::store::plan::parse_size;
 
 /// Arguments of `deltafin serve`: the model and how it runs (the sampling flags become the
@@ -33,10 +33,15 @@ pub struct ServeArgs {
     pub queue: usize,
     /// Slots: requests decoded together, each decode step one forward pass over all of them
     /// (a MoE layer reads the union of their experts once); prompts join between steps and are
-    /// prefilled in chunks of at most -b rows shared with the decoding slots. The context
-    /// (-c) is split evenly among the slots. Speculative decoding runs with 1 slot only.
-    #[arg(long, visible_alias = "np", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
-    pub parallel: u16,
+    /// prefilled in chunks of at most -b rows shared with the decoding slots. A given N splits
+    /// the context (-c) evenly among the slots unless --kv-unified. Unset: 4 slots sharing
+    /// the whole context (as llama-server), or 1 with speculative decoding or on a GPU.
+    #[arg(long, visible_alias = "np", value_parser = clap::value_parser!(u16).range(1..))]
+    pub parallel: Option<u16>,
+    /// With --parallel N: the slots share one pool of -c positions (a request may use the
+    /// whole context while the others leave room) instead of -c / N each.
+    #[arg(long, visible_alias = "kvu")]
+    pub kv_unified: bool,
     /// The name the model is served as (`/v1/models`, the `model` of responses); default:
     /// the file or folder name of -m.
     #[arg(long)]
@@ -64,6 +69,40 @@ pub struct ServeArgs {
     /// Largest request body (e.g. 4M); larger ones are refused with 413 before being read.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     pub body_limit: u64,
+}
+
+/// Slots unset: llama-server's default (4 slots over one shared context, at most `-b`).
+pub const AUTO_SLOTS: usize = 4;
+
+/// The slots and how they divide the context: `--parallel N` (`explicit`) splits it evenly
+/// unless `--kv-unified`; unset, [`AUTO_SLOTS`] share it, or 1 slot where `one` (speculative
+/// decoding runs one request at a time; on a GPU each slot's KV cache takes the whole
+/// context at its first use, so more slots are asked for explicitly there).
+pub fn slots_for(
+    explicit: Option<usize>,
+    kv_unified: bool,
+    one: bool,
+    batch_size: usize,
+) -> (usize, SlotContext) {
+    match explicit {
+        Some(n) if kv_unified => (n, SlotContext::Shared),
+        Some(n) => (n, SlotContext::Split),
+        None if one => (1, SlotContext::Split),
+        None => (AUTO_SLOTS.min(batch_size.max(1)), SlotContext::Shared),
+    }
+}
+
+/// The start-up line that says how the slots divide the context of `n_ctx` positions.
+pub fn slots_line(parallel: usize, how: SlotContext, n_ctx: usize) -> String {
+    match how {
+        SlotContext::Split => format!(
+            "{parallel} slots of {} tokens each (-c {n_ctx} split evenly)",
+            crate::engine::slots::slot_ctx(n_ctx, parallel)
+        ),
+        SlotContext::Shared => {
+            format!("{parallel} slots sharing a context of {n_ctx} tokens (--kv-unified)")
+        }
+    }
 }
 
 fn parse_origin(s: &str) -> Result<String, String> {
@@ -94,7 +133,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if api_key.as_deref() == Some("") {
         bail!("--api-key is empty");
     }
-    let parallel = usize::from(a.parallel);
+    let explicit = a.parallel.map(usize::from);
+    let parallel = explicit.unwrap_or(1);
     if parallel > 1 && a.engine.spec.enabled() {
         bail!(
             "--parallel {parallel} does not combine with speculative decoding (--lookup, \
@@ -108,12 +148,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
         );
     }
     let (mut engine, model_id) = a.engine.load_engine(4096, false)?;
+    let gpu = engine.session.model.placement().kv_on_device;
+    let (parallel, slot_context) = slots_for(
+        explicit,
+        a.kv_unified,
+        a.engine.spec.enabled() || gpu,
+        a.engine.memory.batch_size,
+    );
     if parallel > 1 {
-        eprintln!(
-            "{parallel} slots of {} tokens each (-c {} split evenly)",
-            crate::engine::slots::slot_ctx(engine.n_ctx(), parallel),
-            engine.n_ctx()
-        );
+        eprintln!("{}", slots_line(parallel, slot_context, engine.n_ctx()));
     }
     engine.default_max_tokens = Some(a.engine.sampling.max_tokens);
     serve(
@@ -124,6 +167,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             api_key,
             queue: a.queue,
             parallel,
+            slot_context,
             body_limit: usize::try_from(a.body_limit).unwrap_or(usize::MAX),
             model_id: a.alias.unwrap_or(model_id),
             seed: a.engine.sampling.seed,

@@ -67,12 +67,14 @@ impl Running<'_> {
     }
 }
 
-/// One slot: its KV cache, the token ids the cache holds (once no request runs in it), and
-/// the request running in it.
+/// One slot: its KV cache, the token ids the cache holds (once no request runs in it), the
+/// request running in it, and when a request last ran in it (admission order: the shared
+/// context gives up the least recently used idle slot's positions first).
 struct Slot<'a> {
     cache: KvCache,
     cached: Vec<u32>,
     run: Option<Running<'a>>,
+    used: u64,
 }
 
 /// N slots over one model (module header). `'a` is what the tokenizer and the requests'
@@ -83,6 +85,24 @@ pub struct Slots<'a> {
     /// Rows one step may take (the session's `n_batch`, at least the number of slots).
     rows: usize,
     admitted: u64,
+    /// With a shared context ([`SlotContext::Shared`]): the positions all slots together may
+    /// hold.
+    pool: Option<usize>,
+}
+
+/// How `n` slots divide a context of `n_ctx` positions (`deltafin serve --parallel`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotContext {
+    /// Each slot has [`slot_ctx`]`(n_ctx, n)` positions of its own (llama-server's `-np N`).
+    Split,
+    /// One pool of `n_ctx` positions (llama-server's unified KV cache, `-kvu`, its default
+    /// with 4 slots): a request may use the whole context while the others leave room; the
+    /// slots' KV memory grows with the positions they hold. When a step needs more positions
+    /// than are free, idle slots give up their cached prompts (least recently used first),
+    /// then prompts wait for room (their prefill chunks shrink), and only when the decoding
+    /// requests alone fill the pool does the most recently admitted request end
+    /// ([`Finish::ContextFull`], `finish_reason: "length"`).
+    Shared,
 }
 
 /// The context of each of `n` slots sharing a KV cache of `n_ctx` positions: `n_ctx / n`
@@ -91,20 +111,42 @@ pub fn slot_ctx(n_ctx: usize, n: usize) -> usize {
     (n_ctx / n.max(1)).max(2)
 }
 
+/// The longest prompt-plus-reply one of `n` slots can hold with a context of `n_ctx`
+/// positions divided as `how` says.
+pub fn slot_ctx_for(n_ctx: usize, n: usize, how: SlotContext) -> usize {
+    match how {
+        SlotContext::Split => slot_ctx(n_ctx, n),
+        SlotContext::Shared => n_ctx.max(2),
+    }
+}
+
+/// The running slots in step order: `(prefilling, admission order, slot)`, decoding slots
+/// first, then prompts first come first served.
+fn step_order(slots: &[Slot]) -> Vec<(bool, u64, usize)> {
+    let mut o: Vec<(bool, u64, usize)> = slots
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.run.as_ref().map(|r| (r.prefilling(), r.order, i)))
+        .collect();
+    o.sort();
+    o
+}
+
 impl<'a> Slots<'a> {
     /// `n` slots (at least 1) over `session`'s model, each with a KV cache of
-    /// [`slot_ctx`]`(session.cache.n_ctx, n)` positions: one slot takes the session's cache
-    /// and what it holds is forgotten; with more, the session's cache is given up for theirs
-    /// (give it back with [`Slots::into_cache`]). `tok` detokenizes and tells
+    /// [`slot_ctx_for`]`(session.cache.n_ctx, n, how)` positions: one slot takes the
+    /// session's cache and what it holds is forgotten; with more, the session's cache is given
+    /// up for theirs (give it back with [`Slots::into_cache`]). `tok` detokenizes and tells
     /// end-of-generation tokens.
-    pub fn new(session: &mut Session, tok: &'a ModelTokenizer, n: usize) -> Self {
+    pub fn new(session: &mut Session, tok: &'a ModelTokenizer, n: usize, how: SlotContext) -> Self {
         let n = n.max(1);
+        let n_ctx = session.cache.n_ctx;
         let caches: Vec<KvCache> = if n == 1 {
             let mut c = std::mem::replace(&mut session.cache, session.model.new_cache(0));
             c.clear();
             vec![c]
         } else {
-            let per = slot_ctx(session.cache.n_ctx, n);
+            let per = slot_ctx_for(n_ctx, n, how);
             session.cache = session.model.new_cache(0);
             (0..n).map(|_| session.model.new_cache(per)).collect()
         };
@@ -116,10 +158,44 @@ impl<'a> Slots<'a> {
                     cache,
                     cached: Vec::new(),
                     run: None,
+                    used: 0,
                 })
                 .collect(),
             rows: session.n_batch.max(n),
             admitted: 0,
+            pool: (how == SlotContext::Shared && n > 1).then_some(n_ctx),
+        }
+    }
+
+    /// Positions the slots hold now (running requests and idle slots' cached prompts).
+    pub fn held(&self) -> usize {
+        self.slots.iter().map(|s| s.cache.len).sum()
+    }
+
+    /// With a shared context, frees positions for `want` more (at most what idle slots hold):
+    /// idle slots give up their cached positions and memory, least recently used first.
+    /// Returns the positions free then (`usize::MAX` with contexts of their own).
+    fn make_room(&mut self, want: usize) -> usize {
+        let Some(pool) = self.pool else {
+            return usize::MAX;
+        };
+        loop {
+            let free = pool.saturating_sub(self.held());
+            if free >= want {
+                return free;
+            }
+            let idle = self
+                .slots
+                .iter_mut()
+                .filter(|s| s.run.is_none() && s.cache.len > 0)
+                .min_by_key(|s| s.used);
+            match idle {
+                Some(s) => {
+                    s.cache.release();
+                    s.cached.clear();
+                }
+                None => return free,
+            }
         }
     }
 
@@ -180,6 +256,7 @@ impl<'a> Slots<'a> {
         let keep = slot.cache.truncate(keep);
         slot.cached.truncate(keep);
         self.admitted += 1;
+        slot.used = self.admitted;
         let tok = self.tok;
         slot.run = Some(Running {
             pos: keep,
@@ -209,13 +286,27 @@ impl<'a> Slots<'a> {
             }
         }
         // decoding slots first, then prefill chunks first come first served
-        let mut order: Vec<(bool, u64, usize)> = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.run.as_ref().map(|r| (r.prefilling(), r.order, i)))
-            .collect();
-        order.sort();
+        let mut order = step_order(&self.slots);
+        // a shared context: a position for each decoding slot and room for some prompt row
+        // when only prompts run, or the newest request ends
+        let mut room = loop {
+            let decoding = order.iter().filter(|o| !o.0).count();
+            let prompts: usize = order
+                .iter()
+                .filter(|o| o.0)
+                .filter_map(|o| self.slots[o.2].run.as_ref())
+                .map(|r| r.prompt.len() - r.pos)
+                .sum();
+            let room = self.make_room(decoding + prompts.min(self.rows.saturating_sub(decoding)));
+            // no step could run: prompts alone fill the pool
+            let stuck = decoding == 0 && room == 0 && !order.is_empty();
+            if room >= decoding && !stuck {
+                break room;
+            }
+            let newest = order.iter().max_by_key(|o| o.1).expect("a request runs").2;
+            self.end(newest, Some(Finish::ContextFull));
+            order = step_order(&self.slots);
+        };
         let mut left = self.rows;
         // (slot, tokens, whether they end the prompt)
         let mut chosen: Vec<(usize, Vec<u32>, bool)> = Vec::new();
@@ -225,11 +316,13 @@ impl<'a> Slots<'a> {
                 let last = *r.hand.history.last().expect("the first token was sampled");
                 chosen.push((i, vec![last], true));
                 left = left.saturating_sub(1);
-            } else if left > 0 {
-                let n = (r.prompt.len() - r.pos).min(left);
+                room -= 1;
+            } else if left > 0 && room > 0 {
+                let n = (r.prompt.len() - r.pos).min(left).min(room);
                 let end = r.pos + n;
                 chosen.push((i, r.prompt[r.pos..end].to_vec(), end == r.prompt.len()));
                 left -= n;
+                room -= n;
             }
         }
         if chosen.is_empty() {

@@ -528,6 +528,7 @@ pub(super) fn place(
             notes.tail,
         ),
         numerics: Default::default(),
+        kv_on_device: false,
     };
     Ok(Placed {
         store,

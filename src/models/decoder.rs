@@ -394,6 +394,7 @@ impl<B: Blocks> Model for Decoder<B> {
         let (family, needs) = self.blocks.needs();
         let (cuda, name) = open_cuda(kind, family, needs, self.cpu.numerics)?;
         self.cuda = cuda;
+        self.placement.kv_on_device = self.cuda.is_some();
         self.placement.summary = format!("{}; device {name}", self.placement.summary);
         Ok(())
     }

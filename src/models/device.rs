@@ -16,9 +16,11 @@ use crate::backend::{Backend, DeviceKind, Op};
 
 /// A backend a decoder's pass runs on: its ops plus the KV cache slots of a sequence.
 pub trait Device: Backend {
-    /// Layer `l`'s key and value slots of `cache` (`n_ctx × kv_dim` floats each,
-    /// position-major) in this device's memory, allocated (zeros) at the first call for a
-    /// cache that has none here.
+    /// Layer `l`'s key and value slots of `cache` (`kv_dim` floats a position,
+    /// position-major) in this device's memory, holding at least positions `0 .. upto` (at
+    /// most `n_ctx`): on the CPU the cache's vectors grown to `upto`
+    /// ([`KvCache::reserve_rows`]); on a GPU `n_ctx` positions allocated (zeros) at the first
+    /// call for a cache that has none there.
     ///
     /// Errors: an allocation failing; a cache whose slots belong to another device.
     #[allow(clippy::type_complexity)]
@@ -26,13 +28,20 @@ pub trait Device: Backend {
         &self,
         cache: &'c mut KvCache,
         l: usize,
+        upto: usize,
     ) -> Result<(&'c mut Self::Buf, &'c mut Self::Buf)>;
     /// Layer `l`'s latent slot of a latent `cache` (multi-head latent attention:
-    /// `n_ctx × width` floats, position-major; [`KvCache::new_latent`]) in this device's memory.
+    /// `width` floats a position, position-major; [`KvCache::new_latent`]) in this device's
+    /// memory, holding at least positions `0 .. upto`, as [`Device::kv_slots`].
     ///
     /// Errors: an allocation failing; a layer the cache has none for (a recurrent layer, or
     /// on a GPU a layer whose slot already holds keys and values).
-    fn latent_slot<'c>(&self, cache: &'c mut KvCache, l: usize) -> Result<&'c mut Self::Buf>;
+    fn latent_slot<'c>(
+        &self,
+        cache: &'c mut KvCache,
+        l: usize,
+        upto: usize,
+    ) -> Result<&'c mut Self::Buf>;
     /// Layer `l`'s recurrent state slot of `cache` ([`KvCache::with_state`]) in this device's
     /// memory.
     ///
@@ -45,25 +54,38 @@ impl Device for Cpu {
         &self,
         cache: &'c mut KvCache,
         l: usize,
+        upto: usize,
     ) -> Result<(&'c mut Vec<f32>, &'c mut Vec<f32>)> {
-        let need = cache.n_ctx * cache.kv_dim;
-        let KvCache { k, v, .. } = cache;
-        let (k, v) = (&mut k[l], &mut v[l]);
-        if k.len() < need || v.len() < need {
-            // a cache made for a GPU, now used on the CPU
-            k.resize(need, 0.0);
-            v.resize(need, 0.0);
+        if cache.state.get(l).is_some_and(|s| !s.is_empty()) {
+            bail!("no keys and values of layer {l} in the cache (a recurrent layer)");
         }
+        let (n_ctx, kv_dim) = (cache.n_ctx, cache.kv_dim);
+        let KvCache { k, v, .. } = cache;
+        let (k, v) = (
+            k.get_mut(l)
+                .ok_or_else(|| anyhow!("no layer {l} in the KV cache"))?,
+            &mut v[l],
+        );
+        KvCache::reserve_rows(k, upto, n_ctx, kv_dim);
+        KvCache::reserve_rows(v, upto, n_ctx, kv_dim);
         Ok((k, v))
     }
 
-    fn latent_slot<'c>(&self, cache: &'c mut KvCache, l: usize) -> Result<&'c mut Vec<f32>> {
-        let need = cache.n_ctx * cache.kv_dim;
+    fn latent_slot<'c>(
+        &self,
+        cache: &'c mut KvCache,
+        l: usize,
+        upto: usize,
+    ) -> Result<&'c mut Vec<f32>> {
+        if cache.state.get(l).is_some_and(|s| !s.is_empty()) {
+            bail!("no latent rows of layer {l} in the cache (a recurrent layer)");
+        }
+        let (n_ctx, width) = (cache.n_ctx, cache.kv_dim);
         let k = cache
             .k
             .get_mut(l)
-            .filter(|k| k.len() >= need)
-            .ok_or_else(|| anyhow!("no latent rows of layer {l} in the cache"))?;
+            .ok_or_else(|| anyhow!("no layer {l} in the KV cache"))?;
+        KvCache::reserve_rows(k, upto, n_ctx, width);
         Ok(k)
     }
 
@@ -125,6 +147,7 @@ impl Device for Cuda {
         &self,
         cache: &'c mut KvCache,
         l: usize,
+        _upto: usize,
     ) -> Result<(&'c mut CudaBuf, &'c mut CudaBuf)> {
         let floats = cache.n_ctx * cache.kv_dim;
         let slot = self.slot(cache, l)?;
@@ -140,7 +163,12 @@ impl Device for Cuda {
         }
     }
 
-    fn latent_slot<'c>(&self, cache: &'c mut KvCache, l: usize) -> Result<&'c mut CudaBuf> {
+    fn latent_slot<'c>(
+        &self,
+        cache: &'c mut KvCache,
+        l: usize,
+        _upto: usize,
+    ) -> Result<&'c mut CudaBuf> {
         if cache.state.get(l).is_some_and(|s| !s.is_empty()) {
             bail!("no latent rows of layer {l} in the cache (a recurrent layer)");
         }
@@ -406,18 +434,18 @@ mod tests {
             dev.download(b, &mut v).unwrap();
             v
         };
-        let lat = dev.latent_slot(&mut c, 0).unwrap();
+        let lat = dev.latent_slot(&mut c, 0, 4).unwrap();
         assert_eq!(down(lat), vec![0.0; 12]);
         let st = dev.state_slot(&mut c, 1).unwrap();
         assert_eq!(down(st), vec![0.0; 5]);
         *st = dev.upload(&[1.0, 2.0, 3.0, 4.0, 5.0]).unwrap();
         assert_eq!(down(dev.state_slot(&mut c, 1).unwrap())[4], 5.0, "kept");
-        let e = dev.latent_slot(&mut c, 1).unwrap_err().to_string();
+        let e = dev.latent_slot(&mut c, 1, 4).unwrap_err().to_string();
         assert_eq!(
             e,
             "no latent rows of layer 1 in the cache (a recurrent layer)"
         );
-        let e = dev.kv_slots(&mut c, 0).unwrap_err().to_string();
+        let e = dev.kv_slots(&mut c, 0, 4).unwrap_err().to_string();
         assert_eq!(
             e,
             "layer 0 of the cache holds latent rows, not keys and values"

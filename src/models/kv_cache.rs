@@ -3,12 +3,18 @@
 //! for recurrent layers (Kimi Delta Attention), a fixed-size state per layer beside them.
 
 /// Keys and values for `n_ctx` positions of `n_layers` layers, each position holding
-/// `kv_dim = n_kv_heads × head_dim` floats for K and for V. Memory:
-/// `n_layers × n_ctx × kv_dim × 2 × 4` bytes, allocated once.
+/// `kv_dim = n_kv_heads × head_dim` floats for K and for V. Memory: at most
+/// `n_layers × n_ctx × kv_dim × 2 × 4` bytes. On the CPU a layer's vectors grow with the
+/// positions written ([`KvCache::reserve_rows`], called by the CPU's
+/// `models::device::Device::kv_slots`), so a cache holds memory for the positions it has held
+/// rather than its whole capacity (the server's slots share one context: `serve` without
+/// `--parallel`), and [`KvCache::release`] gives it back.
 pub struct KvCache {
-    /// Per layer, `n_ctx × kv_dim` keys (position-major).
+    /// Per layer, keys (position-major, `kv_dim` floats a position): at least `len ×
+    /// kv_dim` floats on the CPU once the layer ran, at most `n_ctx × kv_dim`; empty for a
+    /// layer that holds none (a recurrent layer) and for a cache on a device.
     pub k: Vec<Vec<f32>>,
-    /// Per layer, `n_ctx × kv_dim` values (position-major).
+    /// Per layer, values, as [`KvCache::k`] (empty for a latent cache).
     pub v: Vec<Vec<f32>>,
     /// Capacity in positions.
     pub n_ctx: usize,
@@ -97,11 +103,12 @@ impl HiddenRows {
 }
 
 impl KvCache {
-    /// Allocates a cache of `n_ctx` positions.
+    /// A cache of `n_ctx` positions (no memory until a pass writes to it:
+    /// [`KvCache::reserve_rows`]).
     pub fn new(n_layers: usize, n_ctx: usize, kv_dim: usize) -> Self {
         Self {
-            k: (0..n_layers).map(|_| vec![0.0; n_ctx * kv_dim]).collect(),
-            v: (0..n_layers).map(|_| vec![0.0; n_ctx * kv_dim]).collect(),
+            k: (0..n_layers).map(|_| Vec::new()).collect(),
+            v: (0..n_layers).map(|_| Vec::new()).collect(),
             n_ctx,
             kv_dim,
             len: 0,
@@ -114,10 +121,10 @@ impl KvCache {
     /// A latent cache (multi-head latent attention, DeepSeek-V2 paper §2.1): per layer and
     /// position one row of `width` floats (the normed KV latent followed by the shared rotary
     /// key) kept in [`KvCache::k`]; [`KvCache::v`] stays empty. `kv_dim` is `width`. Memory:
-    /// `n_layers × n_ctx × width × 4` bytes.
+    /// at most `n_layers × n_ctx × width × 4` bytes, grown as [`KvCache::new`]'s.
     pub fn new_latent(n_layers: usize, n_ctx: usize, width: usize) -> Self {
         Self {
-            k: (0..n_layers).map(|_| vec![0.0; n_ctx * width]).collect(),
+            k: (0..n_layers).map(|_| Vec::new()).collect(),
             v: (0..n_layers).map(|_| Vec::new()).collect(),
             n_ctx,
             kv_dim: width,
@@ -132,18 +139,14 @@ impl KvCache {
     /// device's memory ([`KvCache::dev`], allocated by the device at the first pass): the
     /// host vectors stay empty.
     pub fn on_device(n_layers: usize, n_ctx: usize, kv_dim: usize) -> Self {
-        let mut c = Self::new(n_layers, 0, kv_dim);
-        c.n_ctx = n_ctx;
-        c
+        Self::new(n_layers, n_ctx, kv_dim)
     }
 
     /// A latent cache ([`KvCache::new_latent`]) whose rows live in a device's memory
     /// ([`KvCache::dev`], allocated by the device at the first pass): the host vectors stay
     /// empty.
     pub fn latent_on_device(n_layers: usize, n_ctx: usize, width: usize) -> Self {
-        let mut c = Self::new_latent(n_layers, 0, width);
-        c.n_ctx = n_ctx;
-        c
+        Self::new_latent(n_layers, n_ctx, width)
     }
 
     /// This cache with a recurrent state of `floats[l]` floats (zeros) for each layer `l`
@@ -183,6 +186,38 @@ impl KvCache {
         }
     }
 
+    /// Grows `rows` (one layer's keys, values or latent rows, `kv_dim` floats a position) to
+    /// hold at least `upto` positions, at most `n_ctx`: to 5/4 of the positions it holds when
+    /// that is more, so that a sequence's growth copies each position a bounded number of
+    /// times (at most 4 on average) while holding at most a quarter more than it uses; the
+    /// new floats are zeros.
+    pub fn reserve_rows(rows: &mut Vec<f32>, upto: usize, n_ctx: usize, kv_dim: usize) {
+        let kv_dim = kv_dim.max(1);
+        let held = rows.len() / kv_dim;
+        let upto = upto.min(n_ctx);
+        if held < upto {
+            let grown = upto.max(held + held / 4).min(n_ctx);
+            rows.resize(grown * kv_dim, 0.0);
+        }
+    }
+
+    /// Positions' worth of memory this cache holds on the host now: the longest layer's
+    /// keys (or latent rows) over `kv_dim` (the recurrent states aside).
+    pub fn held_positions(&self) -> usize {
+        let longest = self.k.iter().map(Vec::len).max().unwrap_or(0);
+        longest.checked_div(self.kv_dim).unwrap_or(0)
+    }
+
+    /// Forgets every position ([`KvCache::clear`]) and frees the memory its positions held:
+    /// the host vectors and a device's slots.
+    pub fn release(&mut self) {
+        self.clear();
+        for rows in self.k.iter_mut().chain(self.v.iter_mut()) {
+            *rows = Vec::new();
+        }
+        self.dev = None;
+    }
+
     /// Keeps the first `n` positions and forgets the rest (no-op when `n >= len`) and returns
     /// the number of positions kept: the cache is append-only and position-major, so the
     /// entries of positions `< n` do not depend on later ones and the next forward pass
@@ -202,6 +237,29 @@ impl KvCache {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn rows_grow_with_the_positions_and_release_frees_them() {
+        let mut c = super::KvCache::new(2, 100, 3);
+        assert_eq!(c.held_positions(), 0, "no memory before a pass");
+        super::KvCache::reserve_rows(&mut c.k[0], 8, c.n_ctx, 3);
+        assert_eq!(c.k[0].len(), 24);
+        // a quarter more than it held when that is more than asked
+        super::KvCache::reserve_rows(&mut c.k[0], 9, c.n_ctx, 3);
+        assert_eq!(c.k[0].len(), 30);
+        super::KvCache::reserve_rows(&mut c.k[0], 5, c.n_ctx, 3);
+        assert_eq!(c.k[0].len(), 30, "never shrinks");
+        super::KvCache::reserve_rows(&mut c.k[0], 99, c.n_ctx, 3);
+        assert_eq!(c.k[0].len(), 297);
+        super::KvCache::reserve_rows(&mut c.k[0], 100, c.n_ctx, 3);
+        assert_eq!(c.k[0].len(), 300, "capped at n_ctx");
+        super::KvCache::reserve_rows(&mut c.k[0], 500, c.n_ctx, 3);
+        assert_eq!(c.k[0].len(), 300);
+        assert_eq!(c.held_positions(), 100);
+        c.len = 7;
+        c.release();
+        assert_eq!((c.len, c.held_positions(), c.k[0].capacity()), (0, 0, 0));
+    }
+
     #[test]
     fn truncate_keeps_a_prefix_only() {
         let mut c = super::KvCache::new(1, 8, 2);

@@ -137,6 +137,9 @@ pub struct Placement {
     pub summary: String,
     /// The arithmetic of the model's matrix products (set with the model's numerics).
     pub numerics: Numerics,
+    /// Whether the KV cache lives in a GPU's memory (`--device` took one): each cache's
+    /// slots there are allocated for its whole context at their first use.
+    pub kv_on_device: bool,
 }
 
 /// Checks a forward pass's input before any weight is read: at least one token, room in the

@@ -49,6 +49,8 @@ use crate::engine::Engine;
 use metrics::Metrics;
 use routes::AppState;
 
+pub use crate::engine::slots::SlotContext;
+
 /// How to serve.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
@@ -59,9 +61,11 @@ pub struct ServeOptions {
     pub api_key: Option<String>,
     /// Requests that may wait for the model besides the running ones.
     pub queue: usize,
-    /// `--parallel`: slots, requests decoded together (the context is shared among them:
-    /// [`crate::engine::slots::slot_ctx`]).
+    /// `--parallel`: slots, requests decoded together.
     pub parallel: usize,
+    /// How the slots divide the context (`--kv-unified`, or the default 4 slots: one shared
+    /// pool; an explicit `--parallel N`: split evenly, [`crate::engine::slots::slot_ctx`]).
+    pub slot_context: SlotContext,
     /// Largest request body in bytes.
     pub body_limit: usize,
     /// The id the model is served as (`/v1/models`, the `model` of responses).
@@ -111,12 +115,12 @@ pub fn state(
     } else {
         opts.parallel.max(1)
     };
-    let n_ctx = crate::engine::slots::slot_ctx(engine.n_ctx(), parallel);
+    let n_ctx = crate::engine::slots::slot_ctx_for(engine.n_ctx(), parallel, opts.slot_context);
     let prompt_bytes = admit::prompt_byte_limit(&tok, n_ctx);
     let default_max_tokens = engine.default_max_tokens;
     let (queue, handle) = worker::start(
         engine,
-        parallel,
+        (parallel, opts.slot_context),
         opts.queue,
         opts.write_timeout,
         Arc::clone(&metrics),

@@ -15,7 +15,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
 use super::reading::Reading;
-use crate::engine::slots::{Request, Slots};
+use crate::engine::slots::{Request, SlotContext, Slots};
 use crate::engine::{Chunk, Engine, Finish, Outcome, Params};
 
 /// What the worker reports about one job.
@@ -185,13 +185,13 @@ impl Receiver {
 }
 
 /// Starts the worker thread over `engine` with `parallel` slots (at least 1; one request at a
-/// time when the engine speculates) and a queue of `capacity` waiting jobs (at least 1).
+/// time when the engine speculates) dividing the context as `how` says, and a queue of `capacity` waiting jobs (at least 1).
 /// `stopping` set to true cancels the running jobs at their next step and every queued one; a
 /// streaming job whose events wait unread longer than `write_timeout` is cancelled too.
 /// The thread ends when every [`Queue`] is dropped.
 pub fn start(
     engine: Engine,
-    parallel: usize,
+    (parallel, how): (usize, SlotContext),
     capacity: usize,
     write_timeout: Duration,
     metrics: Arc<Metrics>,
@@ -216,7 +216,7 @@ pub fn start(
             };
             match engine.spec {
                 Some(_) => run(engine, rx, &w),
-                None => run_slots(engine, parallel, rx, &w),
+                None => run_slots(engine, (parallel, how), rx, &w),
             }
         })
         .expect("spawning the model thread");
@@ -287,11 +287,16 @@ fn finish(events: &UnboundedSender<Event>, r: Result<Outcome, String>, m: &Metri
 
 /// The worker over `parallel` slots: admits queued jobs into free slots, then runs one step of
 /// every running job; waits for a job only when none runs.
-fn run_slots(mut engine: Engine, parallel: usize, rx: Receiver, w: &Watch) -> Engine {
+fn run_slots(
+    mut engine: Engine,
+    (parallel, how): (usize, SlotContext),
+    rx: Receiver,
+    w: &Watch,
+) -> Engine {
     let m = w.m;
     engine.reset();
     let tok = Arc::clone(&engine.tok);
-    let mut slots = Slots::new(&mut engine.session, &tok, parallel);
+    let mut slots = Slots::new(&mut engine.session, &tok, parallel, how);
     let free = |s: &Slots| parallel.max(1) - s.running();
     loop {
         rx.set_free(free(&slots));

@@ -66,6 +66,8 @@ impl Model for Echo {
         logits: Logits,
     ) -> anyhow::Result<Vec<f32>> {
         anyhow::ensure!(cache.len + tokens.len() <= cache.n_ctx, "context full");
+        let upto = cache.len + tokens.len();
+        KvCache::reserve_rows(&mut cache.k[0], upto, cache.n_ctx, 1);
         for (i, &t) in tokens.iter().enumerate() {
             cache.k[0][cache.len + i] = t as f32;
         }
@@ -148,6 +150,7 @@ pub fn opts(key: Option<&str>) -> ServeOptions {
         api_key: key.map(str::to_string),
         queue: 4,
         parallel: 1,
+        slot_context: deltafin::serve::SlotContext::Split,
         body_limit: 8192,
         model_id: "qwen3_moe".into(),
         seed: Some(1),

@@ -264,6 +264,7 @@ impl Gemma3 {
                 if tied { " (tied to embeddings)" } else { "" }
             ),
             numerics: Default::default(),
+            kv_on_device: false,
         };
         let scale = c.rope_scaling_factor.map_or(1.0, |f| 1.0 / f);
         let blocks = Gemma3Blocks {

@@ -209,7 +209,7 @@ pub fn gqa_attention_on<D: Device>(
     let mut kv = Vec::with_capacity(spans.len());
     for (r0, sq) in seqs.each() {
         let (pos0, m) = (sq.pos0, sq.n);
-        let (kc, vc) = dev.kv_slots(sq.cache, l)?;
+        let (kc, vc) = dev.kv_slots(sq.cache, l, pos0 + m)?;
         dev.copy(&k, r0 * kvd, kc, pos0 * kvd, m * kvd)?;
         dev.copy(&v, r0 * kvd, vc, pos0 * kvd, m * kvd)?;
         kv.push((&*kc, &*vc));

@@ -219,7 +219,7 @@ pub fn mla_mixer<D: Device>(
             dev.rope_tail(&mut qs, m, qh, pos0, r.inv_freq, r.interleaved, r.scale)?;
             dev.rope_tail(&mut kvs, m, width, pos0, r.inv_freq, r.interleaved, r.scale)?;
         }
-        let slot = dev.latent_slot(sq.cache, l)?;
+        let slot = dev.latent_slot(sq.cache, l, pos0 + m)?;
         dev.copy(&kvs, 0, slot, pos0 * width, m * width)?;
         let mut a = dev.zeros(m * vw)?;
         let proj = MlaProj {

@@ -135,6 +135,8 @@ mod tests {
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
             .collect();
         let mut cache = KvCache::new(1, 8, kvd);
+        KvCache::reserve_rows(&mut cache.k[0], 8, 8, kvd);
+        KvCache::reserve_rows(&mut cache.v[0], 8, 8, kvd);
         cache.k[0][..pos0 * kvd].copy_from_slice(&past);
         cache.v[0][..pos0 * kvd].copy_from_slice(&past);
         let mut c = KvCache::new(1, 8, kvd);

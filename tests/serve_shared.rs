@@ -1,0 +1,247 @@
+//! Slots sharing one context (`serve` without `--parallel`, or `--kv-unified`;
+//! `deltafin::engine::slots::SlotContext::Shared`): each request may use the whole context and
+//! gets the text it gets alone; when a step needs more positions than are free, idle slots
+//! give up their cached prompts first (least recently used), and only when the running
+//! requests fill the pool does the newest one end, with `finish_reason: "length"`.
+
+mod common;
+
+use std::cell::RefCell;
+
+use common::serve::*;
+use deltafin::engine::slots::{Request, SlotContext, Slots};
+use deltafin::engine::{Chunk, FinishReason, Outcome, Params};
+
+/// The text and outcome of a request.
+#[derive(Default, Debug)]
+struct Got {
+    text: String,
+    outcome: Option<Outcome>,
+}
+
+impl Got {
+    fn outcome(&self) -> &Outcome {
+        self.outcome.as_ref().expect("the request ended")
+    }
+}
+
+fn params(max_tokens: usize) -> Params {
+    Params {
+        sampler: greedy(),
+        max_tokens,
+        stop: Vec::new(),
+        logprobs: None,
+        tools: None,
+        steering: Default::default(),
+    }
+}
+
+fn request<'a>(prompt: &[u32], max_tokens: usize, got: &'a RefCell<Got>) -> Request<'a> {
+    Request {
+        prompt: prompt.to_vec(),
+        params: params(max_tokens),
+        emit: Box::new(move |c: Chunk| got.borrow_mut().text.push_str(&c.text)),
+        cancelled: Box::new(|| false),
+        done: Box::new(move |r| got.borrow_mut().outcome = Some(r.expect("no error"))),
+    }
+}
+
+/// The Qwen3-MoE fixture with a context of `n_ctx` positions (64 rows a step).
+fn engine_ctx(n_ctx: usize) -> Engine {
+    let opened = deltafin::load::open_any(Some(&fixture())).unwrap();
+    let (model, store) = opened.load_weights(&Default::default()).unwrap();
+    let tok = opened.tokenizer().unwrap();
+    let tmpl = opened.chat_template(&tok).unwrap();
+    let session = Session::new(model, store, n_ctx, 64);
+    Engine::new(session, Arc::new(tok), Some(Arc::new(tmpl)), greedy())
+}
+
+/// `prompt` alone through `Engine::generate` (context 1024).
+fn alone(prompt: &[u32], max_tokens: usize) -> Got {
+    let mut e = real_engine();
+    let got = RefCell::new(Got::default());
+    let o = e
+        .generate(
+            prompt,
+            &params(max_tokens),
+            &mut |c| got.borrow_mut().text.push_str(&c.text),
+            &|| false,
+        )
+        .unwrap();
+    got.borrow_mut().outcome = Some(o);
+    got.into_inner()
+}
+
+/// `n` token ids from `first` on, below 400 (no BOS, so that prompts share no prefix).
+fn ids(first: u32, n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (first + i) % 400).collect()
+}
+
+fn run_all(slots: &mut Slots, e: &mut Engine) {
+    while slots.running() > 0 {
+        slots.step(&mut e.session);
+    }
+}
+
+#[test]
+fn each_shared_slot_may_use_the_whole_context() {
+    let mut e = real_engine();
+    let tok = Arc::clone(&e.tok);
+    let (gl, gs) = (RefCell::default(), RefCell::default());
+    let mut slots = Slots::new(&mut e.session, &tok, 3, SlotContext::Shared);
+    assert_eq!(slots.n_ctx(), 1024, "not 1024 / 3");
+    // 600 prompt tokens: more than a third of the context, refused by split slots
+    let (long, short) = (ids(20, 600), ids(300, 5));
+    slots.admit(request(&long, 4, &gl));
+    slots.admit(request(&short, 6, &gs));
+    run_all(&mut slots, &mut e);
+    let (want_l, want_s) = (alone(&long, 4), alone(&short, 6));
+    for (g, w) in [(&gl, &want_l), (&gs, &want_s)] {
+        let g = g.borrow();
+        assert_eq!(g.text, w.text);
+        assert_eq!(g.outcome().completion_tokens, w.outcome().completion_tokens);
+        assert_eq!(g.outcome().finish, w.outcome().finish);
+    }
+    assert_eq!(gl.borrow().outcome().prompt_tokens, 600);
+    // what the slots hold: each prompt and its reply but the last token
+    let (l, s) = (gl.borrow(), gs.borrow());
+    let held = 600 + l.outcome().completion_tokens - 1 + 5 + s.outcome().completion_tokens - 1;
+    assert_eq!(slots.held(), held);
+}
+
+#[test]
+fn idle_slots_give_up_their_cached_prompts_least_recently_used_first() {
+    let mut e = engine_ctx(64);
+    let tok = Arc::clone(&e.tok);
+    let g: Vec<RefCell<Got>> = (0..4).map(|_| RefCell::default()).collect();
+    let mut slots = Slots::new(&mut e.session, &tok, 3, SlotContext::Shared);
+    // two requests one after the other leave 10 + 2 and 20 + 2 positions cached
+    let (a, b, c) = (ids(10, 10), ids(40, 20), ids(100, 36));
+    slots.admit(request(&a, 3, &g[0]));
+    run_all(&mut slots, &mut e);
+    slots.admit(request(&b, 3, &g[1]));
+    run_all(&mut slots, &mut e);
+    assert_eq!(g[0].borrow().outcome().completion_tokens, 3);
+    assert_eq!(g[1].borrow().outcome().completion_tokens, 3);
+    assert_eq!(slots.held(), 12 + 22);
+    // 36 prompt rows: 30 are free, so the older cached prompt (a's) is given up, b's kept
+    slots.admit(request(&c, 3, &g[2]));
+    slots.step(&mut e.session);
+    assert_eq!(slots.held(), 22 + 36);
+    run_all(&mut slots, &mut e);
+    assert_eq!(g[2].borrow().text, alone(&c, 3).text);
+    // b's prefix is still there: the same prompt reuses all of it but its last token
+    slots.admit(request(&b, 3, &g[3]));
+    run_all(&mut slots, &mut e);
+    assert_eq!(g[3].borrow().outcome().cached_tokens, 19);
+    assert_eq!(g[3].borrow().text, g[1].borrow().text);
+}
+
+#[test]
+fn when_running_requests_fill_the_pool_the_newest_ends_with_length() {
+    let mut e = engine_ctx(64);
+    let tok = Arc::clone(&e.tok);
+    let (gd, ge) = (RefCell::default(), RefCell::default());
+    let mut slots = Slots::new(&mut e.session, &tok, 2, SlotContext::Shared);
+    let (d, x) = (ids(10, 30), ids(200, 30));
+    slots.admit(request(&d, 40, &gd));
+    slots.admit(request(&x, 40, &ge));
+    // one step prefills both (60 positions), two more decode a token each (64): then there
+    // is no position for both, and the newer request ends
+    for _ in 0..3 {
+        assert_eq!(slots.running(), 2);
+        slots.step(&mut e.session);
+    }
+    assert_eq!(slots.held(), 64);
+    slots.step(&mut e.session);
+    assert_eq!(slots.running(), 1);
+    let o = ge.borrow().outcome().clone();
+    assert_eq!((o.finish, o.completion_tokens), (FinishReason::Length, 3));
+    run_all(&mut slots, &mut e);
+    // the older one went on, alone in the pool, with the text it gets alone
+    let got = gd.borrow();
+    let n = got.outcome().completion_tokens;
+    assert!(n > 4, "{n} tokens");
+    assert_eq!(got.text, alone(&d, n).text);
+}
+
+#[test]
+fn prompts_that_alone_fill_the_pool_end_the_newest() {
+    let mut e = engine_ctx(64);
+    e.session.n_batch = 16;
+    let tok = Arc::clone(&e.tok);
+    let (ga, gb) = (RefCell::default(), RefCell::default());
+    let mut slots = Slots::new(&mut e.session, &tok, 2, SlotContext::Shared);
+    let (a, b) = (ids(10, 40), ids(200, 40));
+    slots.admit(request(&a, 5, &ga));
+    slots.admit(request(&b, 5, &gb));
+    // 16 rows a step, first come first served: a's prompt in 3 steps (8 rows of b beside its
+    // last chunk), then a decodes while b takes the 15 positions left, and b, newest, ends
+    let mut rows = Vec::new();
+    while gb.borrow().outcome.is_none() {
+        rows.push(slots.step(&mut e.session));
+    }
+    assert_eq!(rows, [16, 16, 16, 16, 1]);
+    let o = gb.borrow().outcome().clone();
+    assert_eq!((o.finish, o.completion_tokens), (FinishReason::Length, 0));
+    run_all(&mut slots, &mut e);
+    assert_eq!(ga.borrow().text, alone(&a, 5).text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_default_server_shares_the_context_among_four_slots() {
+    let texts = [
+        "Hi there",
+        "What is two plus two?",
+        "Tell me a story",
+        "Bye",
+    ];
+    let body = |t: &str| json!({"messages": [{"role": "user", "content": t}], "max_tokens": 8, "temperature": 0});
+    let serial = app_with(real_engine(), None);
+    let mut want = Vec::new();
+    for t in texts {
+        let (st, b) = call(&serial, "/v1/chat/completions", body(t)).await;
+        assert_eq!(st, StatusCode::OK, "{b}");
+        want.push(serde_json::from_str::<Value>(&b).unwrap()["choices"].clone());
+    }
+    let (parallel, how) = deltafin::cli::serve::slots_for(None, false, false, 512);
+    assert_eq!((parallel, how), (4, SlotContext::Shared));
+    let mut o = opts(None);
+    (o.parallel, o.slot_context) = (parallel, how);
+    let (st, _, _) = state(real_engine(), &o, || 0);
+    assert_eq!((st.slots, st.n_ctx), (4, 1024));
+    let app = routes::router(st);
+    let tasks: Vec<_> = texts
+        .iter()
+        .map(|t| {
+            let (app, b) = (app.clone(), body(t));
+            tokio::spawn(async move { call(&app, "/v1/chat/completions", b).await })
+        })
+        .collect();
+    for (task, w) in tasks.into_iter().zip(&want) {
+        let (st, b) = task.await.unwrap();
+        assert_eq!(st, StatusCode::OK, "{b}");
+        assert_eq!(&serde_json::from_str::<Value>(&b).unwrap()["choices"], w);
+    }
+}
+
+#[test]
+fn the_slots_of_each_flag_combination() {
+    use deltafin::cli::serve::slots_for;
+    // unset: 4 shared, 1 when speculating or on a GPU, at most -b
+    assert_eq!(slots_for(None, false, true, 512), (1, SlotContext::Split));
+    assert_eq!(slots_for(None, false, false, 2), (2, SlotContext::Shared));
+    // --parallel N: split evenly, shared with --kv-unified
+    assert_eq!(
+        slots_for(Some(3), false, false, 512),
+        (3, SlotContext::Split)
+    );
+    assert_eq!(
+        slots_for(Some(3), true, false, 512),
+        (3, SlotContext::Shared)
+    );
+    assert_eq!(
+        deltafin::cli::serve::slots_line(4, SlotContext::Shared, 4096),
+        "4 slots sharing a context of 4096 tokens (--kv-unified)"
+    );
+}
