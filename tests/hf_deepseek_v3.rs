@@ -75,11 +75,14 @@ fn token_by_token_equals_one_batch() {
 
 #[test]
 fn the_cache_holds_the_compressed_latent() {
-    let s = session("deepseek_v3", None);
-    // 3 layers × 128 positions × (kv_lora_rank 16 + qk_rope_head_dim 8) floats, no V
+    let mut s = session("deepseek_v3", None);
+    // 3 layers × (kv_lora_rank 16 + qk_rope_head_dim 8) floats a position, no V; memory for
+    // the positions written (128 at most), none before the first pass
     assert_eq!(s.cache.kv_dim, 24);
     assert_eq!(s.cache.k.len(), 3);
-    assert!(s.cache.k.iter().all(|k| k.len() == 128 * 24));
+    assert!(s.cache.k.iter().all(|k| k.is_empty()));
+    s.prefill(&[1, 2, 3, 4, 5], Logits::Last).unwrap();
+    assert!(s.cache.k.iter().all(|k| k.len() == 5 * 24));
     assert!(s.cache.v.iter().all(|v| v.is_empty()));
     assert_eq!(s.model.placement().kv_bytes, 3 * 128 * 24 * 4);
 }

@@ -155,7 +155,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
         a.engine.spec.enabled() || gpu,
         a.engine.memory.batch_size,
     );
-    if parallel > 1 {
+    // said when asked for; the default's slots are in /props (the first line stays
+    // "serving …", which scripts wait for)
+    if explicit.is_some_and(|n| n > 1) {
         eprintln!("{}", slots_line(parallel, slot_context, engine.n_ctx()));
     }
     engine.default_max_tokens = Some(a.engine.sampling.max_tokens);
