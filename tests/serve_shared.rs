@@ -188,6 +188,30 @@ fn prompts_that_alone_fill_the_pool_end_the_newest() {
     assert_eq!(ga.borrow().text, alone(&a, 5).text);
 }
 
+#[test]
+fn a_slot_that_takes_a_new_request_keeps_only_its_prefix_memory() {
+    let mut e = engine_ctx(128);
+    let tok = Arc::clone(&e.tok);
+    let g: Vec<RefCell<Got>> = (0..3).map(|_| RefCell::default()).collect();
+    let mut slots = Slots::new(&mut e.session, &tok, 2, SlotContext::Shared);
+    // a long conversation ends in one slot while a short one runs on in the other
+    slots.admit(request(&ids(10, 60), 2, &g[0]));
+    slots.admit(request(&ids(200, 5), 30, &g[1]));
+    while g[0].borrow().outcome.is_none() {
+        slots.step(&mut e.session);
+    }
+    assert!(slots.memory_positions() >= 61);
+    // the only free slot is the long one's: a new prompt sharing nothing gives its memory up
+    slots.admit(request(&ids(300, 10), 2, &g[2]));
+    slots.step(&mut e.session);
+    let (held, mem) = (slots.held(), slots.memory_positions());
+    assert!(
+        mem <= held + held / 4 + 1,
+        "{mem} positions of memory for {held} held"
+    );
+    run_all(&mut slots, &mut e);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_default_server_shares_the_context_among_four_slots() {
     let texts = [

@@ -172,6 +172,13 @@ impl<'a> Slots<'a> {
         self.slots.iter().map(|s| s.cache.len).sum()
     }
 
+    /// Positions the slots' host KV memory could hold now ([`KvCache::held_positions`]
+    /// summed): with a shared context at most a quarter more than [`Slots::held`] (a
+    /// sequence's growth), as slots that take a new request keep only its prefix's memory.
+    pub fn memory_positions(&self) -> usize {
+        self.slots.iter().map(|s| s.cache.held_positions()).sum()
+    }
+
     /// With a shared context, frees positions for `want` more (at most what idle slots hold):
     /// idle slots give up their cached positions and memory, least recently used first.
     /// Returns the positions free then (`usize::MAX` with contexts of their own).
@@ -255,6 +262,10 @@ impl<'a> Slots<'a> {
         let keep = shared(slot).min(p.len() - 1);
         let keep = slot.cache.truncate(keep);
         slot.cached.truncate(keep);
+        if self.pool.is_some() {
+            // what a shared context counts is what the slot holds
+            slot.cache.shrink_to_len();
+        }
         self.admitted += 1;
         slot.used = self.admitted;
         let tok = self.tok;
@@ -344,9 +355,14 @@ impl<'a> Slots<'a> {
             Ok(l) => l,
             Err(e) => {
                 let msg = format!("{e:#}");
+                let shared = self.pool.is_some();
                 for (i, _, _) in chosen {
                     let s = &mut self.slots[i];
-                    s.cache.clear();
+                    if shared {
+                        s.cache.release();
+                    } else {
+                        s.cache.clear();
+                    }
                     s.cached.clear();
                     if let Some(r) = s.run.take() {
                         (r.done)(Err(msg.clone()));

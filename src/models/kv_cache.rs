@@ -196,8 +196,23 @@ impl KvCache {
         let held = rows.len() / kv_dim;
         let upto = upto.min(n_ctx);
         if held < upto {
-            let grown = upto.max(held + held / 4).min(n_ctx);
-            rows.resize(grown * kv_dim, 0.0);
+            let grown = upto.max(held + held / 4).min(n_ctx) * kv_dim;
+            // exact: `resize` alone would double the capacity
+            rows.reserve_exact(grown - rows.len());
+            rows.resize(grown, 0.0);
+        }
+    }
+
+    /// Frees the memory of the positions past [`KvCache::len`] on the host (after a
+    /// [`KvCache::truncate`] that kept a shorter prefix), so that what the cache holds is what
+    /// it uses.
+    pub fn shrink_to_len(&mut self) {
+        let keep = self.len * self.kv_dim;
+        for rows in self.k.iter_mut().chain(self.v.iter_mut()) {
+            if rows.len() > keep {
+                rows.truncate(keep);
+                rows.shrink_to_fit();
+            }
         }
     }
 
@@ -242,10 +257,10 @@ mod tests {
         let mut c = super::KvCache::new(2, 100, 3);
         assert_eq!(c.held_positions(), 0, "no memory before a pass");
         super::KvCache::reserve_rows(&mut c.k[0], 8, c.n_ctx, 3);
-        assert_eq!(c.k[0].len(), 24);
+        assert_eq!((c.k[0].len(), c.k[0].capacity()), (24, 24));
         // a quarter more than it held when that is more than asked
         super::KvCache::reserve_rows(&mut c.k[0], 9, c.n_ctx, 3);
-        assert_eq!(c.k[0].len(), 30);
+        assert_eq!((c.k[0].len(), c.k[0].capacity()), (30, 30));
         super::KvCache::reserve_rows(&mut c.k[0], 5, c.n_ctx, 3);
         assert_eq!(c.k[0].len(), 30, "never shrinks");
         super::KvCache::reserve_rows(&mut c.k[0], 99, c.n_ctx, 3);
@@ -256,6 +271,11 @@ mod tests {
         assert_eq!(c.k[0].len(), 300);
         assert_eq!(c.held_positions(), 100);
         c.len = 7;
+        c.shrink_to_len();
+        assert_eq!(
+            (c.k[0].len(), c.k[0].capacity(), c.held_positions()),
+            (21, 21, 7)
+        );
         c.release();
         assert_eq!((c.len, c.held_positions(), c.k[0].capacity()), (0, 0, 0));
     }
