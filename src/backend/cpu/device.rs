@@ -99,8 +99,13 @@ impl Backend for Cpu {
     ) -> Result<()> {
         let ms: Vec<&Matrix> = ws.iter().map(|w| w.0).collect();
         let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+        let level = crate::quant::SimdLevel::detect();
         match rows {
             1 => matvec_many(&ms, x, &mut outs),
+            // a decode step's few rows: one region for every matrix (exact numerics; q8 has
+            // its own integer paths)
+            _ if super::numerics::current() == Numerics::Exact
+                && super::small_batch::matmul_small_many(level, &ms, x, rows, &mut outs) => {}
             _ => {
                 for (w, y) in ms.iter().zip(outs.iter_mut()) {
                     matmul(w, x, rows, y)

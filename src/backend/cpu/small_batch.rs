@@ -13,7 +13,7 @@
 //! loads for every row are one pointer plus constants, and none straddles two cache lines,
 //! as each of the 16 of a block at 8 rows did in a misaligned heap `Vec`).
 
-use super::{check_shapes, rows_per_task, Matrix, OutPtr};
+use super::{check_shapes, rows_per_task, Matrix, OutPtr, MIN_TASK_BYTES};
 use crate::quant::{self, SimdLevel};
 
 /// Largest batch [`matmul_small`] takes without a multi-row dot.
@@ -34,6 +34,73 @@ pub fn matmul_small(level: SimdLevel, w: &Matrix, x: &[f32], n: usize, y: &mut [
         Some((k, _)) => super::gemm::with_interleaved_x(x, n, |xi| multi(k, w, x, xi, n, y)),
         None => per_row(level, w, x, n, y),
     }
+}
+
+/// [`matmul_small`] of several matrices over the same `n` rows of `x` (q, k and v of a
+/// decode step's sequences, or gate and up) in one parallel region: `ys[i]` (`n × ws[i].rows`)
+/// gets `x ws[i]ᵀ`, each output the multi-row dot's, so bit for bit what separate
+/// [`matmul_small`] calls give (each matrix split into the same row ranges, the ranges of all
+/// of them one list of tasks: the pool is entered once instead of once per matrix, as
+/// `fused::matvec_many` does for one row). Returns `false`, computing nothing, when some
+/// matrix has no multi-row dot for `n` rows at `level` (the caller then multiplies them one by
+/// one). Panics on a shape mismatch.
+pub fn matmul_small_many(
+    level: SimdLevel,
+    ws: &[&Matrix],
+    x: &[f32],
+    n: usize,
+    ys: &mut [&mut [f32]],
+) -> bool {
+    assert_eq!(
+        ws.len(),
+        ys.len(),
+        "{} matrices, {} outputs",
+        ws.len(),
+        ys.len()
+    );
+    let Some(kernels) = ws
+        .iter()
+        .map(|w| {
+            quant::rows_kernel(level, w.ty)
+                .filter(|k| n <= k.1)
+                .map(|k| k.0)
+        })
+        .collect::<Option<Vec<_>>>()
+    else {
+        return false;
+    };
+    // (matrix, first row, rows) per task, each matrix split as `multi` splits it alone
+    let mut tasks = Vec::new();
+    let mut work = 0usize;
+    for (i, (w, y)) in ws.iter().zip(ys.iter()).enumerate() {
+        check_shapes(w, x, n, y);
+        let rb = w.ty.row_bytes(w.cols).unwrap_or(0);
+        let per = rows_per_task(w.rows, rb * n).max(1);
+        tasks.extend(
+            (0..w.rows)
+                .step_by(per)
+                .map(|r0| (i, r0, per.min(w.rows - r0))),
+        );
+        work += w.data.len() * n;
+    }
+    let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
+    super::gemm::with_interleaved_x(x, n, |xi| {
+        let run = |&(i, first, count): &(usize, usize, usize)| {
+            let w = ws[i];
+            let rb = w.ty.row_bytes(w.cols).unwrap_or(0);
+            let rows_w = &w.data[first * rb..(first + count) * rb];
+            // SAFETY: `ys[i]` is `n × w.rows` (checked shapes), so `t * w.rows + first + r`
+            // is inside it for `t < n`, `r < count`; this task alone writes those rows of
+            // matrix `i` (its tasks cover disjoint row ranges)
+            unsafe { kernels[i](rows_w, x, xi, n, outs[i].get().add(first), w.rows) }
+        };
+        if tasks.len() <= 1 || work < MIN_TASK_BYTES {
+            tasks.iter().for_each(run);
+        } else {
+            super::pool::for_each_task(tasks.len(), |t| run(&tasks[t]));
+        }
+    });
+    true
 }
 
 /// The multi-row dot `k` over ranges of stored rows, one range per task.

@@ -119,3 +119,74 @@ fn matmul_keeps_the_single_dot_order_where_it_matters() {
         );
     }
 }
+
+/// `matmul_small_many` (several matrices over the same few rows in one parallel region, a
+/// decode step's q, k, v or gate and up) equals separate `matmul_at` calls bit for bit for 2
+/// to 8 rows, 1 and 3 threads, at every level with a multi-row dot, with matrices of
+/// different types and sizes (one below a task's minimum, several split); a type without a
+/// multi-row dot or a batch past its maximum is refused, computing nothing.
+#[test]
+fn matmul_small_many_equals_one_product_per_matrix() {
+    let cols = 17 * 32;
+    let mut rng = Rng::new(77);
+    let specs = [
+        (GgmlType::Q4_0, 700),
+        (GgmlType::Q8_0, 3),
+        (GgmlType::F32, 90),
+    ];
+    let datas: Vec<Vec<u8>> = specs
+        .iter()
+        .map(|&(ty, rows)| {
+            (0..rows)
+                .flat_map(|_| random_row(ty, cols / ty.block_elems(), &mut rng))
+                .collect()
+        })
+        .collect();
+    let ws: Vec<Matrix> = specs
+        .iter()
+        .zip(&datas)
+        .map(|(&(ty, rows), d)| Matrix::new(ty, rows, cols, d).unwrap())
+        .collect();
+    let wr: Vec<&Matrix> = ws.iter().collect();
+    let x: Vec<f32> = (0..8 * cols).map(|_| rng.unit()).collect();
+    let mut ran = 0;
+    for level in SimdLevel::available() {
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for n in 2..=8 {
+                let x = &x[..n * cols];
+                let mut ys: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; n * w.rows]).collect();
+                let done = pool.install(|| {
+                    let mut outs: Vec<&mut [f32]> =
+                        ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+                    small_batch::matmul_small_many(level, &wr, x, n, &mut outs)
+                });
+                let has = ws
+                    .iter()
+                    .all(|w| quant::rows_kernel(level, w.ty).is_some_and(|k| n <= k.1));
+                assert_eq!(done, has, "{level:?} n={n}");
+                if !done {
+                    assert!(ys.iter().flatten().all(|v| v.is_nan()), "nothing computed");
+                    continue;
+                }
+                ran += 1;
+                for (w, y) in ws.iter().zip(&ys) {
+                    let mut want = vec![0f32; n * w.rows];
+                    matmul_at(level, w, x, n, &mut want);
+                    assert!(
+                        y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{} {level:?} t{threads} n={n}",
+                        w.ty
+                    );
+                }
+            }
+        }
+    }
+    // this machine's level has the multi-row dots (AVX-512 in CI), else the test is empty
+    if quant::rows_kernel(SimdLevel::detect(), GgmlType::Q4_0).is_some() {
+        assert!(ran > 0);
+    }
+}
