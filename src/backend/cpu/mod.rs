@@ -10,7 +10,8 @@
 //!   decoding together): each weight row read once and, at AVX-512, each of its blocks decoded
 //!   once into registers and multiplied into every row's accumulators (`quant::rows_kernel`,
 //!   one call per task's range of weight rows, activations 64-byte aligned as in `gemm.rs`);
-//!   elsewhere 2 rows at most, dotted by the matvec row kernel.
+//!   elsewhere 2 rows at most, dotted by the matvec row kernel; `matmul_small_many`: several
+//!   matrices over the same rows (q/k/v, gate/up) in one parallel region.
 //! - `gemm_q8.rs`: the lossy q8 product: activations quantized once per call, panels of prepared
 //!   rows, `quant::q8` tiles. `matvec_q8.rs`: its single-token product: the activation row laid
 //!   out once, `quant::q8::vec_kernel` over 16-row groups split over threads, each row's value
