@@ -269,3 +269,31 @@ fn the_slots_of_each_flag_combination() {
         "4 slots sharing a context of 4096 tokens (--kv-unified)"
     );
 }
+
+#[test]
+fn a_waiting_prompt_that_holds_no_position_is_not_ended_for_room() {
+    let mut e = engine_ctx(64);
+    let tok = Arc::clone(&e.tok);
+    let (ga, gc, gb) = (RefCell::default(), RefCell::default(), RefCell::default());
+    let mut slots = Slots::new(&mut e.session, &tok, 3, SlotContext::Shared);
+    let (a, c, b) = (ids(10, 30), ids(200, 30), ids(300, 5));
+    slots.admit(request(&a, 40, &ga));
+    slots.admit(request(&c, 40, &gc));
+    // a prefill step and two decode steps: the pool is full
+    for _ in 0..3 {
+        slots.step(&mut e.session);
+    }
+    assert_eq!(slots.held(), 64);
+    // b comes now, newest, holding no position: ending it frees none, so c (the newest
+    // holding some) ends and b runs in the room c leaves
+    slots.admit(request(&b, 3, &gb));
+    slots.step(&mut e.session);
+    let o = gc.borrow().outcome().clone();
+    assert_eq!((o.finish, o.completion_tokens), (FinishReason::Length, 3));
+    run_all(&mut slots, &mut e);
+    let want = alone(&b, 3);
+    let got = gb.borrow();
+    assert_eq!(got.text, want.text);
+    assert_eq!(got.outcome().completion_tokens, 3);
+    assert_eq!(got.outcome().finish, want.outcome().finish);
+}

@@ -100,8 +100,9 @@ pub enum SlotContext {
     /// slots' KV memory grows with the positions they hold. When a step needs more positions
     /// than are free, idle slots give up their cached prompts (least recently used first),
     /// then prompts wait for room (their prefill chunks shrink), and only when the decoding
-    /// requests alone fill the pool does the most recently admitted request end
-    /// ([`Finish::ContextFull`], `finish_reason: "length"`).
+    /// requests alone fill the pool does the most recently admitted request that holds
+    /// positions end ([`Finish::ContextFull`], `finish_reason: "length"`; a prompt waiting
+    /// with none keeps waiting).
     Shared,
 }
 
@@ -314,7 +315,14 @@ impl<'a> Slots<'a> {
             if room >= decoding && !stuck {
                 break room;
             }
-            let newest = order.iter().max_by_key(|o| o.1).expect("a request runs").2;
+            // the newest holding positions: ending a prompt that waits with none frees none
+            // (a decoding request holds its prompt; prompts alone filling the pool hold it)
+            let newest = order
+                .iter()
+                .filter(|o| self.slots[o.2].cache.len > 0)
+                .max_by_key(|o| o.1)
+                .expect("a running request holds positions")
+                .2;
             self.end(newest, Some(Finish::ContextFull));
             order = step_order(&self.slots);
         };
