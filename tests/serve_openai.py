@@ -157,8 +157,11 @@ try:
                                     response_format={"type": "json_object"})
     assert obj.choices[0].message.content.startswith("{"), obj
 
-    # concurrent streams: each ends with its finish_reason and the whole text the same
-    # prompt gets alone
+    # concurrent streams, decoded together by the default's 4 slots sharing the whole
+    # context (no --parallel, as llama-server): each ends with its finish_reason and the
+    # whole text the same prompt gets alone
+    props = json.loads(get("/props")[1])
+    assert (props["total_slots"], props["default_generation_settings"]["n_ctx"]) == (4, 4096), props
     stream_prompts = [f"Tell me about {w}" for w in ("cats", "dogs", "ships", "rain")]
     whole = {p: c.chat.completions.create(model=MODEL_ID, max_tokens=24, messages=[
         {"role": "user", "content": p}]).choices[0].message.content for p in stream_prompts}
