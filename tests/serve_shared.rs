@@ -264,6 +264,15 @@ fn the_slots_of_each_flag_combination() {
         slots_for(Some(3), true, false, 512),
         (3, SlotContext::Shared)
     );
+    // on a GPU: 4 whole-context caches within an eighth of its memory, else 1 slot
+    use deltafin::cli::serve::gpu_keeps_one_slot;
+    assert!(
+        !gpu_keeps_one_slot(151 << 20, 80 << 30),
+        "the demo model on an 80 GiB card"
+    );
+    assert!(!gpu_keeps_one_slot(2560 << 20, 80 << 30));
+    assert!(gpu_keeps_one_slot((2560 << 20) + 1, 80 << 30));
+    assert!(gpu_keeps_one_slot(1, 0), "memory unknown");
     assert_eq!(
         deltafin::cli::serve::slots_line(4, SlotContext::Shared, 4096),
         "4 slots sharing a context of 4096 tokens (--kv-unified)"

@@ -35,7 +35,8 @@ pub struct ServeArgs {
     /// (a MoE layer reads the union of their experts once); prompts join between steps and are
     /// prefilled in chunks of at most -b rows shared with the decoding slots. A given N splits
     /// the context (-c) evenly among the slots unless --kv-unified. Unset: 4 slots sharing
-    /// the whole context (as llama-server), or 1 with speculative decoding or on a GPU.
+    /// the whole context (as llama-server), or 1 with speculative decoding or on a GPU where
+    /// 4 whole-context KV caches would take over an eighth of its memory.
     #[arg(long, visible_alias = "np", value_parser = clap::value_parser!(u16).range(1..))]
     pub parallel: Option<u16>,
     /// With --parallel N: the slots share one pool of -c positions (a request may use the
@@ -74,10 +75,17 @@ pub struct ServeArgs {
 /// Slots unset: llama-server's default (4 slots over one shared context, at most `-b`).
 pub const AUTO_SLOTS: usize = 4;
 
+/// Whether the default keeps 1 slot on a GPU: there each slot's KV cache takes its whole
+/// context at its first use, so [`AUTO_SLOTS`] caches of `kv_bytes` each must fit in an
+/// eighth of the device's `device_bytes` (unknown memory keeps 1 slot). Above that, more
+/// slots are asked for explicitly (`--parallel N`).
+pub fn gpu_keeps_one_slot(kv_bytes: u64, device_bytes: u64) -> bool {
+    (AUTO_SLOTS as u64).saturating_mul(kv_bytes) > device_bytes / 8
+}
+
 /// The slots and how they divide the context: `--parallel N` (`explicit`) splits it evenly
 /// unless `--kv-unified`; unset, [`AUTO_SLOTS`] share it, or 1 slot where `one` (speculative
-/// decoding runs one request at a time; on a GPU each slot's KV cache takes the whole
-/// context at its first use, so more slots are asked for explicitly there).
+/// decoding runs one request at a time; [`gpu_keeps_one_slot`]).
 pub fn slots_for(
     explicit: Option<usize>,
     kv_unified: bool,
@@ -148,11 +156,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         );
     }
     let (mut engine, model_id) = a.engine.load_engine(4096, false)?;
-    let gpu = engine.session.model.placement().kv_on_device;
+    let p = engine.session.model.placement();
+    let gpu_tight = p.kv_on_device && gpu_keeps_one_slot(p.kv_bytes as u64, p.device_bytes);
     let (parallel, slot_context) = slots_for(
         explicit,
         a.kv_unified,
-        a.engine.spec.enabled() || gpu,
+        a.engine.spec.enabled() || gpu_tight,
         a.engine.memory.batch_size,
     );
     // said when asked for; the default's slots are in /props (the first line stays

@@ -529,6 +529,7 @@ pub(super) fn place(
         ),
         numerics: Default::default(),
         kv_on_device: false,
+        device_bytes: 0,
     };
     Ok(Placed {
         store,

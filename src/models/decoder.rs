@@ -395,6 +395,7 @@ impl<B: Blocks> Model for Decoder<B> {
         let (cuda, name) = open_cuda(kind, family, needs, self.cpu.numerics)?;
         self.cuda = cuda;
         self.placement.kv_on_device = self.cuda.is_some();
+        self.placement.device_bytes = self.cuda.as_ref().map_or(0, |c| c.total_bytes());
         self.placement.summary = format!("{}; device {name}", self.placement.summary);
         Ok(())
     }

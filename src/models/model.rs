@@ -140,6 +140,8 @@ pub struct Placement {
     /// Whether the KV cache lives in a GPU's memory (`--device` took one): each cache's
     /// slots there are allocated for its whole context at their first use.
     pub kv_on_device: bool,
+    /// That GPU's memory in bytes (0 on the CPU, or when the driver did not say).
+    pub device_bytes: u64,
 }
 
 /// Checks a forward pass's input before any weight is read: at least one token, room in the

@@ -85,6 +85,8 @@ type ResidentKey = (usize, usize, GgmlType, usize, usize);
 pub struct Cuda {
     ordinal: usize,
     label: String,
+    /// The device's memory in bytes (0 when the driver did not say).
+    total_bytes: u64,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     kernels: OnceLock<std::result::Result<kernels::Kernels, String>>,
@@ -215,7 +217,8 @@ impl Cuda {
             .new_stream()
             .with_context(|| format!("cuda:{ordinal}"))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-        let gib = ctx.total_mem().unwrap_or(0) as f64 / (1u64 << 30) as f64;
+        let total_bytes = ctx.total_mem().unwrap_or(0) as u64;
+        let gib = total_bytes as f64 / (1u64 << 30) as f64;
         // SAFETY: only tries to open the library by its usual names.
         let blas = match unsafe { cudarc::cublas::sys::is_culib_present() } {
             true => Some(
@@ -230,6 +233,7 @@ impl Cuda {
         Ok(Self {
             ordinal,
             label,
+            total_bytes,
             ctx,
             stream,
             kernels: OnceLock::new(),
@@ -243,6 +247,11 @@ impl Cuda {
     /// The device's ordinal.
     pub fn ordinal(&self) -> usize {
         self.ordinal
+    }
+
+    /// The device's memory in bytes, as the driver reports it at open (0 when it did not).
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes
     }
 
     /// Whether large products go through cuBLAS (its library was found).

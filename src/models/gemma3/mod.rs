@@ -265,6 +265,7 @@ impl Gemma3 {
             ),
             numerics: Default::default(),
             kv_on_device: false,
+            device_bytes: 0,
         };
         let scale = c.rope_scaling_factor.map_or(1.0, |f| 1.0 / f);
         let blocks = Gemma3Blocks {
