@@ -242,11 +242,34 @@ async fn the_default_server_shares_the_context_among_four_slots() {
             tokio::spawn(async move { call(&app, "/v1/chat/completions", b).await })
         })
         .collect();
+    let mut held = 0;
     for (task, w) in tasks.into_iter().zip(&want) {
         let (st, b) = task.await.unwrap();
         assert_eq!(st, StatusCode::OK, "{b}");
-        assert_eq!(&serde_json::from_str::<Value>(&b).unwrap()["choices"], w);
+        let v = serde_json::from_str::<Value>(&b).unwrap();
+        assert_eq!(&v["choices"], w);
+        // each slot keeps its conversation: the prompt and the reply but its last token
+        let u = &v["usage"];
+        held += u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap() - 1;
     }
+    // /metrics says what the slots hold (set after the step that ended the last request)
+    let mut seen = String::new();
+    for _ in 0..100 {
+        let req = axum::http::Request::get("/metrics")
+            .body(Body::empty())
+            .unwrap();
+        let (_, m) = send(&app, req).await;
+        seen = m
+            .lines()
+            .find(|l| l.starts_with("deltafin_kv_cache_tokens "))
+            .unwrap_or("")
+            .to_string();
+        if seen == format!("deltafin_kv_cache_tokens {held}") {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{seen:?}, want {held} positions");
 }
 
 #[test]

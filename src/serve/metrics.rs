@@ -64,8 +64,11 @@ pub struct Metrics {
     pub expert_misses: AtomicU64,
     /// Jobs waiting in the queue.
     pub queued: AtomicU64,
-    /// Jobs the worker is running (0 or 1).
+    /// Jobs the worker is running (at most its slots).
     pub in_flight: AtomicU64,
+    /// KV cache positions the slots hold (running requests and idle slots' cached
+    /// conversations), set after every step.
+    pub kv_positions: AtomicU64,
     /// Speculative decoding: tokens drafted and sent to verification.
     pub spec_drafted: AtomicU64,
     /// Speculative decoding: drafted tokens the target accepted.
@@ -124,7 +127,7 @@ impl Metrics {
                 );
             }
         }
-        let counters: [(&str, &str, &AtomicU64, &str); 14] = [
+        let counters: [(&str, &str, &AtomicU64, &str); 15] = [
             (
                 "deltafin_prompt_tokens_total",
                 "Prompt tokens of generations.",
@@ -177,6 +180,12 @@ impl Metrics {
                 "deltafin_in_flight",
                 "Requests being generated.",
                 &self.in_flight,
+                "gauge",
+            ),
+            (
+                "deltafin_kv_cache_tokens",
+                "KV cache positions the slots hold (running requests and cached conversations).",
+                &self.kv_positions,
                 "gauge",
             ),
             (

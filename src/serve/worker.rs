@@ -320,6 +320,7 @@ fn run_slots(
         slots.step(&mut engine.session);
         record(&engine, m);
         m.in_flight.store(slots.running() as u64, Ordering::SeqCst);
+        m.kv_positions.store(slots.held() as u64, Ordering::Relaxed);
     }
     slots.into_cache(&mut engine.session);
     engine
