@@ -193,29 +193,80 @@ pub struct Sampler {
 /// Index of the largest value; the lowest index among equals. NaNs are never chosen unless
 /// the first value is one (then 0, as a scan keeping the first strictly larger value gives).
 ///
-/// Two passes the compiler vectorizes (a greedy step over a 262k-entry vocabulary is one
-/// per sequence): the maximum in 16 lanes, then the first index holding it.
+/// One pass in 16 lanes (a greedy step over a 262k-entry vocabulary is one per sequence):
+/// each lane keeps its first strictly larger value and that value's index, then the lanes
+/// and the tail are reduced to the largest value's lowest index, which is the scan's answer
+/// (±0 compare equal, as they do there; all −∞ gives 0). Compiled for AVX-512 where the CPU
+/// has it (about 0.1 ms → 0.02 ms for 262k logits on this machine), for the base level
+/// elsewhere.
 pub fn argmax(x: &[f32]) -> usize {
     match x.first() {
         None => return 0,
         Some(v) if v.is_nan() => return 0,
         _ => {}
     }
-    let mut lanes = [f32::NEG_INFINITY; 16];
-    let mut chunks = x.chunks_exact(16);
-    for c in &mut chunks {
-        for (m, &v) in lanes.iter_mut().zip(c) {
-            // `max` ignores a NaN operand
-            *m = m.max(v);
+    if x.len() >= u32::MAX as usize {
+        // indices past u32: the plain scan
+        let mut best = 0;
+        for (i, &v) in x.iter().enumerate() {
+            if v > x[best] {
+                best = i;
+            }
         }
+        return best;
     }
-    let m = chunks.remainder().iter().fold(
-        lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)),
-        |a, &b| a.max(b),
-    );
-    // the first value equal to the maximum is the one a strict `>` scan keeps (±0 compare
-    // equal, as they do there); all −∞ gives 0
-    x.iter().position(|&v| v == m).unwrap_or(0)
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F (checked above)
+        return unsafe { argmax_avx512(x) };
+    }
+    argmax_lanes(x)
+}
+
+/// [`argmax_lanes`] compiled with AVX-512F.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn argmax_avx512(x: &[f32]) -> usize {
+    argmax_lanes(x)
+}
+
+/// [`argmax`]'s pass over `x` (fewer than 2³² values, the first not NaN).
+#[inline(always)]
+fn argmax_lanes(x: &[f32]) -> usize {
+    const L: usize = 16;
+    let mut m = [f32::NEG_INFINITY; L];
+    let mut at = [u32::MAX; L];
+    let mut chunks = x.chunks_exact(L);
+    let mut base = 0u32;
+    for c in &mut chunks {
+        for j in 0..L {
+            // a select, not a branch, so that the loop runs in vector registers
+            let gt = c[j] > m[j];
+            m[j] = if gt { c[j] } else { m[j] };
+            at[j] = if gt { base + j as u32 } else { at[j] };
+        }
+        base += L as u32;
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| (v, base + k as u32));
+    let mut best: Option<(f32, u32)> = None;
+    for (v, i) in m.into_iter().zip(at).chain(tail) {
+        // −∞ and NaN are never a lane's or the scan's pick past index 0
+        if v.is_nan() || v == f32::NEG_INFINITY {
+            continue;
+        }
+        best = match best {
+            Some((bv, bi)) if bv > v || (bv == v && bi < i) => Some((bv, bi)),
+            _ => Some((v, i)),
+        };
+    }
+    best.map_or(0, |b| b.1 as usize)
 }
 
 impl Sampler {
@@ -479,6 +530,16 @@ pub(crate) mod tests {
         x[77] = 2.0;
         x[93] = 2.0;
         assert_eq!(argmax(&x), 77);
+        // every length around the lanes and the tail, with ties, ±0, NaN and −∞ mixed in
+        let pick = [3.0, 3.0, -0.0, 0.0, f32::NAN, f32::NEG_INFINITY, 1.0, -2.0];
+        for len in 0..80 {
+            for _ in 0..40 {
+                let x: Vec<f32> = (0..len)
+                    .map(|_| pick[(rng.next_f64() * pick.len() as f64) as usize])
+                    .collect();
+                assert_eq!(argmax(&x), scan(&x), "{x:?}");
+            }
+        }
     }
 
     #[test]
