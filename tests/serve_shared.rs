@@ -138,6 +138,31 @@ fn idle_slots_give_up_their_cached_prompts_least_recently_used_first() {
 }
 
 #[test]
+fn the_slot_given_up_first_is_the_one_whose_request_ended_first() {
+    let mut e = engine_ctx(64);
+    let tok = Arc::clone(&e.tok);
+    let g: Vec<RefCell<Got>> = (0..4).map(|_| RefCell::default()).collect();
+    let mut slots = Slots::new(&mut e.session, &tok, 3, SlotContext::Shared);
+    // a is admitted first and ends last: 10 + 7 and 10 + 1 positions cached
+    let (a, b, c) = (ids(10, 10), ids(40, 10), ids(100, 40));
+    slots.admit(request(&a, 8, &g[0]));
+    slots.admit(request(&b, 2, &g[1]));
+    run_all(&mut slots, &mut e);
+    assert_eq!(g[0].borrow().outcome().completion_tokens, 8);
+    assert_eq!(g[1].borrow().outcome().completion_tokens, 2);
+    assert_eq!(slots.held(), 17 + 11);
+    // 40 prompt rows, 36 free: b's conversation, used less recently, is given up
+    slots.admit(request(&c, 3, &g[2]));
+    slots.step(&mut e.session);
+    assert_eq!(slots.held(), 17 + 40);
+    run_all(&mut slots, &mut e);
+    slots.admit(request(&a, 8, &g[3]));
+    run_all(&mut slots, &mut e);
+    assert_eq!(g[3].borrow().outcome().cached_tokens, 9);
+    assert_eq!(g[3].borrow().text, g[0].borrow().text);
+}
+
+#[test]
 fn when_running_requests_fill_the_pool_the_newest_ends_with_length() {
     let mut e = engine_ctx(64);
     let tok = Arc::clone(&e.tok);

@@ -68,8 +68,8 @@ impl Running<'_> {
 }
 
 /// One slot: its KV cache, the token ids the cache holds (once no request runs in it), the
-/// request running in it, and when a request last ran in it (admission order: the shared
-/// context gives up the least recently used idle slot's positions first).
+/// request running in it, and when a request last started or ended in it ([`Slots`]'s clock:
+/// the shared context gives up the least recently used idle slot's positions first).
 struct Slot<'a> {
     cache: KvCache,
     cached: Vec<u32>,
@@ -85,6 +85,8 @@ pub struct Slots<'a> {
     /// Rows one step may take (the session's `n_batch`, at least the number of slots).
     rows: usize,
     admitted: u64,
+    /// Ticks at every admission and every end: a slot's `used`.
+    clock: u64,
     /// With a shared context ([`SlotContext::Shared`]): the positions all slots together may
     /// hold.
     pool: Option<usize>,
@@ -164,6 +166,7 @@ impl<'a> Slots<'a> {
                 .collect(),
             rows: session.n_batch.max(n),
             admitted: 0,
+            clock: 0,
             pool: (how == SlotContext::Shared && n > 1).then_some(n_ctx),
         }
     }
@@ -268,7 +271,8 @@ impl<'a> Slots<'a> {
             slot.cache.shrink_to_len();
         }
         self.admitted += 1;
-        slot.used = self.admitted;
+        self.clock += 1;
+        slot.used = self.clock;
         let tok = self.tok;
         slot.run = Some(Running {
             pos: keep,
@@ -457,6 +461,10 @@ impl<'a> Slots<'a> {
         let Some(mut r) = slot.run.take() else {
             return;
         };
+        // its conversation is the most recently used now (a long request that ends after a
+        // short one admitted later keeps its cached prompt longer)
+        self.clock += 1;
+        slot.used = self.clock;
         let finish = r.hand.end(ended, &mut r.reply);
         let tool_calls = r.reply.finish();
         let held = slot.cache.len;
