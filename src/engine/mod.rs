@@ -13,9 +13,10 @@
 //! - `conversation.rs`: the `Engine` of `chat` and `serve`: the cached conversation reused as
 //!   a prefix, one request's `Params`, its reply as `Chunk`s (logprobs, tool-call section) and
 //!   `Outcome`. `logprobs.rs`: `TokenLogprob`, the log-softmax and top alternatives.
-//! - `slots.rs`: continuous batching (`serve --parallel N`): `Slots`, N KV-cache slots with
-//!   per-slot prefix reuse; each step one `forward_batch` over every running request (a token
-//!   per decoding slot, prompt chunks within `n_batch` rows), tokens handed out as in
+//! - `slots.rs`: continuous batching (`serve`'s slots): `Slots`, N KV-cache slots (a split
+//!   or a shared context, `SlotContext`) with per-slot prefix reuse; each step one
+//!   `forward_batch` over every running request (a token per decoding slot, prompt chunks
+//!   within `n_batch` rows), tokens handed out as in
 //!   `generate.rs` (`Handout`) into the conversation's `Reply`.
 //! - `stop.rs`: `StopMatcher`, stop strings over streamed text. `tools.rs`: the tool-call
 //!   syntaxes (`ToolFormat`) and their parsing.

@@ -1,8 +1,10 @@
-//! Continuous batching (`deltafin serve --parallel N`): several requests decoded together.
+//! Continuous batching (`deltafin serve`: 4 slots by default, `--parallel N`): several
+//! requests decoded together.
 //!
-//! [`Slots`] holds N slots, each a KV cache (its share of the context) with the token ids it
-//! holds, kept after a request ends so that the next request sharing its prefix prefills only
-//! the rest. A request joins a free slot between steps ([`Slots::admit`]: the free slot whose
+//! [`Slots`] holds N slots, each a KV cache (its share of the context, or with
+//! [`SlotContext::Shared`] up to the whole context, the slots together holding at most it)
+//! with the token ids it holds, kept after a request ends so that the next request sharing
+//! its prefix prefills only the rest. A request joins a free slot between steps ([`Slots::admit`]: the free slot whose
 //! tokens share the longest prefix with its prompt). Each [`Slots::step`] is one forward pass
 //! over every running slot ([`crate::models::Model::forward_batch`]): one token of each
 //! decoding slot, then chunks of the prefilling slots' prompts within the step's budget of

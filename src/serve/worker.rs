@@ -1,10 +1,11 @@
 //! The model's one worker thread and its bounded FIFO queue. Handlers submit [`Job`]s with
 //! [`Queue::submit`] (refused at once when the queue is full); the worker runs them in its
-//! slots (`--parallel N`, [`crate::engine::slots::Slots`]: every running job advances by one
-//! forward pass per step, and queued jobs join, first come first served, as slots free up) or,
-//! when the engine speculates, one at a time ([`Engine::generate`]), sending [`Event`]s back.
-//! A queued job whose client has gone (its event receiver dropped) gives up its place at the
-//! next submit and is never run; a running one stops before its next step.
+//! slots (4 by default, `--parallel N`; [`crate::engine::slots::Slots`]: every running job
+//! advances by one forward pass per step, and queued jobs join, first come first served, as
+//! slots free up) or, when the engine speculates, one at a time ([`Engine::generate`]),
+//! sending [`Event`]s back. A queued job whose client has gone (its event receiver dropped)
+//! gives up its place at the next submit and is never run; a running one stops before its
+//! next step.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -185,10 +186,10 @@ impl Receiver {
 }
 
 /// Starts the worker thread over `engine` with `parallel` slots (at least 1; one request at a
-/// time when the engine speculates) dividing the context as `how` says, and a queue of `capacity` waiting jobs (at least 1).
-/// `stopping` set to true cancels the running jobs at their next step and every queued one; a
-/// streaming job whose events wait unread longer than `write_timeout` is cancelled too.
-/// The thread ends when every [`Queue`] is dropped.
+/// time when the engine speculates) dividing the context as `how` says, and a queue of
+/// `capacity` waiting jobs (at least 1). `stopping` set to true cancels the running jobs at
+/// their next step and every queued one; a streaming job whose events wait unread longer
+/// than `write_timeout` is cancelled too. The thread ends when every [`Queue`] is dropped.
 pub fn start(
     engine: Engine,
     (parallel, how): (usize, SlotContext),
