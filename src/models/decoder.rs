@@ -344,12 +344,9 @@ impl<B: Blocks> Model for Decoder<B> {
 
     fn new_cache(&self, n_ctx: usize) -> KvCache {
         let (l, n) = (self.dims.num_layers, n_ctx.min(self.dims.context_length));
+        // no memory until a pass writes: the CPU grows the host vectors, a GPU makes its slots
         let cache = match self.dims.cache {
-            CacheShape::Kv { kv_dim } if self.cuda.is_some() => KvCache::on_device(l, n, kv_dim),
             CacheShape::Kv { kv_dim } => KvCache::new(l, n, kv_dim),
-            CacheShape::Latent { width } if self.cuda.is_some() => {
-                KvCache::latent_on_device(l, n, width)
-            }
             CacheShape::Latent { width } => KvCache::new_latent(l, n, width),
         };
         let state: Vec<usize> = (0..l).map(|i| self.blocks.recurrent_state(i)).collect();

@@ -427,7 +427,7 @@ mod tests {
             }
         };
         // layer 0 latent (4 positions of 3 floats), layer 1 recurrent (5 floats)
-        let mut c = KvCache::latent_on_device(2, 4, 3).with_state(&[0, 5]);
+        let mut c = KvCache::new_latent(2, 4, 3).with_state(&[0, 5]);
         assert!(c.k[0].is_empty(), "no host latent rows");
         let down = |b: &CudaBuf| {
             let mut v = vec![f32::NAN; b.len()];

@@ -135,20 +135,6 @@ impl KvCache {
         }
     }
 
-    /// A cache of `n_ctx` positions of `kv_dim` floats whose keys and values live in a
-    /// device's memory ([`KvCache::dev`], allocated by the device at the first pass): the
-    /// host vectors stay empty.
-    pub fn on_device(n_layers: usize, n_ctx: usize, kv_dim: usize) -> Self {
-        Self::new(n_layers, n_ctx, kv_dim)
-    }
-
-    /// A latent cache ([`KvCache::new_latent`]) whose rows live in a device's memory
-    /// ([`KvCache::dev`], allocated by the device at the first pass): the host vectors stay
-    /// empty.
-    pub fn latent_on_device(n_layers: usize, n_ctx: usize, width: usize) -> Self {
-        Self::new_latent(n_layers, n_ctx, width)
-    }
-
     /// This cache with a recurrent state of `floats[l]` floats (zeros) for each layer `l`
     /// with a non-zero count; those layers keep no per-position rows (their [`KvCache::k`] and
     /// [`KvCache::v`] become empty). Hybrid models (Kimi Linear, Kimi K3) mix such layers with
@@ -331,12 +317,12 @@ mod tests {
     fn clear_drops_the_device_slots_of_a_recurrent_cache_only() {
         // a device's slots stand in as any value: a recurrent cache drops them (the device
         // makes them again from the zeroed host state), a KV or latent cache keeps them
-        let mut c = super::KvCache::latent_on_device(2, 8, 3).with_state(&[0, 4]);
+        let mut c = super::KvCache::new_latent(2, 8, 3).with_state(&[0, 4]);
         assert!(c.k.iter().all(|k| k.is_empty()), "no host rows");
         c.dev = Some(Box::new(7u8));
         c.clear();
         assert!(c.dev.is_none());
-        let mut c = super::KvCache::latent_on_device(2, 8, 3);
+        let mut c = super::KvCache::new_latent(2, 8, 3);
         c.dev = Some(Box::new(7u8));
         c.len = 4;
         c.clear();
