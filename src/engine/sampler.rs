@@ -401,37 +401,45 @@ impl Sampler {
         } else {
             cand.sort_by(candidate_order);
         }
-        let probs = |cand: &[(u32, f32)], temp: f32| -> Vec<f64> {
-            let m = cand[0].1 as f64;
-            let e: Vec<f64> = cand
-                .iter()
-                .map(|&(_, l)| ((l as f64 - m) / temp as f64).exp())
-                .collect();
-            let s: f64 = e.iter().sum();
-            e.into_iter().map(|v| v / s).collect()
-        };
-        if c.top_p < 1.0 {
-            let p = probs(&cand, t_filter);
-            let mut acc = 0.0;
-            let mut keep = cand.len();
-            for (i, pi) in p.iter().enumerate() {
-                acc += pi;
-                if acc >= c.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            cand.truncate(keep.max(1));
-        }
-        if c.min_p > 0.0 {
-            let p = probs(&cand, t_filter);
-            let thr = p[0] * c.min_p as f64;
-            let keep = p.iter().take_while(|&&pi| pi >= thr).count().max(1);
-            cand.truncate(keep);
-        }
-        let p = probs(&cand, c.temperature);
-        cand.iter().zip(p).map(|(&(id, _), p)| (id, p)).collect()
+        top_p_min_p(cand, c, t_filter)
     }
+}
+
+/// The filters after top-k over `cand` (at least one candidate, sorted most likely first,
+/// ties by id): top-p, then min-p, each on the probabilities at temperature `t_filter` (1
+/// under llama.cpp's order, the temperature under transformers'), then the probabilities at
+/// the temperature, as [`Sampler::distribution`] returns them.
+fn top_p_min_p(mut cand: Vec<(u32, f32)>, c: &SamplerConfig, t_filter: f32) -> Vec<(u32, f64)> {
+    let probs = |cand: &[(u32, f32)], temp: f32| -> Vec<f64> {
+        let m = cand[0].1 as f64;
+        let e: Vec<f64> = cand
+            .iter()
+            .map(|&(_, l)| ((l as f64 - m) / temp as f64).exp())
+            .collect();
+        let s: f64 = e.iter().sum();
+        e.into_iter().map(|v| v / s).collect()
+    };
+    if c.top_p < 1.0 {
+        let p = probs(&cand, t_filter);
+        let mut acc = 0.0;
+        let mut keep = cand.len();
+        for (i, pi) in p.iter().enumerate() {
+            acc += pi;
+            if acc >= c.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+        cand.truncate(keep.max(1));
+    }
+    if c.min_p > 0.0 {
+        let p = probs(&cand, t_filter);
+        let thr = p[0] * c.min_p as f64;
+        let keep = p.iter().take_while(|&&pi| pi >= thr).count().max(1);
+        cand.truncate(keep);
+    }
+    let p = probs(&cand, c.temperature);
+    cand.iter().zip(p).map(|(&(id, _), p)| (id, p)).collect()
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@ use proptest::prelude::{any, Just, Strategy};
 use proptest::prop_oneof;
 
 /// [`Sampler::distribution`] as it was before the streaming top-k (every eligible entry
-/// collected, the top k selected, then sorted): the reference the proptest compares with.
+/// collected, the top k selected, then sorted; the filters after top-k shared): the reference
+/// the proptest compares with.
 fn reference_distribution(c: &SamplerConfig, logits: &[f32]) -> Vec<(u32, f64)> {
     let t_filter = match c.order {
         SamplerOrder::LlamaCpp => 1.0,
@@ -31,36 +32,8 @@ fn reference_distribution(c: &SamplerConfig, logits: &[f32]) -> Vec<(u32, f64)> 
         cand.truncate(c.top_k);
     }
     cand.sort_by(order);
-    let probs = |cand: &[(u32, f32)], temp: f32| -> Vec<f64> {
-        let m = cand[0].1 as f64;
-        let e: Vec<f64> = cand
-            .iter()
-            .map(|&(_, l)| ((l as f64 - m) / temp as f64).exp())
-            .collect();
-        let s: f64 = e.iter().sum();
-        e.into_iter().map(|v| v / s).collect()
-    };
-    if c.top_p < 1.0 {
-        let p = probs(&cand, t_filter);
-        let mut acc = 0.0;
-        let mut keep = cand.len();
-        for (i, pi) in p.iter().enumerate() {
-            acc += pi;
-            if acc >= c.top_p as f64 {
-                keep = i + 1;
-                break;
-            }
-        }
-        cand.truncate(keep.max(1));
-    }
-    if c.min_p > 0.0 {
-        let p = probs(&cand, t_filter);
-        let thr = p[0] * c.min_p as f64;
-        let keep = p.iter().take_while(|&&pi| pi >= thr).count().max(1);
-        cand.truncate(keep);
-    }
-    let p = probs(&cand, c.temperature);
-    cand.iter().zip(p).map(|(&(id, _), p)| (id, p)).collect()
+    // the filters after top-k did not change: the same code
+    top_p_min_p(cand, c, t_filter)
 }
 
 /// Ids and probability bits, so that NaN probabilities (a +∞ logit) compare too.
