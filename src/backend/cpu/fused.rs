@@ -78,19 +78,10 @@ pub fn matvec_each_at(level: SimdLevel, ws: &[&Matrix], xs: &[&[f32]], ys: &mut 
         ws.len(),
         xs.len()
     );
-    // (matrix, first row, rows) per task, each matrix split as matvec splits it alone
-    let total: usize = ws.iter().map(|w| w.data.len()).sum();
-    let mut tasks = Vec::with_capacity(MAX_TASKS);
     for (i, (w, y)) in ws.iter().zip(ys.iter()).enumerate() {
         check_shapes(w, xs[i], 1, y);
-        let rb = w.ty.row_bytes(w.cols).unwrap_or(0);
-        let per = rows_per_task(w.rows, rb);
-        tasks.extend(
-            (0..w.rows)
-                .step_by(per)
-                .map(|r0| (i, r0, per.min(w.rows - r0))),
-        );
     }
+    let tasks = matrix_tasks(ws, 1);
     let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
     let run = |&(i, r0, count): &(usize, usize, usize)| {
         let w = ws[i];
@@ -103,7 +94,38 @@ pub fn matvec_each_at(level: SimdLevel, ws: &[&Matrix], xs: &[&[f32]], ys: &mut 
             unsafe { *outs[i].get().add(r) = v };
         }
     };
-    if tasks.len() <= 1 || total < MIN_TASK_BYTES {
+    run_tasks(ws, 1, &tasks, run);
+}
+
+/// The tasks of several matrices' products over `n` rows in one parallel region: `(matrix,
+/// first row, rows)`, each matrix split into the ranges a product of it alone gets
+/// (`rows_per_task` of its rows at `n` times its row bytes), so that every output is computed
+/// as it is alone.
+pub(super) fn matrix_tasks(ws: &[&Matrix], n: usize) -> Vec<(usize, usize, usize)> {
+    let mut tasks = Vec::with_capacity(MAX_TASKS);
+    for (i, w) in ws.iter().enumerate() {
+        let rb = w.ty.row_bytes(w.cols).unwrap_or(0);
+        let per = rows_per_task(w.rows, rb * n).max(1);
+        tasks.extend(
+            (0..w.rows)
+                .step_by(per)
+                .map(|r0| (i, r0, per.min(w.rows - r0))),
+        );
+    }
+    tasks
+}
+
+/// Runs `run` over `tasks` ([`matrix_tasks`] of `ws` at `n` rows): in one parallel region, or
+/// on this thread when there is one task or the matrices hold less than a task's minimum of
+/// work (`MIN_TASK_BYTES` of weights times rows).
+pub(super) fn run_tasks(
+    ws: &[&Matrix],
+    n: usize,
+    tasks: &[(usize, usize, usize)],
+    run: impl Fn(&(usize, usize, usize)) + Sync,
+) {
+    let work: usize = ws.iter().map(|w| w.data.len() * n).sum();
+    if tasks.len() <= 1 || work < MIN_TASK_BYTES {
         tasks.iter().for_each(run);
     } else {
         super::pool::for_each_task(tasks.len(), |t| run(&tasks[t]));

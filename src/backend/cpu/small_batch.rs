@@ -13,7 +13,7 @@
 //! loads for every row are one pointer plus constants, and none straddles two cache lines,
 //! as each of the 16 of a block at 8 rows did in a misaligned heap `Vec`).
 
-use super::{check_shapes, rows_per_task, Matrix, OutPtr, MIN_TASK_BYTES};
+use super::{check_shapes, rows_per_task, Matrix, OutPtr};
 use crate::quant::{self, SimdLevel};
 
 /// Largest batch [`matmul_small`] takes without a multi-row dot.
@@ -69,20 +69,11 @@ pub fn matmul_small_many(
     else {
         return false;
     };
-    // (matrix, first row, rows) per task, each matrix split as `multi` splits it alone
-    let mut tasks = Vec::new();
-    let mut work = 0usize;
-    for (i, (w, y)) in ws.iter().zip(ys.iter()).enumerate() {
+    for (w, y) in ws.iter().zip(ys.iter()) {
         check_shapes(w, x, n, y);
-        let rb = w.ty.row_bytes(w.cols).unwrap_or(0);
-        let per = rows_per_task(w.rows, rb * n).max(1);
-        tasks.extend(
-            (0..w.rows)
-                .step_by(per)
-                .map(|r0| (i, r0, per.min(w.rows - r0))),
-        );
-        work += w.data.len() * n;
     }
+    // each matrix split as `multi` splits it alone
+    let tasks = super::fused::matrix_tasks(ws, n);
     let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
     super::gemm::with_interleaved_x(x, n, |xi| {
         let run = |&(i, first, count): &(usize, usize, usize)| {
@@ -94,11 +85,7 @@ pub fn matmul_small_many(
             // matrix `i` (its tasks cover disjoint row ranges)
             unsafe { kernels[i](rows_w, x, xi, n, outs[i].get().add(first), w.rows) }
         };
-        if tasks.len() <= 1 || work < MIN_TASK_BYTES {
-            tasks.iter().for_each(run);
-        } else {
-            super::pool::for_each_task(tasks.len(), |t| run(&tasks[t]));
-        }
+        super::fused::run_tasks(ws, n, &tasks, run);
     });
     true
 }
