@@ -179,27 +179,39 @@ fn matmul_t_is_the_ordered_sum_at_any_batch_and_thread_count() {
     }
 }
 
+/// Columns of [`fused_matrices`].
+pub(super) const FUSED_COLS: usize = 17 * 32;
+
+/// Types and rows of [`fused_matrices`]: one matrix below a task's minimum of work, others
+/// split into several tasks.
+pub(super) const FUSED_SPECS: [(GgmlType, usize); 3] = [
+    (GgmlType::Q4_0, 700),
+    (GgmlType::Q8_0, 3),
+    (GgmlType::F32, 90),
+];
+
+/// Random bytes of the matrices [`FUSED_SPECS`] gives, [`FUSED_COLS`] wide: the set the
+/// tests of several products in one region use.
+pub(super) fn fused_matrices(rng: &mut Rng) -> Vec<Vec<u8>> {
+    FUSED_SPECS
+        .iter()
+        .map(|&(ty, rows)| {
+            (0..rows)
+                .flat_map(|_| random_row(ty, FUSED_COLS / ty.block_elems(), rng))
+                .collect()
+        })
+        .collect()
+}
+
 /// `matvec_many` (several matrices of one input in one parallel region) equals `dot_row` of
 /// every row of every matrix bit for bit, at every level and for 1 and 3 threads, with
 /// matrices of different types and sizes (one below a task's minimum, several split).
 #[test]
 fn matvec_many_equals_dot_row_per_matrix_at_any_thread_count() {
-    let cols = 17 * 32;
+    let cols = FUSED_COLS;
     let mut rng = Rng::new(5);
-    let specs = [
-        (GgmlType::Q4_0, 700),
-        (GgmlType::Q8_0, 3),
-        (GgmlType::F32, 90),
-    ];
-    let datas: Vec<Vec<u8>> = specs
-        .iter()
-        .map(|&(ty, rows)| {
-            (0..rows)
-                .flat_map(|_| random_row(ty, cols / ty.block_elems(), &mut rng))
-                .collect()
-        })
-        .collect();
-    let ws: Vec<Matrix> = specs
+    let datas = fused_matrices(&mut rng);
+    let ws: Vec<Matrix> = FUSED_SPECS
         .iter()
         .zip(&datas)
         .map(|(&(ty, rows), d)| Matrix::new(ty, rows, cols, d).unwrap())

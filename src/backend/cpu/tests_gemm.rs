@@ -2,6 +2,7 @@
 //! equals `quant::dot_row_at` of its row and token bit for bit, for every weight type, batch
 //! size, thread count and SIMD level, with rows spanning several panels, tasks and tiles.
 
+use super::tests::{fused_matrices, FUSED_COLS, FUSED_SPECS};
 use super::*;
 use crate::quant::tests::{random_fp8_row, random_row, Rng};
 use crate::quant::SLOT_TYPES;
@@ -127,22 +128,10 @@ fn matmul_keeps_the_single_dot_order_where_it_matters() {
 /// multi-row dot or a batch past its maximum is refused, computing nothing.
 #[test]
 fn matmul_small_many_equals_one_product_per_matrix() {
-    let cols = 17 * 32;
+    let cols = FUSED_COLS;
     let mut rng = Rng::new(77);
-    let specs = [
-        (GgmlType::Q4_0, 700),
-        (GgmlType::Q8_0, 3),
-        (GgmlType::F32, 90),
-    ];
-    let datas: Vec<Vec<u8>> = specs
-        .iter()
-        .map(|&(ty, rows)| {
-            (0..rows)
-                .flat_map(|_| random_row(ty, cols / ty.block_elems(), &mut rng))
-                .collect()
-        })
-        .collect();
-    let ws: Vec<Matrix> = specs
+    let datas = fused_matrices(&mut rng);
+    let ws: Vec<Matrix> = FUSED_SPECS
         .iter()
         .zip(&datas)
         .map(|(&(ty, rows), d)| Matrix::new(ty, rows, cols, d).unwrap())
