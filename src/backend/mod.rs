@@ -231,6 +231,25 @@ pub trait Backend: Send + Sync {
     ) -> Result<()> {
         attention_seqs_by_copies(self, s, q, kv, spans, sinks, out)
     }
+    /// Each sequence's new keys and values into its cache slots: rows `spans[i]` of `k` and
+    /// `v` (`rows × width` floats each, every sequence's rows stacked; the spans are their rows
+    /// in order, [`cpu::attn_seqs::spans_error`]) into `slots[i]` (keys, values:
+    /// position-major rows of `width`) from position `spans[i].pos0`. The default copies per
+    /// sequence ([`write_kv_seqs_by_copies`]); a backend where each copy is a launch overrides
+    /// it with one.
+    ///
+    /// Errors: `slots` and `spans` of different lengths, a slot shorter than
+    /// `(pos0 + rows) × width` floats, the spans not `k`'s rows; the device's.
+    fn write_kv_seqs(
+        &self,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        width: usize,
+        spans: &[SeqSpan],
+        slots: &mut [(&mut Self::Buf, &mut Self::Buf)],
+    ) -> Result<()> {
+        write_kv_seqs_by_copies(self, k, v, width, spans, slots)
+    }
     /// Multi-head latent attention of one sequence's `q` rows over its latent rows
     /// (`latent`: `rank + rope` floats per position `0 .. pos0 + rows`, more may follow) into
     /// `out`, the up-projections `proj` given by their host bytes (`keep`: resident, as
@@ -543,9 +562,106 @@ pub fn attention_seqs_by_copies<B: Backend + ?Sized>(
     Ok(())
 }
 
+/// Checks [`Backend::write_kv_seqs`]'s arguments: `k` and `v` of `len_k`, `len_v` floats,
+/// the slots' lengths `slot_lens` (keys, values). Errors: as `write_kv_seqs`.
+pub fn write_kv_seqs_error(
+    len_k: usize,
+    len_v: usize,
+    width: usize,
+    spans: &[SeqSpan],
+    slot_lens: &[(usize, usize)],
+) -> Result<()> {
+    if slot_lens.len() != spans.len() {
+        anyhow::bail!(
+            "write_kv_seqs: {} key/value slots for {} sequences",
+            slot_lens.len(),
+            spans.len()
+        );
+    }
+    if width == 0 || len_k != len_v || !len_k.is_multiple_of(width) {
+        anyhow::bail!("write_kv_seqs: keys {len_k} and values {len_v} floats in rows of {width}");
+    }
+    if let Some(e) = cpu::attn_seqs::spans_error(spans, len_k / width) {
+        anyhow::bail!("write_kv_seqs: {e}");
+    }
+    for (&(kl, vl), sp) in slot_lens.iter().zip(spans) {
+        let need = (sp.pos0 + sp.rows) * width;
+        if kl < need || vl < need {
+            anyhow::bail!(
+                "write_kv_seqs: slots of {kl} and {vl} floats, {need} needed for {} positions",
+                sp.pos0 + sp.rows
+            );
+        }
+    }
+    Ok(())
+}
+
+/// [`Backend::write_kv_seqs`] by two [`Backend::copy`]s per sequence (the trait's default).
+///
+/// Errors: as `write_kv_seqs`.
+pub fn write_kv_seqs_by_copies<B: Backend + ?Sized>(
+    dev: &B,
+    k: &B::Buf,
+    v: &B::Buf,
+    width: usize,
+    spans: &[SeqSpan],
+    slots: &mut [(&mut B::Buf, &mut B::Buf)],
+) -> Result<()> {
+    if slots.len() != spans.len() {
+        anyhow::bail!(
+            "write_kv_seqs: {} key/value slots for {} sequences",
+            slots.len(),
+            spans.len()
+        );
+    }
+    for ((kc, vc), sp) in slots.iter_mut().zip(spans) {
+        let (at, len) = (sp.r0 * width, sp.rows * width);
+        dev.copy(k, at, kc, sp.pos0 * width, len)?;
+        dev.copy(v, at, vc, sp.pos0 * width, len)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The default `write_kv_seqs` puts each sequence's rows at its positions of its slots and
+    /// leaves the rest; mismatched arguments are refused by name.
+    #[test]
+    fn write_kv_seqs_puts_each_sequences_rows_at_its_positions() {
+        let dev = cpu::Cpu::default();
+        let spans = [
+            SeqSpan { r0: 0, rows: 1, pos0: 2 },
+            SeqSpan { r0: 1, rows: 2, pos0: 0 },
+        ];
+        // 3 rows of width 2: keys 1..6, values -1..-6
+        let k: Vec<f32> = (1..=6).map(|i| i as f32).collect();
+        let v: Vec<f32> = k.iter().map(|x| -x).collect();
+        let mut slots: Vec<(Vec<f32>, Vec<f32>)> = vec![(vec![9.0; 8], vec![9.0; 8]); 2];
+        let mut s: Vec<(&mut Vec<f32>, &mut Vec<f32>)> =
+            slots.iter_mut().map(|(a, b)| (a, b)).collect();
+        dev.write_kv_seqs(&k, &v, 2, &spans, &mut s).unwrap();
+        assert_eq!(slots[0].0, [9.0, 9.0, 9.0, 9.0, 1.0, 2.0, 9.0, 9.0]);
+        assert_eq!(slots[1].1, [-3.0, -4.0, -5.0, -6.0, 9.0, 9.0, 9.0, 9.0]);
+        let mut s: Vec<(&mut Vec<f32>, &mut Vec<f32>)> =
+            slots.iter_mut().take(1).map(|(a, b)| (a, b)).collect();
+        let err = dev.write_kv_seqs(&k, &v, 2, &spans, &mut s).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "write_kv_seqs: 1 key/value slots for 2 sequences"
+        );
+        let err = write_kv_seqs_error(6, 6, 2, &spans, &[(8, 8), (8, 3)]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "write_kv_seqs: slots of 8 and 3 floats, 4 needed for 2 positions"
+        );
+        let err = write_kv_seqs_error(6, 4, 2, &spans, &[(8, 8), (8, 8)]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "write_kv_seqs: keys 6 and values 4 floats in rows of 2"
+        );
+    }
 
     #[test]
     fn device_names_parse_and_bad_ones_are_refused_by_name() {

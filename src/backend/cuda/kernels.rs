@@ -82,15 +82,18 @@ pub const DEVICE_TYPES: [GgmlType; 10] = [
 ];
 
 /// The element-wise and row kernels (besides the per-type `mv_*` and `deq_*`).
-const OP_KERNELS: [&str; 23] = [
+const OP_KERNELS: [&str; 26] = [
     "rms_norm",
     "rope",
+    "rope_rows",
+    "write_kv_rows",
     "glu",
     "softcap",
     "add",
     "gather_rows",
     "scatter_add_rows",
     "attention",
+    "attention_rows",
     "mla_absorb_joint",
     "mla_head_dot",
     "mla_attention",

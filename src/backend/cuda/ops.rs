@@ -324,21 +324,9 @@ impl Backend for Cuda {
         scale: f32,
     ) -> Result<()> {
         super::seqs::spans_fit("rope", spans, width, x.len)?;
-        match (spans, super::seqs::VIEWS_VERIFIED) {
-            ([sp], _) => self.rope(x, sp.rows, head_dim, sp.pos0, inv_freq, interleaved, scale),
-            (_, true) => {
-                self.rope_seqs_dev(x, width, spans, head_dim, inv_freq, interleaved, scale)
-            }
-            (_, false) => crate::backend::rope_seqs_by_copies(
-                self,
-                x,
-                width,
-                spans,
-                head_dim,
-                inv_freq,
-                interleaved,
-                scale,
-            ),
+        match spans {
+            [sp] => self.rope(x, sp.rows, head_dim, sp.pos0, inv_freq, interleaved, scale),
+            _ => self.rope_seqs_dev(x, width, spans, head_dim, inv_freq, interleaved, scale),
         }
     }
 
@@ -353,12 +341,23 @@ impl Backend for Cuda {
     ) -> Result<()> {
         let qd = s.n_heads * s.head_dim;
         super::seqs::spans_fit("attention", spans, qd, q.len)?;
-        match (kv, spans, super::seqs::VIEWS_VERIFIED) {
-            ([(k, v)], [sp], _) => self.attention(s, q, k, v, sp.pos0, sinks, out),
-            (_, _, true) => self.attention_seqs_dev(s, q, kv, spans, sinks, out),
-            (_, _, false) => {
-                crate::backend::attention_seqs_by_copies(self, s, q, kv, spans, sinks, out)
-            }
+        match (kv, spans) {
+            ([(k, v)], [sp]) => self.attention(s, q, k, v, sp.pos0, sinks, out),
+            _ => self.attention_seqs_dev(s, q, kv, spans, sinks, out),
+        }
+    }
+
+    fn write_kv_seqs(
+        &self,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        width: usize,
+        spans: &[SeqSpan],
+        slots: &mut [(&mut CudaBuf, &mut CudaBuf)],
+    ) -> Result<()> {
+        match slots {
+            [_] => crate::backend::write_kv_seqs_by_copies(self, k, v, width, spans, slots),
+            _ => self.write_kv_seqs_dev(k, v, width, spans, slots),
         }
     }
 

@@ -76,3 +76,58 @@ fn several_sequences_equal_each_alone() {
         .to_string();
     assert_eq!(err, "attention_seqs: 2 key/value slots for 3 sequences");
 }
+
+/// Several sequences' new keys and values written into their slots in one launch equal the
+/// copies per sequence (the trait's default), and a slot too short is refused by name.
+#[test]
+fn one_launch_writes_each_sequences_keys_and_values() {
+    let dev = device_or_skip!();
+    let mut rng = Rng::new(29);
+    let width = 48;
+    let seqs = [(3, 1), (0, 5), (60, 1)];
+    let mut spans = Vec::new();
+    let mut r0 = 0;
+    for &(pos0, rows) in &seqs {
+        spans.push(crate::backend::SeqSpan { r0, rows, pos0 });
+        r0 += rows;
+    }
+    let (k, v) = (random_x(r0 * width, &mut rng), random_x(r0 * width, &mut rng));
+    let (dk, dv) = (dev.upload(&k).unwrap(), dev.upload(&v).unwrap());
+    // the slots' old contents, the same in both sets of slots
+    let old: Vec<(Vec<f32>, Vec<f32>)> = seqs
+        .iter()
+        .map(|&(p, m)| {
+            let n = (p + m + 2) * width;
+            (random_x(n, &mut rng), random_x(n, &mut rng))
+        })
+        .collect();
+    let up = |o: &[(Vec<f32>, Vec<f32>)]| -> Vec<(CudaBuf, CudaBuf)> {
+        o.iter()
+            .map(|(a, b)| (dev.upload(a).unwrap(), dev.upload(b).unwrap()))
+            .collect()
+    };
+    let (mut got, mut want) = (up(&old), up(&old));
+    let mut g: Vec<(&mut CudaBuf, &mut CudaBuf)> = got.iter_mut().map(|(a, b)| (a, b)).collect();
+    dev.write_kv_seqs_dev(&dk, &dv, width, &spans, &mut g).unwrap();
+    let mut w: Vec<(&mut CudaBuf, &mut CudaBuf)> = want.iter_mut().map(|(a, b)| (a, b)).collect();
+    crate::backend::write_kv_seqs_by_copies(dev, &dk, &dv, width, &spans, &mut w).unwrap();
+    for ((gk, gv), (wk, wv)) in got.iter().zip(&want) {
+        assert!(bits(&download(dev, gk)) == bits(&download(dev, wk)), "keys");
+        assert!(bits(&download(dev, gv)) == bits(&download(dev, wv)), "values");
+    }
+    // the last sequence's row landed at its position 60
+    let last = download(dev, &got[2].0);
+    assert!(bits(&last[60 * width..61 * width]) == bits(&k[6 * width..7 * width]));
+    let mut short = dev.zeros(60 * width).unwrap();
+    let mut other = dev.zeros(61 * width).unwrap();
+    let mut g: Vec<(&mut CudaBuf, &mut CudaBuf)> = got.iter_mut().map(|(a, b)| (a, b)).collect();
+    g[2] = (&mut short, &mut other);
+    let err = dev
+        .write_kv_seqs_dev(&dk, &dv, width, &spans, &mut g)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "write_kv_seqs: slots of 2880 and 2928 floats, 2928 needed for 61 positions"
+    );
+}

@@ -206,14 +206,12 @@ pub fn gqa_attention_on<D: Device>(
         .collect();
     norm_rope_on(dev, &mut q, n * qd, qd, &spans, qn, r, r.q_scale, hd)?;
     norm_rope_on(dev, &mut k, n * kvd, kvd, &spans, kn, r, r.k_scale, hd)?;
-    let mut kv = Vec::with_capacity(spans.len());
-    for (r0, sq) in seqs.each() {
-        let (pos0, m) = (sq.pos0, sq.n);
-        let (kc, vc) = dev.kv_slots(sq.cache, l, pos0 + m)?;
-        dev.copy(&k, r0 * kvd, kc, pos0 * kvd, m * kvd)?;
-        dev.copy(&v, r0 * kvd, vc, pos0 * kvd, m * kvd)?;
-        kv.push((&*kc, &*vc));
+    let mut slots = Vec::with_capacity(spans.len());
+    for (_, sq) in seqs.each() {
+        slots.push(dev.kv_slots(sq.cache, l, sq.pos0 + sq.n)?);
     }
+    dev.write_kv_seqs(&k, &v, kvd, &spans, &mut slots)?;
+    let kv: Vec<(&D::Buf, &D::Buf)> = slots.iter().map(|(k, v)| (&**k, &**v)).collect();
     let mut att = dev.zeros(n * qd)?;
     dev.attention_seqs(s, &q, &kv, &spans, w.sinks, &mut att)?;
     let mut o = mm_on(dev, &w.o, &att, n)?;

@@ -8,27 +8,27 @@
 // ATT_WARPS, ...: the lanes split the head's dimensions (lane l holds l, l + 32, ...), a
 // shuffle butterfly sums the score, and the warp keeps an online softmax (running maximum,
 // denominator, weighted value sum). The warps' partial results are merged in shared memory.
-// Head dimensions up to ATT_MAX_DIM.
+// Head dimensions up to ATT_MAX_DIM. `attention` takes one sequence's rows (row t at pos0 + t);
+// `attention_rows` several sequences' rows in one launch, row t's key slot, value slot and
+// position read from meta[3t], meta[3t + 1], meta[3t + 2].
 
 #define ATT_WARPS 8
 #define ATT_MAX_DIM 512
 #define ATT_PER_LANE (ATT_MAX_DIM / 32)
 #define NEG_INF __int_as_float(0xff800000)
 
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
-    attention(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, int n_heads,
-              int n_kv_heads, int head_dim, int pos0, int window, float cap, const float* __restrict__ sinks,
-              float* __restrict__ out) {
+// Head h of one query row qh (hd floats) at position p over the slots k, v into o (hd floats).
+__device__ __forceinline__ void attention_head(const float* __restrict__ qh, const float* __restrict__ k,
+                                               const float* __restrict__ v, int n_heads, int n_kv_heads,
+                                               int head_dim, int h, int p, int window, float cap,
+                                               const float* __restrict__ sinks, float* __restrict__ o) {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][ATT_MAX_DIM];
-    const int t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int hd = head_dim;
     const int kvd = n_kv_heads * hd;
     const int kv_off = (h / (n_heads / n_kv_heads)) * hd;
-    const int p = pos0 + t;
     const int lo = window > 0 ? max(0, p + 1 - window) : 0;
-    const float* qh = q + ((u64)t * n_heads + h) * hd;
 
     float qr[ATT_PER_LANE], acc[ATT_PER_LANE];
 #pragma unroll
@@ -80,10 +80,29 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
         denom += s_l[w] * f[w];
     }
     const float inv = 1.0f / denom;
-    float* o = out + ((u64)t * n_heads + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float sum = 0.0f;
         for (int w = 0; w < ATT_WARPS; w++) sum += s_acc[w][d] * f[w];
         o[d] = sum * inv;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+    attention(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, int n_heads,
+              int n_kv_heads, int head_dim, int pos0, int window, float cap, const float* __restrict__ sinks,
+              float* __restrict__ out) {
+    const int t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+    const u64 off = ((u64)t * n_heads + h) * head_dim;
+    attention_head(q + off, k, v, n_heads, n_kv_heads, head_dim, h, pos0 + t, window, cap, sinks, out + off);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+    attention_rows(const float* __restrict__ q, const u64* __restrict__ meta, int n_heads, int n_kv_heads,
+                   int head_dim, int window, float cap, const float* __restrict__ sinks, float* __restrict__ out) {
+    const int t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+    const u64 off = ((u64)t * n_heads + h) * head_dim;
+    const float* k = (const float*)meta[3 * (u64)t];
+    const float* v = (const float*)meta[3 * (u64)t + 1];
+    const int p = (int)meta[3 * (u64)t + 2];
+    attention_head(q + off, k, v, n_heads, n_kv_heads, head_dim, h, p, window, cap, sinks, out + off);
 }

@@ -23,16 +23,13 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 }
 
 // RoPE over `rows` rows of `width` floats (heads of head_dim = 2 * half), row t at position
-// pos0 + t: θ = pos · inv_freq[i] in f64, rotated as NeoX halves (i, i + half) or interleaved
-// pairs (2i, 2i + 1), then × scale when scale ≠ 1. One thread per rotated pair.
-extern "C" __global__ void rope(float* x, int rows, int width, int half, int pos0, const float* __restrict__ inv_freq,
-                                int interleaved, float scale) {
-    const u64 p = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    const int pairs = width / 2;
-    if (p >= (u64)rows * pairs) return;
-    const int t = (int)(p / pairs), k = (int)(p % pairs);
+// pos0 + t (rope) or pos[t] (rope_rows: several sequences' rows in one launch): θ = pos ·
+// inv_freq[i] in f64, rotated as NeoX halves (i, i + half) or interleaved pairs (2i, 2i + 1),
+// then × scale when scale ≠ 1. One thread per rotated pair.
+__device__ __forceinline__ void rope_pair(float* x, int width, int half, int t, int k, int pos,
+                                          const float* __restrict__ inv_freq, int interleaved, float scale) {
     const int head = k / half, i = k % half;
-    const double theta = (double)(pos0 + t) * (double)inv_freq[i];
+    const double theta = (double)pos * (double)inv_freq[i];
     const float s = (float)sin(theta), c = (float)cos(theta);
     float* h = x + (u64)t * width + (u64)head * 2 * half;
     const int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
@@ -45,6 +42,35 @@ extern "C" __global__ void rope(float* x, int rows, int width, int half, int pos
     }
     h[ia] = ra;
     h[ib] = rb;
+}
+
+extern "C" __global__ void rope(float* x, int rows, int width, int half, int pos0, const float* __restrict__ inv_freq,
+                                int interleaved, float scale) {
+    const u64 p = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const int pairs = width / 2;
+    if (p >= (u64)rows * pairs) return;
+    const int t = (int)(p / pairs), k = (int)(p % pairs);
+    rope_pair(x, width, half, t, k, pos0 + t, inv_freq, interleaved, scale);
+}
+
+extern "C" __global__ void rope_rows(float* x, int rows, int width, int half, const int* __restrict__ pos,
+                                     const float* __restrict__ inv_freq, int interleaved, float scale) {
+    const u64 p = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const int pairs = width / 2;
+    if (p >= (u64)rows * pairs) return;
+    const int t = (int)(p / pairs), k = (int)(p % pairs);
+    rope_pair(x, width, half, t, k, pos[t], inv_freq, interleaved, scale);
+}
+
+// Several sequences' new keys and values into their cache slots in one launch: row blockIdx.x
+// of k (blockIdx.y 0) or v (1), `width` floats, copied to the address dst[blockIdx.y · rows +
+// blockIdx.x] (rows = gridDim.x).
+extern "C" __global__ void write_kv_rows(const float* __restrict__ k, const float* __restrict__ v,
+                                         const u64* __restrict__ dst, int width) {
+    const u64 r = blockIdx.x, rows = gridDim.x;
+    const float* s = (blockIdx.y ? v : k) + r * width;
+    float* d = (float*)dst[blockIdx.y * rows + r];
+    for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
 }
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
