@@ -632,8 +632,16 @@ mod tests {
     fn write_kv_seqs_puts_each_sequences_rows_at_its_positions() {
         let dev = cpu::Cpu::default();
         let spans = [
-            SeqSpan { r0: 0, rows: 1, pos0: 2 },
-            SeqSpan { r0: 1, rows: 2, pos0: 0 },
+            SeqSpan {
+                r0: 0,
+                rows: 1,
+                pos0: 2,
+            },
+            SeqSpan {
+                r0: 1,
+                rows: 2,
+                pos0: 0,
+            },
         ];
         // 3 rows of width 2: keys 1..6, values -1..-6
         let k: Vec<f32> = (1..=6).map(|i| i as f32).collect();

@@ -1,10 +1,10 @@
-//! The ops over several sequences of one pass (`seqs.rs`: RoPE and attention launched on
-//! views of each sequence's rows) against each sequence alone on the GPU, bit for bit (each
-//! test skips without a GPU, as the rest of `tests.rs`).
+//! The ops over several sequences of one pass (`seqs.rs`: RoPE, key/value writes and
+//! attention, each one launch over every row) against each sequence alone on the GPU, bit
+//! for bit (each test skips without a GPU, as the rest of `tests.rs`).
 
 use super::*;
 
-/// Several sequences' RoPE and attention in one call (views at each sequence's rows) give
+/// Several sequences' RoPE and attention in one launch each (per-row positions and slots) give
 /// each sequence's results alone on the GPU bit for bit: three sequences (a decode row, a
 /// prompt of 5 rows, a decode row late in its cache), with sinks and a window.
 #[test]
@@ -91,7 +91,10 @@ fn one_launch_writes_each_sequences_keys_and_values() {
         spans.push(crate::backend::SeqSpan { r0, rows, pos0 });
         r0 += rows;
     }
-    let (k, v) = (random_x(r0 * width, &mut rng), random_x(r0 * width, &mut rng));
+    let (k, v) = (
+        random_x(r0 * width, &mut rng),
+        random_x(r0 * width, &mut rng),
+    );
     let (dk, dv) = (dev.upload(&k).unwrap(), dev.upload(&v).unwrap());
     // the slots' old contents, the same in both sets of slots
     let old: Vec<(Vec<f32>, Vec<f32>)> = seqs
@@ -108,12 +111,16 @@ fn one_launch_writes_each_sequences_keys_and_values() {
     };
     let (mut got, mut want) = (up(&old), up(&old));
     let mut g: Vec<(&mut CudaBuf, &mut CudaBuf)> = got.iter_mut().map(|(a, b)| (a, b)).collect();
-    dev.write_kv_seqs_dev(&dk, &dv, width, &spans, &mut g).unwrap();
+    dev.write_kv_seqs_dev(&dk, &dv, width, &spans, &mut g)
+        .unwrap();
     let mut w: Vec<(&mut CudaBuf, &mut CudaBuf)> = want.iter_mut().map(|(a, b)| (a, b)).collect();
     crate::backend::write_kv_seqs_by_copies(dev, &dk, &dv, width, &spans, &mut w).unwrap();
     for ((gk, gv), (wk, wv)) in got.iter().zip(&want) {
         assert!(bits(&download(dev, gk)) == bits(&download(dev, wk)), "keys");
-        assert!(bits(&download(dev, gv)) == bits(&download(dev, wv)), "values");
+        assert!(
+            bits(&download(dev, gv)) == bits(&download(dev, wv)),
+            "values"
+        );
     }
     // the last sequence's row landed at its position 60
     let last = download(dev, &got[2].0);
