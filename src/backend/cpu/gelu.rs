@@ -191,9 +191,13 @@ mod x86 {
 const GELU_CHUNK: usize = 8192;
 
 /// GeGLU with the tanh GELU in place over `g` (`g ← gelu_tanh(g) · up`, element-wise, any
-/// number of rows), split over threads in chunks of 8192 elements: each element's value does
-/// not depend on the split.
+/// number of rows), on the calling thread up to [`super::ops::SERIAL_FLOATS`] elements, else
+/// split over threads in chunks of 8192 elements: each element's value does not depend on
+/// the split.
 pub fn geglu_rows(g: &mut [f32], up: &[f32]) {
+    if g.len() <= super::ops::SERIAL_FLOATS {
+        return geglu_tanh(g, up);
+    }
     g.par_chunks_mut(GELU_CHUNK)
         .zip(up.par_chunks(GELU_CHUNK))
         .for_each(|(gc, uc)| geglu_tanh(gc, uc));

@@ -136,10 +136,19 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// RMSNorm of every `d`-wide row of `x` into `out` (same shape) with weight `w` (`d`).
+/// Floats up to which [`rms_norm_rows`] and [`super::gelu::geglu_rows`] stay on the calling
+/// thread (a decode step of up to 16 sequences of a model 2048 wide): a fork-join over the
+/// pool costs more than their arithmetic (on the device host's 16 cores, with the LM head's
+/// output zeroed in parallel: 8 sequences of the demo model 628-670 tok/s against 623-656,
+/// the step's time outside parallel regions 30-32% against 34-35%; BENCHMARKS.md, session 22).
+pub const SERIAL_FLOATS: usize = 1 << 15;
+
+/// RMSNorm of every `d`-wide row of `x` into `out` (same shape) with weight `w` (`d`), split
+/// over the pool's threads by rows past [`SERIAL_FLOATS`] floats (each row's values do not
+/// depend on the split).
 pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let d = w.len();
-    if x.len() <= d {
+    if x.len() <= SERIAL_FLOATS {
         for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
             rms_norm(xr, w, eps, or);
         }
