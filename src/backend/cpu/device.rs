@@ -11,7 +11,7 @@ use super::blocks::{gated_head_norm, kda_conv_split, res_mix, swiglu_oai};
 use super::kda::{decay, delta_rule, l2norm_eps, sigmoid, DeltaInputs};
 use super::mla::{mla_attention, rope_slice, MlaShape, MlaWeights};
 use super::ops::{
-    rms_norm, rms_norm_rows, rope_angles, rope_interleaved_sc, rope_neox_sc, silu, softcap,
+    rms_norm, rms_norm_rows, rope_interleaved_sc, rope_neox_sc, silu, softcap, with_rope_angles,
 };
 use super::{
     gelu::geglu_rows, matmul, matmul_t, matvec, matvec_each, matvec_many, on_pool, with_numerics,
@@ -486,18 +486,18 @@ fn rope_rows(
     interleaved: bool,
     scale: f32,
 ) {
-    let mut sc = Vec::with_capacity(inv_freq.len());
     for (t, row) in x.chunks_exact_mut(width.max(1)).enumerate() {
-        rope_angles(pos0 + t, inv_freq, &mut sc);
-        for h in row.chunks_exact_mut(head_dim) {
-            match interleaved {
-                true => rope_interleaved_sc(h, &sc),
-                false => rope_neox_sc(h, &sc),
+        with_rope_angles(pos0 + t, inv_freq, |sc| {
+            for h in row.chunks_exact_mut(head_dim) {
+                match interleaved {
+                    true => rope_interleaved_sc(h, sc),
+                    false => rope_neox_sc(h, sc),
+                }
+                if scale != 1.0 {
+                    h.iter_mut().for_each(|v| *v *= scale);
+                }
             }
-            if scale != 1.0 {
-                h.iter_mut().for_each(|v| *v *= scale);
-            }
-        }
+        });
     }
 }
 

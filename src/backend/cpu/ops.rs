@@ -50,6 +50,69 @@ pub fn rope_angles(pos: usize, inv_freq: &[f32], sc: &mut Vec<(f32, f32)>) {
     }));
 }
 
+/// Positions whose angles [`with_rope_angles`] keeps per thread (a decode step of up to 32
+/// sequences at two sets of frequencies, Gemma 3's local and global layers).
+const ANGLE_SLOTS: usize = 64;
+
+/// One position's angles kept by [`with_rope_angles`], with the frequencies they are for.
+struct Angles {
+    pos: usize,
+    inv_freq: Vec<f32>,
+    sc: Vec<(f32, f32)>,
+}
+
+std::thread_local! {
+    /// This thread's kept angles and the slot the next new position replaces.
+    static ANGLES: std::cell::RefCell<(Vec<Angles>, usize)> =
+        const { std::cell::RefCell::new((Vec::new(), 0)) };
+}
+
+/// Calls `f` with [`rope_angles`]`(pos, inv_freq)`, kept per thread for the last
+/// [`ANGLE_SLOTS`] (position, frequencies) pairs: a decode step ropes q and k of every layer
+/// at the same positions, and layers share their frequencies, so each sequence's angles are
+/// computed once or twice a step instead of twice per layer (the sines and cosines were a
+/// tenth of a batch's attention time outside parallel regions on 16 cores, BENCHMARKS.md,
+/// session 22). A kept entry matches on the position and the frequencies' values, so the
+/// angles are those `rope_angles` gives, bit for bit.
+pub fn with_rope_angles<R>(pos: usize, inv_freq: &[f32], f: impl FnOnce(&[(f32, f32)]) -> R) -> R {
+    ANGLES.with(|cell| {
+        let mut guard = cell.borrow_mut();
+        let (kept, next) = &mut *guard;
+        let hit = kept.iter().position(|a| {
+            a.pos == pos
+                && a.inv_freq.len() == inv_freq.len()
+                && a.inv_freq
+                    .iter()
+                    .zip(inv_freq)
+                    .all(|(x, y)| x.to_bits() == y.to_bits())
+        });
+        let i = match hit {
+            Some(i) => i,
+            None => {
+                let i = if kept.len() < ANGLE_SLOTS {
+                    kept.push(Angles {
+                        pos,
+                        inv_freq: Vec::new(),
+                        sc: Vec::new(),
+                    });
+                    kept.len() - 1
+                } else {
+                    let i = *next;
+                    *next = (*next + 1) % ANGLE_SLOTS;
+                    i
+                };
+                let a = &mut kept[i];
+                a.pos = pos;
+                a.inv_freq.clear();
+                a.inv_freq.extend_from_slice(inv_freq);
+                rope_angles(pos, inv_freq, &mut a.sc);
+                i
+            }
+        };
+        f(&kept[i].sc)
+    })
+}
+
 /// [`rope_neox`] with the angles of [`rope_angles`] (`x.len() == 2 * sc.len()`).
 pub fn rope_neox_sc(x: &mut [f32], sc: &[(f32, f32)]) {
     let half = sc.len();
@@ -177,6 +240,33 @@ mod tests {
         let mut y = x;
         rms_norm_inplace(&mut y, &[1.0, 2.0], 0.0);
         assert_eq!(y, o);
+    }
+
+    /// The kept angles are `rope_angles`' for the position and frequencies asked, whatever
+    /// was asked before: two frequency sets at the same positions, and more positions than
+    /// the thread keeps (so entries are replaced and asked for again).
+    #[test]
+    fn kept_rope_angles_are_the_computed_ones() {
+        let sets = [rope_inv_freq(8, 10000.0, 1.0), rope_inv_freq(8, 1e6, 0.125)];
+        let mut want = Vec::new();
+        for round in 0..2 {
+            for pos in (0..3 * ANGLE_SLOTS).rev() {
+                for inv in &sets {
+                    rope_angles(pos, inv, &mut want);
+                    let got = with_rope_angles(pos, inv, |sc| sc.to_vec());
+                    let bits = |v: &[(f32, f32)]| -> Vec<(u32, u32)> {
+                        v.iter().map(|(a, b)| (a.to_bits(), b.to_bits())).collect()
+                    };
+                    assert_eq!(bits(&got), bits(&want), "round {round}, position {pos}");
+                }
+            }
+        }
+        // a set differing in one frequency is not the kept one
+        let mut other = sets[0].clone();
+        other[3] *= 2.0;
+        rope_angles(5, &other, &mut want);
+        with_rope_angles(5, &sets[0], |_| ());
+        assert_eq!(with_rope_angles(5, &other, |sc| sc.to_vec()), want);
     }
 
     #[test]
