@@ -1,8 +1,8 @@
 //! The models on a device (`--device`, `LoadOptions::device`).
 //!
 //! Anywhere: a family whose layers need ops whose CUDA kernels have not yet run on a GPU
-//! (`backend::cuda::UNVERIFIED`: MLA, the KDA ops, Kimi K3's and GPT-OSS's) stays on the CPU
-//! under `auto`, the placement line naming those ops when a GPU was found, and runs on
+//! (`backend::cuda::UNVERIFIED`, empty since session 22) would stay on the CPU under `auto`,
+//! the placement line naming those ops when a GPU was found; every family runs on
 //! `cuda:N` (or, without a GPU, `cuda` says why); without a GPU, `auto` falls back to the
 //! CPU, saying so in the placement line.
 //!

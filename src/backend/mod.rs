@@ -8,10 +8,10 @@
 //! - `cuda/`: the CUDA backend ([`cuda::Cuda`]): the driver, NVRTC and cuBLAS loaded at run
 //!   time (no CUDA needed to build or to run without a GPU), kernels from committed `.cu`
 //!   sources compiled at first use; products over the stored encodings, norms, RoPE, the
-//!   GLUs, GQA and latent attention, the KDA scan and every other [`Op`]. Every family but
-//!   GPT-OSS runs on it with `--device cuda` or `auto`; GPT-OSS needs an op whose GPU test
-//!   has not yet passed ([`cuda::UNVERIFIED`]: `--device cuda` only) (ARCHITECTURE.md,
-//!   "Adding a compute device", says what is done and what is not).
+//!   GLUs, GQA and latent attention, the KDA scan and every other [`Op`]. Every family runs
+//!   on it with `--device cuda` or `auto` (every kernel has passed its tests on an H100:
+//!   [`cuda::UNVERIFIED`] is empty) (ARCHITECTURE.md, "Adding a compute device", says what
+//!   is done and what is not).
 //!
 //! The model code above (`models/layers/`, the decoder skeleton) owns the wiring of a layer
 //! (which projection feeds which op); a backend owns the buffers and the ops. Routing stays
@@ -238,8 +238,9 @@ pub trait Backend: Send + Sync {
     /// sequence ([`write_kv_seqs_by_copies`]); a backend where each copy is a launch overrides
     /// it with one.
     ///
-    /// Errors: `slots` and `spans` of different lengths, a slot shorter than
-    /// `(pos0 + rows) × width` floats, the spans not `k`'s rows; the device's.
+    /// Errors: `slots` and `spans` of different lengths; on CUDA also a slot shorter than
+    /// `(pos0 + rows) × width` floats or the spans not `k`'s rows
+    /// ([`write_kv_seqs_error`]); the default leaves those to [`Backend::copy`]'s errors.
     fn write_kv_seqs(
         &self,
         k: &Self::Buf,

@@ -406,6 +406,36 @@ mod tests {
         );
     }
 
+    /// A family needing an op CUDA lacks (none today) is refused on `cuda:N` by name and kept
+    /// on the CPU by `auto` without a note.
+    #[test]
+    fn a_missing_op_refuses_cuda_and_auto_takes_the_cpu() {
+        let lists: [&[Op]; 2] = [&[Op::MatmulT], &[]];
+        let e = choose_device_from(
+            DeviceKind::Cuda(0),
+            "gpt_oss",
+            GPT_OSS,
+            Numerics::Exact,
+            true,
+            lists,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "gpt_oss on cuda:0: cuda lacks matmul_host_t (not implemented on cuda yet); run it \
+             with --device cpu"
+        );
+        let c = choose_device_from(
+            DeviceKind::Auto,
+            "gpt_oss",
+            GPT_OSS,
+            Numerics::Exact,
+            true,
+            lists,
+        );
+        assert_eq!(c.unwrap(), DeviceChoice::Cpu { note: None });
+    }
+
     #[test]
     fn every_family_takes_a_found_gpu_under_auto_now_that_every_kernel_passed_on_one() {
         for (family, needs) in [

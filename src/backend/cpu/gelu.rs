@@ -195,6 +195,7 @@ const GELU_CHUNK: usize = 8192;
 /// split over threads in chunks of 8192 elements: each element's value does not depend on
 /// the split.
 pub fn geglu_rows(g: &mut [f32], up: &[f32]) {
+    assert_eq!(g.len(), up.len(), "geglu_rows: gate and up lengths");
     if g.len() <= super::ops::SERIAL_FLOATS {
         return geglu_tanh(g, up);
     }

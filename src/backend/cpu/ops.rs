@@ -73,7 +73,8 @@ std::thread_local! {
 /// computed once or twice a step instead of twice per layer (the sines and cosines were a
 /// tenth of a batch's attention time outside parallel regions on 16 cores, BENCHMARKS.md,
 /// session 22). A kept entry matches on the position and the frequencies' values, so the
-/// angles are those `rope_angles` gives, bit for bit.
+/// angles are those `rope_angles` gives, bit for bit. `f` runs while the thread's entries
+/// are borrowed: it must not call `with_rope_angles` (it panics with "already borrowed").
 pub fn with_rope_angles<R>(pos: usize, inv_freq: &[f32], f: impl FnOnce(&[(f32, f32)]) -> R) -> R {
     ANGLES.with(|cell| {
         let mut guard = cell.borrow_mut();
@@ -200,7 +201,8 @@ pub fn silu(x: f32) -> f32 {
 }
 
 /// Floats up to which [`rms_norm_rows`] and [`super::gelu::geglu_rows`] stay on the calling
-/// thread (a decode step of up to 16 sequences of a model 2048 wide): a fork-join over the
+/// thread (a decode step of up to 16 rows 2048 wide: 16 sequences of a 2048-wide model's
+/// norms, or of GeGLU over a 2048-wide intermediate): a fork-join over the
 /// pool costs more than their arithmetic (on the device host's 16 cores, with the LM head's
 /// output zeroed in parallel: 8 sequences of the demo model 628-670 tok/s against 623-656,
 /// the step's time outside parallel regions 30-32% against 34-35%; BENCHMARKS.md, session 22).

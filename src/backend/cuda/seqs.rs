@@ -149,6 +149,8 @@ impl Cuda {
             guards.push(vg);
             for t in 0..sp.rows {
                 let r = sp.r0 + t;
+                // the kernel reads the position as an int
+                i32::try_from(sp.pos0 + t).context("attention: position past i32")?;
                 meta[3 * r..3 * r + 3].copy_from_slice(&[kp, vp, (sp.pos0 + t) as u64]);
             }
         }
@@ -159,8 +161,9 @@ impl Cuda {
         let (nh32, nkv32, hd32) = (nh as i32, nkv as i32, hd as i32);
         let window = s.window.map_or(0, |w| w.max(1)) as i32;
         let cap = s.softcap.unwrap_or(0.0);
+        let blocks = u32::try_from(rows * nh).context("attention: rows × heads past the grid")?;
         let cfg = LaunchConfig {
-            grid_dim: ((rows * nh) as u32, 1, 1),
+            grid_dim: (blocks, 1, 1),
             block_dim: (32 * ATT_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -178,8 +181,9 @@ impl Cuda {
         };
         b.arg(&mut out.data);
         // SAFETY: q and out hold rows × nh × hd floats; every row's addresses in md are live
-        // slots of (pos + 1) × nkv × hd floats at least (checked above; `kv` borrows them past
-        // the launch, queued on their stream); sinks nh floats or a null pointer.
+        // slots of (pos + 1) × nkv × hd floats at least (checked above), freed after the
+        // kernel ran: dropping the guards records the read on the stream, and a slot's free
+        // waits for it; sinks nh floats or a null pointer.
         unsafe { b.launch(cfg) }.context("CUDA attention_rows kernel")?;
         drop(guards);
         Ok(())
@@ -220,16 +224,17 @@ impl Cuda {
         let f = self.k()?.get("write_kv_rows");
         let dd = self.put(&dst)?;
         let w32 = i32::try_from(width).context("write_kv_seqs: row width past i32")?;
+        let rows32 = u32::try_from(rows).context("write_kv_seqs: rows past the grid")?;
         let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 2, 1),
+            grid_dim: (rows32, 2, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.stream.launch_builder(f);
         b.arg(&k.data).arg(&v.data).arg(&dd).arg(&w32);
         // SAFETY: k and v hold rows × width floats; every address in dd is a row of `width`
-        // floats inside a live slot (lengths checked above; `slots` borrows them past the
-        // launch, queued on their stream).
+        // floats inside a live slot (lengths checked above), freed after the kernel ran:
+        // dropping the guards records the write on the stream, and a slot's free waits for it.
         unsafe { b.launch(cfg) }.context("CUDA write_kv_rows kernel")?;
         drop(guards);
         Ok(())

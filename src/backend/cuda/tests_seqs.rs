@@ -138,3 +138,61 @@ fn one_launch_writes_each_sequences_keys_and_values() {
         "write_kv_seqs: slots of 2880 and 2928 floats, 2928 needed for 61 positions"
     );
 }
+
+/// A sequence with no rows in the pass (a slot waiting) changes nothing: RoPE, key/value
+/// writes and attention with it equal those without it, bit for bit.
+#[test]
+fn a_sequence_without_rows_is_skipped() {
+    let dev = device_or_skip!();
+    let mut rng = Rng::new(31);
+    let s = AttnShape {
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: 32,
+        window: None,
+        softcap: None,
+    };
+    let (qd, kvd) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+    let span = |r0, rows, pos0| crate::backend::SeqSpan { r0, rows, pos0 };
+    let with = [span(0, 1, 3), span(1, 0, 9), span(1, 2, 0)];
+    let without = [span(0, 1, 3), span(1, 2, 0)];
+    let inv: Vec<f32> = (0..s.head_dim / 2)
+        .map(|i| 1e4f32.powf(-((2 * i) as f32) / s.head_dim as f32))
+        .collect();
+    let (q, k, v) = (
+        random_x(3 * qd, &mut rng),
+        random_x(3 * kvd, &mut rng),
+        random_x(3 * kvd, &mut rng),
+    );
+    let slot = |n: usize, rng: &mut Rng| random_x(n * kvd, rng);
+    let old = [slot(4, &mut rng), slot(10, &mut rng), slot(2, &mut rng)];
+    let run = |spans: &[crate::backend::SeqSpan], which: &[usize]| -> Vec<Vec<u32>> {
+        let mut dq = dev.upload(&q).unwrap();
+        dev.rope_seqs_dev(&mut dq, qd, spans, s.head_dim, &inv, false, 1.0)
+            .unwrap();
+        let (dk, dv) = (dev.upload(&k).unwrap(), dev.upload(&v).unwrap());
+        let mut slots: Vec<(CudaBuf, CudaBuf)> = which
+            .iter()
+            .map(|&i| (dev.upload(&old[i]).unwrap(), dev.upload(&old[i]).unwrap()))
+            .collect();
+        let mut m: Vec<(&mut CudaBuf, &mut CudaBuf)> =
+            slots.iter_mut().map(|(a, b)| (a, b)).collect();
+        dev.write_kv_seqs_dev(&dk, &dv, kvd, spans, &mut m).unwrap();
+        let kv: Vec<(&CudaBuf, &CudaBuf)> = slots.iter().map(|(a, b)| (a, b)).collect();
+        let mut out = dev.zeros(3 * qd).unwrap();
+        dev.attention_seqs_dev(&s, &dq, &kv, spans, None, &mut out)
+            .unwrap();
+        let mut all = vec![bits(&download(dev, &dq)), bits(&download(dev, &out))];
+        for (a, b) in &slots {
+            all.push(bits(&download(dev, a)));
+            all.push(bits(&download(dev, b)));
+        }
+        all
+    };
+    let got = run(&with, &[0, 1, 2]);
+    let want = run(&without, &[0, 2]);
+    assert!(got[..2] == want[..2], "queries and attention");
+    assert!(got[2..4] == want[2..4] && got[6..8] == want[4..6], "slots");
+    // the waiting sequence's slot is untouched
+    assert!(got[4] == bits(&old[1]) && got[5] == bits(&old[1]));
+}
