@@ -355,8 +355,7 @@ impl Backend for Cuda {
         spans: &[SeqSpan],
         slots: &mut [(&mut CudaBuf, &mut CudaBuf)],
     ) -> Result<()> {
-        let lens: Vec<(usize, usize)> = slots.iter().map(|(k, v)| (k.len, v.len)).collect();
-        crate::backend::write_kv_seqs_error(k.len, v.len, width, spans, &lens)?;
+        super::seqs::write_kv_fits(k, v, width, spans, slots)?;
         match slots {
             [_] => crate::backend::write_kv_seqs_by_copies(self, k, v, width, spans, slots),
             _ => self.write_kv_seqs_dev(k, v, width, spans, slots),

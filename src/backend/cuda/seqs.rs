@@ -33,6 +33,19 @@ pub(super) fn spans_fit(what: &str, spans: &[SeqSpan], width: usize, len: usize)
     }
 }
 
+/// [`crate::backend::write_kv_seqs_error`] for device buffers: `k`, `v` and the slots
+/// checked against the spans (the errors of `Backend::write_kv_seqs`).
+pub(super) fn write_kv_fits(
+    k: &CudaBuf,
+    v: &CudaBuf,
+    width: usize,
+    spans: &[SeqSpan],
+    slots: &[(&mut CudaBuf, &mut CudaBuf)],
+) -> Result<()> {
+    let lens: Vec<(usize, usize)> = slots.iter().map(|(k, v)| (k.len, v.len)).collect();
+    crate::backend::write_kv_seqs_error(k.len, v.len, width, spans, &lens)
+}
+
 impl Cuda {
     /// `Backend::rope_seqs` on the device (see the module header). Errors: a span outside
     /// `x`, a shape the `rope` kernel does not take (as `Backend::rope`), a launch failing.
@@ -200,8 +213,7 @@ impl Cuda {
         spans: &[SeqSpan],
         slots: &mut [(&mut CudaBuf, &mut CudaBuf)],
     ) -> Result<()> {
-        let lens: Vec<(usize, usize)> = slots.iter().map(|(k, v)| (k.len, v.len)).collect();
-        crate::backend::write_kv_seqs_error(k.len, v.len, width, spans, &lens)?;
+        write_kv_fits(k, v, width, spans, slots)?;
         let rows = k.len / width;
         if rows == 0 {
             return Ok(());
