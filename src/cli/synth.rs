@@ -19,7 +19,8 @@ Architectures, presets and encodings (--preset list describes each preset):
   kimi_linear  tiny, kimi-linear-48b-a3b    hf: bf16
   kimi_k3      tiny, kimi-k3                hf: mxfp4 (default; compressed-tensors MXFP4 routed
                experts), gguf: mxfp4 (llama.cpp's kimi-k3 layout); BF16 elsewhere;
-               --experts cuts the experts per layer (of deepseek_v3 and kimi_linear too)
+               --experts cuts the experts per layer (of deepseek_v3, kimi_linear and qwen3_moe
+               too); --experts-per-tok sets qwen3_moe's top-k
 Matrices whose rows are not whole 256-element super-blocks fall back as llama.cpp's
 quantizer does: q4_k to q5_0, q5_k to q5_1, q2_k/q3_k/tq1_0/tq2_0 to q4_0, iq* to iq4_nl.")]
 pub struct SynthArgs {
@@ -40,10 +41,14 @@ pub struct SynthArgs {
     /// overriding the preset's.
     #[arg(long)]
     pub dense_layers: Option<usize>,
-    /// kimi_k3, deepseek_v3, kimi_linear: routed experts per MoE layer, overriding the preset's (each expert keeps its
+    /// qwen3_moe, kimi_k3, deepseek_v3, kimi_linear: routed experts per MoE layer, overriding the preset's (each expert keeps its
     /// size and each token its top-k, so a decode step reads the same bytes).
     #[arg(long)]
     pub experts: Option<usize>,
+    /// qwen3_moe: routed experts each token uses (`num_experts_per_tok`), overriding the
+    /// preset's (another family's routing: `--experts 8 --experts-per-tok 2` is Mixtral's).
+    #[arg(long, value_name = "K")]
+    pub experts_per_tok: Option<usize>,
     /// Approximate size of each safetensors shard.
     #[arg(long, default_value = "4G", value_parser = parse_size)]
     pub shard_size: u64,
@@ -106,6 +111,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
     };
     let mut shape: Shape = preset.shape.clone();
     shape.set_layers(a.layers, a.dense_layers)?;
+    shape.set_experts_per_tok(a.experts_per_tok)?;
     shape.set_experts(a.experts)?;
     let enc = Encoding::parse(&shape, &a.format, a.quant.as_deref())?;
     if a.dry_run {

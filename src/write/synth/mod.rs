@@ -247,6 +247,7 @@ impl Shape {
             return Ok(());
         };
         let (slot, top) = match self {
+            Shape::Qwen3Moe(s) => (&mut s.num_experts, s.num_experts_per_tok),
             Shape::KimiK3(s) => (&mut s.n_routed_experts, s.num_experts_per_tok),
             Shape::KimiLinear(s) => (&mut s.n_routed_experts, s.num_experts_per_tok),
             Shape::DeepseekV3(s) => {
@@ -262,12 +263,36 @@ impl Shape {
                 }
                 (&mut s.n_routed_experts, s.num_experts_per_tok)
             }
-            _ => bail!("--experts applies to kimi_k3, deepseek_v3 and kimi_linear only"),
+            _ => bail!("--experts applies to qwen3_moe, kimi_k3, deepseek_v3 and kimi_linear only"),
         };
         if n < top {
             bail!("--experts {n}: fewer than the {top} experts each token uses");
         }
         *slot = n;
+        Ok(())
+    }
+
+    /// Sets the routed experts each token uses (`num_experts_per_tok`, the router's top-k)
+    /// when `top_k` is given (qwen3_moe), to model another family's routing statistics: with
+    /// random weights the share of experts a batch's sequences have in common depends only on
+    /// the expert count and the top-k (Mixtral's 8 and 2: `--experts 8 --experts-per-tok 2`).
+    /// Call before [`Shape::set_experts`], which checks the experts against the top-k.
+    ///
+    /// Errors: another architecture; 0, or more than the experts per layer.
+    pub fn set_experts_per_tok(&mut self, top_k: Option<usize>) -> Result<()> {
+        let Some(k) = top_k else {
+            return Ok(());
+        };
+        let Shape::Qwen3Moe(s) = self else {
+            bail!("--experts-per-tok applies to qwen3_moe only");
+        };
+        if k == 0 || k > s.num_experts {
+            bail!(
+                "--experts-per-tok {k}: outside 1..={} (the experts per layer)",
+                s.num_experts
+            );
+        }
+        s.num_experts_per_tok = k;
         Ok(())
     }
 }
@@ -617,10 +642,29 @@ mod tests {
                 .to_string(),
             "latent width 3600 and expert FFN width 3072 must be multiples of 32 for MXFP4"
         );
-        let mut q = catalog()[0].shape.clone();
         assert_eq!(
-            q.set_experts(Some(64)).unwrap_err().to_string(),
-            "--experts applies to kimi_k3, deepseek_v3 and kimi_linear only"
+            shape.set_experts_per_tok(Some(2)).unwrap_err().to_string(),
+            "--experts-per-tok applies to qwen3_moe only"
+        );
+        // qwen3_moe with Mixtral's routing: 8 experts, top-2
+        let mut q = catalog()[0].shape.clone();
+        assert_eq!(q.arch(), "qwen3_moe");
+        q.set_experts_per_tok(Some(2)).unwrap();
+        q.set_experts(Some(8)).unwrap();
+        let Shape::Qwen3Moe(s) = &q else { panic!() };
+        assert_eq!((s.num_experts, s.num_experts_per_tok), (8, 2));
+        assert_eq!(
+            q.set_experts_per_tok(Some(9)).unwrap_err().to_string(),
+            "--experts-per-tok 9: outside 1..=8 (the experts per layer)"
+        );
+        assert_eq!(
+            q.set_experts(Some(1)).unwrap_err().to_string(),
+            "--experts 1: fewer than the 2 experts each token uses"
+        );
+        let mut g = Shape::GptOss(gpt_oss::presets().remove(0).2);
+        assert_eq!(
+            g.set_experts(Some(64)).unwrap_err().to_string(),
+            "--experts applies to qwen3_moe, kimi_k3, deepseek_v3 and kimi_linear only"
         );
     }
 
