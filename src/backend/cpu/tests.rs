@@ -184,11 +184,21 @@ pub(super) const FUSED_COLS: usize = 17 * 32;
 
 /// Types and rows of [`fused_matrices`]: one matrix below a task's minimum of work, others
 /// split into several tasks.
-pub(super) const FUSED_SPECS: [(GgmlType, usize); 3] = [
+const FUSED_SPECS: [(GgmlType, usize); 3] = [
     (GgmlType::Q4_0, 700),
     (GgmlType::Q8_0, 3),
     (GgmlType::F32, 90),
 ];
+
+/// The matrices of [`fused_matrices`]' bytes (`FUSED_SPECS`' types and rows, `FUSED_COLS`
+/// wide).
+pub(super) fn fused_views(datas: &[Vec<u8>]) -> Vec<Matrix<'_>> {
+    FUSED_SPECS
+        .iter()
+        .zip(datas)
+        .map(|(&(ty, rows), d)| Matrix::new(ty, rows, FUSED_COLS, d).unwrap())
+        .collect()
+}
 
 /// Random bytes of the matrices [`FUSED_SPECS`] gives, [`FUSED_COLS`] wide: the set the
 /// tests of several products in one region use.
@@ -211,11 +221,7 @@ fn matvec_many_equals_dot_row_per_matrix_at_any_thread_count() {
     let cols = FUSED_COLS;
     let mut rng = Rng::new(5);
     let datas = fused_matrices(&mut rng);
-    let ws: Vec<Matrix> = FUSED_SPECS
-        .iter()
-        .zip(&datas)
-        .map(|(&(ty, rows), d)| Matrix::new(ty, rows, cols, d).unwrap())
-        .collect();
+    let ws = fused_views(&datas);
     let wr: Vec<&Matrix> = ws.iter().collect();
     let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
     for level in SimdLevel::available() {

@@ -2,7 +2,7 @@
 //! equals `quant::dot_row_at` of its row and token bit for bit, for every weight type, batch
 //! size, thread count and SIMD level, with rows spanning several panels, tasks and tiles.
 
-use super::tests::{fused_matrices, FUSED_COLS, FUSED_SPECS};
+use super::tests::{fused_matrices, fused_views, FUSED_COLS};
 use super::*;
 use crate::quant::tests::{random_fp8_row, random_row, Rng};
 use crate::quant::SLOT_TYPES;
@@ -131,11 +131,7 @@ fn matmul_small_many_equals_one_product_per_matrix() {
     let cols = FUSED_COLS;
     let mut rng = Rng::new(77);
     let datas = fused_matrices(&mut rng);
-    let ws: Vec<Matrix> = FUSED_SPECS
-        .iter()
-        .zip(&datas)
-        .map(|(&(ty, rows), d)| Matrix::new(ty, rows, cols, d).unwrap())
-        .collect();
+    let ws = fused_views(&datas);
     let wr: Vec<&Matrix> = ws.iter().collect();
     let x: Vec<f32> = (0..8 * cols).map(|_| rng.unit()).collect();
     let mut ran = 0;

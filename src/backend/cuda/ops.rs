@@ -355,9 +355,12 @@ impl Backend for Cuda {
         spans: &[SeqSpan],
         slots: &mut [(&mut CudaBuf, &mut CudaBuf)],
     ) -> Result<()> {
-        super::seqs::write_kv_fits(k, v, width, spans, slots)?;
+        // one sequence: two copies (checked here); several: one launch (checked there)
         match slots {
-            [_] => crate::backend::write_kv_seqs_by_copies(self, k, v, width, spans, slots),
+            [_] => {
+                super::seqs::write_kv_fits(k, v, width, spans, slots)?;
+                crate::backend::write_kv_seqs_by_copies(self, k, v, width, spans, slots)
+            }
             _ => self.write_kv_seqs_dev(k, v, width, spans, slots),
         }
     }

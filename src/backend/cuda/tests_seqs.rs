@@ -4,6 +4,28 @@
 
 use super::*;
 
+/// The spans of sequences given as (first position, rows), their rows stacked in order.
+fn spans_of(seqs: &[(usize, usize)]) -> Vec<crate::backend::SeqSpan> {
+    let mut r0 = 0;
+    seqs.iter()
+        .map(|&(pos0, rows)| {
+            r0 += rows;
+            crate::backend::SeqSpan {
+                r0: r0 - rows,
+                rows,
+                pos0,
+            }
+        })
+        .collect()
+}
+
+/// RoPE frequencies of base 10⁴ for heads of `head_dim`.
+fn inv_freq(head_dim: usize) -> Vec<f32> {
+    (0..head_dim / 2)
+        .map(|i| 1e4f32.powf(-((2 * i) as f32) / head_dim as f32))
+        .collect()
+}
+
 /// Several sequences' RoPE and attention in one launch each (per-row positions and slots) give
 /// each sequence's results alone on the GPU bit for bit: three sequences (a decode row, a
 /// prompt of 5 rows, a decode row late in its cache), with sinks and a window.
@@ -20,16 +42,9 @@ fn several_sequences_equal_each_alone() {
     };
     let (qd, kvd) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
     let seqs = [(3, 1), (0, 5), (60, 1)];
-    let mut spans = Vec::new();
-    let mut r0 = 0;
-    for &(pos0, rows) in &seqs {
-        spans.push(crate::backend::SeqSpan { r0, rows, pos0 });
-        r0 += rows;
-    }
-    let n = r0;
-    let inv: Vec<f32> = (0..s.head_dim / 2)
-        .map(|i| 1e4f32.powf(-((2 * i) as f32) / s.head_dim as f32))
-        .collect();
+    let spans = spans_of(&seqs);
+    let n: usize = seqs.iter().map(|s| s.1).sum();
+    let inv = inv_freq(s.head_dim);
     let q = random_x(n * qd, &mut rng);
     // RoPE of every row at its sequence's positions, against each span alone
     let mut dq = dev.upload(&q).unwrap();
@@ -85,16 +100,9 @@ fn one_launch_writes_each_sequences_keys_and_values() {
     let mut rng = Rng::new(29);
     let width = 48;
     let seqs = [(3, 1), (0, 5), (60, 1)];
-    let mut spans = Vec::new();
-    let mut r0 = 0;
-    for &(pos0, rows) in &seqs {
-        spans.push(crate::backend::SeqSpan { r0, rows, pos0 });
-        r0 += rows;
-    }
-    let (k, v) = (
-        random_x(r0 * width, &mut rng),
-        random_x(r0 * width, &mut rng),
-    );
+    let spans = spans_of(&seqs);
+    let n: usize = seqs.iter().map(|s| s.1).sum();
+    let (k, v) = (random_x(n * width, &mut rng), random_x(n * width, &mut rng));
     let (dk, dv) = (dev.upload(&k).unwrap(), dev.upload(&v).unwrap());
     // the slots' old contents, the same in both sets of slots
     let old: Vec<(Vec<f32>, Vec<f32>)> = seqs
@@ -156,9 +164,7 @@ fn a_sequence_without_rows_is_skipped() {
     let span = |r0, rows, pos0| crate::backend::SeqSpan { r0, rows, pos0 };
     let with = [span(0, 1, 3), span(1, 0, 9), span(1, 2, 0)];
     let without = [span(0, 1, 3), span(1, 2, 0)];
-    let inv: Vec<f32> = (0..s.head_dim / 2)
-        .map(|i| 1e4f32.powf(-((2 * i) as f32) / s.head_dim as f32))
-        .collect();
+    let inv = inv_freq(s.head_dim);
     let (q, k, v) = (
         random_x(3 * qd, &mut rng),
         random_x(3 * kvd, &mut rng),
