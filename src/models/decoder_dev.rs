@@ -9,7 +9,6 @@
 //! on the host and uploaded (`n × hidden` floats per pass).
 
 use anyhow::Result;
-use rayon::prelude::*;
 
 use super::batch::{SeqPass, SeqRows, Seqs};
 use super::decoder::{Blocks, Decoder, ScratchOn};
@@ -140,9 +139,7 @@ impl<B: Blocks> Decoder<B> {
             }
         };
         let h = norm_on(dev, &h, m * d, &self.final_norm, self.dims.final_norm_eps)?;
-        let mut all = self.head_logits_on(dev, store, &h, m, vocab)?;
-        // each sequence's logits: the first keeps the head's buffer, the others are copied
-        // out of it in parallel (a step of 8 sequences over a 262k vocabulary moves 7 MiB)
+        // each sequence's logits: a span of the head's `m × vocab` output
         let mut spans = Vec::with_capacity(modes.len());
         let mut at = 0;
         for &(which, rows) in &modes {
@@ -150,24 +147,17 @@ impl<B: Blocks> Decoder<B> {
             spans.push(at..at + len);
             at += len;
         }
-        let Some(first) = spans.first().cloned() else {
-            return Ok(Vec::new());
-        };
-        let rest: Vec<Vec<f32>> = spans[1..]
-            .par_iter()
-            .map(|r| all[r.clone()].to_vec())
-            .collect();
-        all.truncate(first.end);
-        let mut outs = vec![all];
-        outs.extend(rest);
+        let mut outs = self.head_logits_on(dev, store, &h, m, vocab, &spans)?;
         for o in &mut outs {
             b.finish_logits(o);
         }
         Ok(outs)
     }
 
-    /// The LM head over `m` normed rows `h` on `dev`: `m × vocab` logits on the host, the
-    /// resident head kept on the device, streamed chunks copied for this pass.
+    /// The LM head over `m` normed rows `h` on `dev`: the `m × vocab` logits on the host, one
+    /// vector per span of `spans` (ranges of floats tiling `0..m × vocab`, see
+    /// [`crate::backend::Backend::download_spans`]), the resident head kept on the device,
+    /// streamed chunks copied for this pass.
     ///
     /// Errors: a streamed chunk could not be read; the device's.
     fn head_logits_on<D: Device>(
@@ -177,7 +167,8 @@ impl<B: Blocks> Decoder<B> {
         h: &D::Buf,
         m: usize,
         vocab: usize,
-    ) -> Result<Vec<f32>> {
+        spans: &[std::ops::Range<usize>],
+    ) -> Result<Vec<Vec<f32>>> {
         let mut out = Vec::new();
         for (unit, r0, mr) in self.head.parts() {
             let keep = store.resident(unit).is_some();
@@ -185,16 +176,16 @@ impl<B: Blocks> Decoder<B> {
             store.with_unit(unit, |u| dev.matmul_host(&mr.view(u), keep, h, m, &mut y))??;
             if mr.rows == vocab {
                 // the whole head in one part: its product is the logits
-                out = dev.download_owned(y, m * vocab)?;
-            } else {
-                out.resize(m * vocab, 0.0);
-                let tmp = dev.download_owned(y, m * mr.rows)?;
-                for i in 0..m {
-                    out[i * vocab + r0..i * vocab + r0 + mr.rows]
-                        .copy_from_slice(&tmp[i * mr.rows..(i + 1) * mr.rows]);
-                }
+                return dev.download_spans(y, m * vocab, spans);
+            }
+            out.resize(m * vocab, 0.0);
+            let tmp = dev.download_owned(y, m * mr.rows)?;
+            for i in 0..m {
+                out[i * vocab + r0..i * vocab + r0 + mr.rows]
+                    .copy_from_slice(&tmp[i * mr.rows..(i + 1) * mr.rows]);
             }
         }
-        Ok(out)
+        crate::backend::check_spans(spans, out.len())?;
+        crate::backend::split_spans(out, spans)
     }
 }

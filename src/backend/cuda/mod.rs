@@ -70,7 +70,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice};
 
 use super::cpu::Matrix;
 use crate::quant::{dequantize_row, GgmlType};
@@ -100,6 +100,10 @@ pub struct Cuda {
     /// Bytes of weights copied for one call only (streamed units, routed experts), since
     /// the device was opened.
     transient_bytes: AtomicU64,
+    /// Page-locked host memory that large downloads ([`Backend::download_spans`]: a pass's
+    /// logits) go through, grown on demand: a copy from the device into pageable memory is
+    /// staged by the driver and pays the fresh pages' faults, this one runs at the bus's speed.
+    staging: Mutex<Option<PinnedHostSlice<f32>>>,
 }
 
 impl std::fmt::Debug for Cuda {
@@ -242,6 +246,7 @@ impl Cuda {
             panel: Mutex::new(None),
             resident: Mutex::new(HashMap::new()),
             transient_bytes: AtomicU64::new(0),
+            staging: Mutex::new(None),
         })
     }
 

@@ -3,13 +3,18 @@
 //! to the device per call; the models' next step (holding them on the device) removes that.
 //! Shape mismatches are errors, never panics.
 
+use std::ops::Range;
+
 use anyhow::{bail, Context, Result};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
+use rayon::prelude::*;
 
 use super::kernels::{type_name, ATT_MAX_DIM, ATT_WARPS};
 use super::{Cuda, CudaBuf, CudaMatrix};
 use crate::backend::cpu::Matrix;
-use crate::backend::{AttnShape, Backend, Glu, MlaProj, MlaShape, Op, SeqSpan};
+use crate::backend::{
+    check_spans, split_spans, AttnShape, Backend, Glu, MlaProj, MlaShape, Op, SeqSpan,
+};
 
 impl Cuda {
     /// The error of an op this backend has no kernel for ([`super::MISSING`]):
@@ -24,6 +29,12 @@ impl Cuda {
         )
     }
 }
+
+/// The downloads [`Backend::download_spans`] copies through the page-locked staging buffer,
+/// in floats: from 1 MiB (one sequence's logits over a 262k vocabulary) to 64 MiB (64 such
+/// rows; every row's logits of a long prompt are copied into pageable memory directly rather
+/// than pinning that much host memory for the device's life).
+const STAGED: std::ops::RangeInclusive<usize> = 1 << 18..=1 << 24;
 
 /// Threads per block of the element-wise kernels.
 const THREADS: u32 = 256;
@@ -83,6 +94,38 @@ impl Backend for Cuda {
             .memcpy_dtoh(&src, out)
             .context("CUDA download")?;
         self.synchronize()
+    }
+
+    fn download_spans(
+        &self,
+        buf: CudaBuf,
+        len: usize,
+        spans: &[Range<usize>],
+    ) -> Result<Vec<Vec<f32>>> {
+        check_spans(spans, len)?;
+        same_len("download_spans", buf.len, len)?;
+        if !STAGED.contains(&len) {
+            return split_spans(self.download_owned(buf, len)?, spans);
+        }
+        let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        if staging.as_ref().is_none_or(|p| p.len() < len) {
+            // the old buffer freed before the larger one is pinned
+            *staging = None;
+            // SAFETY: the memory is unset; only the `len` floats the copy below writes are read
+            let p = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(len, 0) };
+            *staging = Some(p.context("CUDA page-locked allocation")?);
+        }
+        let pinned = staging.as_mut().expect("allocated above");
+        let ptr = pinned.as_mut_ptr().context("CUDA page-locked buffer")?;
+        // SAFETY: `ptr` holds at least `len` floats (grown above), owned by `staging`, whose
+        // lock is held until the copies below are done; f32 is valid for any bits, and the
+        // floats read are those the device copy writes, complete at `synchronize`.
+        let host = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+        self.stream
+            .memcpy_dtoh(&buf.data.slice(..len), host)
+            .context("CUDA download")?;
+        self.synchronize()?;
+        Ok(spans.par_iter().map(|r| host[r.clone()].to_vec()).collect())
     }
 
     fn matmul(&self, w: &CudaMatrix, x: &CudaBuf, rows: usize, y: &mut CudaBuf) -> Result<()> {

@@ -310,6 +310,42 @@ fn norms_rope_and_activations_match_the_cpu() {
     );
 }
 
+/// `download_spans` gives each span's floats exactly, through the page-locked staging
+/// buffer (`STAGED` floats, again after it grew and at a smaller length) and
+/// without it (a small buffer); spans that do not tile a prefix are refused by name.
+#[test]
+fn download_spans_gives_each_spans_floats() {
+    let dev = device_or_skip!();
+    let mut rng = Rng::new(11);
+    let vocab = 262_144;
+    for (m, last) in [(3usize, false), (8, false), (2, true), (1, false)] {
+        let x = random_x(m * vocab, &mut rng);
+        let spans: Vec<_> = (0..m).map(|i| i * vocab..(i + 1) * vocab).collect();
+        let len = if last { m * vocab + 5 } else { m * vocab };
+        let mut host = x.clone();
+        host.resize(len, 1.0);
+        let got = dev
+            .download_spans(dev.upload(&host).unwrap(), len, &spans)
+            .unwrap();
+        assert_eq!(got.len(), m);
+        for (g, r) in got.iter().zip(&spans) {
+            assert_eq!(bits(g), bits(&x[r.clone()]), "{m} spans");
+        }
+    }
+    let small = [1.0f32, 2.0, 3.0];
+    let got = dev
+        .download_spans(dev.upload(&small).unwrap(), 3, &[0..1, 1..3])
+        .unwrap();
+    assert_eq!(got, [vec![1.0], vec![2.0, 3.0]]);
+    let err = dev
+        .download_spans(dev.upload(&small).unwrap(), 3, &[1..3, 3..3])
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "download_spans: span 1..3 after 0 of 3 floats"
+    );
+}
+
 #[test]
 fn gather_and_scatter_rows_match_the_cpu_exactly() {
     let dev = device_or_skip!();
