@@ -1,8 +1,10 @@
 //! Slots sharing one context (`serve` without `--parallel`, or `--kv-unified`;
 //! `deltafin::engine::slots::SlotContext::Shared`): each request may use the whole context and
 //! gets the text it gets alone; when a step needs more positions than are free, idle slots
-//! give up their cached prompts first (least recently used), and only when the running
-//! requests fill the pool does the newest one end, with `finish_reason: "length"`.
+//! give up their cached prompts first (least recently used), prompts wait until they can
+//! finish beside the requests ahead of them, and when the running requests fill the pool the
+//! newest holding positions is preempted: it waits and is prefilled again with what it has
+//! generated, going on with the text it gets alone.
 
 mod common;
 
@@ -163,35 +165,49 @@ fn the_slot_given_up_first_is_the_one_whose_request_ended_first() {
 }
 
 #[test]
-fn when_running_requests_fill_the_pool_the_newest_ends_with_length() {
+fn when_running_requests_fill_the_pool_the_newest_waits_and_goes_on() {
     let mut e = engine_ctx(64);
     let tok = Arc::clone(&e.tok);
-    let (gd, ge) = (RefCell::default(), RefCell::default());
+    let (gd, gx) = (RefCell::default(), RefCell::default());
     let mut slots = Slots::new(&mut e.session, &tok, 2, SlotContext::Shared);
     let (d, x) = (ids(10, 30), ids(200, 30));
     slots.admit(request(&d, 40, &gd));
-    slots.admit(request(&x, 40, &ge));
+    slots.admit(request(&x, 40, &gx));
     // one step prefills both (60 positions), two more decode a token each (64): then there
-    // is no position for both, and the newer request ends
-    for _ in 0..3 {
-        assert_eq!(slots.running(), 2);
-        slots.step(&mut e.session);
+    // is no position for both, and the newer request is preempted (3 tokens out)
+    let mut rows = Vec::new();
+    for _ in 0..4 {
+        rows.push(slots.step(&mut e.session));
     }
-    assert_eq!(slots.held(), 64);
-    slots.step(&mut e.session);
-    assert_eq!(slots.running(), 1);
-    let o = ge.borrow().outcome().clone();
-    assert_eq!((o.finish, o.completion_tokens), (FinishReason::Length, 3));
+    assert_eq!(rows, [60, 2, 2, 1]);
+    assert_eq!(slots.running(), 2);
+    assert_eq!(slots.held(), 33, "d's prompt and 3 tokens, x's given up");
+    assert_eq!(gx.borrow().text, alone(&x, 3).text);
+    // d goes on alone until it fills the context; then x's prompt and 3 tokens (33) are
+    // prefilled again and x goes on where it was, until it fills the context too
+    while gd.borrow().outcome.is_none() {
+        assert_eq!(slots.step(&mut e.session), 1);
+    }
+    let od = gd.borrow().outcome().clone();
+    assert_eq!(
+        (od.finish, od.completion_tokens),
+        (FinishReason::Length, 35)
+    );
+    assert_eq!(gd.borrow().text, alone(&d, 35).text);
+    assert!(gx.borrow().outcome.is_none());
+    assert_eq!(slots.step(&mut e.session), 33);
     run_all(&mut slots, &mut e);
-    // the older one went on, alone in the pool, with the text it gets alone
-    let got = gd.borrow();
-    let n = got.outcome().completion_tokens;
-    assert!(n > 4, "{n} tokens");
-    assert_eq!(got.text, alone(&d, n).text);
+    let ox = gx.borrow().outcome().clone();
+    assert_eq!(
+        (ox.finish, ox.completion_tokens),
+        (FinishReason::Length, 35)
+    );
+    assert_eq!(ox.prompt_tokens, 30);
+    assert_eq!(gx.borrow().text, alone(&x, 35).text);
 }
 
 #[test]
-fn prompts_that_alone_fill_the_pool_end_the_newest() {
+fn prompts_that_cannot_finish_together_wait_first_come_first_served() {
     let mut e = engine_ctx(64);
     e.session.n_batch = 16;
     let tok = Arc::clone(&e.tok);
@@ -200,17 +216,27 @@ fn prompts_that_alone_fill_the_pool_end_the_newest() {
     let (a, b) = (ids(10, 40), ids(200, 40));
     slots.admit(request(&a, 5, &ga));
     slots.admit(request(&b, 5, &gb));
-    // 16 rows a step, first come first served: a's prompt in 3 steps (8 rows of b beside its
-    // last chunk), then a decodes while b takes the 15 positions left, and b, newest, ends
+    // 16 rows a step: a's prompt in 3 steps; b's 40 do not fit beside a's 40 and its reply,
+    // so b waits with no position until a ends, instead of being cut with an empty reply
     let mut rows = Vec::new();
-    while gb.borrow().outcome.is_none() {
+    while slots.running() > 0 {
         rows.push(slots.step(&mut e.session));
     }
-    assert_eq!(rows, [16, 16, 16, 16, 1]);
-    let o = gb.borrow().outcome().clone();
-    assert_eq!((o.finish, o.completion_tokens), (FinishReason::Length, 0));
-    run_all(&mut slots, &mut e);
-    assert_eq!(ga.borrow().text, alone(&a, 5).text);
+    // (b's reply ends at its first token, an end of generation, as it does alone)
+    assert_eq!(rows, [16, 16, 8, 1, 1, 1, 1, 16, 16, 8]);
+    for (g, p, end) in [
+        (&ga, &a, (FinishReason::Length, 5)),
+        (&gb, &b, (FinishReason::Stop, 1)),
+    ] {
+        let (got, want) = (g.borrow(), alone(p, 5));
+        let o = got.outcome();
+        assert_eq!((o.finish, o.completion_tokens), end);
+        assert_eq!(
+            (want.outcome().finish, want.outcome().completion_tokens),
+            end
+        );
+        assert_eq!(got.text, want.text);
+    }
 }
 
 #[test]
@@ -351,16 +377,19 @@ fn a_waiting_prompt_that_holds_no_position_is_not_ended_for_room() {
         slots.step(&mut e.session);
     }
     assert_eq!(slots.held(), 64);
-    // b comes now, newest, holding no position: ending it frees none, so c (the newest
-    // holding some) ends and b runs in the room c leaves
+    // b comes now, newest, holding no position: preempting it frees none, so c (the newest
+    // holding some) is preempted and waits with its 3 tokens; b, after c in the queue, waits
+    // behind it (first come, first served) and nothing is ended for room
     slots.admit(request(&b, 3, &gb));
-    slots.step(&mut e.session);
-    let o = gc.borrow().outcome().clone();
-    assert_eq!((o.finish, o.completion_tokens), (FinishReason::Length, 3));
+    assert_eq!(slots.step(&mut e.session), 1);
+    assert_eq!(slots.running(), 3);
+    assert!(gc.borrow().outcome.is_none());
     run_all(&mut slots, &mut e);
-    let want = alone(&b, 3);
-    let got = gb.borrow();
-    assert_eq!(got.text, want.text);
-    assert_eq!(got.outcome().completion_tokens, 3);
+    for (g, p, n) in [(&ga, &a, 35), (&gc, &c, 35), (&gb, &b, 3)] {
+        let got = g.borrow();
+        assert_eq!(got.outcome().completion_tokens, n);
+        assert_eq!(got.text, alone(p, n).text);
+    }
+    let (want, got) = (alone(&b, 3), gb.borrow());
     assert_eq!(got.outcome().finish, want.outcome().finish);
 }

@@ -46,7 +46,11 @@ pub struct Request<'a> {
 
 /// A request in a slot.
 struct Running<'a> {
+    /// The tokens to prefill: the request's prompt, and after a preemption
+    /// ([`Slots::preempt`]) the tokens it had generated too.
     prompt: Vec<u32>,
+    /// The request's own prompt tokens (the first of `prompt`).
+    prompt_len: usize,
     /// Prompt tokens in the slot's cache (those reused included).
     pos: usize,
     /// Prompt tokens reused from the slot's previous request.
@@ -103,10 +107,12 @@ pub enum SlotContext {
     /// with 4 slots): a request may use the whole context while the others leave room; the
     /// slots' KV memory grows with the positions they hold. When a step needs more positions
     /// than are free, idle slots give up their cached prompts (least recently used first),
-    /// then prompts wait for room (their prefill chunks shrink), and only when the decoding
-    /// requests alone fill the pool does the most recently admitted request that holds
-    /// positions end ([`Finish::ContextFull`], `finish_reason: "length"`; a prompt waiting
-    /// with none keeps waiting).
+    /// then prompts wait for room (their prefill chunks shrink), and when the running
+    /// requests alone fill the pool the most recently admitted one that holds positions is
+    /// preempted ([`Slots::preempt`]: it gives them up and waits, to be prefilled again with
+    /// the tokens it has generated and go on where it was, as vLLM preempts by
+    /// recomputation). A request ends for the context (`finish_reason: "length"`) only when
+    /// it fills the whole context alone.
     Shared,
 }
 
@@ -287,8 +293,70 @@ impl<'a> Slots<'a> {
             done: req.done,
             t0: Instant::now(),
             first: None,
+            prompt_len: req.prompt.len(),
             prompt: req.prompt,
         });
+    }
+
+    /// The rows of a step with `room` positions free (at least one per decoding slot) over
+    /// the running slots in `order` ([`step_order`]): `(slot, tokens, whether they end its
+    /// prompt)`. Each decoding slot's last token, then prompt chunks first come first served
+    /// within the step's rows; a prompt gets rows only when the rest of it fits in the room
+    /// left beside the requests ahead of it (a position for each decoding slot's next token,
+    /// the rest of each earlier prompt and its first token), else it waits, and so do the
+    /// prompts after it: a prompt is not prefilled into positions it would have to give back.
+    fn choose(
+        &self,
+        order: &[(bool, u64, usize)],
+        mut room: usize,
+    ) -> Vec<(usize, Vec<u32>, bool)> {
+        let mut left = self.rows;
+        let mut ahead = order.iter().filter(|o| !o.0).count();
+        let mut chosen = Vec::new();
+        for &(prefilling, _, i) in order {
+            let r = self.slots[i].run.as_ref().expect("running");
+            if !prefilling {
+                let last = *r.hand.history.last().expect("the first token was sampled");
+                chosen.push((i, vec![last], true));
+                left = left.saturating_sub(1);
+                room -= 1;
+                continue;
+            }
+            let rest = r.prompt.len() - r.pos;
+            if left == 0 || room < rest.saturating_add(ahead) {
+                break;
+            }
+            let n = rest.min(left);
+            let end = r.pos + n;
+            chosen.push((i, r.prompt[r.pos..end].to_vec(), end == r.prompt.len()));
+            left -= n;
+            room -= n;
+            ahead += rest - n + 1;
+        }
+        chosen
+    }
+
+    /// Preempts the request in slot `i` (a shared context its positions must leave): the slot
+    /// gives up its positions and memory, and the request waits as a prompt of its own prompt
+    /// and the tokens it has generated (the last one sampled included), prefilled again when
+    /// room frees; its next token is drawn from that prefill's logits, so its reply goes on
+    /// where it was (the same text as without the preemption: a pass's rows are computed as
+    /// they are alone, whatever the rows beside them). Ends it ([`Finish::ContextFull`])
+    /// instead when those tokens and one more do not fit the context.
+    fn preempt(&mut self, i: usize) {
+        let n_ctx = self.n_ctx();
+        let slot = &mut self.slots[i];
+        let Some(r) = slot.run.as_mut() else {
+            return;
+        };
+        if r.prompt_len + r.hand.tokens.len() + 1 > n_ctx {
+            return self.end(i, Some(Finish::ContextFull));
+        }
+        r.prompt.truncate(r.prompt_len);
+        r.prompt.extend_from_slice(&r.hand.tokens);
+        r.pos = 0;
+        slot.cache.release();
+        slot.cached.clear();
     }
 
     /// One step: ends the requests whose `cancelled` says so, then runs one forward pass over
@@ -303,11 +371,11 @@ impl<'a> Slots<'a> {
                 self.end(i, Some(Finish::Interrupted));
             }
         }
-        // decoding slots first, then prefill chunks first come first served
-        let mut order = step_order(&self.slots);
-        // a shared context: a position for each decoding slot and room for some prompt row
-        // when only prompts run, or the newest request ends
-        let mut room = loop {
+        // decoding slots first, then prefill chunks first come first served; with a shared
+        // context, when the running requests need more positions than are free, the newest
+        // holding positions is preempted until they fit
+        let mut chosen = loop {
+            let order = step_order(&self.slots);
             let decoding = order.iter().filter(|o| !o.0).count();
             let prompts: usize = order
                 .iter()
@@ -315,41 +383,24 @@ impl<'a> Slots<'a> {
                 .filter_map(|o| self.slots[o.2].run.as_ref())
                 .map(|r| r.prompt.len() - r.pos)
                 .sum();
-            let room = self.make_room(decoding + prompts.min(self.rows.saturating_sub(decoding)));
-            // no step could run: prompts alone fill the pool
-            let stuck = decoding == 0 && room == 0 && !order.is_empty();
-            if room >= decoding && !stuck {
-                break room;
+            let room = self.make_room(decoding + prompts);
+            if room >= decoding {
+                let chosen = self.choose(&order, room);
+                // a step runs, or none can and no running request holds positions to give up
+                if !chosen.is_empty() || order.iter().all(|o| self.slots[o.2].cache.len == 0) {
+                    break chosen;
+                }
             }
-            // the newest holding positions: ending a prompt that waits with none frees none
-            // (a decoding request holds its prompt; prompts alone filling the pool hold it)
+            // the newest holding positions (preempting a prompt that waits with none frees
+            // none)
             let newest = order
                 .iter()
                 .filter(|o| self.slots[o.2].cache.len > 0)
                 .max_by_key(|o| o.1)
                 .expect("a running request holds positions")
                 .2;
-            self.end(newest, Some(Finish::ContextFull));
-            order = step_order(&self.slots);
+            self.preempt(newest);
         };
-        let mut left = self.rows;
-        // (slot, tokens, whether they end the prompt)
-        let mut chosen: Vec<(usize, Vec<u32>, bool)> = Vec::new();
-        for &(prefilling, _, i) in &order {
-            let r = self.slots[i].run.as_ref().expect("running");
-            if !prefilling {
-                let last = *r.hand.history.last().expect("the first token was sampled");
-                chosen.push((i, vec![last], true));
-                left = left.saturating_sub(1);
-                room -= 1;
-            } else if left > 0 && room > 0 {
-                let n = (r.prompt.len() - r.pos).min(left).min(room);
-                let end = r.pos + n;
-                chosen.push((i, r.prompt[r.pos..end].to_vec(), end == r.prompt.len()));
-                left -= n;
-                room -= n;
-            }
-        }
         if chosen.is_empty() {
             return 0;
         }
@@ -470,7 +521,7 @@ impl<'a> Slots<'a> {
         let finish = r.hand.end(ended, &mut r.reply);
         let tool_calls = r.reply.finish();
         let held = slot.cache.len;
-        let all = r.prompt.iter().chain(&r.hand.tokens);
+        let all = r.prompt[..r.prompt_len].iter().chain(&r.hand.tokens);
         slot.cached = all.copied().take(held).collect();
         let t_end = Instant::now();
         let first = r.first.unwrap_or(t_end);
@@ -478,7 +529,7 @@ impl<'a> Slots<'a> {
             cached_tokens: r.keep,
             ttft_s: (first - r.t0).as_secs_f64(),
             decode_s: (t_end - first).as_secs_f64(),
-            ..Outcome::of(&finish, tool_calls, r.prompt.len(), r.hand.tokens.len())
+            ..Outcome::of(&finish, tool_calls, r.prompt_len, r.hand.tokens.len())
         };
         (r.done)(Ok(o));
     }

@@ -28,6 +28,21 @@ pub fn iterates_content_parts(source: &str) -> bool {
     .is_match(source)
 }
 
+/// Whether a template source takes the `developer` role itself: compares a role with the
+/// string `developer` (`role == "developer"`, `'developer' != m.role`) or lists it among
+/// roles (`m.role in ["system", "developer"]`), as GPT-OSS's harmony template does. The word
+/// elsewhere (a header it writes for the system message, an error text) does not count.
+pub fn names_developer_role(source: &str) -> bool {
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    RE.get_or_init(|| {
+        regex::Regex::new(
+            r#"(?:==|!=)\s*['"]developer['"]|['"]developer['"]\s*(?:==|!=)|\bin\s*[\[(][^\])]*['"]developer['"]"#,
+        )
+        .expect("valid regex")
+    })
+    .is_match(source)
+}
+
 /// How a template takes messages (from its source, once at start).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TemplateTraits {
@@ -42,7 +57,7 @@ impl TemplateTraits {
     pub fn of(source: &str) -> TemplateTraits {
         TemplateTraits {
             parts: iterates_content_parts(source),
-            developer: source.contains("developer"),
+            developer: names_developer_role(source),
         }
     }
 }
@@ -182,6 +197,34 @@ mod tests {
         assert!(!iterates_content_parts(
             crate::tokenizer::chat::GEMMA_TEMPLATE
         ));
+    }
+
+    /// The built-in Gemma template mentions "developer" only in an error text, GPT-OSS's
+    /// fixture only in the header it writes for the system message: neither takes the role.
+    #[test]
+    fn only_templates_that_compare_a_role_with_developer_take_it() {
+        assert!(names_developer_role(
+            "{%- if messages[0].role == \"developer\" or messages[0].role == 'system' %}"
+        ));
+        assert!(names_developer_role("{% if 'developer' != m['role'] %}"));
+        assert!(names_developer_role(
+            "{% if m.role in ['system', 'developer'] %}"
+        ));
+        assert!(!names_developer_role(
+            crate::tokenizer::chat::GEMMA_TEMPLATE
+        ));
+        let fixtures: Value = serde_json::from_str(include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/hf/gpt_oss/tokenizer_config.json"
+        )))
+        .unwrap();
+        let gpt_oss = fixtures["chat_template"].as_str().unwrap();
+        assert!(gpt_oss.contains("<|start|>developer"));
+        assert!(!names_developer_role(gpt_oss));
+        assert_eq!(
+            TemplateTraits::of(crate::tokenizer::chat::GEMMA_TEMPLATE),
+            TemplateTraits::default()
+        );
     }
 
     #[test]
