@@ -268,4 +268,90 @@ mod tests {
         let s = RecordSum::Xxh3(xxh3_128(b"record"));
         assert!(s.matches(b"record") && !s.matches(b"recorD"));
     }
+
+    /// A spine of two tensors: `a` (bytes 0..8) and `b` (bytes 8..20).
+    fn spine() -> (Vec<u8>, SpineCheck) {
+        let bytes: Vec<u8> = (0..20u8).collect();
+        let t = |name: &str, r: std::ops::Range<usize>| SpineTensor {
+            name: name.into(),
+            offset: r.start as u64,
+            len: r.len() as u64,
+            sum: RecordSum::Xxh3(xxh3_128(&bytes[r])),
+        };
+        let sums = SpineSums::new(0, "s.bin".into(), vec![t("b", 8..20), t("a", 0..8)]);
+        (bytes, SpineCheck::new(Arc::new(sums)))
+    }
+
+    #[test]
+    fn spine_tensors_are_checked_whole_in_any_read_that_covers_them() {
+        let (mut bytes, c) = spine();
+        c.check_range(0, &bytes).unwrap();
+        c.check_range(8, &bytes[8..]).unwrap();
+        bytes[9] ^= 0x40;
+        c.check_range(0, &bytes[..8]).unwrap();
+        let e = c.check_range(0, &bytes).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "s.bin: spine tensor 'b' (bytes 8..20): checksum mismatch: xxh3-128 {} read, {} \
+                 in the manifest (the file differs from the one packed)",
+                hex(&xxh3_128(&bytes[8..])),
+                hex(&xxh3_128(&(8..20u8).collect::<Vec<u8>>()))
+            )
+        );
+    }
+
+    #[test]
+    fn a_spine_tensor_read_in_consecutive_pieces_is_checked_when_the_last_lands() {
+        let (mut bytes, c) = spine();
+        // b in three chunks (an LM head streamed), twice
+        for _ in 0..2 {
+            c.check_range(8, &bytes[8..12]).unwrap();
+            c.check_range(12, &bytes[12..16]).unwrap();
+            c.check_range(16, &bytes[16..20]).unwrap();
+        }
+        bytes[13] ^= 1;
+        c.check_range(8, &bytes[8..12]).unwrap();
+        c.check_range(12, &bytes[12..16]).unwrap();
+        let e = c.check_range(16, &bytes[16..20]).unwrap_err();
+        assert!(e
+            .to_string()
+            .starts_with("s.bin: spine tensor 'b' (bytes 8..20): checksum mismatch: xxh3-128 "));
+        // pieces out of order are not checked (single rows of a streamed embedding); a reset
+        // forgets the pieces so far
+        c.check_range(12, &bytes[12..16]).unwrap();
+        c.check_range(8, &bytes[8..12]).unwrap();
+        c.check_range(16, &bytes[16..20]).unwrap();
+        c.check_range(8, &bytes[8..12]).unwrap();
+        c.reset();
+        c.check_range(12, &bytes[12..16]).unwrap();
+        c.check_range(16, &bytes[16..20]).unwrap();
+        // the SHA-256 of an older manifest checks the same way
+        let sha = |b: &[u8]| -> [u8; 32] { <sha2::Sha256 as sha2::Digest>::digest(b).into() };
+        let good: Vec<u8> = (0..20u8).collect();
+        let c = SpineCheck::new(Arc::new(SpineSums::new(
+            0,
+            "s.bin".into(),
+            vec![SpineTensor {
+                name: "b".into(),
+                offset: 8,
+                len: 12,
+                sum: RecordSum::Sha256(sha(&good[8..])),
+            }],
+        )));
+        c.check_range(8, &good[8..14]).unwrap();
+        c.check_range(14, &good[14..]).unwrap();
+        c.check_range(8, &bytes[8..14]).unwrap();
+        let e = c.check_range(14, &bytes[14..]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "s.bin: spine tensor 'b' (bytes 8..20): checksum mismatch: SHA-256 {} read, {} \
+                 in the manifest (the file differs from the one packed)",
+                hex(&sha(&bytes[8..])),
+                hex(&sha(&good[8..]))
+            )
+        );
+    }
 }
