@@ -548,3 +548,171 @@ fn expert_reads_are_checked_by_default_with_xxh3() {
         "{err}"
     );
 }
+
+/// The tensor `name` of the pack in `pack`: (spine file, offset, bytes).
+fn spine_tensor(pack: &Path, name: &str) -> (PathBuf, u64, u64) {
+    let m = Manifest::read(pack).unwrap();
+    let t = m.tensors.iter().find(|t| t.name == name).unwrap();
+    assert_eq!(t.file, 0);
+    (pack.join(&m.spine_file), t.offset, t.n_bytes)
+}
+
+/// XORs byte `at` of `file` with `x`; returns the XXH3-128 (hex) of `len` bytes at `offset`
+/// after the change.
+fn xor_byte(file: &Path, at: u64, x: u8, offset: u64, len: u64) -> String {
+    let mut b = std::fs::read(file).unwrap();
+    b[at as usize] ^= x;
+    std::fs::write(file, &b).unwrap();
+    let t = &b[offset as usize..(offset + len) as usize];
+    deltafin::source::pack::hex(&deltafin::store::checksum::xxh3_128(t))
+}
+
+/// Every spine read is checked by default with the XXH3-128 the manifest records beside each
+/// spine tensor's SHA-256: a flipped byte before load is a load error, a byte changed under a
+/// streamed layer between passes is the next pass's error; `--no-verify-experts` covers the
+/// spine too; a manifest written before spine XXH3-128s were recorded is checked with the
+/// SHA-256.
+#[test]
+fn spine_reads_are_checked_by_default() {
+    use deltafin::models::Logits;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = source(tmp.path());
+    let o = pack_opts(tmp.path(), 1, PackPlacement::Stripe);
+    write_pack(&src, &o).unwrap();
+    let m = Manifest::read(&o.out).unwrap();
+    let spine = std::fs::read(o.out.join(&m.spine_file)).unwrap();
+    for t in m.tensors.iter().filter(|t| t.file == 0) {
+        let b = &spine[t.offset as usize..(t.offset + t.n_bytes) as usize];
+        assert_eq!(
+            t.xxh3.as_deref(),
+            Some(deltafin::source::pack::hex(&deltafin::store::checksum::xxh3_128(b)).as_str())
+        );
+    }
+    // (a) a flipped byte of the final norm before load: every load refuses, naming both sums
+    let (file, off, len) = spine_tensor(&o.out, "model.norm.weight");
+    let want = m
+        .tensors
+        .iter()
+        .find(|t| t.name == "model.norm.weight")
+        .unwrap()
+        .xxh3
+        .clone()
+        .unwrap();
+    let got = xor_byte(&file, off + 11, 0x40, off, len);
+    let msg = format!(
+        "{}: spine tensor 'model.norm.weight' (bytes {off}..{}): checksum mismatch: xxh3-128 \
+         {got} read, {want} in the manifest (the file differs from the one packed)",
+        file.display(),
+        off + len
+    );
+    let e = format!(
+        "{:#}",
+        try_session(&o.out, &opts(None, true)).err().unwrap()
+    );
+    assert_eq!(e, format!("reading tensor 'model.norm.weight': {msg}"));
+    let pack = o.out.to_str().unwrap();
+    let (ok, _, err) = deltafin(&["run", "-m", pack, "-p", "hi", "-n", "2"]);
+    assert!(!ok);
+    assert!(err.contains(&msg), "{err}");
+    // opting out serves the pack as it is
+    assert!(try_session(&o.out, &opts(None, false)).is_ok());
+    let (ok, _, err) = deltafin(&[
+        "run",
+        "-m",
+        pack,
+        "-p",
+        "hi",
+        "-n",
+        "2",
+        "--stats",
+        "--no-verify-experts",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("; expert records and spine not checked (--no-verify-experts)"),
+        "{err}"
+    );
+    xor_byte(&file, off + 11, 0x40, off, len);
+    let (ok, good, err) = deltafin(&[
+        "run", "-m", pack, "-p", "hi", "-n", "2", "--temp", "0", "--stats",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("; expert records checked with xxh3-128; spine checked with xxh3-128"),
+        "{err}"
+    );
+    // (b) layers streamed from the spine file: a byte changed between passes fails the next
+    // pass, naming the tensor; restored, the pass runs again with the same logits
+    let prompt = [17u32, 300, 42, 99];
+    let name = "model.layers.1.self_attn.q_proj.weight";
+    let (file, off, len) = spine_tensor(&o.out, name);
+    let mut s = try_session(&o.out, &opts(Some(STREAMED_BUDGET), true)).unwrap();
+    assert!(
+        !s.model.placement().summary.starts_with("3/3 layers"),
+        "{}",
+        s.model.placement().summary
+    );
+    let first = s.prefill(&prompt, Logits::Last).unwrap();
+    s.cache.clear();
+    let got = xor_byte(&file, off + 100, 0x40, off, len);
+    let want = m
+        .tensors
+        .iter()
+        .find(|t| t.name == name)
+        .unwrap()
+        .xxh3
+        .clone()
+        .unwrap();
+    let e = format!("{:#}", s.prefill(&prompt, Logits::Last).unwrap_err());
+    assert_eq!(
+        e,
+        format!(
+            "{}: spine tensor '{name}' (bytes {off}..{}): checksum mismatch: xxh3-128 {got} \
+             read, {want} in the manifest (the file differs from the one packed)",
+            file.display(),
+            off + len
+        )
+    );
+    s.cache.clear();
+    let mut u = try_session(&o.out, &opts(Some(STREAMED_BUDGET), false)).unwrap();
+    u.prefill(&prompt, Logits::Last).unwrap();
+    xor_byte(&file, off + 100, 0x40, off, len);
+    assert_eq!(s.prefill(&prompt, Logits::Last).unwrap(), first);
+    // an older manifest (no spine xxh3): still loads, checked with SHA-256
+    let path = o.out.join("manifest.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    for t in v["tensors"].as_array_mut().unwrap() {
+        t.as_object_mut().unwrap().remove("xxh3");
+    }
+    std::fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let (ok, old, err) = deltafin(&[
+        "run", "-m", pack, "-p", "hi", "-n", "2", "--temp", "0", "--stats",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(old, good);
+    assert!(
+        err.contains(
+            "; spine checked with SHA-256 (the manifest predates xxh3-128 for spine tensors: \
+             pack again for the faster check)"
+        ),
+        "{err}"
+    );
+    let (file, off, len) = spine_tensor(&o.out, "model.norm.weight");
+    xor_byte(&file, off + 11, 0x40, off, len);
+    let e = format!(
+        "{:#}",
+        try_session(&o.out, &opts(None, true)).err().unwrap()
+    );
+    assert!(
+        e.starts_with(&format!(
+            "reading tensor 'model.norm.weight': {}: spine tensor 'model.norm.weight' (bytes \
+             {off}..{}): checksum mismatch: SHA-256 ",
+            file.display(),
+            off + len
+        )),
+        "{e}"
+    );
+}
+
+/// A RAM budget under which the tiny model's layers are streamed from the spine file.
+const STREAMED_BUDGET: u64 = 300 << 10;

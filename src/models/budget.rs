@@ -27,6 +27,7 @@ use super::{LoadOptions, Placement};
 use crate::source::pack::PackInfo;
 use crate::source::tensor::TensorInfo;
 use crate::store::aligned::round_up;
+use crate::store::checksum::SpineCheck;
 use crate::store::experts::expert_layout;
 use crate::store::plan::{choose_resident, Candidate};
 use crate::store::{
@@ -439,8 +440,9 @@ pub(super) fn place(
             .collect(),
         false => Vec::new(),
     };
-    // --verify-experts: resident experts are checked as they are read (the expert store
-    // checks the others as they land), and the pack's copied files now
+    // verification (on by default for a pack, off with --no-verify-experts): resident
+    // experts are checked as they are read (the expert store checks the others as they
+    // land), and the pack's copied files now
     let verify = match (&od.pack, opts.experts.verify) {
         (Some(p), true) => {
             p.verify_copied()?;
@@ -464,7 +466,13 @@ pub(super) fn place(
             }
         }
     }
+    // and every spine read (resident units here, streamed ones as they land)
+    let spine_units = verify.as_ref().map(|_| units.clone());
+    let spine_check = verify.as_ref().map(|p| SpineCheck::new(p.spine.clone()));
     let check = |u: usize, b: &UnitBytes| -> std::io::Result<()> {
+        if let (Some(c), Some(us)) = (&spine_check, &spine_units) {
+            c.check_unit(&us[u], b)?;
+        }
         let (Some(p), Some((l, e, f))) = (&verify, owner.get(&u)) else {
             return Ok(());
         };
@@ -484,6 +492,10 @@ pub(super) fn place(
         opts.direct_io,
         Some(&check),
     )?;
+    drop(spine_units);
+    if let Some(p) = &verify {
+        store.set_spine_check(SpineCheck::new(p.spine.clone()));
+    }
     let mut expert_note = String::new();
     if s.on_demand {
         let mut es = ExpertStore::new(

@@ -13,6 +13,7 @@ use crate::quant::{dequantize_row, GgmlType};
 use crate::source::gguf::GgufModel;
 use crate::source::pack::PackInfo;
 use crate::source::tensor::TensorInfo;
+use crate::store::checksum::SpineCheck;
 use crate::store::{DirectFile, ReadRange, Unit, UnitBytes};
 
 /// A checkpoint's files opened for reading. Loaders build units over a checkpoint's tensor
@@ -28,14 +29,23 @@ pub struct CheckpointFiles {
     /// The pack the checkpoint's files belong to (for the expert store: drive labels and
     /// checksums).
     pub pack: Option<Arc<PackInfo>>,
+    /// Whether [`CheckpointFiles::vector`] checks a pack's spine tensors against their
+    /// checksums (on unless `--no-verify-experts`).
+    pub verify: bool,
 }
 
 impl CheckpointFiles {
     /// Opens `files` (a checkpoint's files, the logical files of `pack` when it has one) for
-    /// reading, with `O_DIRECT` when `direct_io`.
+    /// reading, with `O_DIRECT` when `direct_io`; with `verify`, the spine tensors of a pack
+    /// read through [`CheckpointFiles::vector`] are checked against its checksums.
     ///
     /// Errors: a file cannot be opened (named).
-    pub fn open(files: &[PathBuf], pack: Option<&Arc<PackInfo>>, direct_io: bool) -> Result<Self> {
+    pub fn open(
+        files: &[PathBuf],
+        pack: Option<&Arc<PackInfo>>,
+        direct_io: bool,
+        verify: bool,
+    ) -> Result<Self> {
         let paths = match pack {
             Some(p) => p.relocation.files.clone(),
             None => files.to_vec(),
@@ -50,6 +60,7 @@ impl CheckpointFiles {
             paths,
             files,
             pack: pack.cloned(),
+            verify,
         })
     }
 
@@ -72,7 +83,9 @@ impl CheckpointFiles {
 
     /// Reads a small tensor (a norm weight) into f32.
     ///
-    /// Errors: the read fails (the message names the tensor).
+    /// Errors: the read fails (the message names the tensor); a pack's spine tensor does not
+    /// match its checksum (with `verify`: the message names the spine file, the tensor and
+    /// both checksums).
     pub fn vector(&self, t: &TensorInfo) -> Result<Vec<f32>> {
         let unit = self.relocate(&Unit {
             pieces: None,
@@ -84,6 +97,12 @@ impl CheckpointFiles {
         });
         let stats = crate::store::IoStats::default();
         let b = crate::store::load_resident(&self.files, &unit, &stats)
+            .and_then(|b| match (&self.pack, self.verify) {
+                (Some(p), true) => SpineCheck::new(p.spine.clone())
+                    .check_unit(&unit, &b)
+                    .map(|()| b),
+                _ => Ok(b),
+            })
             .with_context(|| format!("reading tensor '{}'", t.name))?;
         let n = t.shape.iter().product::<u64>() as usize;
         let mut out = vec![0f32; n];

@@ -57,7 +57,7 @@ pub use super::pack_format::{
 };
 pub use super::pack_info::PackInfo;
 use super::tensor::TensorInfo;
-use crate::store::checksum::RecordSum;
+use crate::store::checksum::{RecordSum, SpineSums, SpineTensor};
 use crate::store::relocate::{Relocation, Stripe};
 use crate::store::remote::RemoteSpec;
 
@@ -117,7 +117,27 @@ fn open_layout(dir: &Path) -> Result<Layout> {
         .iter()
         .map(|(f, h)| (dir.join(f), unhex32(h).expect("checked")))
         .collect();
+    // every spine tensor has a SHA-256 (checked); the XXH3-128 when the manifest records it
+    let spine_sums = m
+        .tensors
+        .iter()
+        .filter(|t| t.file == 0)
+        .filter_map(|t| {
+            let sum = match (t.xxh3.as_deref().and_then(unhex16), t.sha256.as_deref()) {
+                (Some(x), _) => RecordSum::Xxh3(x),
+                (None, Some(h)) => RecordSum::Sha256(unhex32(h)?),
+                (None, None) => return None,
+            };
+            Some(SpineTensor {
+                name: t.name.clone(),
+                offset: t.offset,
+                len: t.n_bytes,
+                sum,
+            })
+        })
+        .collect();
     let info = Arc::new(PackInfo {
+        spine: Arc::new(SpineSums::new(0, spine.display().to_string(), spine_sums)),
         dir: dir.to_path_buf(),
         relocation: Relocation {
             files: phys,

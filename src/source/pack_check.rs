@@ -295,6 +295,12 @@ fn check_fields(m: &Manifest, dir: &Path) -> Result<()> {
             (None, _) => bail!("{f}: a spine tensor without a sha256"),
             (Some(_), _) => bail!("{f}.sha256 is set on an expert tensor (records have checksums)"),
         }
+        match (&t.xxh3, t.file) {
+            (None, _) => {}
+            (Some(h), 0) if unhex16(h).is_some() => {}
+            (Some(h), 0) => bail!("{f}.xxh3 = {h:?} is not an XXH3-128 (32 hex digits)"),
+            (Some(_), _) => bail!("{f}.xxh3 is set on an expert tensor (records have checksums)"),
+        }
     }
     Ok(())
 }

@@ -66,6 +66,12 @@ pub struct PackTensor {
     /// SHA-256 (hex) of the tensor's bytes, for spine tensors (experts have record checksums).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// XXH3-128 (hex, 32 digits, big-endian) of the same bytes, for spine tensors: what every
+    /// read of the tensor checks by default (at load when resident, at each read when
+    /// streamed). Absent in packs written before it was recorded (reads check `sha256`
+    /// then), on expert tensors and in a plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xxh3: Option<String>,
 }
 
 /// One physical piece of an expert record: `len` bytes at `offset` of drive `drive`'s file,

@@ -4,10 +4,11 @@
 //! `source::pack::PackInfo`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::store::checksum::RecordSum;
+use crate::store::checksum::{RecordSum, SpineSums};
 
 use crate::store::relocate::Relocation;
 use crate::store::remote::RemoteSpec;
@@ -22,6 +23,10 @@ pub struct PackInfo {
     /// `checksums[layer][expert]` (empty rows for layers without experts): XXH3-128 when the
     /// manifest records it, else SHA-256.
     pub checksums: Vec<Vec<RecordSum>>,
+    /// The spine tensors' checksums (XXH3-128 when the manifest records them, else SHA-256),
+    /// checked at every read of the spine unless `--no-verify-experts`
+    /// ([`crate::store::checksum::SpineCheck`]).
+    pub spine: Arc<SpineSums>,
     /// How errors name each physical file of [`Relocation::files`]: `None` for the spine,
     /// [`Manifest::drive_label`](super::pack::Manifest::drive_label) for a drive file.
     pub labels: Vec<Option<String>>,
@@ -93,7 +98,7 @@ impl PackInfo {
         ))
     }
 
-    /// What the placement line says of the expert checks (`verify`: they are on).
+    /// What the placement line says of the expert and spine checks (`verify`: they are on).
     pub fn check_note(&self, verify: bool) -> String {
         let algo = self
             .checksums
@@ -101,13 +106,24 @@ impl PackInfo {
             .flatten()
             .next()
             .map_or("", RecordSum::algorithm);
-        match (verify, algo) {
-            (false, _) => "; expert records not checked (--no-verify-experts)".into(),
+        let experts = match (verify, algo) {
+            (false, _) => {
+                return "; expert records and spine not checked (--no-verify-experts)".into()
+            }
             (true, "SHA-256") => "; expert records checked with SHA-256 (the manifest predates \
                  xxh3-128: pack again for the faster check)"
                 .into(),
+            (true, "") => String::new(),
             (true, a) => format!("; expert records checked with {a}"),
-        }
+        };
+        let spine = match self.spine.algorithm() {
+            None => String::new(),
+            Some("SHA-256") => "; spine checked with SHA-256 (the manifest predates xxh3-128 \
+                 for spine tensors: pack again for the faster check)"
+                .into(),
+            Some(a) => format!("; spine checked with {a}"),
+        };
+        experts + &spine
     }
 
     /// Checks every copied file ([`PackInfo::copied`]) against its checksum (they are small:

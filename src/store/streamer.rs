@@ -129,6 +129,12 @@ impl UnitBytes {
         Self { buf, pieces }
     }
 
+    /// The whole buffer as read: every range's aligned span in order (see
+    /// [`Unit::buffer_bytes`]).
+    pub(crate) fn raw(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
+
     /// The bytes from the start of the first piece to the end of the last (a pack record,
     /// padding between pieces included).
     pub fn record(&self) -> &[u8] {

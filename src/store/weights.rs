@@ -6,6 +6,7 @@ use std::io;
 use std::sync::Arc;
 
 use super::aligned::{round_up, AlignedBuf, IO_ALIGN};
+use super::checksum::SpineCheck;
 use super::direct::DirectFile;
 use super::experts::ExpertStore;
 use super::streamer::{load_resident, IoStats, Streamer, Unit, UnitBytes};
@@ -111,6 +112,8 @@ pub struct WeightStore {
     stats: Arc<IoStats>,
     resident_bytes: usize,
     experts: Option<ExpertStore>,
+    /// Checks every streamed read of a pack's spine ([`WeightStore::set_spine_check`]).
+    spine: Option<SpineCheck>,
 }
 
 impl WeightStore {
@@ -240,6 +243,7 @@ impl WeightStore {
             stats,
             resident_bytes,
             experts: None,
+            spine: None,
         })
     }
 
@@ -349,7 +353,9 @@ impl WeightStore {
     /// Runs `f` on the bytes of unit `id`: at once when resident, else after its read lands.
     /// Streamed units must be taken in the order they were planned.
     ///
-    /// Errors: the unit's read failed (the message names the file and range).
+    /// Errors: the unit's read failed (the message names the file and range); with a spine
+    /// check ([`WeightStore::set_spine_check`]), its spine bytes do not match the pack's
+    /// checksums (`InvalidData`, naming the spine file, the tensor and both checksums).
     pub fn with_unit<R>(&mut self, id: usize, f: impl FnOnce(&UnitBytes) -> R) -> io::Result<R> {
         if let Residency::Resident(b) = &self.residency[id] {
             return Ok(f(b));
@@ -366,11 +372,27 @@ impl WeightStore {
         let want = self.expected.pop_front();
         assert_eq!(want, Some(id), "streamed units taken out of planned order");
         let s = self.streamer.as_mut().expect("streamer");
-        let b = match s.next_unit() {
+        let checked = s.next_unit().and_then(|b| {
+            // ad-hoc units (single embedding rows) are not checked: see `SpineCheck`
+            match (&self.spine, id) {
+                (Some(c), id) if id != usize::MAX => match c.check_unit(&self.units[id], &b) {
+                    Ok(()) => Ok(b),
+                    Err(e) => {
+                        s.recycle(b);
+                        Err(e)
+                    }
+                },
+                _ => Ok(b),
+            }
+        });
+        let b = match checked {
             Ok(b) => b,
             Err(e) => {
                 self.expected.clear();
                 s.drain();
+                if let Some(c) = &self.spine {
+                    c.reset();
+                }
                 return Err(e);
             }
         };
@@ -385,6 +407,14 @@ impl WeightStore {
         let r = f(&b);
         s.recycle(b);
         Ok(r)
+    }
+
+    /// Checks every streamed unit's spine ranges as it lands, before use (a pack's spine
+    /// tensors against the manifest's checksums): a mismatch fails the pass that reads it
+    /// ([`WeightStore::with_unit`]'s error names the spine file, the tensor and both
+    /// checksums). Resident units are checked at load by [`WeightStore::open_full`]'s `check`.
+    pub fn set_spine_check(&mut self, check: SpineCheck) {
+        self.spine = Some(check);
     }
 
     /// Hands the routed experts to an [`ExpertStore`]; units it covers must not be resident
@@ -411,6 +441,9 @@ impl WeightStore {
         self.expected.clear();
         if let Some(s) = self.streamer.as_mut() {
             s.drain();
+        }
+        if let Some(c) = &self.spine {
+            c.reset();
         }
     }
 }

@@ -144,7 +144,7 @@ impl DeepseekV3 {
         opts: &LoadOptions,
     ) -> Result<(Self, WeightStore)> {
         let (embd, head_t) = (&ck.embd, &ck.head);
-        let files = CheckpointFiles::open(&ck.files, ck.pack.as_ref(), opts.direct_io)?;
+        let files = CheckpointFiles::open(&ck.files, ck.pack.as_ref(), opts.direct_io, opts.experts.verify)?;
         let vec_of = |t: &TensorInfo| files.vector(t);
         let final_norm = vec_of(&ck.final_norm)?;
 

@@ -89,7 +89,7 @@ impl Gemma3 {
         };
         let tied = std::ptr::eq(head_t, embd);
         // a dense family: never a pack (loading refuses packs of it)
-        let files = CheckpointFiles::open(&g.files, None, opts.direct_io)?;
+        let files = CheckpointFiles::open(&g.files, None, opts.direct_io, false)?;
         let vec_of = |name: &str, n: usize| files.vector(ts.get(name, &[n])?);
         let output_norm = vec_of("output_norm.weight", d)?;
 

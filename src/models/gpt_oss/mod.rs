@@ -251,7 +251,7 @@ impl GptOss {
         opts: &LoadOptions,
     ) -> Result<(Self, WeightStore)> {
         let (d, ff, ne) = (c.hidden_size, c.intermediate_size, c.num_local_experts);
-        let files = CheckpointFiles::open(&ck.files, ck.pack.as_ref(), opts.direct_io)?;
+        let files = CheckpointFiles::open(&ck.files, ck.pack.as_ref(), opts.direct_io, opts.experts.verify)?;
         let (embd, head_t) = (&ck.embd, &ck.head);
         let final_norm = files.vector(&ck.final_norm)?;
         let mxfp4 = ck.layers.iter().flat_map(|l| &l.experts).any(|e| match e {

@@ -161,7 +161,7 @@ fn build(
     pack: Option<&std::sync::Arc<crate::source::pack::PackInfo>>,
     opts: &LoadOptions,
 ) -> Result<(KimiK3, WeightStore)> {
-    let files = CheckpointFiles::open(paths, pack, opts.direct_io)?;
+    let files = CheckpointFiles::open(paths, pack, opts.direct_io, opts.experts.verify)?;
     let vec_of = |t: &TensorInfo| files.vector(t);
     let (mut units, mut tails): (Vec<Unit>, Vec<Unit>) = (Vec::new(), Vec::new());
     let mut layers = Vec::with_capacity(ck.layers.len());

@@ -120,7 +120,7 @@ impl KimiLinear {
     }
 
     fn build(c: Config, ck: Checkpoint, opts: &LoadOptions) -> Result<(Self, WeightStore)> {
-        let files = CheckpointFiles::open(&ck.files, ck.pack.as_ref(), opts.direct_io)?;
+        let files = CheckpointFiles::open(&ck.files, ck.pack.as_ref(), opts.direct_io, opts.experts.verify)?;
         let vec_of = |t: &TensorInfo| files.vector(t);
         let final_norm = vec_of(&ck.final_norm)?;
         let mut units: Vec<Unit> = Vec::new();

@@ -245,7 +245,7 @@ fn gguf_checkpoint(c: &Config, g: &GgufModel) -> Result<Checkpoint> {
                 t.ty
             );
         }
-        let files = CheckpointFiles::open(&g.files, g.pack.as_ref(), false)?;
+        let files = CheckpointFiles::open(&g.files, g.pack.as_ref(), false, true)?;
         let factors = files.vector(t).with_context(|| label.clone())?;
         for (f, &s) in inv_freq.iter_mut().zip(&factors) {
             if !(s.is_finite() && s > 0.0) {

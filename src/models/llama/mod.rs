@@ -237,7 +237,7 @@ impl Llama {
         let embd = &ck.embd;
         let head_t = ck.head.as_ref().unwrap_or(embd);
         let tied = ck.head.is_none();
-        let files = CheckpointFiles::open(&ck.files, ck.pack.as_ref(), opts.direct_io)?;
+        let files = CheckpointFiles::open(&ck.files, ck.pack.as_ref(), opts.direct_io, opts.experts.verify)?;
         let vec_of = |t: &TensorInfo| files.vector(t);
         let final_norm = vec_of(&ck.final_norm)?;
 

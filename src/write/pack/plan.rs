@@ -90,6 +90,7 @@ pub(super) fn plan(src: &PackSource, o: &PackOptions) -> Result<(Manifest, Optio
             offset,
             n_bytes: t.n_bytes,
             sha256: None,
+            xxh3: None,
         }
     };
     // a GGUF source's spine file starts with its GGUF header

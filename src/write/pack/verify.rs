@@ -17,7 +17,7 @@ pub type Mismatch = String;
 /// Checks the manifest of the pack in `dir` as opening the pack does
 /// ([`Manifest::read_checked`]), then every spine tensor, the spine's GGUF header (packs of
 /// GGUF models), every expert record and every copied file (tokenizer, generation config, ...)
-/// against its checksum. Returns the number of items checked and one line per mismatch or
+/// against its checksum (both the SHA-256 and the XXH3-128 where the manifest has both). Returns the number of items checked and one line per mismatch or
 /// unreadable item (naming the drive, file and (layer, expert), the spine tensor or the
 /// copied file; a copied file the manifest has no checksum for, in a pack written before they
 /// were recorded, is one such line).
@@ -30,24 +30,33 @@ pub fn verify_pack(dir: &Path) -> Result<(usize, Vec<Mismatch>)> {
     let spine = File::open(&spine_path).with_context(|| format!("{}", spine_path.display()))?;
     let mut bad = Vec::new();
     let mut n = 0;
-    let mut check_spine = |what: String, offset: u64, len: u64, want: Option<&str>| {
-        n += 1;
-        let mut b = vec![0u8; len as usize];
-        match read_at(&spine, offset, &mut b, &|| spine_path.display().to_string()) {
-            Ok(()) if want == Some(hex(&Sha256::digest(&b)).as_str()) => {}
-            Ok(()) => bad.push(format!(
-                "{}: {what}: checksum mismatch",
-                spine_path.display()
-            )),
-            Err(e) => bad.push(format!("{what}: {e:#}")),
-        }
-    };
+    let mut check_spine =
+        |what: String, offset: u64, len: u64, want: Option<&str>, x: Option<&str>| {
+            n += 1;
+            let mut b = vec![0u8; len as usize];
+            match read_at(&spine, offset, &mut b, &|| spine_path.display().to_string()) {
+                Ok(())
+                    if want == Some(hex(&Sha256::digest(&b)).as_str())
+                        && x.is_none_or(|x| x == hex(&xxh3_128(&b))) => {}
+                Ok(()) => bad.push(format!(
+                    "{}: {what}: checksum mismatch",
+                    spine_path.display()
+                )),
+                Err(e) => bad.push(format!("{what}: {e:#}")),
+            }
+        };
     if let Some(h) = &m.spine_header {
-        check_spine("the GGUF header".into(), 0, h.len, Some(&h.sha256));
+        check_spine("the GGUF header".into(), 0, h.len, Some(&h.sha256), None);
     }
     for t in m.tensors.iter().filter(|t| t.file == 0) {
         let what = format!("spine tensor '{}'", t.name);
-        check_spine(what, t.offset, t.n_bytes, t.sha256.as_deref());
+        check_spine(
+            what,
+            t.offset,
+            t.n_bytes,
+            t.sha256.as_deref(),
+            t.xxh3.as_deref(),
+        );
     }
     let files: Vec<File> = m
         .drives

@@ -55,7 +55,10 @@ fn read_journal(p: &Path) -> HashMap<(char, usize), String> {
 /// settings and source equals.
 fn bare(f: &Manifest) -> Manifest {
     let mut b = f.clone();
-    b.tensors.iter_mut().for_each(|t| t.sha256 = None);
+    b.tensors.iter_mut().for_each(|t| {
+        t.sha256 = None;
+        t.xxh3 = None;
+    });
     b.experts.iter_mut().for_each(|r| {
         r.sha256.clear();
         r.xxh3 = None;
@@ -252,6 +255,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
                 && &hex(&Sha256::digest(&b)) == h
             {
                 pt.sha256 = Some(h.clone());
+                pt.xxh3 = Some(hex(&xxh3_128(&b)));
                 rep.skipped += 1;
                 bar.inc(pt.n_bytes);
                 continue;
@@ -259,6 +263,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
         }
         unfinish(&mut intact)?;
         let mut h = Sha256::new();
+        let mut x = xxhash_rust::xxh3::Xxh3::new();
         let mut done = 0u64;
         let mut buf = vec![0u8; (pt.n_bytes as usize).min(64 << 20)];
         while done < pt.n_bytes {
@@ -270,6 +275,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
                 &|| src_names[st.file].clone(),
             )?;
             h.update(&buf[..n]);
+            x.update(&buf[..n]);
             spine
                 .write_all_at(&buf[..n], pt.offset + done)
                 .with_context(|| format!("{}", spine_path.display()))?;
@@ -279,6 +285,7 @@ pub fn write_pack(src: &Path, o: &PackOptions) -> Result<PackReport> {
         let hx = hex(&h.finalize());
         pending.push_str(&format!("s {ti} {hx}\n"));
         pt.sha256 = Some(hx);
+        pt.xxh3 = Some(hex(&x.digest128().to_be_bytes()));
         rep.written += 1;
         rep.bytes_written += pt.n_bytes;
     }
