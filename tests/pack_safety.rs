@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use common::pack::{flip, opts, pack_opts, sha256, try_session};
 use deltafin::source::pack::{open_pack, Manifest};
-use deltafin::write::pack::{verify_pack, write_pack, PackPlacement};
+use deltafin::write::pack::{verify_pack, write_pack, PackOptions, PackPlacement};
 use deltafin::write::synth::{presets, write_qwen3_moe};
 
 /// A tiny qwen3_moe Hugging Face folder in `tmp/src`.
@@ -643,12 +643,23 @@ fn spine_reads_are_checked_by_default() {
     );
     // (b) layers streamed from the spine file: a byte changed between passes fails the next
     // pass, naming the tensor; restored, the pass runs again with the same logits
-    let prompt = [17u32, 300, 42, 99];
+    // (the qwen3_moe fixture, whose layers this budget streams)
+    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen3_moe");
+    let o2 = PackOptions {
+        out: tmp.path().join("fixture.pack"),
+        ..pack_opts(tmp.path(), 1, PackPlacement::Stripe)
+    };
+    write_pack(&fx, &o2).unwrap();
+    let m = Manifest::read(&o2.out).unwrap();
+    let prompt = [17u32, 30, 42, 99];
     let name = "model.layers.1.self_attn.q_proj.weight";
-    let (file, off, len) = spine_tensor(&o.out, name);
-    let mut s = try_session(&o.out, &opts(Some(STREAMED_BUDGET), true)).unwrap();
+    let (file, off, len) = spine_tensor(&o2.out, name);
+    let mut s = try_session(&o2.out, &opts(Some(STREAMED_BUDGET), true)).unwrap();
     assert!(
-        !s.model.placement().summary.starts_with("3/3 layers"),
+        s.model
+            .placement()
+            .summary
+            .starts_with("0/3 layers and 0/16 experts resident"),
         "{}",
         s.model.placement().summary
     );
@@ -674,7 +685,7 @@ fn spine_reads_are_checked_by_default() {
         )
     );
     s.cache.clear();
-    let mut u = try_session(&o.out, &opts(Some(STREAMED_BUDGET), false)).unwrap();
+    let mut u = try_session(&o2.out, &opts(Some(STREAMED_BUDGET), false)).unwrap();
     u.prefill(&prompt, Logits::Last).unwrap();
     xor_byte(&file, off + 100, 0x40, off, len);
     assert_eq!(s.prefill(&prompt, Logits::Last).unwrap(), first);
@@ -714,5 +725,6 @@ fn spine_reads_are_checked_by_default() {
     );
 }
 
-/// A RAM budget under which the tiny model's layers are streamed from the spine file.
+/// A RAM budget under which the qwen3_moe fixture's layers are streamed from the spine file
+/// (64 tokens of context).
 const STREAMED_BUDGET: u64 = 300 << 10;

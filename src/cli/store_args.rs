@@ -51,10 +51,10 @@ pub struct StoreArgs {
     /// Print the expert store's spans (per MoE layer and pass) to standard error
     #[arg(help_heading = HEADING, long)]
     pub trace: bool,
-    /// With a pack: check each expert read against the manifest (the default for packs)
+    /// With a pack: check each expert and spine read against the manifest (the default for packs)
     #[arg(help_heading = HEADING, long, conflicts_with = "no_verify_experts")]
     pub verify_experts: bool,
-    /// With a pack: do not check expert reads (checked with xxh3-128 by default)
+    /// With a pack: do not check expert or spine reads (checked with xxh3-128 by default)
     #[arg(help_heading = HEADING, long)]
     pub no_verify_experts: bool,
     /// Prefetch the next layer's likely experts: auto (2+ drives), on, off

@@ -281,6 +281,9 @@ fn finish(events: &UnboundedSender<Event>, r: Result<Outcome, String>, m: &Metri
             let _ = events.send(Event::Done(o));
         }
         Err(e) => {
+            // logged, not only answered: a failed pass (e.g. a pack read whose checksum does
+            // not match) must be visible to the operator
+            tracing::error!("generation failed: {e}");
             let _ = events.send(Event::Error(e));
         }
     }
