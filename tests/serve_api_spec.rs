@@ -54,9 +54,8 @@ async fn speculation_streams_exactly_what_plain_decoding_streams() {
         let spec = call_on(with_lookup(echo_engine()), "/v1/chat/completions", body).await;
         assert_eq!(mask_call_ids(&spec), mask_call_ids(&plain), "{user}");
         let whole = chat(user, extra);
-        let plain = mask_call_ids(
-            &call_on(echo_engine(), "/v1/chat/completions", whole.clone()).await,
-        );
+        let plain =
+            mask_call_ids(&call_on(echo_engine(), "/v1/chat/completions", whole.clone()).await);
         let spec = mask_call_ids(
             &call_on(with_lookup(echo_engine()), "/v1/chat/completions", whole).await,
         );

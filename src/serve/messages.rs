@@ -231,9 +231,8 @@ pub fn check_rendered(
     messages: &[Value],
     tools: Option<&Value>,
 ) -> Result<(), ApiError> {
-    let render = |m: &[Value], t: Option<&Value>| {
-        tmpl.render_json(&Value::Array(m.to_vec()), t, true).ok()
-    };
+    let render =
+        |m: &[Value], t: Option<&Value>| tmpl.render_json(&Value::Array(m.to_vec()), t, true).ok();
     let Some(full) = render(messages, tools) else {
         return Ok(());
     };
@@ -306,8 +305,8 @@ mod tests {
 
     #[test]
     fn fields_the_template_drops_are_refused() {
-        let gemma = ChatTemplate::new(crate::tokenizer::chat::GEMMA_TEMPLATE, "<bos>", "<eos>")
-            .unwrap();
+        let gemma =
+            ChatTemplate::new(crate::tokenizer::chat::GEMMA_TEMPLATE, "<bos>", "<eos>").unwrap();
         let tools = json!([{"type": "function", "function": {"name": "get_weather",
             "parameters": {"type": "object", "properties": {}}}}]);
         let user = json!({"role": "user", "content": "hi"});
@@ -373,8 +372,10 @@ mod tests {
             )
         );
         assert_eq!(
-            err(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c",
-                "function": {"name": "f", "arguments": "{}", "x": 1}}]}))
+            err(
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c",
+                "function": {"name": "f", "arguments": "{}", "x": 1}}]})
+            )
             .0,
             "messages[0].tool_calls[0].function.x"
         );

@@ -207,10 +207,7 @@ pub fn known_keys(v: &serde_json::Value, path: &str, allowed: &[&str]) -> Result
             let at = format!("{path}.{k}");
             Err(ApiError::invalid(
                 Some(&at),
-                format!(
-                    "{at} is not supported (known: {})",
-                    allowed.join(", ")
-                ),
+                format!("{at} is not supported (known: {})", allowed.join(", ")),
             ))
         }
         None => Ok(()),
