@@ -315,7 +315,7 @@ mod tests {
             (e.param.unwrap(), e.message)
         };
         assert_eq!(
-            err(&gemma, &[user.clone()], Some(&tools)),
+            err(&gemma, std::slice::from_ref(&user), Some(&tools)),
             (
                 "tools".into(),
                 "tools is not supported by this model: its chat template does not render \
@@ -335,7 +335,10 @@ mod tests {
             )
         );
         let named = json!({"role": "user", "content": "hi", "name": "ann"});
-        assert_eq!(err(&gemma, &[named.clone()], None).0, "messages[0].name");
+        assert_eq!(
+            err(&gemma, std::slice::from_ref(&named), None).0,
+            "messages[0].name"
+        );
         // a template that renders them all
         let full = ChatTemplate::new(
             "{{ tools | tojson if tools }}{% for m in messages %}{{ m.name }}:{{ m.content }}\
