@@ -45,7 +45,7 @@ pub struct ServeArgs {
     pub kv_unified: bool,
     /// The name the model is served as (`/v1/models`, the `model` of responses); default:
     /// the file or folder name of -m.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_alias)]
     pub alias: Option<String>,
     /// Host names requests may carry in `Host` besides localhost, loopback and the bound
     /// address (comma-separated, repeatable; `*`: any). Others get 403 (DNS rebinding).
@@ -111,6 +111,14 @@ pub fn slots_line(parallel: usize, how: SlotContext, n_ctx: usize) -> String {
             format!("{parallel} slots sharing a context of {n_ctx} tokens (--kv-unified)")
         }
     }
+}
+
+/// `--alias`: a non-empty id (clients send it as `model`; an empty one names nothing).
+fn parse_alias(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("the model id is empty; give the name clients send as \"model\"".into());
+    }
+    Ok(s.to_string())
 }
 
 fn parse_origin(s: &str) -> Result<String, String> {

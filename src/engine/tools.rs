@@ -25,12 +25,27 @@ pub enum ToolFormat {
 /// One parsed call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ToolCall {
-    /// The call's id (the model's own where it writes one, else `call_I`).
+    /// The call's id (the model's own where it writes one, else a fresh one: [`new_call_id`]).
     pub id: String,
     /// Function name.
     pub name: String,
     /// Arguments as JSON text.
     pub arguments: String,
+}
+
+/// A fresh call id: `call_` and 24 hex digits, a process-wide counter hashed with a key drawn
+/// at random once per process (std's `RandomState`), so ids differ within a response, across
+/// responses and across runs.
+pub fn new_call_id() -> String {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    let key = KEY.get_or_init(Default::default);
+    let (a, b) = (key.hash_one((n, 0u8)), key.hash_one((n, 1u8)));
+    format!("call_{a:016x}{:08x}", b as u32)
 }
 
 const DS_CALL: &str = "<｜tool▁call▁begin｜>";
@@ -70,7 +85,7 @@ impl ToolFormat {
     /// no well-formed call (the text is then returned to the client as content).
     pub fn parse(self, section: &str) -> Option<Vec<ToolCall>> {
         let mut calls = Vec::new();
-        let id = |i: usize| format!("call_{i}");
+        let id = |_: usize| new_call_id();
         match self {
             ToolFormat::Hermes => {
                 for part in section.split("<tool_call>").skip(1) {
@@ -148,10 +163,30 @@ impl ToolFormat {
 mod tests {
     use super::*;
 
+    /// The call's id (`call_ID` for a fresh one), name and arguments.
     fn one(f: ToolFormat, text: &str) -> (String, String, String) {
         let c = f.parse(text).unwrap();
         assert_eq!(c.len(), 1);
-        (c[0].id.clone(), c[0].name.clone(), c[0].arguments.clone())
+        let id = match c[0].id.strip_prefix("call_") {
+            Some(hex) if hex.len() == 24 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                "call_ID".into()
+            }
+            _ => c[0].id.clone(),
+        };
+        (id, c[0].name.clone(), c[0].arguments.clone())
+    }
+
+    #[test]
+    fn fresh_call_ids_differ() {
+        let two = "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>\
+                   <tool_call>{\"name\": \"b\", \"arguments\": {}}</tool_call>";
+        let c = ToolFormat::Hermes.parse(two).unwrap();
+        let again = ToolFormat::Hermes.parse(two).unwrap();
+        let ids = [&c[0].id, &c[1].id, &again[0].id, &again[1].id];
+        for (i, a) in ids.iter().enumerate() {
+            assert_eq!(a.len(), 29, "{a}");
+            assert!(ids[i + 1..].iter().all(|b| b != a), "{ids:?}");
+        }
     }
 
     #[test]
@@ -162,12 +197,12 @@ mod tests {
                 ToolFormat::Hermes,
                 "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
             ),
-            ("call_0".into(), "w".into(), r#"{"city":"Paris"}"#.into())
+            ("call_ID".into(), "w".into(), r#"{"city":"Paris"}"#.into())
         );
         let ds = format!("<｜tool▁calls▁begin｜>{DS_CALL}function{DS_SEP}w\n```json\n{args}\n```{DS_END}<｜tool▁calls▁end｜>");
         assert_eq!(
             one(ToolFormat::DeepSeek, &ds),
-            ("call_0".into(), "w".into(), args.into())
+            ("call_ID".into(), "w".into(), args.into())
         );
         let ds31 = format!("<｜tool▁calls▁begin｜>{DS_CALL}w{DS_SEP}{args}{DS_END}");
         assert_eq!(one(ToolFormat::DeepSeek, &ds31).1, "w");

@@ -62,34 +62,36 @@ impl Events {
     }
 }
 
-/// Queues the request's `n` choices (choice `i` sampled with the request's seed plus `i`)
-/// and answers: the whole body, or a stream of events (ended at the deadline).
+/// Queues the request's choices, `n` per prompt of `prompts` (each with its parameters;
+/// choice `p × n + i` is prompt `p`'s `i`th, sampled with its seed plus `i`, as OpenAI
+/// indexes them) and answers: the whole body, or a stream of events (ended at the deadline).
 pub(super) async fn answer(
     s: &AppState,
     head: Head,
-    prompt: Vec<u32>,
-    p: Params,
+    prompts: Vec<(Vec<u32>, Params)>,
     n: usize,
     stream: bool,
     dl: Deadline,
 ) -> Response {
-    let want_lp = p.logprobs.is_some();
+    let want_lp = prompts.iter().any(|(_, p)| p.logprobs.is_some());
     let reading = stream.then(|| Arc::new(Reading::default()));
-    let mut rxs = Vec::with_capacity(n);
-    let jobs = (0..n)
-        .map(|i| {
+    let total = prompts.len() * n;
+    let mut rxs = Vec::with_capacity(total);
+    let mut jobs = Vec::with_capacity(total);
+    for (prompt, p) in &prompts {
+        for i in 0..n {
             let (tx, rx) = mpsc::unbounded_channel();
             rxs.push(rx);
             let mut params = p.clone();
             params.sampler.seed = params.sampler.seed.wrapping_add(i as u64);
-            Job {
+            jobs.push(Job {
                 prompt: prompt.clone(),
                 params,
                 reading: reading.clone(),
                 events: tx,
-            }
-        })
-        .collect();
+            });
+        }
+    }
     match s.queue.submit_all(jobs) {
         Ok(()) => {}
         Err(SubmitError::Full) => return admit::queue_full().into_response(),
@@ -105,16 +107,17 @@ pub(super) async fn answer(
     let rx = Events::merge(rxs);
     if stream {
         let reading = reading.expect("made for streams");
-        return stream_response(head, rx, n, want_lp, reading, dl.0, s.timeout);
+        return stream_response(head, rx, (total, n), want_lp, reading, dl.0, s.timeout);
     }
-    whole(head, rx, n, want_lp).await
+    whole(head, rx, (total, n), want_lp).await
 }
 
-async fn whole(head: Head, mut rx: Events, n: usize, want_lp: bool) -> Response {
-    let mut texts = vec![String::new(); n];
-    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
-    let mut outcomes: Vec<Option<Outcome>> = vec![None; n];
-    let mut left = n;
+/// The whole answer of `total` choices, `n` per prompt.
+async fn whole(head: Head, mut rx: Events, (total, n): (usize, usize), want_lp: bool) -> Response {
+    let mut texts = vec![String::new(); total];
+    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); total];
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; total];
+    let mut left = total;
     while let Some((i, ev)) = rx.recv().await {
         match ev {
             Event::Chunk(Chunk { text: t, logprobs }) => {
@@ -140,8 +143,8 @@ async fn whole(head: Head, mut rx: Events, n: usize, want_lp: bool) -> Response 
                     })
                     .collect();
                 let all: Vec<&Outcome> = choices.iter().map(|c| &c.2).collect();
-                let u = sse::total_usage(&all);
-                let mut r = axum::Json(head.complete_all(&choices)).into_response();
+                let u = sse::total_usage(&all, n);
+                let mut r = axum::Json(head.complete_all(&choices, n)).into_response();
                 let tokens = Tokens::default();
                 tokens.set(u.prompt_tokens, u.completion_tokens);
                 r.extensions_mut().insert(tokens);
@@ -170,6 +173,8 @@ struct Streaming {
     offset: Vec<usize>,
     /// The choices' outcomes as they end; the stream ends with the last.
     outcomes: Vec<Option<Outcome>>,
+    /// Choices per prompt.
+    per_prompt: usize,
     /// Events ready to send, in order.
     out: std::collections::VecDeque<String>,
     ended: bool,
@@ -247,7 +252,7 @@ impl Streaming {
             return;
         }
         let all: Vec<&Outcome> = self.outcomes.iter().flatten().collect();
-        let u = sse::total_usage(&all);
+        let u = sse::total_usage(&all, self.per_prompt);
         self.tokens.set(u.prompt_tokens, u.completion_tokens);
         if self.head.include_usage {
             self.out.push_back(sse::event(&self.head.usage_chunk(&u)));
@@ -270,7 +275,7 @@ fn shutdown_error() -> ApiError {
 fn stream_response(
     head: Head,
     rx: Events,
-    n: usize,
+    (n, per_prompt): (usize, usize),
     want_lp: bool,
     reading: Arc<Reading>,
     deadline: Option<tokio::time::Instant>,
@@ -292,6 +297,7 @@ fn stream_response(
         want_lp,
         offset: vec![0; n],
         outcomes: vec![None; n],
+        per_prompt,
         reading,
         out: first,
         ended: false,

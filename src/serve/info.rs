@@ -1,7 +1,7 @@
 //! The endpoints around generation: `GET /v1/models` and `/v1/models/{id}` (OpenAI), and
 //! llama-server's `POST /tokenize`, `POST /detokenize` and `GET /props`; and the reading of
-//! `prompt` of `/v1/completions` (a string, a list of one string, token ids, or a list of one
-//! list of ids).
+//! `prompt` of `/v1/completions` (a string, a list of strings, token ids, or a list of lists
+//! of ids).
 
 use std::sync::Arc;
 
@@ -24,59 +24,64 @@ pub enum Prompt {
     Ids(Vec<u32>),
 }
 
-/// Reads `prompt`: a string, a list of one string, a list of token ids, or a list of one list
-/// of ids. Errors: a 400 naming `prompt` for any other shape, several prompts (one completion
-/// per request), an id that is not in the vocabulary of `vocab` tokens, or an empty prompt.
-pub fn read_prompt(v: &Value, vocab: usize) -> Result<Prompt, ApiError> {
+/// Reads `prompt`: a string, a list of strings, a list of token ids, or a list of lists of ids;
+/// one [`Prompt`] per prompt, in order. Errors: a 400 naming `prompt` for any other shape (a
+/// list mixing strings and lists included), an id that is not in the vocabulary of `vocab`
+/// tokens, or an empty prompt.
+pub fn read_prompts(v: &Value, vocab: usize) -> Result<Vec<Prompt>, ApiError> {
+    const SHAPES: &str = "prompt must be a string, a list of strings, a list of token ids or a \
+                          list of lists of token ids";
     let bad = |m: String| ApiError::invalid(Some("prompt"), m);
-    let ids = |a: &[Value]| -> Result<Prompt, ApiError> {
+    let ids = |a: &[Value], at: &str| -> Result<Prompt, ApiError> {
+        if a.is_empty() {
+            return Err(bad(format!("{at} is empty")));
+        }
         let mut out = Vec::with_capacity(a.len());
         for (i, x) in a.iter().enumerate() {
             match x.as_u64() {
                 Some(t) if (t as usize) < vocab => out.push(t as u32),
                 _ => {
                     return Err(bad(format!(
-                        "prompt[{i}] is {x}, expected a token id below {vocab} (the vocabulary)"
+                        "{at}[{i}] is {x}, expected a token id below {vocab} (the vocabulary)"
                     )))
                 }
             }
         }
         Ok(Prompt::Ids(out))
     };
-    let p = match v {
-        Value::String(s) => Prompt::Text(s.clone()),
-        Value::Array(a) => match a.first() {
-            None => return Err(bad("the prompt is empty".into())),
-            Some(Value::Number(_)) => ids(a)?,
-            Some(Value::String(_) | Value::Array(_)) if a.len() > 1 => {
-                return Err(bad(format!(
-                    "prompt holds {} prompts, but this server completes one per request",
-                    a.len()
-                )))
-            }
-            Some(Value::String(s)) => Prompt::Text(s.clone()),
-            Some(Value::Array(inner)) if !inner.is_empty() => ids(inner)?,
-            Some(Value::Array(_)) => return Err(bad("the prompt is empty".into())),
-            Some(_) => {
-                return Err(bad(
-                    "prompt must be a string, a list of one string, a list of token ids or a \
-                     list of one list of token ids"
-                        .into(),
-                ))
-            }
-        },
-        _ => {
-            return Err(bad(
-                "prompt must be a string, a list of one string, a list of token ids or a list \
-                 of one list of token ids"
-                    .into(),
-            ))
+    let text = |s: &str, at: &str| {
+        if s.is_empty() {
+            Err(bad(format!("{at} is empty")))
+        } else {
+            Ok(Prompt::Text(s.to_string()))
         }
     };
-    if p == Prompt::Text(String::new()) {
-        return Err(bad("the prompt is empty".into()));
+    match v {
+        Value::String(s) if s.is_empty() => Err(bad("the prompt is empty".into())),
+        Value::String(s) => Ok(vec![text(s, "prompt")?]),
+        Value::Array(a) => match a.first() {
+            None => Err(bad("the prompt is empty".into())),
+            Some(Value::Number(_)) => Ok(vec![ids(a, "prompt")?]),
+            Some(Value::String(_)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, x)| match x {
+                    Value::String(s) => text(s, &format!("prompt[{i}]")),
+                    _ => Err(bad(format!("prompt[{i}] is {x}; {SHAPES}"))),
+                })
+                .collect(),
+            Some(Value::Array(_)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, x)| match x {
+                    Value::Array(inner) => ids(inner, &format!("prompt[{i}]")),
+                    _ => Err(bad(format!("prompt[{i}] is {x}; {SHAPES}"))),
+                })
+                .collect(),
+            Some(_) => Err(bad(SHAPES.into())),
+        },
+        _ => Err(bad(SHAPES.into())),
     }
-    Ok(p)
 }
 
 /// One entry of `/v1/models`.
@@ -227,21 +232,33 @@ mod tests {
 
     #[test]
     fn prompts_of_every_shape() {
-        let r = |v: Value| read_prompt(&v, 10);
-        assert_eq!(r(json!("hi")), Ok(Prompt::Text("hi".into())));
-        assert_eq!(r(json!(["hi"])), Ok(Prompt::Text("hi".into())));
-        assert_eq!(r(json!([1, 2])), Ok(Prompt::Ids(vec![1, 2])));
-        assert_eq!(r(json!([[3]])), Ok(Prompt::Ids(vec![3])));
-        let msg = |v: Value| r(v).unwrap_err().message;
+        let r = |v: Value| read_prompts(&v, 10);
+        let t = |s: &str| Prompt::Text(s.into());
+        assert_eq!(r(json!("hi")), Ok(vec![t("hi")]));
+        assert_eq!(r(json!(["hi"])), Ok(vec![t("hi")]));
+        assert_eq!(r(json!(["a", "b"])), Ok(vec![t("a"), t("b")]));
+        assert_eq!(r(json!([1, 2])), Ok(vec![Prompt::Ids(vec![1, 2])]));
         assert_eq!(
-            msg(json!(["a", "b"])),
-            "prompt holds 2 prompts, but this server completes one per request"
+            r(json!([[3], [4, 5]])),
+            Ok(vec![Prompt::Ids(vec![3]), Prompt::Ids(vec![4, 5])])
         );
+        let msg = |v: Value| r(v).unwrap_err().message;
         assert_eq!(
             msg(json!([1, 10])),
             "prompt[1] is 10, expected a token id below 10 (the vocabulary)"
         );
+        assert_eq!(
+            msg(json!([[1], [2, 10]])),
+            "prompt[1][1] is 10, expected a token id below 10 (the vocabulary)"
+        );
+        assert_eq!(
+            msg(json!(["a", [1]])),
+            "prompt[1] is [1]; prompt must be a string, a list of strings, a list of token ids \
+             or a list of lists of token ids"
+        );
         assert_eq!(msg(json!([])), "the prompt is empty");
         assert_eq!(msg(json!("")), "the prompt is empty");
+        assert_eq!(msg(json!(["a", ""])), "prompt[1] is empty");
+        assert_eq!(msg(json!([[1], []])), "prompt[1] is empty");
     }
 }

@@ -16,6 +16,21 @@
 use serde_json::Value;
 
 use super::error::ApiError;
+use super::types::known_keys;
+use crate::tokenizer::chat::ChatTemplate;
+
+/// The keys a message may have: OpenAI's (`refusal` and `audio` aside) and the reasoning
+/// fields transformers passes to templates.
+pub const MESSAGE_KEYS: &[&str] = &[
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "reasoning_content",
+    "reasoning",
+    "thinking",
+];
 
 /// Whether a template source loops over a message's `content` (`{% for x in m['content'] %}`
 /// or `m.content`), i.e. renders a list of parts itself.
@@ -169,6 +184,46 @@ pub fn prepare(messages: &[Value], traits: TemplateTraits) -> Result<Vec<Value>,
                 ))
             }
         }
+        if let Some(k) = obj.keys().find(|k| !MESSAGE_KEYS.contains(&k.as_str())) {
+            let p = format!("{at}.{k}");
+            return Err(bad(
+                p.clone(),
+                format!(
+                    "{p} is not a message field this server supports (known: {})",
+                    MESSAGE_KEYS.join(", ")
+                ),
+            ));
+        }
+        if obj.contains_key("tool_calls") && role != "assistant" {
+            let p = format!("{at}.tool_calls");
+            return Err(bad(
+                p.clone(),
+                format!("{p} is only allowed in an assistant message, not a {role} message"),
+            ));
+        }
+        if obj.contains_key("tool_call_id") && role != "tool" {
+            let p = format!("{at}.tool_call_id");
+            return Err(bad(
+                p.clone(),
+                format!("{p} is only allowed in a tool message, not a {role} message"),
+            ));
+        }
+        if let Some(calls) = obj.get("tool_calls") {
+            let Some(calls) = calls.as_array() else {
+                let p = format!("{at}.tool_calls");
+                return Err(bad(p.clone(), format!("{p} must be a list of tool calls")));
+            };
+            for (j, c) in calls.iter().enumerate() {
+                let p = format!("{at}.tool_calls[{j}]");
+                if !c.is_object() {
+                    return Err(bad(p.clone(), format!("{p} is not an object")));
+                }
+                known_keys(c, &p, &["id", "type", "function"])?;
+                if let Some(f) = c.get("function") {
+                    known_keys(f, &format!("{p}.function"), &["name", "arguments"])?;
+                }
+            }
+        }
         if role == "tool" && !obj.get("tool_call_id").is_some_and(Value::is_string) {
             return Err(bad(
                 format!("{at}.tool_call_id"),
@@ -178,6 +233,53 @@ pub fn prepare(messages: &[Value], traits: TemplateTraits) -> Result<Vec<Value>,
         out.push(Value::Object(obj));
     }
     Ok(out)
+}
+
+/// Refuses what the template would drop without a trace: `tools` when the prompt renders the
+/// same without them, a message's `tool_calls` or `name` when it renders the same without that
+/// field (transformers hands the template the whole message; a field it never reads would be
+/// silently ignored). `messages` are [`prepare`]d. A rendering that fails is left for the
+/// tokenizing to report. Errors: a 400 naming `tools`, `messages[i].tool_calls` or
+/// `messages[i].name`.
+pub fn check_rendered(
+    tmpl: &ChatTemplate,
+    messages: &[Value],
+    tools: Option<&Value>,
+) -> Result<(), ApiError> {
+    let render =
+        |m: &[Value], t: Option<&Value>| tmpl.render_json(&Value::Array(m.to_vec()), t, true).ok();
+    let Some(full) = render(messages, tools) else {
+        return Ok(());
+    };
+    if tools.is_some() && render(messages, None).as_ref() == Some(&full) {
+        return Err(ApiError::invalid(
+            Some("tools"),
+            "tools is not supported by this model: its chat template does not render tool \
+             definitions, so the model would never see them",
+        ));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        for (field, what) in [("tool_calls", "tool calls"), ("name", "message names")] {
+            if m.get(field).is_none_or(Value::is_null) {
+                continue;
+            }
+            let mut without = messages.to_vec();
+            if let Some(o) = without[i].as_object_mut() {
+                o.remove(field);
+            }
+            if render(&without, tools).as_ref() == Some(&full) {
+                let p = format!("messages[{i}].{field}");
+                return Err(bad(
+                    p.clone(),
+                    format!(
+                        "{p} is not supported by this model: its chat template does not render \
+                         {what}, so the model would never see it"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -242,6 +344,87 @@ mod tests {
         )
         .unwrap();
         assert_eq!(kept, m);
+    }
+
+    #[test]
+    fn fields_the_template_drops_are_refused() {
+        let gemma =
+            ChatTemplate::new(crate::tokenizer::chat::GEMMA_TEMPLATE, "<bos>", "<eos>").unwrap();
+        let tools = json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {}}}}]);
+        let user = json!({"role": "user", "content": "hi"});
+        let err = |t: &ChatTemplate, m: &[Value], tools: Option<&Value>| {
+            let e = check_rendered(t, m, tools).unwrap_err();
+            (e.param.unwrap(), e.message)
+        };
+        assert_eq!(
+            err(&gemma, std::slice::from_ref(&user), Some(&tools)),
+            (
+                "tools".into(),
+                "tools is not supported by this model: its chat template does not render \
+                 tool definitions, so the model would never see them"
+                    .into()
+            )
+        );
+        let call = json!({"role": "assistant", "content": "ok", "tool_calls": [{"id": "c",
+            "type": "function", "function": {"name": "f", "arguments": "{}"}}]});
+        assert_eq!(
+            err(&gemma, &[user.clone(), call.clone(), user.clone()], None),
+            (
+                "messages[1].tool_calls".into(),
+                "messages[1].tool_calls is not supported by this model: its chat template does \
+                 not render tool calls, so the model would never see it"
+                    .into()
+            )
+        );
+        let named = json!({"role": "user", "content": "hi", "name": "ann"});
+        assert_eq!(
+            err(&gemma, std::slice::from_ref(&named), None).0,
+            "messages[0].name"
+        );
+        // a template that renders them all
+        let full = ChatTemplate::new(
+            "{{ tools | tojson if tools }}{% for m in messages %}{{ m.name }}:{{ m.content }}\
+             {{ m.tool_calls | tojson if m.tool_calls }}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert!(check_rendered(&full, &[named, call, user], Some(&tools)).is_ok());
+    }
+
+    #[test]
+    fn message_keys_are_checked() {
+        let err = |m: Value| {
+            let e = prepare(&[m], TemplateTraits::default()).unwrap_err();
+            (e.param.unwrap(), e.message)
+        };
+        assert_eq!(
+            err(json!({"role": "user", "content": "x", "foo": 1})),
+            (
+                "messages[0].foo".into(),
+                "messages[0].foo is not a message field this server supports (known: role, \
+                 content, name, tool_calls, tool_call_id, reasoning_content, reasoning, thinking)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            err(json!({"role": "user", "content": "x", "tool_calls": []})),
+            (
+                "messages[0].tool_calls".into(),
+                "messages[0].tool_calls is only allowed in an assistant message, not a user \
+                 message"
+                    .into()
+            )
+        );
+        assert_eq!(
+            err(
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c",
+                "function": {"name": "f", "arguments": "{}", "x": 1}}]})
+            )
+            .0,
+            "messages[0].tool_calls[0].function.x"
+        );
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(info::models))
-        .route("/v1/models/{id}", get(info::model))
+        .route("/v1/models/{*id}", get(info::model))
         .route("/tokenize", post(info::tokenize))
         .route("/detokenize", post(info::detokenize))
         .route("/props", get(info::props))
@@ -171,12 +171,7 @@ fn parse_request<T: serde::de::DeserializeOwned>(
             _ => {}
         }
     }
-    serde_json::from_value(Value::Object(map)).map_err(|e| {
-        ApiError::invalid(
-            None,
-            format!("the body does not match the request schema: {e}"),
-        )
-    })
+    types::read_as(Value::Object(map), "")
 }
 
 fn check<T: PartialOrd + Copy + std::fmt::Display>(
@@ -344,6 +339,7 @@ async fn chat_prompt(s: &Arc<AppState>, r: &ChatRequest) -> Result<Vec<u32>, Api
     let st = Arc::clone(s);
     s.prepare(move || {
         let tmpl = st.template.as_ref().expect("checked above");
+        messages::check_rendered(tmpl, &msgs, tools.as_ref())?;
         st.tok
             .encode_messages_json(tmpl, &Value::Array(msgs), tools.as_ref(), true)
             .map_err(|e| ApiError::invalid(Some("messages"), format!("{e:#}")))
@@ -360,6 +356,9 @@ async fn chat(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    if let Err(e) = r.check_common().and_then(|_| r.check_tools()) {
+        return e.into_response();
+    }
     if r.parallel_tool_calls == Some(false) {
         return ApiError::invalid(
             Some("parallel_tool_calls"),
@@ -418,7 +417,7 @@ async fn chat(
         include_usage: r.include_usage(),
     };
     let n = r.common().n.unwrap_or(1) as usize;
-    answer(&s, head, prompt, p, n, r.stream, dl).await
+    answer(&s, head, vec![(prompt, p)], n, r.stream, dl).await
 }
 
 async fn completions(
@@ -430,6 +429,9 @@ async fn completions(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    if let Err(e) = r.check_common() {
+        return e.into_response();
+    }
     if let Some(b) = r.best_of.filter(|&b| b != 1) {
         return ApiError::invalid(
             Some("best_of"),
@@ -443,7 +445,7 @@ async fn completions(
     if r.suffix.as_ref().is_some_and(|x| !x.is_empty()) {
         return ApiError::invalid(Some("suffix"), "suffix is not supported").into_response();
     }
-    let prompt = match info::read_prompt(&r.prompt, s.tok.vocab_size()) {
+    let read = match info::read_prompts(&r.prompt, s.tok.vocab_size()) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -454,35 +456,68 @@ async fn completions(
         )
         .into_response();
     }
-    let prompt = match prompt {
-        Prompt::Ids(ids) => ids,
-        Prompt::Text(text) => match prompt_text(&s, text).await {
-            Ok(p) if !p.is_empty() => p,
-            Ok(_) => {
-                return ApiError::invalid(Some("prompt"), "the prompt is empty").into_response()
-            }
-            Err(e) => return e.into_response(),
-        },
-    };
-    let mut p = match params(
-        &s,
-        &r.common(),
-        prompt.len(),
-        r.logprobs.map(|n| n as usize),
-        None,
-    ) {
-        Ok(p) => p,
-        Err(mut e) => {
-            if e.param.as_deref() == Some("messages") {
-                e.param = Some("prompt".into());
-            }
-            return e.into_response();
-        }
-    };
-    p.steering = match steer::steering(&s, &r.common()).await {
+    let n = r.common().n.unwrap_or(1) as usize;
+    let most = s.queue.capacity().min(MAX_CHOICES);
+    if read.len() > 1 && read.len() * n > most {
+        return ApiError::invalid(
+            Some("prompt"),
+            format!(
+                "prompt holds {} prompts of {n} choices each: {} choices, more than the {most} \
+                 one request may ask (choices wait in the queue of --queue jobs)",
+                read.len(),
+                read.len() * n
+            ),
+        )
+        .into_response();
+    }
+    let steering = match steer::steering(&s, &r.common()).await {
         Ok(st) => st,
         Err(e) => return e.into_response(),
     };
+    let several = read.len() > 1;
+    let mut prompts = Vec::with_capacity(read.len());
+    for (i, prompt) in read.into_iter().enumerate() {
+        let at = if several {
+            format!("prompt[{i}]")
+        } else {
+            "prompt".into()
+        };
+        let prompt = match prompt {
+            Prompt::Ids(ids) => ids,
+            Prompt::Text(text) => match prompt_text(&s, text).await {
+                Ok(p) if !p.is_empty() => p,
+                Ok(_) => {
+                    let m = if several {
+                        format!("{at} is empty")
+                    } else {
+                        "the prompt is empty".into()
+                    };
+                    return ApiError::invalid(Some(&at), m).into_response();
+                }
+                Err(e) => return e.into_response(),
+            },
+        };
+        let mut p = match params(
+            &s,
+            &r.common(),
+            prompt.len(),
+            r.logprobs.map(|n| n as usize),
+            None,
+        ) {
+            Ok(p) => p,
+            Err(mut e) => {
+                if e.param.as_deref() == Some("messages") {
+                    if several {
+                        e.message = format!("{at}: {}", e.message);
+                    }
+                    e.param = Some(at);
+                }
+                return e.into_response();
+            }
+        };
+        p.steering = steering.clone();
+        prompts.push((prompt, p));
+    }
     let head = Head {
         kind: Kind::Completion,
         id: format!("cmpl-{}", s.next_id.fetch_add(1, Ordering::Relaxed)),
@@ -490,8 +525,7 @@ async fn completions(
         model: s.model_id.clone(),
         include_usage: r.include_usage(),
     };
-    let n = r.common().n.unwrap_or(1) as usize;
-    answer(&s, head, prompt, p, n, r.stream, dl).await
+    answer(&s, head, prompts, n, r.stream, dl).await
 }
 
 /// The ids of a raw prompt, bounded as [`admit`] says.

@@ -167,12 +167,12 @@ impl Head {
 
     /// A whole (non-streamed) response of one choice.
     pub fn complete(&self, text: &str, lps: Option<Value>, o: &Outcome) -> Value {
-        self.complete_all(&[(text.to_string(), lps, o.clone())])
+        self.complete_all(&[(text.to_string(), lps, o.clone())], 1)
     }
 
-    /// A whole response of `choices` (text, logprobs, outcome), indexed in order; the usage
-    /// counts the prompt once and every choice's tokens ([`total_usage`]).
-    pub fn complete_all(&self, choices: &[(String, Option<Value>, Outcome)]) -> Value {
+    /// A whole response of `choices` (text, logprobs, outcome), indexed in order, `n` per
+    /// prompt; the usage counts each prompt once and every choice's tokens ([`total_usage`]).
+    pub fn complete_all(&self, choices: &[(String, Option<Value>, Outcome)], n: usize) -> Value {
         let list: Vec<Value> = choices
             .iter()
             .enumerate()
@@ -180,7 +180,7 @@ impl Head {
             .collect();
         let mut v = self.wrap(Value::Array(list), false);
         let outcomes: Vec<&Outcome> = choices.iter().map(|c| &c.2).collect();
-        v["usage"] = usage(&total_usage(&outcomes));
+        v["usage"] = usage(&total_usage(&outcomes, n));
         v
     }
 
@@ -205,11 +205,14 @@ impl Head {
     }
 }
 
-/// The usage of a request whose choices ended as `outcomes` (at least one): the prompt
-/// counted once (its cached tokens as the first choice's), completion tokens summed over the
-/// choices.
-pub fn total_usage(outcomes: &[&Outcome]) -> Outcome {
+/// The usage of a request whose choices ended as `outcomes` (at least one), `n` choices per
+/// prompt in order of prompt: each prompt counted once (its tokens and cached tokens as its
+/// first choice's), completion tokens summed over the choices.
+pub fn total_usage(outcomes: &[&Outcome], n: usize) -> Outcome {
     let mut o = outcomes[0].clone();
+    let firsts = || outcomes.iter().step_by(n.max(1));
+    o.prompt_tokens = firsts().map(|x| x.prompt_tokens).sum();
+    o.cached_tokens = firsts().map(|x| x.cached_tokens).sum();
     o.completion_tokens = outcomes.iter().map(|x| x.completion_tokens).sum();
     o
 }

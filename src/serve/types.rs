@@ -95,18 +95,123 @@ pub fn check_fields(
 }
 
 /// `stop`: one string or a list.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Clone, Debug)]
 pub enum StopField {
+    /// One stop string.
     One(String),
+    /// Several.
     Many(Vec<String>),
 }
 
-/// `stream_options`.
+impl<'de> Deserialize<'de> for StopField {
+    /// A string or a list of strings; anything else is an error saying so (serde's untagged
+    /// enums only say that no variant matched).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(s) => Ok(StopField::One(s)),
+            serde_json::Value::Array(a) => a
+                .into_iter()
+                .map(|v| match v {
+                    serde_json::Value::String(s) => Ok(s),
+                    other => Err(D::Error::custom(format!(
+                        "{other} is not a string; expected a string or a list of strings"
+                    ))),
+                })
+                .collect::<Result<_, _>>()
+                .map(StopField::Many),
+            other => Err(D::Error::custom(format!(
+                "{other} is not a string or a list of strings"
+            ))),
+        }
+    }
+}
+
+/// `stream_options` (only with `stream: true`).
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StreamOptions {
+    /// A last chunk carries the usage of the whole request.
     #[serde(default)]
     pub include_usage: bool,
+}
+
+/// A tool of `tools`, as checked (the request keeps the JSON it sent for the template):
+/// `{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolDef {
+    /// Only `function`.
+    #[serde(rename = "type")]
+    pub kind: ToolKind,
+    /// The function the model may call.
+    pub function: FunctionDef,
+}
+
+/// The kinds of tool served: functions only.
+#[derive(Clone, Copy, Debug, Deserialize)]
+pub enum ToolKind {
+    /// A function the client runs.
+    #[serde(rename = "function")]
+    Function,
+}
+
+/// A function of a tool.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionDef {
+    /// The name the model calls it by.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: Option<String>,
+    /// Its arguments' JSON schema.
+    pub parameters: Option<serde_json::Value>,
+    /// OpenAI's structured calls: only `false` (calls are parsed, not constrained).
+    pub strict: Option<bool>,
+}
+
+/// Deserializes `v` as a `T` with errors naming the path of the field at fault under `root`
+/// (`stop[0]: …`, `tools[1].function: missing field …`). Errors: a 400 whose `param` is that
+/// path.
+pub fn read_as<T: serde::de::DeserializeOwned>(
+    v: serde_json::Value,
+    root: &str,
+) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let inner = e.inner().to_string();
+        let path = e.path().to_string();
+        let param = match (root.is_empty(), path.as_str()) {
+            (true, ".") => None,
+            (true, _) => Some(path),
+            (false, ".") => Some(root.to_string()),
+            (false, p) if p.starts_with('[') => Some(format!("{root}{p}")),
+            (false, p) => Some(format!("{root}.{p}")),
+        };
+        match param {
+            Some(p) => ApiError::invalid(Some(&p), format!("{p}: {inner}")),
+            None => ApiError::invalid(
+                None,
+                format!("the body does not match the request schema: {inner}"),
+            ),
+        }
+    })
+}
+
+/// Refuses, by its path, the first key of the object `v` (at `path`) not in `allowed`.
+pub fn known_keys(v: &serde_json::Value, path: &str, allowed: &[&str]) -> Result<(), ApiError> {
+    let Some(obj) = v.as_object() else {
+        return Ok(());
+    };
+    match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) => {
+            let at = format!("{path}.{k}");
+            Err(ApiError::invalid(
+                Some(&at),
+                format!("{at} is not supported (known: {})", allowed.join(", ")),
+            ))
+        }
+        None => Ok(()),
+    }
 }
 
 /// Declares a request struct with the sampling and stop fields both endpoints share
@@ -232,6 +337,28 @@ macro_rules! common {
                 }
             }
 
+            /// Checks what the schema cannot: `stream_options` only with `stream: true`, and
+            /// the keys of `response_format`. Errors: a 400 naming the field.
+            pub fn check_common(&self) -> Result<(), ApiError> {
+                if self.stream_options.is_some() && !self.stream {
+                    return Err(ApiError::invalid(
+                        Some("stream_options"),
+                        "stream_options is only allowed with stream: true",
+                    ));
+                }
+                if let Some(f) = &self.response_format {
+                    known_keys(f, "response_format", &["type", "json_schema"])?;
+                    if let Some(js) = f.get("json_schema") {
+                        known_keys(
+                            js,
+                            "response_format.json_schema",
+                            &["name", "description", "schema", "strict"],
+                        )?;
+                    }
+                }
+                Ok(())
+            }
+
             /// Whether usage goes on a final chunk of the stream.
             pub fn include_usage(&self) -> bool {
                 self.stream_options
@@ -242,4 +369,27 @@ macro_rules! common {
     };
 }
 common!(ChatRequest);
+
+impl ChatRequest {
+    /// Checks each tool against [`ToolDef`]; `strict: true` is refused (calls are parsed
+    /// from the output, not constrained to the schema). Errors: a 400 naming the tool's field
+    /// (`tools[0].function`, `tools[1].type`).
+    pub fn check_tools(&self) -> Result<(), ApiError> {
+        for (i, t) in self.tools.iter().flatten().enumerate() {
+            let at = format!("tools[{i}]");
+            let def: ToolDef = read_as(t.clone(), &at)?;
+            if def.function.strict == Some(true) {
+                let p = format!("{at}.function.strict");
+                return Err(ApiError::invalid(
+                    Some(&p),
+                    format!(
+                        "{p} true is not supported: tool calls are read from the output, not \
+                         constrained to the parameters' schema"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
 common!(CompletionRequest);

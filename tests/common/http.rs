@@ -42,8 +42,13 @@ impl Answer {
 impl Server {
     /// Starts `deltafin serve -m MODEL --port 0 --temp 0 EXTRA…` and waits for its address.
     pub fn start(extra: &[&str]) -> Server {
+        Server::start_model(MODEL, extra)
+    }
+
+    /// Starts `deltafin serve -m model --port 0 --temp 0 EXTRA…` and waits for its address.
+    pub fn start_model(model: &str, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_deltafin"))
-            .args(["serve", "-m", MODEL, "--port", "0", "--temp", "0"])
+            .args(["serve", "-m", model, "--port", "0", "--temp", "0"])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
