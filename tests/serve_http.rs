@@ -273,7 +273,7 @@ fn cors_only_for_the_origins_given() {
             &format!(
                 "OPTIONS /v1/chat/completions HTTP/1.1\r\nOrigin: {origin}\r\n\
                  Access-Control-Request-Method: POST\r\n\
-                 Access-Control-Request-Headers: content-type,authorization"
+                 Access-Control-Request-Headers: content-type,authorization,x-stainless-os"
             ),
             "",
         )
@@ -296,9 +296,10 @@ fn cors_only_for_the_origins_given() {
         Some("https://app.example")
     );
     assert_eq!(p.header("access-control-allow-methods"), Some("GET,POST"));
+    // the headers asked for, as asked (the OpenAI JS SDK adds its x-stainless-* headers)
     assert_eq!(
         p.header("access-control-allow-headers"),
-        Some("authorization,content-type")
+        Some("content-type,authorization,x-stainless-os")
     );
     let g = open.raw("GET /v1/models HTTP/1.1\r\nOrigin: https://app.example", "");
     assert_eq!(
@@ -394,4 +395,194 @@ fn sigterm_ends_a_running_stream_with_an_error_event() {
     assert!(text.contains("data: [DONE]"), "{text}");
     assert!(!text.contains("\"finish_reason\":\"stop\""), "{text}");
     assert!(!text.contains("\"finish_reason\":\"length\""), "{text}");
+}
+
+/// `/tokenize` and `/detokenize` are bounded as prompts are: text of more bytes than the
+/// context can hold, or more ids than it holds, is refused before any tokenizer work; a JSON
+/// schema too large to compile cheaply is refused before compiling.
+#[test]
+fn tokenizer_endpoints_and_schemas_are_bounded() {
+    let srv = Server::start(&["-c", "64"]);
+    let big = "hello world ".repeat(10_000);
+    let e = refused(&srv.post("/tokenize", &json!({"content": big, "with_pieces": true})));
+    assert_eq!(
+        (e["param"].as_str(), e["code"].as_str()),
+        (Some("content"), Some("context_length_exceeded"))
+    );
+    let m = e["message"].as_str().unwrap();
+    assert!(
+        m.starts_with("the prompt has 120000 bytes, more than the context of 64 tokens can hold"),
+        "{m}"
+    );
+    let ok = srv.post("/tokenize", &json!({"content": "hello world"}));
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let ids: Vec<u32> = vec![1; 65];
+    let e = refused(&srv.post("/detokenize", &json!({"tokens": ids})));
+    assert_eq!(
+        e,
+        json!({"message": "tokens holds 65 ids, more than the context of 64 tokens",
+            "type": "invalid_request_error", "param": "tokens", "code": "context_length_exceeded"})
+    );
+    let props: serde_json::Map<String, Value> = (0..6000)
+        .map(|i| (format!("p{i}"), json!({"type": "string"})))
+        .collect();
+    let schema = json!({"type": "object", "properties": props});
+    let e = refused(&srv.post(
+        "/v1/completions",
+        &json!({"prompt": "hi", "max_tokens": 2, "response_format":
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}),
+    ));
+    assert_eq!(
+        e,
+        json!({"message": "response_format: the schema is too large to compile: 6002 objects \
+            (at most 5000)", "type": "invalid_request_error", "param": "response_format",
+            "code": "grammar_too_large"})
+    );
+    srv.stop();
+}
+
+/// A body declared larger than `--body-limit` is answered 413 at once, from its header; a
+/// body that does not arrive whole within `--body-timeout` (stalled, or sent a byte at a
+/// time) is answered 408 and its connection closed, and the server keeps answering.
+#[test]
+fn bodies_too_large_or_too_slow() {
+    use std::io::{Read, Write};
+    let srv = Server::start(&["--body-timeout", "1"]);
+    let head = "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n";
+    let huge = srv.raw(&format!("{head}Content-Length: 999999999"), "");
+    assert_eq!(huge.status, 413, "{}", huge.body);
+    assert_eq!(
+        huge.json()["error"],
+        json!({"message": "the request body is larger than the server's --body-limit of \
+            4194304 bytes", "type": "invalid_request_error", "param": null,
+            "code": "request_too_large"})
+    );
+    let slow = srv.raw(&format!("{head}Content-Length: 100"), "{\"prompt\": ");
+    assert_eq!(slow.status, 408, "{}", slow.body);
+    assert_eq!(slow.header("connection"), Some("close"));
+    assert_eq!(
+        slow.json()["error"],
+        json!({"message": "the request body did not arrive within the server's \
+            --body-timeout of 1 s", "type": "invalid_request_error", "param": null,
+            "code": "body_timeout"})
+    );
+    // a byte every 100 ms would take 10 s: the server cuts it (an answer or a reset)
+    let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
+    write!(s, "{head}Host: localhost\r\nContent-Length: 100\r\n\r\n{{").unwrap();
+    let mut w = s.try_clone().unwrap();
+    let drip = std::thread::spawn(move || {
+        for sent in 0..100 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            if w.write_all(b" ").is_err() {
+                return sent;
+            }
+        }
+        100
+    });
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let mut out = Vec::new();
+    match s.read_to_end(&mut out) {
+        Ok(_) => assert!(
+            String::from_utf8_lossy(&out).starts_with("HTTP/1.1 408"),
+            "{}",
+            String::from_utf8_lossy(&out)
+        ),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+    drop(s);
+    assert!(
+        drip.join().unwrap() < 100,
+        "the dripping client was never cut"
+    );
+    assert_eq!(srv.get("/health").status, 200);
+    srv.stop();
+}
+
+/// RFC 9112 §3.2: several `Host` headers, or none over HTTP/1.1, are refused with 400 (an
+/// HTTP/1.0 request may omit it); the `Bearer` scheme is case-insensitive (RFC 9110 §11.1).
+#[test]
+fn host_header_rules_and_the_bearer_scheme() {
+    use std::io::{Read, Write};
+    let srv = Server::start(&["--api-key", "k3y"]);
+    let port = srv.addr.rsplit_once(':').unwrap().1.to_string();
+    let two = srv.raw(
+        &format!("GET /health HTTP/1.1\r\nHost: localhost:{port}\r\nHost: evil.com"),
+        "",
+    );
+    assert_eq!(two.status, 400, "{}", two.body);
+    assert_eq!(
+        two.json()["error"],
+        json!({"message": "the request has several Host headers; send one",
+            "type": "invalid_request_error", "param": null, "code": "invalid_host"})
+    );
+    let bare = |version: &str| {
+        let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
+        write!(s, "GET /health HTTP/{version}\r\nConnection: close\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        common::http::parse(&out)
+    };
+    let a = bare("1.1");
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert_eq!(
+        a.json()["error"]["message"],
+        "an HTTP/1.1 request must carry a Host header"
+    );
+    assert_eq!(bare("1.0").status, 200);
+    for (auth, status) in [
+        ("Bearer k3y", 200),
+        ("bearer k3y", 200),
+        ("BEARER k3y", 200),
+        ("Bearer wrong", 401),
+        ("Basic k3y", 401),
+        ("k3y", 401),
+    ] {
+        let a = srv.raw(
+            &format!("GET /v1/models HTTP/1.1\r\nAuthorization: {auth}"),
+            "",
+        );
+        assert_eq!(a.status, status, "{auth}: {}", a.body);
+    }
+    srv.stop();
+}
+
+/// A stream whose client leaves after its first event is logged with the tokens the model
+/// really generated (counted when the generation stops), not 0.
+#[test]
+fn a_cut_stream_is_logged_with_its_tokens() {
+    use std::io::{BufRead, BufReader, Write};
+    let srv = Server::start(&[]);
+    let body = json!({"prompt": "Hi", "max_tokens": 4000, "stream": true}).to_string();
+    let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        srv.addr,
+        body.len()
+    )
+    .unwrap();
+    let mut r = BufReader::new(s);
+    let mut text = String::new();
+    while !text.contains("\"text\"") {
+        let mut line = String::new();
+        assert!(r.read_line(&mut line).unwrap() > 0, "{text}");
+        text.push_str(&line);
+    }
+    drop(r);
+    // the server answers a request after it, so the cut one has been seen
+    assert_eq!(srv.get("/health").status, 200);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let log = srv.stop();
+    let line = log
+        .lines()
+        .find(|l| l.contains("path=/v1/completions"))
+        .unwrap_or_else(|| panic!("{log}"));
+    let tokens = |f: &str| -> u64 {
+        let v = line.split(&format!(" {f}=")).nth(1).unwrap();
+        v.split(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(tokens("prompt_tokens") >= 1, "{line}");
+    assert!(tokens("completion_tokens") >= 1, "{line}");
 }

@@ -67,9 +67,14 @@ pub struct ServeArgs {
     /// generation is cut, freeing its slot; the stream then ends with a `write_timeout` error.
     #[arg(long, default_value_t = 60)]
     pub write_timeout: u64,
-    /// Largest request body (e.g. 4M); larger ones are refused with 413 before being read.
+    /// Largest request body (e.g. 4M); one declared larger is refused with 413 at once, before
+    /// being read, one sent without a length as soon as it passes the limit.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     pub body_limit: u64,
+    /// Seconds a request's whole body may take to arrive after its headers; a slower one is
+    /// answered 408 and its connection closed.
+    #[arg(long, default_value_t = 10)]
+    pub body_timeout: u64,
 }
 
 /// Slots unset: llama-server's default (4 slots over one shared context, at most `-b`).
@@ -195,6 +200,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             timeout: (a.timeout > 0).then(|| std::time::Duration::from_secs(a.timeout)),
             idle_timeout: std::time::Duration::from_secs(a.idle_timeout.max(1)),
             write_timeout: std::time::Duration::from_secs(a.write_timeout.max(1)),
+            body_timeout: std::time::Duration::from_secs(a.body_timeout.max(1)),
         },
     )
 }

@@ -65,6 +65,8 @@ impl Events {
 /// Queues the request's choices, `n` per prompt of `prompts` (each with its parameters;
 /// choice `p × n + i` is prompt `p`'s `i`th, sampled with its seed plus `i`, as OpenAI
 /// indexes them) and answers: the whole body, or a stream of events (ended at the deadline).
+/// Every job holds the request's log record `log` until it ends ([`super::access`]).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn answer(
     s: &AppState,
     head: Head,
@@ -72,6 +74,7 @@ pub(super) async fn answer(
     n: usize,
     stream: bool,
     dl: Deadline,
+    log: Tokens,
 ) -> Response {
     let want_lp = prompts.iter().any(|(_, p)| p.logprobs.is_some());
     let reading = stream.then(|| Arc::new(Reading::default()));
@@ -89,6 +92,7 @@ pub(super) async fn answer(
                 params,
                 reading: reading.clone(),
                 events: tx,
+                log: log.clone(),
             });
         }
     }
@@ -107,13 +111,19 @@ pub(super) async fn answer(
     let rx = Events::merge(rxs);
     if stream {
         let reading = reading.expect("made for streams");
-        return stream_response(head, rx, (total, n), want_lp, reading, dl.0, s.timeout);
+        return stream_response(head, rx, (total, n), want_lp, reading, dl.0, s.timeout, log);
     }
-    whole(head, rx, (total, n), want_lp).await
+    whole(head, rx, (total, n), want_lp, &log).await
 }
 
 /// The whole answer of `total` choices, `n` per prompt.
-async fn whole(head: Head, mut rx: Events, (total, n): (usize, usize), want_lp: bool) -> Response {
+async fn whole(
+    head: Head,
+    mut rx: Events,
+    (total, n): (usize, usize),
+    want_lp: bool,
+    log: &Tokens,
+) -> Response {
     let mut texts = vec![String::new(); total];
     let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); total];
     let mut outcomes: Vec<Option<Outcome>> = vec![None; total];
@@ -142,16 +152,15 @@ async fn whole(head: Head, mut rx: Events, (total, n): (usize, usize), want_lp: 
                         (t, lp, o.expect("every choice ended"))
                     })
                     .collect();
+                // the log's totals: each prompt counted once
                 let all: Vec<&Outcome> = choices.iter().map(|c| &c.2).collect();
                 let u = sse::total_usage(&all, n);
-                let mut r = axum::Json(head.complete_all(&choices, n)).into_response();
-                let tokens = Tokens::default();
-                tokens.set(u.prompt_tokens, u.completion_tokens);
-                r.extensions_mut().insert(tokens);
-                return r;
+                log.set(u.prompt_tokens, u.completion_tokens);
+                return axum::Json(head.complete_all(&choices, n)).into_response();
             }
-            Event::Error(m) => {
+            Event::Error(code, m) => {
                 return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m)
+                    .code(code)
                     .into_response()
             }
         }
@@ -178,8 +187,9 @@ struct Streaming {
     /// Events ready to send, in order.
     out: std::collections::VecDeque<String>,
     ended: bool,
-    /// Filled in at the end, for the request log.
-    tokens: Tokens,
+    /// The request's log record (the worker counts the tokens; a failed stream's error code
+    /// is recorded here).
+    log: Tokens,
     /// What the client took, for the write timeout.
     reading: Arc<Reading>,
 }
@@ -200,20 +210,19 @@ impl Streaming {
                     .push_back(sse::event(&self.head.chunk_of(i, delta, lp, None)));
             }
             Some((i, Event::Done(o))) => self.done(i, o),
-            Some((_, Event::Error(m))) => {
-                self.fail(ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    m,
-                ));
+            Some((_, Event::Error(code, m))) => {
+                self.fail(
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m).code(code),
+                );
             }
             // the worker dropped the job without ending it: the server is stopping
             None => self.fail(shutdown_error()),
         }
     }
 
-    /// Ends the stream with an error event (then `[DONE]`).
+    /// Ends the stream with an error event (then `[DONE]`), its code recorded for the log.
     fn fail(&mut self, e: ApiError) {
+        self.log.fail(e.code.unwrap_or("server_error"));
         self.out.push_back(sse::event(&e.body()));
         self.out.push_back(sse::DONE.into());
         self.ended = true;
@@ -225,7 +234,6 @@ impl Streaming {
         if o.finish == FinishReason::Cancelled {
             // the handler still listens, so the client stopped reading or the server is
             // stopping: not a normal end
-            self.tokens.set(o.prompt_tokens, o.completion_tokens);
             let e = if self.reading.was_cut() {
                 ApiError::new(
                     StatusCode::REQUEST_TIMEOUT,
@@ -253,7 +261,7 @@ impl Streaming {
         }
         let all: Vec<&Outcome> = self.outcomes.iter().flatten().collect();
         let u = sse::total_usage(&all, self.per_prompt);
-        self.tokens.set(u.prompt_tokens, u.completion_tokens);
+        self.log.set(u.prompt_tokens, u.completion_tokens);
         if self.head.include_usage {
             self.out.push_back(sse::event(&self.head.usage_chunk(&u)));
         }
@@ -272,6 +280,7 @@ fn shutdown_error() -> ApiError {
     .code("server_shutdown")
 }
 
+#[allow(clippy::too_many_arguments)]
 fn stream_response(
     head: Head,
     rx: Events,
@@ -280,6 +289,7 @@ fn stream_response(
     reading: Arc<Reading>,
     deadline: Option<tokio::time::Instant>,
     timeout: Option<std::time::Duration>,
+    log: Tokens,
 ) -> Response {
     let mut first = std::collections::VecDeque::new();
     let role = match head.kind {
@@ -301,9 +311,8 @@ fn stream_response(
         reading,
         out: first,
         ended: false,
-        tokens: Tokens::default(),
+        log,
     };
-    let tokens = st.tokens.clone();
     let body = futures_util::stream::unfold(st, move |mut st| async move {
         loop {
             if let Some(e) = st.out.pop_front() {
@@ -328,7 +337,6 @@ fn stream_response(
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
-        .extension(tokens)
         .body(Body::from_stream(body))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }

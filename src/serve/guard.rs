@@ -8,7 +8,10 @@
 //!   a page cannot send one as a "simple" cross-site request (`text/plain`) without a CORS
 //!   preflight.
 //! - [`cors`]: CORS headers only for the origins of `--cors-origin`; `OPTIONS` preflights are
-//!   answered (200) for any path, with `Access-Control-Allow-Origin` only for those origins.
+//!   answered (200) for any path, with `Access-Control-Allow-Origin` only for those origins;
+//!   the headers a preflight asks for are allowed (reflected).
+//! - [`require_host`], [`check_host`]: an HTTP/1.1 request without `Host`, or one with several,
+//!   is refused with 400 `invalid_host` (RFC 9112 §3.2).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -17,7 +20,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 
 use super::error::ApiError;
 
@@ -71,9 +74,21 @@ impl Hosts {
     }
 }
 
-/// Refuses a request whose `Host` does not name the server (see the module header); a
-/// request without `Host` (HTTP/1.0) passes.
+/// The 400 of a request with several `Host` headers, or of an HTTP/1.1 request without one
+/// (RFC 9112 §3.2: a server must answer both with 400).
+fn bad_host(m: &str) -> Response {
+    ApiError::invalid(None, m)
+        .code("invalid_host")
+        .into_response()
+}
+
+/// Refuses a request with more than one `Host` header (400, RFC 9112 §3.2: only the first
+/// would be checked), or whose `Host` does not name the server (403; see the module header).
+/// A request without `Host` passes here ([`require_host`] refuses one over HTTP/1.1).
 pub async fn check_host(State(h): State<Arc<Hosts>>, req: Request, next: Next) -> Response {
+    if req.headers().get_all(header::HOST).iter().count() > 1 {
+        return bad_host("the request has several Host headers; send one");
+    }
     if let Some(v) = req.headers().get(header::HOST) {
         let host = v.to_str().unwrap_or("");
         if !h.allows(host) {
@@ -88,6 +103,16 @@ pub async fn check_host(State(h): State<Arc<Hosts>>, req: Request, next: Next) -
             .code("host_not_allowed")
             .into_response();
         }
+    }
+    next.run(req).await
+}
+
+/// Refuses an HTTP/1.1 request without a `Host` header with 400 (RFC 9112 §3.2); HTTP/1.0
+/// requests may omit it. Applied to the connections [`super::listen::serve`] accepts (not in
+/// the router, whose requests built in-process carry no `Host`).
+pub async fn require_host(req: Request, next: Next) -> Response {
+    if req.version() == axum::http::Version::HTTP_11 && !req.headers().contains_key(header::HOST) {
+        return bad_host("an HTTP/1.1 request must carry a Host header");
     }
     next.run(req).await
 }
@@ -126,8 +151,10 @@ pub fn valid_origin(o: &str) -> bool {
 }
 
 /// The CORS layer for `origins` (`--cors-origin`, checked by [`valid_origin`]; others are
-/// skipped; `*`: any origin): preflights answered, `GET` and `POST` with `Authorization` and
-/// `Content-Type` allowed from those origins only.
+/// skipped; `*`: any origin): preflights answered, `GET` and `POST` allowed from those
+/// origins only, with the request headers the preflight names (reflected, as llama-server's
+/// and vLLM's CORS middleware do, so SDKs that add their own headers, such as the OpenAI JS
+/// SDK's `x-stainless-*`, pass).
 pub fn cors(origins: &[String]) -> CorsLayer {
     let allow = if origins.iter().any(|o| o == "*") {
         AllowOrigin::any()
@@ -141,7 +168,7 @@ pub fn cors(origins: &[String]) -> CorsLayer {
     CorsLayer::new()
         .allow_origin(allow)
         .allow_methods([Method::GET, Method::POST])
-        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+        .allow_headers(AllowHeaders::mirror_request())
         .max_age(std::time::Duration::from_secs(600))
 }
 

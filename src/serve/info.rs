@@ -115,6 +115,9 @@ pub async fn model(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Re
 /// false), `parse_special` (special-token texts become their ids; default true),
 /// `with_pieces` (default false). Answers `{"tokens": [id, …]}`, or with pieces
 /// `{"tokens": [{"id", "piece"}, …]}` (a piece that is part of a character shows U+FFFD).
+/// `content` is bounded as a prompt is (400 `context_length_exceeded`, before tokenizing,
+/// [`AppState::check_prompt_bytes`]) and tokenized off the async threads within `--timeout`
+/// ([`AppState::prepare`]; 503 `queue_full` when too many are being prepared).
 pub async fn tokenize(
     State(s): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
@@ -137,25 +140,34 @@ pub async fn tokenize(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let ids = match s
-        .tok
-        .encode_text(&r.content, r.add_special, r.parse_special)
-    {
-        Ok(ids) => ids,
-        Err(e) => return ApiError::invalid(Some("content"), format!("{e:#}")).into_response(),
-    };
-    let tokens: Vec<Value> = if r.with_pieces {
-        ids.iter()
-            .map(|&t| json!({"id": t, "piece": s.tok.token_text(t)}))
-            .collect()
-    } else {
-        ids.iter().map(|&t| json!(t)).collect()
-    };
-    axum::Json(json!({"tokens": tokens})).into_response()
+    // the prompts' bound, then the tokenizer off the async threads, as for a prompt
+    if let Err(e) = s.check_prompt_bytes(r.content.len(), "content") {
+        return e.into_response();
+    }
+    let st = Arc::clone(&s);
+    let done = s.prepare(move || {
+        let ids = st
+            .tok
+            .encode_text(&r.content, r.add_special, r.parse_special)
+            .map_err(|e| ApiError::invalid(Some("content"), format!("{e:#}")))?;
+        let tokens: Vec<Value> = if r.with_pieces {
+            ids.iter()
+                .map(|&t| json!({"id": t, "piece": st.tok.token_text(t)}))
+                .collect()
+        } else {
+            ids.iter().map(|&t| json!(t)).collect()
+        };
+        Ok::<_, ApiError>(json!({"tokens": tokens}))
+    });
+    match done.await {
+        Ok(Ok(v)) => axum::Json(v).into_response(),
+        Ok(Err(e)) | Err(e) => e.into_response(),
+    }
 }
 
 /// `POST /detokenize` (llama-server's): `tokens` (ids) → `{"content": text}`, special tokens
-/// as their text. Errors: 400 for an id outside the vocabulary.
+/// as their text. Errors: 400 for an id outside the vocabulary, 400 `context_length_exceeded`
+/// for more ids than the context holds; 503 `queue_full` as for a prompt ([`AppState::prepare`]).
 pub async fn detokenize(
     State(s): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
@@ -182,8 +194,24 @@ pub async fn detokenize(
         )
         .into_response();
     }
+    if r.tokens.len() > s.n_ctx {
+        return ApiError::invalid(
+            Some("tokens"),
+            format!(
+                "tokens holds {} ids, more than the context of {} tokens",
+                r.tokens.len(),
+                s.n_ctx
+            ),
+        )
+        .code("context_length_exceeded")
+        .into_response();
+    }
     let ids: Vec<u32> = r.tokens.iter().map(|&t| t as u32).collect();
-    axum::Json(json!({"content": s.tok.decode(&ids, false)})).into_response()
+    let st = Arc::clone(&s);
+    match s.prepare(move || st.tok.decode(&ids, false)).await {
+        Ok(text) => axum::Json(json!({"content": text})).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 /// `x` as the f64 its shortest decimal names (`0.8f32` as `0.8`, not `0.800000011920929`).

@@ -11,7 +11,7 @@
 //!   logprobs, stop strings, tool calls, cancellation and speculative decoding lives in
 //!   [`crate::engine`], with the one generation loop; [`generate`], [`stop`] and [`tools`]
 //!   name it here for existing callers);
-//! - [`reading`]: the write timeout (a client that stops reading); [`metrics`]: Prometheus text; [`access`]: the request log (one line per request).
+//! - [`upload`]: the body read within `--body-limit` and `--body-timeout`; [`reading`]: the write timeout (a client that stops reading); [`metrics`]: Prometheus text; [`access`]: the request log (one line per request).
 
 pub mod access;
 pub mod admit;
@@ -28,6 +28,7 @@ pub mod sse;
 pub mod state;
 pub mod steer;
 pub mod types;
+pub mod upload;
 pub mod worker;
 
 pub use crate::engine::{stop, tools};
@@ -85,6 +86,9 @@ pub struct ServeOptions {
     /// `--idle-timeout`: a connection that sends no whole request head this long after
     /// connecting or after its last answer is closed.
     pub idle_timeout: std::time::Duration,
+    /// `--body-timeout`: a request whose whole body has not arrived this long after its head
+    /// is answered 408 ([`upload`]).
+    pub body_timeout: std::time::Duration,
 }
 
 /// Starts the worker over `engine` and returns the shared state (with `clock` for `created`)
@@ -146,6 +150,7 @@ pub fn state(
         prompt_bytes,
         prep: tokio::sync::Semaphore::new(opts.queue.max(1) + parallel),
         timeout: opts.timeout,
+        body_timeout: opts.body_timeout,
         hosts: Arc::new(guard::Hosts::new(&opts.host, &opts.allowed_hosts)),
         cors_origins: opts.cors_origins.clone(),
         guide: std::sync::OnceLock::new(),

@@ -67,6 +67,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             )
             .code("method_not_allowed")
         })
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            super::upload::read_body,
+        ))
         .layer(middleware::from_fn(guard::json_only))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
         .layer(middleware::from_fn_with_state(
@@ -112,6 +116,15 @@ fn digest(b: &[u8]) -> [u8; 32] {
     out
 }
 
+/// The credentials of an `Authorization` value of the `Bearer` scheme, whose name is
+/// case-insensitive (RFC 9110 §11.1): `bearer KEY` is `Bearer KEY`.
+fn bearer(v: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = v.split_at_checked(7)?;
+    scheme
+        .eq_ignore_ascii_case(b"bearer ")
+        .then(|| rest.trim_ascii_start())
+}
+
 /// Requires `Authorization: Bearer KEY` when the server has a key (not for `/health`).
 async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     use subtle::ConstantTimeEq;
@@ -120,7 +133,7 @@ async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Respo
             let given = req
                 .headers()
                 .get(header::AUTHORIZATION)
-                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+                .and_then(|v| bearer(v.as_bytes()))
                 .unwrap_or_default();
             if !bool::from(digest(given)[..].ct_eq(&digest(key.as_bytes())[..])) {
                 return ApiError::new(
@@ -350,6 +363,7 @@ async fn chat_prompt(s: &Arc<AppState>, r: &ChatRequest) -> Result<Vec<u32>, Api
 async fn chat(
     State(s): State<Arc<AppState>>,
     Extension(dl): Extension<Deadline>,
+    Extension(log): Extension<access::Tokens>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r: ChatRequest = match parse_request(body, types::CHAT_FIELDS) {
@@ -417,12 +431,13 @@ async fn chat(
         include_usage: r.include_usage(),
     };
     let n = r.common().n.unwrap_or(1) as usize;
-    answer(&s, head, vec![(prompt, p)], n, r.stream, dl).await
+    answer(&s, head, vec![(prompt, p)], n, r.stream, dl, log).await
 }
 
 async fn completions(
     State(s): State<Arc<AppState>>,
     Extension(dl): Extension<Deadline>,
+    Extension(log): Extension<access::Tokens>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r: CompletionRequest = match parse_request(body, types::COMPLETION_FIELDS) {
@@ -525,7 +540,7 @@ async fn completions(
         model: s.model_id.clone(),
         include_usage: r.include_usage(),
     };
-    answer(&s, head, prompts, n, r.stream, dl).await
+    answer(&s, head, prompts, n, r.stream, dl, log).await
 }
 
 /// The ids of a raw prompt, bounded as [`admit`] says.

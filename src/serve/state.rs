@@ -56,6 +56,9 @@ pub struct AppState {
     pub prep: tokio::sync::Semaphore,
     /// `--timeout`: the wall limit of a request (`None`: none).
     pub timeout: Option<std::time::Duration>,
+    /// `--body-timeout`: the time a request's whole body may take to arrive
+    /// ([`super::upload`]).
+    pub body_timeout: std::time::Duration,
     /// The hosts requests may name ([`guard::check_host`]).
     pub hosts: Arc<guard::Hosts>,
     /// `--cors-origin` values.

@@ -37,6 +37,7 @@ pub async fn steering(s: &Arc<AppState>, c: &Common<'_>) -> Result<Steering, Api
     let Some((field, spec)) = grammar_spec(c)? else {
         return Ok(st);
     };
+    super::admit::check_grammar_size(field, &spec)?;
     let state = Arc::clone(s);
     let g = s
         .prepare(move || {

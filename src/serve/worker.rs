@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::access::Tokens;
 use super::metrics::Metrics;
 use super::reading::Reading;
 use crate::engine::slots::{Request, SlotContext, Slots};
@@ -26,8 +27,32 @@ pub enum Event {
     Chunk(Chunk),
     /// The generation ended.
     Done(Outcome),
-    /// The generation failed (message for the client).
-    Error(String),
+    /// The generation failed: the error for the client (a code and a message without the
+    /// server's paths; the full reason is in the server's log, [`client_error`]).
+    Error(&'static str, String),
+}
+
+/// What a client is told of a generation that failed with `e` (the engine's message, which
+/// may name files of the server): a code and a message without paths. A checksum mismatch
+/// (an expert's bytes on the server's storage are damaged) is `integrity_error`; anything
+/// else `generation_failed`, with the engine's message when it names no path (no `/` or `\`:
+/// a slot's refusal, such as a prompt over its context), else a message of its own.
+pub fn client_error(e: &str) -> (&'static str, String) {
+    if e.contains("checksum") {
+        (
+            "integrity_error",
+            "the model's data failed an integrity check on the server (a checksum did not \
+             match); the generation was stopped and the server's log has the details"
+                .into(),
+        )
+    } else if e.contains(['/', '\\']) {
+        (
+            "generation_failed",
+            "the generation failed on the server; the server's log has the details".into(),
+        )
+    } else {
+        ("generation_failed", e.to_string())
+    }
 }
 
 /// One request for the model.
@@ -41,6 +66,9 @@ pub struct Job {
     pub reading: Option<Arc<Reading>>,
     /// Where events go; dropped by the handler when its client disconnects.
     pub events: UnboundedSender<Event>,
+    /// The request's log record: the worker adds the job's tokens when it ends (cut ones
+    /// included) and holds it until then, so the line counts them ([`super::access`]).
+    pub log: Tokens,
 }
 
 /// The sending side of the queue (cloned into every handler).
@@ -258,16 +286,20 @@ fn take(job: Job, m: &Metrics, stopping: &AtomicBool) -> Option<Job> {
         // a handler still waiting learns that its request was cancelled (a 503 while the
         // server stops)
         let o = Outcome::of(&Finish::Interrupted, Vec::new(), job.prompt.len(), 0);
+        job.log.add_choice(o.prompt_tokens, 0);
         let _ = job.events.send(Event::Done(o));
         return None;
     }
     Some(job)
 }
 
-/// Counts a generation's outcome and sends it (or its error) to the client.
-fn finish(events: &UnboundedSender<Event>, r: Result<Outcome, String>, m: &Metrics) {
+/// Counts a generation's outcome (in the metrics and the request's log record) and sends it
+/// to the client; a failure is logged at error level with its full reason, and the client
+/// gets [`client_error`]'s code and message.
+fn finish(events: &UnboundedSender<Event>, log: &Tokens, r: Result<Outcome, String>, m: &Metrics) {
     match r {
         Ok(o) => {
+            log.add_choice(o.prompt_tokens, o.completion_tokens);
             m.prompt_tokens
                 .fetch_add(o.prompt_tokens as u64, Ordering::Relaxed);
             m.cached_tokens
@@ -282,9 +314,11 @@ fn finish(events: &UnboundedSender<Event>, r: Result<Outcome, String>, m: &Metri
         }
         Err(e) => {
             // logged, not only answered: a failed pass (e.g. a pack read whose checksum does
-            // not match) must be visible to the operator
-            tracing::error!("generation failed: {e}");
-            let _ = events.send(Event::Error(e));
+            // not match) must be visible to the operator; the client gets no server paths
+            let (code, message) = client_error(&e);
+            tracing::error!(code, "generation failed: {e}");
+            log.fail(code);
+            let _ = events.send(Event::Error(code, message));
         }
     }
 }
@@ -335,12 +369,13 @@ fn request<'a>(job: Job, w: &'a Watch<'a>) -> Request<'a> {
     let (ev, ev2) = (job.events.clone(), job.events.clone());
     let (r, r2) = (job.reading.clone(), job.reading.clone());
     let events = job.events;
+    let log = job.log;
     Request {
         prompt: job.prompt,
         params: job.params,
         emit: Box::new(move |c| send(&ev, r.as_deref(), Event::Chunk(c))),
         cancelled: Box::new(move || w.cancelled(&ev2, r2.as_deref())),
-        done: Box::new(move |r| finish(&events, r, w.m)),
+        done: Box::new(move |r| finish(&events, &log, r, w.m)),
     }
 }
 
@@ -369,7 +404,7 @@ fn run(mut engine: Engine, rx: Receiver, w: &Watch) -> Engine {
             m.spec(&sp.stats);
         }
         m.in_flight.store(0, Ordering::SeqCst);
-        finish(&job.events, r.map_err(|e| format!("{e:#}")), m);
+        finish(&job.events, &job.log, r.map_err(|e| format!("{e:#}")), m);
         rx.set_free(1);
     }
     engine
@@ -405,6 +440,7 @@ mod tests {
             },
             reading: None,
             events,
+            log: Tokens::default(),
         }
     }
 
@@ -435,5 +471,48 @@ mod tests {
         assert!(rx.recv().is_some(), "queued work is still handed out");
         drop(q2);
         assert!(rx.recv().is_none());
+    }
+
+    #[test]
+    fn a_client_learns_the_kind_of_failure_but_not_the_server_paths() {
+        let (code, m) = client_error(
+            "layer 3: checksum mismatch in expert 7 of layer 3 read from \
+             /srv/drive0/deltafin-pack-1.bin",
+        );
+        assert_eq!(code, "integrity_error");
+        assert_eq!(
+            m,
+            "the model's data failed an integrity check on the server (a checksum did not \
+             match); the generation was stopped and the server's log has the details"
+        );
+        let (code, m) = client_error("reading /srv/model/x.bin: Input/output error");
+        assert_eq!(
+            (code, m.as_str()),
+            (
+                "generation_failed",
+                "the generation failed on the server; the server's log has the details"
+            )
+        );
+        let (code, m) = client_error("the prompt has 256 tokens but the context holds 256");
+        assert_eq!(
+            (code, m.as_str()),
+            (
+                "generation_failed",
+                "the prompt has 256 tokens but the context holds 256"
+            )
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let log = Tokens::default();
+        finish(
+            &tx,
+            &log,
+            Err("checksum mismatch in /a/b".into()),
+            &Metrics::default(),
+        );
+        assert_eq!(log.error(), Some("integrity_error"));
+        match rx.try_recv().unwrap() {
+            Event::Error(c, m) => assert_eq!((c, m.contains("/a/b")), ("integrity_error", false)),
+            e => panic!("{e:?}"),
+        }
     }
 }

@@ -158,6 +158,7 @@ pub fn opts(key: Option<&str>) -> ServeOptions {
         cors_origins: Vec::new(),
         timeout: None,
         idle_timeout: std::time::Duration::from_secs(30),
+        body_timeout: std::time::Duration::from_secs(10),
         write_timeout: std::time::Duration::from_secs(60),
     }
 }
