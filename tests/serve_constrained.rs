@@ -145,9 +145,9 @@ fn lark_and_gbnf_grammars_and_refusals() {
         )
         .json();
     let text = c["choices"][0]["text"].as_str().unwrap();
-    let maybe = text.strip_prefix(" maybe ").is_some_and(|d| {
-        d.len() == 2 && d.chars().all(|c| c.is_ascii_digit())
-    });
+    let maybe = text
+        .strip_prefix(" maybe ")
+        .is_some_and(|d| d.len() == 2 && d.chars().all(|c| c.is_ascii_digit()));
     assert!(text == " yes" || text == " no" || maybe, "{text:?}");
     assert_eq!(c["choices"][0]["finish_reason"], "stop");
     let e = refused(&srv.post(

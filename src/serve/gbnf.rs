@@ -208,9 +208,7 @@ fn item(out: &mut String, it: &Item, names: &HashMap<&str, String>) {
     match it {
         Item::Literal(s) => literal(out, s),
         Item::Class(true, ranges) if ranges.is_empty() => out.push_str("/(?s:.)/"),
-        Item::Class(false, ranges) if ranges.is_empty() => {
-            out.push_str("/[^\\x{0}-\\x{10FFFF}]/")
-        }
+        Item::Class(false, ranges) if ranges.is_empty() => out.push_str("/[^\\x{0}-\\x{10FFFF}]/"),
         Item::Class(neg, ranges) => {
             out.push_str(if *neg { "/[^" } else { "/[" });
             for &(a, b) in ranges {
@@ -453,9 +451,7 @@ impl Reader {
                     loop {
                         match self.peek() {
                             None => {
-                                return Err(
-                                    self.error_at(at, "unterminated string literal".into())
-                                )
+                                return Err(self.error_at(at, "unterminated string literal".into()))
                             }
                             Some('"') => break,
                             Some(_) => text.push(self.char()?),
@@ -569,15 +565,15 @@ impl Reader {
             }
             let from_at = self.pos;
             let a = self.char()?;
-            let b = if self.peek() == Some('-') && self.s.get(self.pos + 1).is_some_and(|&c| c != ']')
+            let b = if self.peek() == Some('-')
+                && self.s.get(self.pos + 1).is_some_and(|&c| c != ']')
             {
                 self.pos += 1;
                 let b = self.char()?;
                 if b < a {
-                    return Err(self.error_at(
-                        from_at,
-                        format!("range {a:?}-{b:?} ends below its start"),
-                    ));
+                    return Err(
+                        self.error_at(from_at, format!("range {a:?}-{b:?} ends below its start"))
+                    );
                 }
                 b
             } else {
@@ -633,7 +629,10 @@ impl Reader {
         self.pos += digits;
         let v = u32::from_str_radix(&hex, 16).unwrap_or(u32::MAX);
         char::from_u32(v).ok_or_else(|| {
-            self.error_at(at, format!("escape '\\{e}{hex}' is not a Unicode character"))
+            self.error_at(
+                at,
+                format!("escape '\\{e}{hex}' is not a Unicode character"),
+            )
         })
     }
 }
@@ -701,7 +700,13 @@ mod tests {
         check(
             "root ::= \"yes\" | \"no\"",
             "start: \"yes\" | \"no\"\n",
-            &[("yes", true), ("no", true), ("yesno", false), ("ye", false), ("", false)],
+            &[
+                ("yes", true),
+                ("no", true),
+                ("yesno", false),
+                ("ye", false),
+                ("", false),
+            ],
         );
         // escapes: quotes, backslashes, \x \u \U, brackets, and text as it is
         check(
@@ -722,7 +727,13 @@ mod tests {
         check(
             "root ::= item (\",\" item)*\nitem ::= [a-z]+",
             "start: item (\",\" item)*\nitem: /[a-z]/+\n",
-            &[("a", true), ("ab,c,de", true), ("ab,", false), (",a", false), ("A", false)],
+            &[
+                ("a", true),
+                ("ab,c,de", true),
+                ("ab,", false),
+                (",a", false),
+                ("A", false),
+            ],
         );
         // arithmetic: recursion through a group, dashed and capitalised names, comments,
         // a body over several lines
@@ -762,7 +773,13 @@ mod tests {
         check(
             "root ::= \"a\" | [] \"b\" | \"c\" [^]",
             "start: \"a\" | /[^\\x{0}-\\x{10FFFF}]/ \"b\" | \"c\" /(?s:.)/\n",
-            &[("a", true), ("b", false), ("c\n", true), ("cé", true), ("c", false)],
+            &[
+                ("a", true),
+                ("b", false),
+                ("c\n", true),
+                ("cé", true),
+                ("c", false),
+            ],
         );
         check(
             r#"root ::= [^a-c\n] [\]\[/^-] [é-ë] . "!""#,
@@ -841,7 +858,10 @@ mod tests {
             error("root ::= (\"a\"\n  | \"b\""),
             "line 1, column 10: unterminated group: no ')'"
         );
-        assert_eq!(error("root ::= \"a\")"), "line 1, column 13: ')' without a '(' before it");
+        assert_eq!(
+            error("root ::= \"a\")"),
+            "line 1, column 13: ')' without a '(' before it"
+        );
         assert_eq!(
             error("root ::= \"\\q\""),
             "line 1, column 11: unknown escape '\\q' (known: \\n \\r \\t \\\\ \\\" \\[ \\] \

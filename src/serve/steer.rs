@@ -180,9 +180,9 @@ fn response_format(f: &Value) -> Result<Option<GrammarSpec>, ApiError> {
 /// translated to Lark ([`gbnf::to_lark`]); otherwise llguidance's Lark syntax as it is.
 fn lark(g: &str) -> Result<GrammarSpec, ApiError> {
     if gbnf::is_gbnf(g) {
-        return gbnf::to_lark(g).map(GrammarSpec::Lark).map_err(|e| {
-            ApiError::invalid(Some("grammar"), format!("grammar (GBNF) at {e}"))
-        });
+        return gbnf::to_lark(g)
+            .map(GrammarSpec::Lark)
+            .map_err(|e| ApiError::invalid(Some("grammar"), format!("grammar (GBNF) at {e}")));
     }
     if g.trim().is_empty() {
         return Err(ApiError::invalid(Some("grammar"), "grammar is empty"));
