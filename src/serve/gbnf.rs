@@ -18,10 +18,16 @@
 //! `start`; names are lowercased and `-` becomes `_` (Lark rule names are lowercase, and a
 //! name that does not start with a letter gets `r_` in front), with `_2`, `_3`, ... added
 //! where two names would meet. Literals become Lark (JSON-escaped) strings, classes and `.`
-//! single-character regexes (`/[a-z]/`, `/(?s:.)/`, which matches a newline too). Refused
+//! single-character regexes (`/[a-z]/`, `/(?s:.)/`, which matches a newline too; `[]`
+//! matches nothing, `[^]` any character). Refused
 //! with the line and column: an undefined rule, no `root`, a rule defined twice, an
 //! unterminated literal, class or group, an unknown escape, a reversed range, a count above
 //! [`MAX_COUNT`].
+//!
+//! One difference remains: llama.cpp matches character by character, llguidance splits the
+//! text into lexemes (here the literals and classes) and ends one only where it cannot go
+//! on, so where one literal is a prefix of another that could come at the same place
+//! (`"abc" | "a" "bd"`), a text needing the shorter one (`abd`) is refused.
 
 use std::collections::HashMap;
 use std::fmt;
