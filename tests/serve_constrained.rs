@@ -1,6 +1,6 @@
 //! `deltafin serve` (the real binary on the Qwen3-MoE fixture, raw HTTP as in
 //! `tests/serve_http.rs`) steering its output: `response_format` `json_object` and
-//! `json_schema`, llama-server's `grammar` (Lark) and `json_schema`, `logit_bias` and
+//! `json_schema`, llama-server's `grammar` (Lark and GBNF) and `json_schema`, `logit_bias` and
 //! `ignore_eos`. The fixture's weights are random, so only a constraint makes its output
 //! checkable: the text must parse and follow the schema.
 
@@ -112,10 +112,11 @@ fn json_schema_and_json_object_give_valid_json() {
     srv.stop();
 }
 
-/// `grammar` in llguidance's Lark syntax, on both endpoints; GBNF, a grammar that does not
-/// compile, a bad schema and two constraints at once are refused by name before queuing.
+/// `grammar` in llguidance's Lark syntax, on both endpoints, and in GBNF; GBNF that does not
+/// read, a grammar that does not compile, a bad schema and two constraints at once are
+/// refused by name before queuing.
 #[test]
-fn lark_grammars_and_refusals() {
+fn lark_and_gbnf_grammars_and_refusals() {
     let srv = Server::start(&[]);
     let g = r#"start: "yes" | "no" | "it depends""#;
     let a = srv
@@ -134,16 +135,38 @@ fn lark_grammars_and_refusals() {
     let text = c["choices"][0]["text"].as_str().unwrap();
     assert_eq!(text.len(), 9, "{text}");
     assert!(text.ends_with(" apples") && text[..2].chars().all(|c| c.is_ascii_digit()));
+    // GBNF (llama.cpp's format), read into Lark: a dashed name, a comment, a class count
+    let c = srv
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "Answer:", "max_tokens": 50,
+                "grammar": "root ::= yes-no | \" maybe \" [0-9]{2}  # a comment\n\
+                            yes-no ::= \" yes\" | \" no\""}),
+        )
+        .json();
+    let text = c["choices"][0]["text"].as_str().unwrap();
+    let maybe = text
+        .strip_prefix(" maybe ")
+        .is_some_and(|d| d.len() == 2 && d.chars().all(|c| c.is_ascii_digit()));
+    assert!(text == " yes" || text == " no" || maybe, "{text:?}");
+    assert_eq!(c["choices"][0]["finish_reason"], "stop");
     let e = refused(&srv.post(
         "/v1/chat/completions",
-        &chat(json!({"grammar": "root ::= \"yes\" | \"no\""})),
+        &chat(json!({"grammar": "root ::= \"yes\" | \"no"})),
     ));
     assert_eq!(e["param"], "grammar");
     assert_eq!(
         e["message"],
-        "grammar is GBNF (rules written 'name ::= ...'), but this server reads llguidance's \
-         Lark syntax: rules written 'name: ...', starting at 'start' (llguidance's \
-         gbnf_to_lark.py converts most GBNF)"
+        "grammar (GBNF) at line 1, column 18: unterminated string literal"
+    );
+    let e = refused(&srv.post(
+        "/v1/completions",
+        &json!({"prompt": "x", "grammar": "root ::= answer"}),
+    ));
+    assert_eq!(e["param"], "grammar");
+    assert_eq!(
+        e["message"],
+        "grammar (GBNF) at line 1, column 10: rule 'answer' is used but not defined"
     );
     let e = refused(&srv.post(
         "/v1/chat/completions",

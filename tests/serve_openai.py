@@ -119,7 +119,7 @@ try:
     assert [ch.index for ch in two.choices] == [0, 1], two
     for kwargs, exc in [({"n": 50}, openai.BadRequestError),
                         ({"logit_bias": {"99999": 5}}, openai.BadRequestError),
-                        ({"extra_body": {"grammar": "root ::= \"a\""}}, openai.BadRequestError),
+                        ({"extra_body": {"grammar": "root ::= \"a"}}, openai.BadRequestError),
                         ({"messages": [{"role": "user", "content": [
                             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]},
                          openai.BadRequestError),

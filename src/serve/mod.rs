@@ -3,7 +3,7 @@
 //! - [`routes`]: the endpoints, request checking, API key, body limit; [`answer`]: a queued
 //!   request answered whole or streamed (choices, deadline, write timeout);
 //! - [`types`]: the request bodies; [`steer`]: `logit_bias`, `ignore_eos` and constrained
-//!   output (`response_format`, `grammar`, `json_schema`) checked and compiled; [`sse`]: response bodies and event-stream framing;
+//!   output (`response_format`, `grammar`, `json_schema`) checked and compiled, [`gbnf`] reading GBNF grammars into Lark; [`sse`]: response bodies and event-stream framing;
 //!   [`error`]: errors in the OpenAI shape;
 //! - [`worker`]: the bounded FIFO queue and the model's one thread, which runs the requests
 //!   in `--parallel` slots ([`crate::engine::slots`], continuous batching), or one at a time
@@ -17,6 +17,7 @@ pub mod access;
 pub mod admit;
 pub mod answer;
 pub mod error;
+pub mod gbnf;
 pub mod guard;
 pub mod info;
 pub mod listen;

@@ -1,6 +1,7 @@
 //! The request fields that steer the logits ([`steering`]): `logit_bias`, `ignore_eos`, and
 //! constrained output: `response_format` (`json_object`, `json_schema`), llama-server's
-//! `grammar` (llguidance's Lark syntax; GBNF is refused by name) and `json_schema`. Everything
+//! `grammar` and `json_schema`. A `grammar` with a line that starts a rule `name ::=` is
+//! GBNF, read into Lark by [`super::gbnf`]; any other is llguidance's Lark syntax. Everything
 //! is checked, and a grammar compiled, before the request is queued: a bad one is a 400
 //! naming the field, with llguidance's message.
 
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::error::ApiError;
+use super::gbnf;
 use super::state::AppState;
 use super::types::Common;
 use crate::engine::{GrammarSpec, Guide, Steering};
@@ -21,7 +23,8 @@ const MAX_BIAS: f64 = 100.0;
 ///
 /// Errors (400 naming the field): a `logit_bias` key that is not a token id of the
 /// vocabulary or a value outside [-100, 100]; a `response_format` of another type or
-/// shape; two ways of constraining the output at once; a GBNF `grammar`; a schema or
+/// shape; two ways of constraining the output at once; a GBNF `grammar` that does not read
+/// (the line, column and fault); a schema or
 /// grammar llguidance cannot compile (its message). 400 too when the model's vocabulary
 /// cannot be matched by a grammar (no end-of-generation token, an unknown decoder).
 pub async fn steering(s: &Arc<AppState>, c: &Common<'_>) -> Result<Steering, ApiError> {
@@ -174,24 +177,13 @@ fn response_format(f: &Value) -> Result<Option<GrammarSpec>, ApiError> {
     }
 }
 
-/// A `grammar`: llguidance's Lark syntax (`start: ...`). GBNF (rules written `name ::= ...`)
-/// is refused by name: llguidance reads Lark only.
+/// A `grammar`: GBNF when a line starts with a rule `name ::=` ([`gbnf::is_gbnf`]),
+/// translated to Lark ([`gbnf::to_lark`]); otherwise llguidance's Lark syntax as it is.
 fn lark(g: &str) -> Result<GrammarSpec, ApiError> {
-    // a line that starts with a rule name and `::=`
-    let gbnf = g.lines().any(|l| {
-        let l = l.trim_start();
-        let name = l
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
-            .unwrap_or(l.len());
-        name > 0 && l[name..].trim_start().starts_with("::=")
-    });
-    if gbnf {
-        return Err(ApiError::invalid(
-            Some("grammar"),
-            "grammar is GBNF (rules written 'name ::= ...'), but this server reads \
-             llguidance's Lark syntax: rules written 'name: ...', starting at 'start' \
-             (llguidance's gbnf_to_lark.py converts most GBNF)",
-        ));
+    if gbnf::is_gbnf(g) {
+        return gbnf::to_lark(g)
+            .map(GrammarSpec::Lark)
+            .map_err(|e| ApiError::invalid(Some("grammar"), format!("grammar (GBNF) at {e}")));
     }
     if g.trim().is_empty() {
         return Err(ApiError::invalid(Some("grammar"), "grammar is empty"));
@@ -222,11 +214,17 @@ mod tests {
     }
 
     #[test]
-    fn gbnf_is_named_and_lark_passes() {
-        let e = lark("root ::= \"yes\" | \"no\"").unwrap_err();
+    fn gbnf_is_read_into_lark_and_lark_passes() {
+        assert_eq!(
+            lark("root ::= \"yes\" | \"no\"").unwrap(),
+            GrammarSpec::Lark("start: \"yes\" | \"no\"\n".into())
+        );
+        let e = lark("x ::= \"a\"\n  list-item::= \"b").unwrap_err();
         assert_eq!(e.param.as_deref(), Some("grammar"));
-        assert!(e.message.starts_with("grammar is GBNF"), "{}", e.message);
-        assert!(lark("x\n  list-item::= \"a\"").is_err());
+        assert_eq!(
+            e.message,
+            "grammar (GBNF) at line 2, column 16: unterminated string literal"
+        );
         assert_eq!(
             lark("start: \"a ::= b\"").unwrap(),
             GrammarSpec::Lark("start: \"a ::= b\"".into())
