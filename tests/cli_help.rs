@@ -141,6 +141,7 @@ fn each_command_lists_exactly_the_flags_it_takes() {
             "--idle-timeout",
             "--write-timeout",
             "--body-limit",
+            "--body-timeout",
         ])
     );
     assert_eq!(
