@@ -30,7 +30,7 @@ pub enum GrammarSpec {
     JsonObject,
     /// Text valid under a JSON schema (`json_schema`).
     JsonSchema(serde_json::Value),
-    /// llguidance's Lark dialect (llama-server's `grammar`, in Lark rather than GBNF).
+    /// llguidance's Lark dialect (llama-server's `grammar`: Lark as given, or GBNF as `serve::gbnf` translates it).
     Lark(String),
 }
 

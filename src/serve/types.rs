@@ -247,7 +247,7 @@ macro_rules! request {
             /// llama-server's: end-of-generation tokens are never sampled.
             #[serde(default)]
             pub ignore_eos: bool,
-            /// llama-server's: a grammar (llguidance's Lark syntax here, not GBNF).
+            /// llama-server's: a grammar, GBNF (read by `super::gbnf`) or llguidance's Lark syntax.
             pub grammar: Option<String>,
             /// llama-server's: a JSON schema the output follows.
             pub json_schema: Option<serde_json::Value>,
