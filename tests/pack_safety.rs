@@ -643,7 +643,8 @@ fn spine_reads_are_checked_by_default() {
     );
     // (b) layers streamed from the spine file: a byte changed between passes fails the next
     // pass, naming the tensor; restored, the pass runs again with the same logits
-    // (the qwen3_moe fixture, whose layers this budget streams)
+    // (the qwen3_moe fixture, whose layers this budget streams: 366.6 KiB go to the KV cache,
+    // activations and buffers)
     let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen3_moe");
     let o2 = PackOptions {
         out: tmp.path().join("fixture.pack"),
@@ -727,4 +728,4 @@ fn spine_reads_are_checked_by_default() {
 
 /// A RAM budget under which the qwen3_moe fixture's layers are streamed from the spine file
 /// (64 tokens of context).
-const STREAMED_BUDGET: u64 = 300 << 10;
+const STREAMED_BUDGET: u64 = 372 << 10;
