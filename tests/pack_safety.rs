@@ -520,7 +520,7 @@ fn expert_reads_are_checked_by_default_with_xxh3() {
     let (ok, _, err) = run(&["--no-verify-experts"]);
     assert!(ok, "{err}");
     assert!(
-        err.contains("; expert records not checked (--no-verify-experts)"),
+        err.contains("; expert records and spine not checked (--no-verify-experts)"),
         "{err}"
     );
     // the manifest of an older pack: no xxh3; still loads, checked with SHA-256
