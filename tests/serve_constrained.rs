@@ -328,3 +328,47 @@ fn constrained_requests_do_not_speculate() {
     assert!(passes(&srv) > 0);
     srv.stop();
 }
+
+/// Long chains of rules (GBNF and Lark) and of a schema's `$ref`s, within the size bounds:
+/// llguidance walks them recursively, which overflowed a 2 MiB stack and aborted the whole
+/// server; they compile on a thread with room, constrain the text, and the server lives on.
+#[test]
+fn long_chains_of_rules_compile_and_the_server_lives_on() {
+    let srv = Server::start(&[]);
+    let n = 3000;
+    let gbnf = (0..n).fold("root ::= r0\n".to_string(), |g, i| {
+        g + &format!("r{i} ::= \"{}\" r{}\n", i % 10, i + 1)
+    }) + &format!("r{n} ::= \"e\"\n");
+    let lark = (0..n).fold("start: r0\n".to_string(), |g, i| {
+        g + &format!("r{i}: \"{}\" r{}\n", i % 10, i + 1)
+    }) + &format!("r{n}: \"e\"\n");
+    for g in [gbnf, lark] {
+        let c = srv
+            .post(
+                "/v1/completions",
+                &json!({"prompt": "x", "max_tokens": 12, "grammar": g}),
+            )
+            .json();
+        assert_eq!(c["choices"][0]["text"], "012345678901", "{c}");
+    }
+    let mut defs = serde_json::Map::new();
+    for i in 0..1600 {
+        defs.insert(
+            format!("d{i}"),
+            json!({"type": "object", "properties": {"n": {"$ref": format!("#/$defs/d{}", i + 1)}}}),
+        );
+    }
+    defs.insert("d1600".into(), json!({"type": "integer"}));
+    let schema = json!({"$ref": "#/$defs/d0", "$defs": defs});
+    let a = srv.post(
+        "/v1/completions",
+        &json!({"prompt": "x", "max_tokens": 4, "json_schema": schema}),
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.json()["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with('{'));
+    assert_eq!(srv.get("/health").status, 200);
+    srv.stop();
+}

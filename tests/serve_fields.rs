@@ -106,6 +106,23 @@ fn qwen3_renders_tools_and_tool_calls() {
         &with(chat(history), json!({"tools": tools()})),
     );
     assert_eq!(a.status, 200, "{}", a.body);
+    // an empty list of tool calls is no tool call (as null is)
+    let empty = json!([{"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "x", "tool_calls": []},
+        {"role": "user", "content": "ok"}]);
+    let a = srv.post("/v1/chat/completions", &chat(empty));
+    assert_eq!(a.status, 200, "{}", a.body);
+    // a role the template would drop without a word
+    let bogus = json!([{"role": "bogus", "content": "secret"}, {"role": "user", "content": "Hi"}]);
+    assert_eq!(
+        refused(&srv.post("/v1/chat/completions", &chat(bogus))),
+        (
+            json!("messages[0].role"),
+            "messages[0].role is 'bogus'; expected one of system, developer, user, assistant, \
+             tool"
+                .into()
+        )
+    );
     let named = json!([{"role": "user", "content": "Hi", "name": "ann"}]);
     assert_eq!(
         refused(&srv.post("/v1/chat/completions", &chat(named))),

@@ -111,6 +111,22 @@ impl Guide {
     /// Errors: llguidance's message for a schema or grammar it cannot compile (an unknown
     /// rule, a syntax error, an unsupported schema keyword).
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar> {
+        // llguidance walks a grammar's rules recursively: a chain of a few hundred rules (or
+        // of a schema's `$ref`s) overflowed a 2 MiB thread's stack and aborted the process,
+        // so the compilation runs on a thread of its own with room for the longest chain the
+        // size bounds let through (the stack is reserved, and only what is used is touched)
+        std::thread::scope(|sc| {
+            std::thread::Builder::new()
+                .name("grammar".into())
+                .stack_size(GRAMMAR_STACK)
+                .spawn_scoped(sc, || self.compile_here(spec))
+                .map_err(|e| anyhow::anyhow!("cannot start the grammar's thread: {e}"))?
+                .join()
+                .map_err(|_| anyhow::anyhow!("the grammar's compilation panicked"))?
+        })
+    }
+
+    fn compile_here(&self, spec: &GrammarSpec) -> Result<Grammar> {
         let with_whitespace = |mut schema: serde_json::Value| {
             if let Some(o) = schema.as_object_mut() {
                 if !o.contains_key("x-guidance") {
@@ -141,6 +157,9 @@ impl Guide {
         Ok(Grammar { matcher: m })
     }
 }
+
+/// Stack of the thread a grammar is compiled on ([`Guide::compile`]), bytes: 256 MiB.
+pub const GRAMMAR_STACK: usize = 256 << 20;
 
 /// One request's grammar, at the start of its text (cloned into the request's sampler, where
 /// it advances token by token).

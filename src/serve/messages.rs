@@ -77,6 +77,10 @@ impl TemplateTraits {
     }
 }
 
+/// The roles a message may have (OpenAI's, less the deprecated `function`): a template may
+/// drop a message of any other role without a word (Qwen3's does), so it is refused.
+pub const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
 fn bad(param: String, message: String) -> ApiError {
     ApiError::invalid(Some(&param), message)
 }
@@ -119,6 +123,16 @@ fn text_parts(i: usize, parts: &[Value]) -> Result<Vec<String>, ApiError> {
                 ),
             });
         }
+        if let Some(k) = p
+            .as_object()
+            .and_then(|o| o.keys().find(|k| *k != "type" && *k != "text"))
+        {
+            let q = format!("{at}.{k}");
+            return Err(bad(
+                q.clone(),
+                format!("{q} is not supported: a text part has only \"type\" and \"text\""),
+            ));
+        }
         match p.get("text").and_then(Value::as_str) {
             Some(t) => texts.push(t.to_string()),
             None => {
@@ -155,6 +169,13 @@ pub fn prepare(messages: &[Value], traits: TemplateTraits) -> Result<Vec<Value>,
                 ))
             }
         };
+        if !ROLES.contains(&role.as_str()) {
+            let p = format!("{at}.role");
+            return Err(bad(
+                p.clone(),
+                format!("{p} is '{role}'; expected one of {}", ROLES.join(", ")),
+            ));
+        }
         if role == "developer" && !traits.developer {
             obj.insert("role".into(), Value::from("system"));
         }
@@ -260,7 +281,10 @@ pub fn check_rendered(
     }
     for (i, m) in messages.iter().enumerate() {
         for (field, what) in [("tool_calls", "tool calls"), ("name", "message names")] {
-            if m.get(field).is_none_or(Value::is_null) {
+            // null and `[]` are absent
+            if m.get(field)
+                .is_none_or(|v| v.is_null() || v.as_array().is_some_and(Vec::is_empty))
+            {
                 continue;
             }
             let mut without = messages.to_vec();
@@ -446,6 +470,26 @@ mod tests {
                 "messages[1].content[1]".into(),
                 "messages[1].content[1] is an image (type 'image_url'), but this model reads \
                  text only; send text parts"
+                    .into()
+            )
+        );
+        assert_eq!(
+            err(json!({"role": "Developer", "content": "x"})),
+            (
+                "messages[1].role".into(),
+                "messages[1].role is 'Developer'; expected one of system, developer, user, \
+                 assistant, tool"
+                    .into()
+            )
+        );
+        assert_eq!(
+            err(
+                json!({"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {}}]})
+            ),
+            (
+                "messages[1].content[0].cache_control".into(),
+                "messages[1].content[0].cache_control is not supported: a text part has only \
+                 \"type\" and \"text\""
                     .into()
             )
         );
