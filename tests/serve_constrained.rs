@@ -161,6 +161,16 @@ fn lark_and_gbnf_grammars_and_refusals() {
     );
     let e = refused(&srv.post(
         "/v1/completions",
+        &json!({"prompt": "x", "grammar": "root ::= []"}),
+    ));
+    assert_eq!(e["param"], "grammar");
+    assert_eq!(
+        e["message"],
+        "grammar: the grammar allows no text: no token can start it and it does not accept \
+         the empty text"
+    );
+    let e = refused(&srv.post(
+        "/v1/completions",
         &json!({"prompt": "x", "grammar": "root ::= answer"}),
     ));
     assert_eq!(e["param"], "grammar");

@@ -154,6 +154,13 @@ impl Guide {
         if let Some(e) = m.get_error() {
             bail!("{e}");
         }
+        // a grammar that allows no text at all (`root ::= []`) would end every request at
+        // once with an empty "stop": refused here instead
+        let mut probe = m.deep_clone();
+        let none = probe.compute_mask().map_or(true, |v| v.is_zero());
+        if none && !probe.is_accepting().unwrap_or(false) {
+            bail!("the grammar allows no text: no token can start it and it does not accept the empty text");
+        }
         Ok(Grammar { matcher: m })
     }
 }
