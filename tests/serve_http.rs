@@ -530,6 +530,22 @@ fn host_header_rules_and_the_bearer_scheme() {
         "an HTTP/1.1 request must carry a Host header"
     );
     assert_eq!(bare("1.0").status, 200);
+    // an absolute-form target's authority replaces Host (RFC 9112 §3.2.2): it is checked
+    let absolute = srv.raw(
+        &format!("GET http://evil.com/health HTTP/1.1\r\nHost: localhost:{port}"),
+        "",
+    );
+    assert_eq!(absolute.status, 403, "{}", absolute.body);
+    assert_eq!(
+        absolute.json()["error"]["message"],
+        "the host 'evil.com' does not name this server; serve it under that name with \
+         --allowed-hosts"
+    );
+    let local = srv.raw(
+        &format!("GET http://localhost:{port}/health HTTP/1.1\r\nHost: localhost:{port}"),
+        "",
+    );
+    assert_eq!(local.status, 200, "{}", local.body);
     for (auth, status) in [
         ("Bearer k3y", 200),
         ("bearer k3y", 200),

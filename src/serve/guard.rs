@@ -89,15 +89,22 @@ pub async fn check_host(State(h): State<Arc<Hosts>>, req: Request, next: Next) -
     if req.headers().get_all(header::HOST).iter().count() > 1 {
         return bad_host("the request has several Host headers; send one");
     }
-    if let Some(v) = req.headers().get(header::HOST) {
-        let host = v.to_str().unwrap_or("");
-        if !h.allows(host) {
+    // an absolute-form target's authority replaces Host (RFC 9112 §3.2.2): it is the name
+    // checked then
+    let authority = req.uri().authority().map(|a| a.as_str().to_string());
+    let host = authority.or_else(|| {
+        req.headers()
+            .get(header::HOST)
+            .map(|v| v.to_str().unwrap_or("").to_string())
+    });
+    if let Some(host) = host {
+        if !h.allows(&host) {
             return ApiError::new(
                 StatusCode::FORBIDDEN,
                 "invalid_request_error",
                 format!(
-                    "the Host header '{host}' does not name this server; serve it under that \
-                     name with --allowed-hosts"
+                    "the host '{host}' does not name this server; serve it under that name \
+                     with --allowed-hosts"
                 ),
             )
             .code("host_not_allowed")
