@@ -357,26 +357,9 @@ fn timeouts_and_the_prompt_bound() {
 /// `[DONE]`, not with a `finish_reason`.
 #[test]
 fn sigterm_ends_a_running_stream_with_an_error_event() {
-    use std::io::{BufRead, BufReader, Write};
     let srv = Server::start(&[]);
-    let body = json!({"prompt": "Hi", "max_tokens": 4000, "stream": true}).to_string();
-    let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        srv.addr,
-        body.len()
-    )
-    .unwrap();
-    let mut r = BufReader::new(s);
-    let mut text = String::new();
     // wait for the first content event, then stop the server
-    while !text.contains("\"text\"") {
-        let mut line = String::new();
-        assert!(r.read_line(&mut line).unwrap() > 0, "{text}");
-        text.push_str(&line);
-    }
+    let (mut r, mut text) = stream_until_text(&srv);
     let rest = {
         let srv = srv;
         // SAFETY: signalling the child this test started, by its id.
@@ -567,25 +550,8 @@ fn host_header_rules_and_the_bearer_scheme() {
 /// really generated (counted when the generation stops), not 0.
 #[test]
 fn a_cut_stream_is_logged_with_its_tokens() {
-    use std::io::{BufRead, BufReader, Write};
     let srv = Server::start(&[]);
-    let body = json!({"prompt": "Hi", "max_tokens": 4000, "stream": true}).to_string();
-    let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        srv.addr,
-        body.len()
-    )
-    .unwrap();
-    let mut r = BufReader::new(s);
-    let mut text = String::new();
-    while !text.contains("\"text\"") {
-        let mut line = String::new();
-        assert!(r.read_line(&mut line).unwrap() > 0, "{text}");
-        text.push_str(&line);
-    }
+    let (r, _) = stream_until_text(&srv);
     drop(r);
     // the server answers a request after it, so the cut one has been seen
     assert_eq!(srv.get("/health").status, 200);
@@ -601,4 +567,28 @@ fn a_cut_stream_is_logged_with_its_tokens() {
     };
     assert!(tokens("prompt_tokens") >= 1, "{line}");
     assert!(tokens("completion_tokens") >= 1, "{line}");
+}
+
+/// Opens a streamed completion of 4,000 tokens on `srv` and reads it up to its first content
+/// event: the reader (to read on or drop) and the text read so far.
+fn stream_until_text(srv: &Server) -> (std::io::BufReader<std::net::TcpStream>, String) {
+    use std::io::{BufRead, Write};
+    let body = json!({"prompt": "Hi", "max_tokens": 4000, "stream": true}).to_string();
+    let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        srv.addr,
+        body.len()
+    )
+    .unwrap();
+    let mut r = std::io::BufReader::new(s);
+    let mut text = String::new();
+    while !text.contains("\"text\"") {
+        let mut line = String::new();
+        assert!(r.read_line(&mut line).unwrap() > 0, "{text}");
+        text.push_str(&line);
+    }
+    (r, text)
 }
