@@ -107,9 +107,10 @@ pub enum SlotContext {
     /// with 4 slots): a request may use the whole context while the others leave room; the
     /// slots' KV memory grows with the positions they hold. When a step needs more positions
     /// than are free, idle slots give up their cached prompts (least recently used first),
-    /// then prompts wait for room (their prefill chunks shrink), and when the running
+    /// a prompt waits until all of it fits beside the requests ahead of it (first come, first
+    /// served: `Slots::choose`), and when the running
     /// requests alone fill the pool the most recently admitted one that holds positions is
-    /// preempted ([`Slots::preempt`]: it gives them up and waits, to be prefilled again with
+    /// preempted (`Slots::preempt`: it gives them up and waits, to be prefilled again with
     /// the tokens it has generated and go on where it was, as vLLM preempts by
     /// recomputation). A request ends for the context (`finish_reason: "length"`) only when
     /// it fills the whole context alone.
