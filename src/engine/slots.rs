@@ -108,12 +108,11 @@ pub enum SlotContext {
     /// slots' KV memory grows with the positions they hold. When a step needs more positions
     /// than are free, idle slots give up their cached prompts (least recently used first),
     /// a prompt waits until all of it fits beside the requests ahead of it (first come, first
-    /// served: `Slots::choose`), and when the running
-    /// requests alone fill the pool the most recently admitted one that holds positions is
-    /// preempted (`Slots::preempt`: it gives them up and waits, to be prefilled again with
-    /// the tokens it has generated and go on where it was, as vLLM preempts by
-    /// recomputation). A request ends for the context (`finish_reason: "length"`) only when
-    /// it fills the whole context alone.
+    /// served: `Slots::choose`), and when the running requests alone fill the pool the most
+    /// recently admitted one that holds positions is preempted (`Slots::preempt`: it gives
+    /// them up and waits, to be prefilled again with the tokens it has generated and go on
+    /// where it was, as vLLM preempts by recomputation). A request ends for the context
+    /// (`finish_reason: "length"`) only when it fills the whole context alone.
     Shared,
 }
 
