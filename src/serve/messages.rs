@@ -257,9 +257,10 @@ pub fn prepare(messages: &[Value], traits: TemplateTraits) -> Result<Vec<Value>,
 }
 
 /// Refuses what the template would drop without a trace: `tools` when the prompt renders the
-/// same without them, a message's `tool_calls` or `name` when it renders the same without that
-/// field (transformers hands the template the whole message; a field it never reads would be
-/// silently ignored). `messages` are [`prepare`]d. A rendering that fails is left for the
+/// same without them, the messages' `tool_calls` or `name` when it renders the same without
+/// that field in every message (the first message that has it is named; transformers hands
+/// the template the whole message, and a field it never reads would be silently ignored).
+/// At most three renderings besides the prompt's. `messages` are [`prepare`]d. A rendering that fails is left for the
 /// tokenizing to report. Errors: a 400 naming `tools`, `messages[i].tool_calls` or
 /// `messages[i].name`.
 pub fn check_rendered(
@@ -279,28 +280,32 @@ pub fn check_rendered(
              definitions, so the model would never see them",
         ));
     }
-    for (i, m) in messages.iter().enumerate() {
-        for (field, what) in [("tool_calls", "tool calls"), ("name", "message names")] {
-            // null and `[]` are absent
-            if m.get(field)
-                .is_none_or(|v| v.is_null() || v.as_array().is_some_and(Vec::is_empty))
-            {
-                continue;
-            }
-            let mut without = messages.to_vec();
-            if let Some(o) = without[i].as_object_mut() {
+    // one rendering per field, without it in every message that has it (not one per
+    // message: an agent's history may hold many tool calls)
+    for (field, what) in [("tool_calls", "tool calls"), ("name", "message names")] {
+        // null and `[]` are absent
+        let has = |m: &Value| {
+            m.get(field)
+                .is_some_and(|v| !v.is_null() && !v.as_array().is_some_and(Vec::is_empty))
+        };
+        let Some(first) = messages.iter().position(has) else {
+            continue;
+        };
+        let mut without = messages.to_vec();
+        for m in &mut without {
+            if let Some(o) = m.as_object_mut() {
                 o.remove(field);
             }
-            if render(&without, tools).as_ref() == Some(&full) {
-                let p = format!("messages[{i}].{field}");
-                return Err(bad(
-                    p.clone(),
-                    format!(
-                        "{p} is not supported by this model: its chat template does not render \
-                         {what}, so the model would never see it"
-                    ),
-                ));
-            }
+        }
+        if render(&without, tools).as_ref() == Some(&full) {
+            let p = format!("messages[{first}].{field}");
+            return Err(bad(
+                p.clone(),
+                format!(
+                    "{p} is not supported by this model: its chat template does not render \
+                     {what}, so the model would never see it"
+                ),
+            ));
         }
     }
     Ok(())
